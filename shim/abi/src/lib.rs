@@ -1,0 +1,7 @@
+//! What the `vgpu` CLI, the shim (`libvgpu.so`) and the simulated driver must agree on:
+//! on-disk layouts, size syntax, and how a process is identified across PID reuse.
+//!
+//! Nothing here allocates on a hot path or panics on bad input.
+
+pub mod process;
+pub mod size;

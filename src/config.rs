@@ -1,0 +1,101 @@
+//! The config file: `/etc/vgpu/config.toml`, or `--config` / `VGPU_CONFIG`.
+//!
+//! A missing file means defaults. An unknown key or a bad value is an error that names the
+//! key and the file (serde's `deny_unknown_fields` plus toml's span-aware messages).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/vgpu/config.toml";
+pub const DEFAULT_STATE_DIR: &str = "/run/vgpu";
+pub const DEFAULT_LIB_DIR: &str = "/var/lib/vgpu";
+
+/// The whole config file. Every table is optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where `libvgpu.so` is, when it is neither next to the binary nor under the prefix.
+    pub shim_path: Option<PathBuf>,
+    /// Runtime state (workloads, usage files); `--state-dir` and `VGPU_STATE_DIR` win.
+    pub state_dir: Option<PathBuf>,
+    /// Persistent state (partitions, carbon log).
+    pub lib_dir: Option<PathBuf>,
+    /// Use the bundled simulated driver (same as `--simulate`).
+    pub simulate: bool,
+    pub carbon: crate::carbon::config::CarbonConfig,
+    pub pool: crate::pool::config::PoolConfig,
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl Config {
+    /// Load `path`. `required` is true when the user named the file explicitly: then a
+    /// missing file is an error instead of "use the defaults".
+    pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                return Ok(Config::default());
+            }
+            Err(source) => return Err(ConfigError::Read { path: path.to_path_buf(), source }),
+        };
+        Config::parse(&text).map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })
+    }
+
+    /// Parse config text; the error is one line naming the key.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| one_line(&e))
+    }
+}
+
+/// toml's messages span several lines with a source excerpt; keep the gist on one line,
+/// with the line number.
+fn one_line(err: &toml::de::Error) -> String {
+    let message = err.message().trim().replace('\n', " ");
+    match err.span() {
+        Some(_) => {
+            // The first line of the Display form is "TOML parse error at line L, column C".
+            let full = err.to_string();
+            let at = full.lines().next().unwrap_or("").trim_start_matches("TOML parse error ");
+            format!("{message} ({at})")
+        }
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_is_default() {
+        let config = Config::parse("").unwrap();
+        assert!(config.shim_path.is_none());
+        assert!(!config.simulate);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::parse("simulat = true\n").unwrap_err();
+        assert!(err.contains("simulat"), "{err}");
+        assert!(err.contains("line 1"), "{err}");
+        assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn missing_optional_file_is_default_but_required_is_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope.toml");
+        assert!(Config::load(&path, false).is_ok());
+        let err = Config::load(&path, true).unwrap_err().to_string();
+        assert!(err.contains("nope.toml"), "{err}");
+    }
+}

@@ -1,0 +1,64 @@
+//! What every command gets: the loaded config and the resolved global settings.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+
+use crate::config::{Config, DEFAULT_LIB_DIR, DEFAULT_STATE_DIR};
+use crate::gpu::Nvml;
+
+/// The resolved global settings, built once in `main` from flags, environment and config.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub config: Config,
+    /// `/run/vgpu` unless moved by `--state-dir`, `VGPU_STATE_DIR` or the config.
+    pub state_dir: PathBuf,
+    /// `/var/lib/vgpu` unless moved by `VGPU_LIB_DIR` or the config.
+    pub lib_dir: PathBuf,
+    /// Use the bundled simulated driver instead of NVIDIA's.
+    pub simulate: bool,
+}
+
+impl Context {
+    /// Resolve settings; flags (already merged with their environment variables by clap)
+    /// win over the config file.
+    pub fn new(config: Config, state_dir: Option<PathBuf>, lib_dir: Option<PathBuf>, simulate: bool) -> Context {
+        let state_dir = state_dir
+            .or_else(|| config.state_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        let lib_dir = lib_dir
+            .or_else(|| config.lib_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_LIB_DIR));
+        let simulate = simulate || config.simulate;
+        Context { config, state_dir, lib_dir, simulate }
+    }
+
+    /// NVML, or `None` when the host has no NVIDIA driver. In simulation mode the bundled
+    /// simulated driver is loaded instead.
+    pub fn nvml(&self) -> Result<Option<Nvml>> {
+        let library = if self.simulate {
+            Some(crate::paths::simulated_driver_dir(self)?.join(crate::paths::NVML_SONAME))
+        } else {
+            None
+        };
+        Nvml::open(library.as_deref()).context("cannot initialise NVML")
+    }
+
+    /// Directory of `libcuda.so.1`/`libnvidia-ml.so.1` links to put first on a workload's
+    /// `LD_LIBRARY_PATH`, in simulation mode only.
+    pub fn driver_library_dir(&self) -> Result<Option<PathBuf>> {
+        if self.simulate {
+            Ok(Some(crate::paths::simulated_driver_dir(self)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub fn state_path(&self, name: &str) -> PathBuf {
+        self.state_dir.join(name)
+    }
+
+    pub fn lib_path(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.lib_dir.join(name)
+    }
+}

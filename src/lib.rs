@@ -1,0 +1,13 @@
+//! vgpu as a library: everything the `vgpu` binary does, in modules the tests can reach.
+
+pub mod carbon;
+pub mod cgroup;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod context;
+pub mod error;
+pub mod gpu;
+pub mod output;
+pub mod paths;
+pub mod pool;

@@ -1,0 +1,58 @@
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser;
+
+use vgpu::cli::Cli;
+use vgpu::config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
+use vgpu::context::Context;
+use vgpu::error::{exit_code_for, UsageError};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose, cli.quiet);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line: the error and its causes, outermost first.
+            eprintln!("vgpu: error: {err:#}");
+            ExitCode::from(exit_code_for(&err))
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = load_config(&cli)?;
+    let ctx = Context::new(config, cli.state_dir.clone(), cli.lib_dir.clone(), cli.simulate);
+    vgpu::commands::dispatch(&ctx, &cli.command)
+}
+
+fn load_config(cli: &Cli) -> anyhow::Result<Config> {
+    let (path, required) = match &cli.config {
+        Some(path) => (path.clone(), true),
+        None => (DEFAULT_CONFIG_PATH.into(), false),
+    };
+    match Config::load(&path, required) {
+        Ok(config) => Ok(config),
+        Err(e @ ConfigError::Invalid { .. }) => Err(UsageError::new(e.to_string()).into()),
+        Err(e) => Err(e).context("loading the config"),
+    }
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VGPU_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("vgpu={level}")));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .init();
+}

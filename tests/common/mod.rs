@@ -1,0 +1,120 @@
+//! Harness for integration tests that run the real `vgpu` binary against the simulated
+//! driver. Every test gets its own simulated GPUs, driver state and vgpu state:
+//!
+//!     let sim = Sim::new(&[("NVIDIA A100-SXM4-40GB", "40GiB")]);
+//!     let out = sim.vgpu(&["devices", "--json"]).assert().success();
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use tempfile::TempDir;
+
+/// target/debug (or release): where cargo put `vgpu`, `libvgpu.so` and `libfakegpu.so`.
+pub fn artefact_dir() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
+    bin.parent().expect("binary has a directory").to_path_buf()
+}
+
+/// Path of a built library, failing clearly when the workspace was not built first.
+pub fn artefact(file: &str) -> PathBuf {
+    let path = artefact_dir().join(file);
+    assert!(path.is_file(), "{} missing: run `cargo build --workspace` before the tests", path.display());
+    path
+}
+
+pub struct Sim {
+    pub dir: TempDir,
+}
+
+impl Sim {
+    /// Simulated GPUs given as (name, memory).
+    pub fn new(devices: &[(&str, &str)]) -> Sim {
+        let toml: String = devices
+            .iter()
+            .map(|(name, memory)| format!("[[device]]\nname = \"{name}\"\nmemory = \"{memory}\"\n\n"))
+            .collect();
+        Sim::with_config(&toml)
+    }
+
+    /// Simulated GPUs from a full FAKEGPU_CONFIG text.
+    pub fn with_config(fakegpu_toml: &str) -> Sim {
+        artefact("libfakegpu.so");
+        let dir = tempfile::Builder::new().prefix("vgpu-test-").tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("fakegpu.toml"), fakegpu_toml).expect("write fakegpu config");
+        for sub in ["fakegpu-state", "run", "lib"] {
+            std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+        }
+        Sim { dir }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Write the vgpu config file used by `vgpu()`.
+    pub fn write_vgpu_config(&self, text: &str) -> PathBuf {
+        let path = self.path("vgpu.toml");
+        std::fs::write(&path, text).expect("write vgpu config");
+        path
+    }
+
+    /// Environment every process of this simulation gets.
+    pub fn env(&self) -> Vec<(String, PathBuf)> {
+        let mut env = vec![
+            ("FAKEGPU_CONFIG".to_string(), self.path("fakegpu.toml")),
+            ("FAKEGPU_STATE".to_string(), self.path("fakegpu-state")),
+            ("VGPU_STATE_DIR".to_string(), self.path("run")),
+            ("VGPU_LIB_DIR".to_string(), self.path("lib")),
+        ];
+        let config = self.path("vgpu.toml");
+        env.push(("VGPU_CONFIG".to_string(), if config.exists() { config } else { self.path("no-config.toml") }));
+        env
+    }
+
+    /// `vgpu --simulate ARGS…` in this simulation.
+    pub fn vgpu(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::cargo_bin("vgpu").expect("vgpu binary");
+        cmd.arg("--simulate").args(args).env_remove("VGPU_SIMULATE").env("VGPU_LOG", "vgpu=warn");
+        for (k, v) in self.env() {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// `vgpu ARGS…` without `--simulate` (what a host with no NVIDIA driver sees).
+    pub fn vgpu_real(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::cargo_bin("vgpu").expect("vgpu binary");
+        cmd.args(args).env_remove("VGPU_SIMULATE");
+        for (k, v) in self.env() {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// JSON stdout of a successful `vgpu --simulate ARGS…`.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.vgpu(args).output().expect("run vgpu");
+        assert!(out.status.success(), "vgpu {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("vgpu {args:?}: bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    }
+}
+
+/// Every file below `dir`, for "nothing was written" assertions.
+pub fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}

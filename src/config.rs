@@ -30,8 +30,8 @@ pub struct Config {
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot read config {path}")]
+    Read { path: PathBuf, #[source] source: std::io::Error },
     #[error("invalid config {path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }

@@ -1,6 +1,5 @@
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::Parser;
 
 use vgpu::cli::Cli;
@@ -35,7 +34,7 @@ fn load_config(cli: &Cli) -> anyhow::Result<Config> {
     match Config::load(&path, required) {
         Ok(config) => Ok(config),
         Err(e @ ConfigError::Invalid { .. }) => Err(UsageError::new(e.to_string()).into()),
-        Err(e) => Err(e).context("loading the config"),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -56,6 +56,18 @@ pub enum Command {
     Devices(JsonArgs),
     /// Check the host: driver, cgroups, shim, permissions, MPS/MIG
     Doctor(JsonArgs),
+    /// Run a command in a vGPU: cgroup, quota shim, signals, exit code, clean-up
+    Run(crate::commands::run::RunArgs),
+    /// List workloads with their quotas and usage
+    Ps(crate::commands::ps::PsArgs),
+    /// Freeze a workload (cgroup freezer)
+    Suspend(crate::commands::control::IdArgs),
+    /// Thaw a suspended workload
+    Resume(crate::commands::control::IdArgs),
+    /// Send a signal to every process of a workload
+    Kill(crate::commands::control::KillArgs),
+    /// Persistent named vGPUs shared by workloads
+    Partition(crate::commands::partition::PartitionArgs),
     /// Carbon intensity, the clock plan, applying and undoing caps
     Carbon(CarbonArgs),
     /// The compute pool of 1-TFLOPS blocks

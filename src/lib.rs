@@ -1,5 +1,6 @@
 //! vgpu as a library: everything the `vgpu` binary does, in modules the tests can reach.
 
+pub mod admission;
 pub mod carbon;
 pub mod cgroup;
 pub mod cli;
@@ -8,6 +9,10 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod gpu;
+pub mod identity;
+pub mod lifecycle;
 pub mod output;
 pub mod paths;
 pub mod pool;
+pub mod state;
+pub mod supervise;

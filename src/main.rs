@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet);
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(err) => {
             // One line: the error and its causes, outermost first.
             eprintln!("vgpu: error: {err:#}");
@@ -20,7 +20,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<u8> {
     let config = load_config(&cli)?;
     let ctx = Context::new(config, cli.state_dir.clone(), cli.lib_dir.clone(), cli.simulate);
     vgpu::commands::dispatch(&ctx, &cli.command)

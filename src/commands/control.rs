@@ -1,0 +1,114 @@
+//! `vgpu suspend|resume|kill ID`: manual control of a workload through its cgroup.
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use nix::sys::signal::Signal;
+
+use crate::cgroup::{Cgroup, Layout};
+use crate::context::Context;
+use crate::state::{Store, WorkloadState};
+
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    /// Workload id (a unique prefix is enough) or name
+    pub id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct KillArgs {
+    /// Workload id (a unique prefix is enough) or name
+    pub id: String,
+    /// Signal to send, by name or number
+    #[arg(short, long, default_value = "TERM")]
+    pub signal: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Action {
+    Suspend,
+    Resume,
+}
+
+pub fn suspend_or_resume(ctx: &Context, args: &IdArgs, action: Action) -> Result<()> {
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(&store, &lock);
+    let (workloads, _) = store.workloads();
+    let w = crate::lifecycle::find(&workloads, &args.id)?.clone();
+    let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
+    let cgroup = Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))?;
+    let mut record = w.clone();
+    match action {
+        Action::Suspend => {
+            if w.state == WorkloadState::Suspended {
+                println!("{} ({}) is already suspended", w.name, w.id);
+                return Ok(());
+            }
+            cgroup.freeze().with_context(|| format!("suspending {}", w.id))?;
+            record.state = WorkloadState::Suspended;
+            record.suspended_reason = Some("manual".into());
+        }
+        Action::Resume => {
+            if w.state != WorkloadState::Suspended {
+                println!("{} ({}) is not suspended", w.name, w.id);
+                return Ok(());
+            }
+            cgroup.thaw().with_context(|| format!("resuming {}", w.id))?;
+            record.state = WorkloadState::Running;
+            record.suspended_reason = None;
+        }
+    }
+    store.write_workload(&record)?;
+    let verb = match action {
+        Action::Suspend => "suspended",
+        Action::Resume => "resumed",
+    };
+    println!("{verb} {} ({})", w.name, w.id);
+    Ok(())
+}
+
+pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {
+    let signal = parse_signal(&args.signal)?;
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(&store, &lock);
+    let (workloads, _) = store.workloads();
+    let w = crate::lifecycle::find(&workloads, &args.id)?.clone();
+    drop(lock);
+    let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
+    let cgroup = Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))?;
+    let pids = cgroup.pids().with_context(|| format!("listing the processes of {}", w.id))?;
+    for pid in &pids {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), signal);
+    }
+    // A stopped (suspended) process acts on most signals only once it runs again.
+    if w.state == WorkloadState::Suspended && matches!(signal, Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP) {
+        println!("note: {} is suspended; it will act on {signal} when resumed", w.id);
+    }
+    println!("sent {signal} to {} process(es) of {} ({})", pids.len(), w.name, w.id);
+    Ok(())
+}
+
+/// `TERM`, `SIGTERM`, `term` or `15`.
+pub fn parse_signal(text: &str) -> Result<Signal> {
+    if let Ok(n) = text.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| crate::error::UsageError::new(format!("unknown signal {text}")).into());
+    }
+    let upper = text.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    name.parse::<Signal>().map_err(|_| crate::error::UsageError::new(format!("unknown signal {text}")).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals() {
+        assert_eq!(parse_signal("TERM").unwrap(), Signal::SIGTERM);
+        assert_eq!(parse_signal("sigkill").unwrap(), Signal::SIGKILL);
+        assert_eq!(parse_signal("9").unwrap(), Signal::SIGKILL);
+        assert!(parse_signal("NOPE").is_err());
+        assert!(parse_signal("999").is_err());
+    }
+}

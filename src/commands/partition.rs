@@ -1,0 +1,163 @@
+//! `vgpu partition create|list|remove`: persistent named vGPUs.
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use vgpu_abi::size::format_size;
+
+use crate::admission::{self, Device, MemSpec};
+use crate::context::Context;
+use crate::error::UsageError;
+use crate::output::{print_json, table};
+use crate::state::partition::valid_name;
+use crate::state::{Partition, Partitions, Store};
+
+#[derive(Debug, Args)]
+pub struct PartitionArgs {
+    #[command(subcommand)]
+    pub command: PartitionCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PartitionCommand {
+    /// Define a partition: a slice of one GPU that workloads share with --partition NAME
+    Create(CreateArgs),
+    /// List partitions
+    List(crate::cli::JsonArgs),
+    /// Remove a partition (refused while a workload uses it)
+    Remove(RemoveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Partition name (letters, digits, '-', '_', '.')
+    pub name: String,
+    /// GPU, by index or UUID
+    #[arg(long, value_name = "INDEX|UUID")]
+    pub gpu: String,
+    /// Device memory: 4G, 512M, 1.5G or NN% of the device
+    #[arg(long, value_name = "SIZE|PCT%")]
+    pub mem: String,
+    /// Share of the GPU's compute, percent (1-100)
+    #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub compute: u32,
+    /// Allow the GPU's memory to be over-committed
+    #[arg(long)]
+    pub oversubscribe: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    pub name: String,
+}
+
+pub fn run(ctx: &Context, args: &PartitionArgs) -> Result<()> {
+    match &args.command {
+        PartitionCommand::Create(a) => create(ctx, a),
+        PartitionCommand::List(a) => list(ctx, a.json),
+        PartitionCommand::Remove(a) => remove(ctx, a),
+    }
+}
+
+fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
+    if !valid_name(&args.name) {
+        crate::usage!("invalid partition name {:?}: use letters, digits, '-', '_' and '.' (at most 64)", args.name);
+    }
+    let mem = MemSpec::parse(&args.mem).map_err(|e| UsageError::new(format!("--mem: {e}")))?;
+    let Some(nvml) = ctx.nvml()? else {
+        anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
+    };
+    let devices: Vec<Device> = nvml
+        .inventory()?
+        .into_iter()
+        .map(|g| Device { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
+        .collect();
+    let device = admission::find_device(&devices, &args.gpu).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
+    let bytes = mem.bytes_of(device.memory);
+
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(&store, &lock);
+    let mut parts = Partitions::load(&store.partitions_path())?;
+    if parts.get(&args.name).is_some() {
+        crate::usage!("partition {:?} already exists", args.name);
+    }
+    let (workloads, _) = store.workloads();
+    if !args.oversubscribe {
+        admission::check_fits(device, bytes, &workloads, &parts.partitions).map_err(anyhow::Error::msg)?;
+    }
+    parts.partitions.push(Partition {
+        name: args.name.clone(),
+        gpu_index: device.index,
+        gpu_uuid: device.uuid.clone(),
+        mem_bytes: bytes,
+        compute_pct: args.compute,
+        created_unix_ms: crate::commands::run::now_ms(),
+    });
+    std::fs::create_dir_all(&ctx.lib_dir).with_context(|| format!("creating {}", ctx.lib_dir.display()))?;
+    parts.save(&store.partitions_path())?;
+    println!("created partition {}: {} of GPU {} ({}), compute {}%", args.name, format_size(bytes), device.index, device.name, args.compute);
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Listed<'a> {
+    #[serde(flatten)]
+    partition: &'a Partition,
+    workloads: Vec<String>,
+}
+
+fn list(ctx: &Context, json: bool) -> Result<()> {
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let parts = Partitions::load(&store.partitions_path())?;
+    let (workloads, _) = store.workloads();
+    let listed: Vec<Listed> = parts
+        .partitions
+        .iter()
+        .map(|p| Listed {
+            partition: p,
+            workloads: workloads.iter().filter(|w| w.partition.as_deref() == Some(p.name.as_str())).map(|w| w.id.clone()).collect(),
+        })
+        .collect();
+    if json {
+        return print_json(&listed);
+    }
+    if listed.is_empty() {
+        println!("No partitions.");
+        return Ok(());
+    }
+    let mut t = table(["NAME", "GPU", "UUID", "MEMORY", "COMPUTE", "WORKLOADS"]);
+    for l in &listed {
+        let p = l.partition;
+        t.add_row([
+            p.name.clone(),
+            p.gpu_index.to_string(),
+            p.gpu_uuid.clone(),
+            format_size(p.mem_bytes),
+            format!("{}%", p.compute_pct),
+            if l.workloads.is_empty() { "—".into() } else { l.workloads.join(", ") },
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}
+
+fn remove(ctx: &Context, args: &RemoveArgs) -> Result<()> {
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(&store, &lock);
+    let mut parts = Partitions::load(&store.partitions_path())?;
+    let Some(pos) = parts.partitions.iter().position(|p| p.name == args.name) else {
+        crate::usage!("no partition {:?} (see `vgpu partition list`)", args.name);
+    };
+    let (workloads, _) = store.workloads();
+    let users: Vec<String> = workloads.iter().filter(|w| w.partition.as_deref() == Some(args.name.as_str())).map(|w| format!("{} ({})", w.name, w.id)).collect();
+    if !users.is_empty() {
+        anyhow::bail!("partition {:?} is in use by {}", args.name, users.join(", "));
+    }
+    let removed = parts.partitions.remove(pos);
+    parts.save(&store.partitions_path())?;
+    let _ = std::fs::remove_dir_all(store.vgpu_dir(&removed.vgpu_id()));
+    println!("removed partition {}", args.name);
+    Ok(())
+}

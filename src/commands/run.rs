@@ -1,0 +1,409 @@
+//! `vgpu run [OPTIONS] -- CMD [ARGS…]`: admit, isolate, start, supervise, clean up.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use vgpu_abi::process::ProcessId;
+use vgpu_abi::size::parse_size;
+use vgpu_abi::layout::{PROCS_DIR, USAGE_FILE};
+use vgpu_abi::usage::{DeviceQuota, UsageFile};
+
+use crate::admission::{self, Device, MemSpec};
+use crate::cgroup::{Cgroup, Layout, Limits};
+use crate::context::Context;
+use crate::error::UsageError;
+use crate::state::workload::{WorkloadState, WORKLOAD_FORMAT};
+use crate::state::{Partitions, Store, UserSpec, Workload, WorkloadGpu};
+
+#[derive(Debug, Args)]
+#[command(trailing_var_arg = true)]
+pub struct RunArgs {
+    /// GPU to use, by index or UUID (repeatable) [default: the GPU with the most unreserved memory]
+    #[arg(long = "gpu", value_name = "INDEX|UUID")]
+    pub gpus: Vec<String>,
+    /// Device memory per selected GPU: 4G (=4GiB), 512M, 1.5G, or NN% of the device [default: the whole GPU]
+    #[arg(long, value_name = "SIZE|PCT%")]
+    pub mem: Option<String>,
+    /// Share of the GPU's compute, percent (1-100)
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub compute: Option<u32>,
+    /// Run inside a partition (a persistent vGPU shared by all its workloads)
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "oversubscribe"])]
+    pub partition: Option<String>,
+    /// Host CPUs (fractional, e.g. 1.5)
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<f64>,
+    /// Host memory limit (e.g. 8G)
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// Maximum number of processes
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// Name of the workload (unique among running workloads)
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Run as USER[:GROUP] [default: the user who ran sudo, else root]
+    #[arg(long, value_name = "USER[:GROUP]")]
+    pub user: Option<String>,
+    /// Extra environment variable (repeatable)
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Working directory of the workload
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
+    /// Priority (higher wins; used by the compute pool)
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Admit even when the GPU's memory is already fully reserved
+    #[arg(long)]
+    pub oversubscribe: bool,
+    /// The command and its arguments
+    #[arg(required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Everything checked before anything is created.
+struct Request {
+    mem: Option<MemSpec>,
+    limits: Limits,
+    user: UserSpec,
+    env: Vec<(String, String)>,
+    argv: Vec<String>,
+    cwd: Option<PathBuf>,
+}
+
+pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
+    let request = validate(args)?;
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!("vgpu run must run as root (through sudo, systemd or cron): it creates cgroups");
+    }
+    let shim = crate::paths::find_shim(ctx)?;
+    let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
+    let Some(nvml) = ctx.nvml()? else {
+        anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
+    };
+    let devices: Vec<Device> = nvml
+        .inventory()?
+        .into_iter()
+        .map(|g| Device { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
+        .collect();
+    drop(nvml);
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+
+    let started = admit(ctx, &store, &layout, &devices, args, &request)?;
+    let result = start_and_supervise(ctx, &store, &layout, &shim, &started, &request);
+    let cleanup = finish(&store, &layout, &started.workload);
+    let code = result?;
+    cleanup?;
+    Ok(code)
+}
+
+fn validate(args: &RunArgs) -> Result<Request> {
+    let mem = args.mem.as_deref().map(MemSpec::parse).transpose().map_err(|e| UsageError::new(format!("--mem: {e}")))?;
+    if let Some(cpus) = args.cpus {
+        if !(cpus > 0.0 && cpus.is_finite()) {
+            crate::usage!("--cpus must be a positive number, got {cpus}");
+        }
+    }
+    let memory = match &args.memory {
+        Some(text) => match parse_size(text) {
+            Ok(0) => crate::usage!("--memory must be above zero"),
+            Ok(bytes) => Some(bytes),
+            Err(e) => crate::usage!("--memory: {e}"),
+        },
+        None => None,
+    };
+    if args.pids == Some(0) {
+        crate::usage!("--pids must be at least 1");
+    }
+    if let Some(name) = &args.name {
+        if !crate::state::partition::valid_name(name) {
+            crate::usage!("invalid --name {name:?}: use letters, digits, '-', '_' and '.' (at most 64)");
+        }
+    }
+    let mut env = Vec::new();
+    for kv in &args.env {
+        match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => env.push((k.to_string(), v.to_string())),
+            _ => crate::usage!("--env expects K=V, got {kv:?}"),
+        }
+    }
+    if let Some(cwd) = &args.cwd {
+        if !cwd.is_dir() {
+            crate::usage!("--cwd {}: no such directory", cwd.display());
+        }
+    }
+    let sudo_uid = std::env::var("SUDO_UID").ok();
+    let user = crate::identity::resolve(args.user.as_deref(), sudo_uid.as_deref()).map_err(|e| UsageError::new(format!("--user: {e}")))?;
+    let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
+    let program = &args.command[0];
+    if resolve_program(program, path_var.as_deref(), args.cwd.as_deref()).is_none() {
+        crate::usage!("command not found: {program}");
+    }
+    Ok(Request {
+        mem,
+        limits: Limits { cpus: args.cpus, memory, pids: args.pids },
+        user,
+        env,
+        argv: args.command.clone(),
+        cwd: args.cwd.clone(),
+    })
+}
+
+fn resolve_program(program: &str, path: Option<&str>, cwd: Option<&Path>) -> Option<PathBuf> {
+    if program.contains('/') {
+        let p = match cwd {
+            Some(dir) if !program.starts_with('/') => dir.join(program),
+            _ => PathBuf::from(program),
+        };
+        return p.is_file().then_some(p);
+    }
+    std::env::split_paths(path?).map(|dir| dir.join(program)).find(|p| p.is_file())
+}
+
+/// A workload that has been admitted and recorded, with its cgroup created.
+struct Started {
+    workload: Workload,
+    cgroup: Cgroup,
+}
+
+/// Under the store lock: reconcile, choose GPUs, check admission, create the vGPU, the
+/// cgroup and the record. On failure everything created here is removed again.
+fn admit(ctx: &Context, store: &Store, layout: &Layout, devices: &[Device], args: &RunArgs, request: &Request) -> Result<Started> {
+    let lock = store.lock()?;
+    let reconciled = crate::lifecycle::reconcile(store, &lock);
+    let _ = reconciled;
+    let (workloads, _) = store.workloads();
+    let partitions = Partitions::load(&store.partitions_path())?;
+
+    if let Some(name) = &args.name {
+        if workloads.iter().any(|w| &w.name == name) {
+            crate::usage!("a workload named {name:?} is already running");
+        }
+    }
+    let id = new_id(&workloads);
+    let name = args.name.clone().unwrap_or_else(|| default_name(&request.argv[0], &id));
+
+    let (gpus, vgpu, partition, compute_pct) = match &args.partition {
+        Some(pname) => {
+            let Some(p) = partitions.get(pname) else {
+                crate::usage!("no partition {pname:?} (see `vgpu partition list`)");
+            };
+            let device = devices.iter().find(|d| d.uuid == p.gpu_uuid).with_context(|| {
+                format!("partition {pname:?} is on GPU {} which is no longer present", p.gpu_uuid)
+            })?;
+            let gpu = WorkloadGpu { index: device.index, uuid: device.uuid.clone(), mem_bytes: p.mem_bytes, device_bytes: device.memory };
+            (vec![gpu], p.vgpu_id(), Some(p.name.clone()), p.compute_pct)
+        }
+        None => {
+            let selected = select_gpus(devices, &args.gpus, &workloads, &partitions.partitions)?;
+            let mut gpus = Vec::new();
+            for device in selected {
+                let bytes = request.mem.map(|m| m.bytes_of(device.memory)).unwrap_or(device.memory);
+                if !args.oversubscribe {
+                    admission::check_fits(device, bytes, &workloads, &partitions.partitions).map_err(anyhow::Error::msg)?;
+                }
+                gpus.push(WorkloadGpu { index: device.index, uuid: device.uuid.clone(), mem_bytes: bytes, device_bytes: device.memory });
+            }
+            (gpus, id.clone(), None, args.compute.unwrap_or(100))
+        }
+    };
+
+    let supervisor = ProcessId::current().context("cannot read this process's start time from /proc")?;
+    let workload = Workload {
+        format: WORKLOAD_FORMAT,
+        id: id.clone(),
+        name,
+        command: request.argv.clone(),
+        user: request.user.clone(),
+        gpus,
+        vgpu,
+        partition,
+        compute_pct,
+        priority: args.priority,
+        cgroup: id.clone(),
+        supervisor: supervisor.into(),
+        pid: None,
+        state: WorkloadState::Starting,
+        suspended_reason: None,
+        created_unix_ms: now_ms(),
+    };
+
+    // Create, rolling back on failure.
+    let vgpu_dir = store.vgpu_dir(&workload.vgpu);
+    let own_vgpu = workload.partition.is_none();
+    let result = (|| -> Result<Cgroup> {
+        ensure_vgpu(&vgpu_dir, &workload)?;
+        let cgroup = Cgroup::create(layout, &workload.cgroup).context("creating the workload's cgroup")?;
+        if let Err(e) = cgroup.apply(&request.limits) {
+            let _ = cgroup.remove();
+            return Err(e).context("setting cgroup limits");
+        }
+        if let Err(e) = store.write_workload(&workload) {
+            let _ = cgroup.remove();
+            return Err(e.into());
+        }
+        Ok(cgroup)
+    })();
+    match result {
+        Ok(cgroup) => {
+            let _ = ctx;
+            Ok(Started { workload, cgroup })
+        }
+        Err(e) => {
+            if own_vgpu {
+                let _ = std::fs::remove_dir_all(&vgpu_dir);
+            }
+            Err(e)
+        }
+    }
+}
+
+fn select_gpus<'a>(devices: &'a [Device], wanted: &[String], workloads: &[Workload], partitions: &[crate::state::Partition]) -> Result<Vec<&'a Device>> {
+    if devices.is_empty() {
+        anyhow::bail!("the NVIDIA driver reports no GPU");
+    }
+    if wanted.is_empty() {
+        let device = admission::pick_default(devices, workloads, partitions).context("no GPU")?;
+        return Ok(vec![device]);
+    }
+    let mut out: Vec<&Device> = Vec::new();
+    for query in wanted {
+        let device = admission::find_device(devices, query).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
+        if out.iter().any(|d| d.index == device.index) {
+            crate::usage!("--gpu {query} given twice");
+        }
+        out.push(device);
+    }
+    Ok(out)
+}
+
+/// Create the vGPU directory and usage file (a partition's exists after its first use).
+fn ensure_vgpu(dir: &Path, w: &Workload) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let usage_path = dir.join(USAGE_FILE);
+    if w.partition.is_some() && usage_path.exists() {
+        UsageFile::open(&usage_path).with_context(|| format!("opening {}", usage_path.display()))?;
+        return Ok(());
+    }
+    let procs = dir.join(PROCS_DIR);
+    std::fs::create_dir_all(&procs).with_context(|| format!("creating {}", procs.display()))?;
+    // Workloads may run as any user and must update their usage: world-writable like /tmp.
+    std::fs::set_permissions(&procs, std::fs::Permissions::from_mode(0o1777)).with_context(|| format!("chmod {}", procs.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).with_context(|| format!("chmod {}", dir.display()))?;
+    let quotas: Vec<DeviceQuota> = w
+        .gpus
+        .iter()
+        .map(|g| DeviceQuota { uuid: g.uuid.clone(), quota_bytes: g.mem_bytes, compute_pct: w.compute_pct })
+        .collect();
+    UsageFile::create(&usage_path, &quotas).with_context(|| format!("creating {}", usage_path.display()))?;
+    Ok(())
+}
+
+fn start_and_supervise(ctx: &Context, store: &Store, _layout: &Layout, shim: &Path, started: &Started, request: &Request) -> Result<u8> {
+    let w = &started.workload;
+    let env = workload_env(ctx, store, shim, w, request)?;
+    let procs = started.cgroup.procs_files().context("opening the cgroup's process lists")?;
+    let launch = crate::supervise::Launch {
+        argv: request.argv.clone(),
+        env,
+        cwd: request.cwd.clone(),
+        user: request.user.clone(),
+        cgroup_procs: procs,
+    };
+    let mut child = crate::supervise::spawn(launch).with_context(|| format!("cannot start {}", request.argv[0]))?;
+    {
+        let _lock = store.lock()?;
+        let mut record = w.clone();
+        record.pid = Some(child.id());
+        record.state = WorkloadState::Running;
+        store.write_workload(&record)?;
+    }
+    let status = crate::supervise::wait_relaying_signals(&mut child).context("waiting for the workload")?;
+    Ok(crate::supervise::exit_code(status))
+}
+
+/// The child's environment: ours, plus the shim, the GPUs, the vGPU, the user's identity.
+fn workload_env(ctx: &Context, store: &Store, shim: &Path, w: &Workload, request: &Request) -> Result<Vec<(OsString, OsString)>> {
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os().filter(|(k, _)| !k.to_string_lossy().starts_with("SUDO_")).collect();
+    let mut set = |k: &str, v: OsString| {
+        env.retain(|(key, _)| key != k);
+        env.push((k.into(), v));
+    };
+    let preload = match std::env::var_os("LD_PRELOAD") {
+        Some(existing) if !existing.is_empty() => {
+            let mut v = shim.as_os_str().to_owned();
+            v.push(":");
+            v.push(existing);
+            v
+        }
+        _ => shim.as_os_str().to_owned(),
+    };
+    set("LD_PRELOAD", preload);
+    if let Some(dir) = ctx.driver_library_dir()? {
+        let mut v = dir.into_os_string();
+        if let Some(existing) = std::env::var_os("LD_LIBRARY_PATH").filter(|e| !e.is_empty()) {
+            v.push(":");
+            v.push(existing);
+        }
+        set("LD_LIBRARY_PATH", v);
+    }
+    let uuids: Vec<&str> = w.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    set("CUDA_VISIBLE_DEVICES", uuids.join(",").into());
+    set("VGPU_DIR", store.vgpu_dir(&w.vgpu).into_os_string());
+    set("VGPU_WORKLOAD_ID", w.id.clone().into());
+    set("VGPU_WORKLOAD_NAME", w.name.clone().into());
+    set("VGPU_NUM_GPUS", w.gpus.len().to_string().into());
+    if request.user.uid != 0 || std::env::var_os("SUDO_UID").is_some() {
+        set("HOME", request.user.home.clone().into());
+        set("USER", request.user.name.clone().into());
+        set("LOGNAME", request.user.name.clone().into());
+    }
+    for (k, v) in &request.env {
+        set(k, v.into());
+    }
+    Ok(env)
+}
+
+/// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record.
+fn finish(store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
+    let _lock = store.lock()?;
+    crate::lifecycle::teardown(store, w, Some(layout))?;
+    crate::lifecycle::reclaim_vgpu(store, &w.vgpu);
+    Ok(())
+}
+
+fn new_id(existing: &[Workload]) -> String {
+    loop {
+        let mut bytes = [0u8; 4];
+        if getrandom(&mut bytes).is_err() {
+            let t = now_ms() ^ u64::from(std::process::id());
+            bytes = (t as u32).to_le_bytes();
+        }
+        let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        if !existing.iter().any(|w| w.id == id) {
+            return id;
+        }
+    }
+}
+
+fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
+fn default_name(program: &str, id: &str) -> String {
+    let base = Path::new(program).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let clean: String = base.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_').take(32).collect();
+    if clean.is_empty() {
+        id.to_string()
+    } else {
+        format!("{clean}-{id}")
+    }
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}

@@ -1,0 +1,126 @@
+//! What happens to workloads besides starting them: tearing one down, and reconciling the
+//! store with reality (supervisors that died, vGPU directories nobody owns, processes that
+//! died holding device memory). Every `vgpu` command that reads or changes workloads calls
+//! [`reconcile`] first, under the store lock.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use nix::sys::signal::Signal;
+use vgpu_abi::usage::UsageFile;
+
+use crate::cgroup::{Cgroup, Layout};
+use crate::state::{Partitions, StateError, Store, StoreLock, Workload};
+
+/// What reconciliation found.
+#[derive(Debug, Default)]
+pub struct Reconciled {
+    /// Workloads whose supervisor had died, now cleaned up.
+    pub cleaned: Vec<Workload>,
+    /// Damaged workload files (left in place, reported).
+    pub damaged: Vec<StateError>,
+}
+
+/// Clean up after dead supervisors and dead processes. Call with the store lock held.
+/// Says once, on stderr, what it cleaned (the workload files are gone afterwards).
+pub fn reconcile(store: &Store, _lock: &StoreLock) -> Reconciled {
+    let (workloads, damaged) = store.workloads();
+    let mut out = Reconciled { damaged, ..Reconciled::default() };
+    let layout = Layout::detect();
+    for w in workloads {
+        if w.supervisor_alive() {
+            continue;
+        }
+        match teardown(store, &w, layout.as_ref()) {
+            Ok(()) => {
+                eprintln!("vgpu: cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid);
+                out.cleaned.push(w);
+            }
+            Err(e) => eprintln!("vgpu: warning: cannot clean up workload {} ({}): {e:#}", w.name, w.id),
+        }
+    }
+    remove_orphan_vgpus(store);
+    reclaim_dead_processes(store);
+    out
+}
+
+/// Stop and remove everything a workload holds: its processes, cgroup, own vGPU, record.
+pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<()> {
+    if let Some(layout) = layout {
+        match Cgroup::open(layout, &w.cgroup) {
+            Ok(cgroup) => {
+                // A frozen cgroup's processes cannot die: thaw before killing.
+                let _ = cgroup.thaw();
+                cgroup.kill(Signal::SIGKILL).with_context(|| format!("killing the processes of {}", w.id))?;
+                cgroup.remove().with_context(|| format!("removing the cgroup of {}", w.id))?;
+            }
+            Err(crate::cgroup::CgroupError::NotFound { .. }) => {}
+            Err(e) => return Err(e).with_context(|| format!("opening the cgroup of {}", w.id)),
+        }
+    }
+    if w.partition.is_none() {
+        remove_dir(&store.vgpu_dir(&w.vgpu))?;
+    }
+    store.remove_workload(&w.id)?;
+    Ok(())
+}
+
+fn remove_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", dir.display())),
+    }
+}
+
+/// vGPU directories that belong to no workload and no partition: left by a `vgpu run`
+/// killed between creating the vGPU and recording the workload.
+fn remove_orphan_vgpus(store: &Store) {
+    let (workloads, damaged) = store.workloads();
+    if !damaged.is_empty() {
+        return; // a damaged record might own one of them: leave them alone
+    }
+    let partitions = Partitions::load(&store.partitions_path()).unwrap_or_default();
+    let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let owned = workloads.iter().any(|w| w.vgpu == name) || partitions.partitions.iter().any(|p| p.vgpu_id() == name);
+        if !owned {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Give back the device memory of processes that died (SIGKILL included) in every vGPU.
+fn reclaim_dead_processes(store: &Store) {
+    let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
+    for entry in entries.flatten() {
+        reclaim_vgpu(store, &entry.file_name().to_string_lossy());
+    }
+}
+
+/// Give back the device memory of the dead processes of one vGPU.
+pub fn reclaim_vgpu(store: &Store, vgpu: &str) {
+    let path = store.vgpu_dir(vgpu).join(vgpu_abi::layout::USAGE_FILE);
+    if let Ok(usage) = UsageFile::open(&path) {
+        let report = usage.reclaim_dead();
+        if report.processes > 0 {
+            tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
+        }
+    }
+}
+
+/// Find one workload by unique id prefix or name.
+pub fn find<'a>(workloads: &'a [Workload], query: &str) -> Result<&'a Workload> {
+    let matches: Vec<&Workload> = workloads.iter().filter(|w| w.matches(query)).collect();
+    match matches.as_slice() {
+        [one] => Ok(one),
+        [] => Err(crate::error::UsageError::new(format!("no workload {query:?} (see `vgpu ps`)")).into()),
+        many => Err(crate::error::UsageError::new(format!(
+            "{query:?} matches {} workloads ({}); give more of the id",
+            many.len(),
+            many.iter().map(|w| w.id.as_str()).collect::<Vec<_>>().join(", ")
+        ))
+        .into()),
+    }
+}

@@ -1,0 +1,60 @@
+//! Atomic file replacement: readers see the old content or the new, never a mix.
+
+use std::io::Write;
+use std::path::Path;
+
+use super::StateError;
+
+/// Write `bytes` to `path` through a temp file in the same directory, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| StateError::io(dir, e))?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(|e| StateError::io(dir, e))?;
+    tmp.write_all(bytes).map_err(|e| StateError::io(tmp.path(), e))?;
+    tmp.as_file().sync_all().map_err(|e| StateError::io(tmp.path(), e))?;
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode)).map_err(|e| StateError::io(tmp.path(), e))?;
+    tmp.persist(path).map_err(|e| StateError::io(path, e.error))?;
+    Ok(())
+}
+
+/// Serialise `value` as pretty JSON and write it atomically.
+pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
+    bytes.push(b'\n');
+    write_atomic(path, &bytes, 0o644)
+}
+
+/// Read JSON; a parse failure is a `Damaged` error naming the file.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, StateError> {
+    let bytes = std::fs::read(path).map_err(|e| StateError::io(path, e))?;
+    serde_json::from_slice(&bytes).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_and_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.json");
+        write_json(&path, &vec![1, 2]).unwrap();
+        write_json(&path, &vec![3]).unwrap();
+        let back: Vec<i32> = read_json(&path).unwrap();
+        assert_eq!(back, vec![3]);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn damaged_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.json");
+        std::fs::write(&path, b"{ not json").unwrap();
+        let err = read_json::<Vec<i32>>(&path).unwrap_err().to_string();
+        assert!(err.contains("bad.json") && err.contains("damaged"), "{err}");
+    }
+}

@@ -1,0 +1,119 @@
+//! The state store (SPEC 4.2): one JSON file per workload under `<state-dir>/workloads/`,
+//! one directory per vGPU under `<state-dir>/vgpus/` (the shim's usage file and
+//! per-process files), and persistent partitions under `<lib-dir>/partitions.json`.
+//!
+//! Every write is atomic (temp file + rename). Every read-modify-write happens under
+//! `<state-dir>/lock`, an `flock` the kernel drops when its holder dies, so a killed
+//! `vgpu` never leaves the store locked.
+
+pub mod atomic;
+pub mod lock;
+pub mod partition;
+pub mod workload;
+
+pub use lock::StoreLock;
+pub use partition::{Partition, Partitions};
+pub use workload::{UserSpec, Workload, WorkloadGpu, WorkloadState};
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("cannot access {path}")]
+    Io { path: PathBuf, #[source] source: std::io::Error },
+    #[error("damaged state file {path}: {message}")]
+    Damaged { path: PathBuf, message: String },
+}
+
+impl StateError {
+    pub fn io(path: &Path, source: std::io::Error) -> StateError {
+        StateError::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// Paths of the store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub state_dir: PathBuf,
+    pub lib_dir: PathBuf,
+}
+
+impl Store {
+    pub fn new(state_dir: &Path, lib_dir: &Path) -> Store {
+        Store { state_dir: state_dir.to_path_buf(), lib_dir: lib_dir.to_path_buf() }
+    }
+
+    pub fn workloads_dir(&self) -> PathBuf {
+        self.state_dir.join("workloads")
+    }
+
+    pub fn workload_path(&self, id: &str) -> PathBuf {
+        self.workloads_dir().join(format!("{id}.json"))
+    }
+
+    pub fn vgpus_dir(&self) -> PathBuf {
+        self.state_dir.join("vgpus")
+    }
+
+    /// Directory of one vGPU: the shim's `VGPU_DIR`.
+    pub fn vgpu_dir(&self, vgpu_id: &str) -> PathBuf {
+        self.vgpus_dir().join(vgpu_id)
+    }
+
+    pub fn partitions_path(&self) -> PathBuf {
+        self.lib_dir.join("partitions.json")
+    }
+
+    /// Create the directories (mode 0755; vGPU directories are made per vGPU).
+    pub fn ensure_dirs(&self) -> Result<(), StateError> {
+        for dir in [self.state_dir.clone(), self.workloads_dir(), self.vgpus_dir()] {
+            std::fs::create_dir_all(&dir).map_err(|e| StateError::io(&dir, e))?;
+        }
+        Ok(())
+    }
+
+    /// Take the store's lock (blocking).
+    pub fn lock(&self) -> Result<StoreLock, StateError> {
+        self.ensure_dirs()?;
+        StoreLock::acquire(&self.state_dir.join("lock"))
+    }
+
+    /// Every workload file: the good ones, and an error naming each damaged one.
+    pub fn workloads(&self) -> (Vec<Workload>, Vec<StateError>) {
+        let mut good = Vec::new();
+        let mut bad = Vec::new();
+        let dir = self.workloads_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (good, bad),
+            Err(e) => return (good, vec![StateError::io(&dir, e)]),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            match Workload::read(&path) {
+                Ok(w) => good.push(w),
+                Err(e) => bad.push(e),
+            }
+        }
+        good.sort_by(|a, b| a.created_unix_ms.cmp(&b.created_unix_ms).then(a.id.cmp(&b.id)));
+        (good, bad)
+    }
+
+    pub fn write_workload(&self, workload: &Workload) -> Result<(), StateError> {
+        workload.write(&self.workload_path(&workload.id))
+    }
+
+    pub fn remove_workload(&self, id: &str) -> Result<(), StateError> {
+        let path = self.workload_path(id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StateError::io(&path, e)),
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Partitions: persistent named vGPUs in `<lib-dir>/partitions.json`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{atomic, StateError};
+
+pub const PARTITIONS_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    pub name: String,
+    pub gpu_index: u32,
+    pub gpu_uuid: String,
+    pub mem_bytes: u64,
+    pub compute_pct: u32,
+    pub created_unix_ms: u64,
+}
+
+impl Partition {
+    /// The vGPU id its workloads share.
+    pub fn vgpu_id(&self) -> String {
+        format!("p-{}", self.name)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partitions {
+    pub format: u32,
+    pub partitions: Vec<Partition>,
+}
+
+impl Partitions {
+    /// Read the file; a missing file is an empty list.
+    pub fn load(path: &Path) -> Result<Partitions, StateError> {
+        if !path.exists() {
+            return Ok(Partitions { format: PARTITIONS_FORMAT, partitions: Vec::new() });
+        }
+        let parts: Partitions = atomic::read_json(path)?;
+        if parts.format != PARTITIONS_FORMAT {
+            return Err(StateError::Damaged {
+                path: path.to_path_buf(),
+                message: format!("format {} is not the format {PARTITIONS_FORMAT} this vgpu reads", parts.format),
+            });
+        }
+        Ok(parts)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), StateError> {
+        atomic::write_json(path, self)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Partition> {
+        self.partitions.iter().find(|p| p.name == name)
+    }
+}
+
+/// Partition names become directory names and must be typeable.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !name.starts_with('.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(valid_name("serve-a_1.x"));
+        for bad in ["", ".hidden", "a/b", "a b", &"x".repeat(65)] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn missing_file_is_empty_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("partitions.json");
+        let mut parts = Partitions::load(&path).unwrap();
+        assert!(parts.partitions.is_empty());
+        parts.partitions.push(Partition { name: "a".into(), gpu_index: 0, gpu_uuid: "GPU-1".into(), mem_bytes: 1, compute_pct: 100, created_unix_ms: 0 });
+        parts.save(&path).unwrap();
+        assert_eq!(Partitions::load(&path).unwrap(), parts);
+    }
+}

@@ -1,0 +1,174 @@
+//! One workload's definition, as stored in `<state-dir>/workloads/<id>.json`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use vgpu_abi::process::ProcessId;
+
+use super::{atomic, StateError};
+
+/// Bumped when the JSON shape changes incompatibly; older files are refused with a clear
+/// message instead of being misread.
+pub const WORKLOAD_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadState {
+    /// Admitted; the child is being started.
+    Starting,
+    Running,
+    /// Frozen (manually, or preempted by a higher-priority workload).
+    Suspended,
+}
+
+impl WorkloadState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadState::Starting => "starting",
+            WorkloadState::Running => "running",
+            WorkloadState::Suspended => "suspended",
+        }
+    }
+}
+
+/// The user the workload runs as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserSpec {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub home: String,
+}
+
+/// One GPU slice of the workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadGpu {
+    pub index: u32,
+    pub uuid: String,
+    /// Device memory quota in bytes (the partition's when the workload uses one).
+    pub mem_bytes: u64,
+    /// Total device memory, for percentages in listings.
+    pub device_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    pub format: u32,
+    pub id: String,
+    pub name: String,
+    pub command: Vec<String>,
+    pub user: UserSpec,
+    pub gpus: Vec<WorkloadGpu>,
+    /// The vGPU whose quota it uses: its own (`id`) or a partition's (`p-<name>`).
+    pub vgpu: String,
+    pub partition: Option<String>,
+    /// Share of SM time, percent (100 = unlimited).
+    pub compute_pct: u32,
+    pub priority: i32,
+    /// Name of its cgroup under the `vgpu` parent in each hierarchy.
+    pub cgroup: String,
+    /// The `vgpu run` process that supervises it.
+    pub supervisor: ProcessIdRecord,
+    /// The workload's first process, once started.
+    pub pid: Option<u32>,
+    pub state: WorkloadState,
+    /// Why it is suspended, e.g. "manual" or "preempted by <id>".
+    pub suspended_reason: Option<String>,
+    pub created_unix_ms: u64,
+}
+
+/// `ProcessId` in the JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessIdRecord {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+impl From<ProcessId> for ProcessIdRecord {
+    fn from(p: ProcessId) -> Self {
+        ProcessIdRecord { pid: p.pid, start_time: p.start_time }
+    }
+}
+
+impl From<ProcessIdRecord> for ProcessId {
+    fn from(p: ProcessIdRecord) -> Self {
+        ProcessId { pid: p.pid, start_time: p.start_time }
+    }
+}
+
+impl Workload {
+    pub fn read(path: &Path) -> Result<Workload, StateError> {
+        let value: serde_json::Value = atomic::read_json(path)?;
+        let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(0);
+        if format != u64::from(WORKLOAD_FORMAT) {
+            return Err(StateError::Damaged {
+                path: path.to_path_buf(),
+                message: format!("format {format} is not the format {WORKLOAD_FORMAT} this vgpu reads (written by another vgpu version)"),
+            });
+        }
+        serde_json::from_value(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })
+    }
+
+    pub fn write(&self, path: &Path) -> Result<(), StateError> {
+        atomic::write_json(path, self)
+    }
+
+    /// Whether its supervisor (the exact process, not a recycled pid) still runs.
+    pub fn supervisor_alive(&self) -> bool {
+        ProcessId::from(self.supervisor).is_alive()
+    }
+
+    /// Whether `query` names this workload: its name, or a prefix of its id.
+    pub fn matches(&self, query: &str) -> bool {
+        self.name == query || (!query.is_empty() && self.id.starts_with(query))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn sample() -> Workload {
+        Workload {
+            format: WORKLOAD_FORMAT,
+            id: "a1b2c3d4".into(),
+            name: "train".into(),
+            command: vec!["python".into(), "train.py".into()],
+            user: UserSpec { name: "root".into(), uid: 0, gid: 0, groups: vec![0], home: "/root".into() },
+            gpus: vec![WorkloadGpu { index: 0, uuid: "GPU-x".into(), mem_bytes: 4 << 30, device_bytes: 16 << 30 }],
+            vgpu: "a1b2c3d4".into(),
+            partition: None,
+            compute_pct: 100,
+            priority: 0,
+            cgroup: "a1b2c3d4".into(),
+            supervisor: ProcessIdRecord { pid: 1, start_time: 1 },
+            pid: None,
+            state: WorkloadState::Running,
+            suspended_reason: None,
+            created_unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_format_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.json");
+        let w = sample();
+        w.write(&path).unwrap();
+        assert_eq!(Workload::read(&path).unwrap(), w);
+        let text = std::fs::read_to_string(&path).unwrap().replace("\"format\": 1", "\"format\": 9");
+        std::fs::write(&path, text).unwrap();
+        let err = Workload::read(&path).unwrap_err().to_string();
+        assert!(err.contains("format 9") && err.contains("w.json"), "{err}");
+    }
+
+    #[test]
+    fn matching_by_name_or_id_prefix() {
+        let w = sample();
+        assert!(w.matches("train"));
+        assert!(w.matches("a1b"));
+        assert!(!w.matches("b1"));
+        assert!(!w.matches(""));
+    }
+}

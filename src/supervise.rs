@@ -1,0 +1,142 @@
+//! Start a workload and stay its parent: the child joins its cgroup and drops privileges
+//! before it executes anything; signals sent to `vgpu run` are relayed to it; its exit
+//! status becomes ours.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
+
+use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
+use signal_hook::iterator::exfiltrator::origin::WithOrigin;
+use signal_hook::iterator::SignalsInfo;
+use signal_hook::low_level::siginfo::Cause;
+
+use crate::state::UserSpec;
+
+/// The signals `vgpu run` relays to its workload.
+pub const FORWARDED: [i32; 7] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH];
+
+/// Everything needed to start the child.
+pub struct Launch {
+    pub argv: Vec<String>,
+    /// The complete environment of the child.
+    pub env: Vec<(OsString, OsString)>,
+    pub cwd: Option<PathBuf>,
+    pub user: UserSpec,
+    /// `cgroup.procs` of each hierarchy, opened for writing: the child writes "0" (itself)
+    /// to each before it executes anything.
+    pub cgroup_procs: Vec<File>,
+}
+
+/// Fork and exec the workload.
+pub fn spawn(launch: Launch) -> io::Result<Child> {
+    let mut cmd = Command::new(&launch.argv[0]);
+    cmd.args(&launch.argv[1..]).env_clear().envs(launch.env.iter().map(|(k, v)| (k, v)));
+    if let Some(cwd) = &launch.cwd {
+        cmd.current_dir(cwd);
+    }
+    let procs: Vec<RawFd> = launch.cgroup_procs.iter().map(|f| f.as_raw_fd()).collect();
+    let user = launch.user.clone();
+    let groups: Vec<libc::gid_t> = user.groups.clone();
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (write, setgroups, setgid, setuid) on data prepared
+    // before the fork; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &procs {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::geteuid() == 0 && user.uid != 0 {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::setgid(user.gid) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::setuid(user.uid) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if libc::geteuid() == 0 && user.gid != 0 {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(user.gid) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn();
+    drop(launch.cgroup_procs);
+    child
+}
+
+/// Relay signals to `child` until it exits; return its status. Signals the terminal sends
+/// to the whole foreground process group (Ctrl-C, Ctrl-\, window resize) already reach
+/// the child, which shares our process group, so only signals sent to `vgpu run` itself
+/// (by `kill`, systemd, cron) are relayed.
+pub fn wait_relaying_signals(child: &mut Child) -> io::Result<ExitStatus> {
+    let pidfd = pidfd_open(child.id())?;
+    let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)?;
+    let handle = signals.handle();
+    let relay = std::thread::spawn(move || {
+        for origin in signals.forever() {
+            let from_terminal = matches!(origin.cause, Cause::Kernel);
+            if from_terminal && origin.signal != SIGHUP {
+                continue;
+            }
+            tracing::debug!("relaying signal {} to the workload", origin.signal);
+            // A pidfd cannot reach a later process that reused the pid.
+            let _ = pidfd_send_signal(&pidfd, origin.signal);
+        }
+    });
+    let status = child.wait();
+    handle.close();
+    let _ = relay.join();
+    status
+}
+
+/// Our exit code for the workload's status: its code, or 128+N when killed by signal N.
+pub fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => (code & 0xff) as u8,
+        (None, Some(sig)) => (128 + sig).min(255) as u8,
+        (None, None) => 1,
+    }
+}
+
+fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
+    // SAFETY: valid pidfd, a signal number, no siginfo, no flags.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
+        assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
+    }
+}

@@ -6,7 +6,6 @@
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use nix::sys::signal::Signal;
 use vgpu_abi::usage::UsageFile;
 
 use crate::cgroup::{Cgroup, Layout};
@@ -49,9 +48,7 @@ pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<
     if let Some(layout) = layout {
         match Cgroup::open(layout, &w.cgroup) {
             Ok(cgroup) => {
-                // A frozen cgroup's processes cannot die: thaw before killing.
-                let _ = cgroup.thaw();
-                cgroup.kill(Signal::SIGKILL).with_context(|| format!("killing the processes of {}", w.id))?;
+                // remove() thaws (a frozen process cannot die), kills what is left, removes.
                 cgroup.remove().with_context(|| format!("removing the cgroup of {}", w.id))?;
             }
             Err(crate::cgroup::CgroupError::NotFound { .. }) => {}

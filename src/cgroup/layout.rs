@@ -8,20 +8,28 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// The controllers vgpu needs for a workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// The controllers vgpu uses for a workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Controller {
     Cpu,
     Memory,
     Pids,
     Freezer,
+    /// CPU usage accounting. A hierarchy of its own on v1 (often co-mounted with `cpu`);
+    /// on v2 every cgroup reports it in `cpu.stat`. Optional: only `stats()` reads it.
+    Cpuacct,
 }
 
 impl Controller {
+    /// The controllers vgpu needs (what `vgpu doctor` checks).
     pub const ALL: [Controller; 4] = [Controller::Cpu, Controller::Memory, Controller::Pids, Controller::Freezer];
+
+    /// Every controller a workload's cgroup is created in, where the host has it.
+    pub const USED: [Controller; 5] =
+        [Controller::Cpu, Controller::Cpuacct, Controller::Memory, Controller::Pids, Controller::Freezer];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -29,7 +37,14 @@ impl Controller {
             Controller::Memory => "memory",
             Controller::Pids => "pids",
             Controller::Freezer => "freezer",
+            Controller::Cpuacct => "cpuacct",
         }
+    }
+}
+
+impl std::fmt::Display for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -81,11 +96,7 @@ impl Layout {
         for line in text.lines() {
             let Some((mount_point, fstype, super_opts)) = parse_line(line) else { continue };
             match fstype {
-                "cgroup2" => {
-                    if unified.is_none() {
-                        unified = Some(PathBuf::from(&mount_point));
-                    }
-                }
+                "cgroup2" if unified.is_none() => unified = Some(PathBuf::from(&mount_point)),
                 "cgroup" => {
                     for opt in super_opts.split(',') {
                         let controller = match opt {
@@ -93,6 +104,7 @@ impl Layout {
                             "memory" => Controller::Memory,
                             "pids" => Controller::Pids,
                             "freezer" => Controller::Freezer,
+                            "cpuacct" => Controller::Cpuacct,
                             _ => continue,
                         };
                         v1.entry(controller).or_insert_with(|| PathBuf::from(&mount_point));
@@ -114,8 +126,12 @@ impl Layout {
     pub fn has(&self, controller: Controller) -> bool {
         match self.mode {
             Mode::V1 | Mode::Hybrid => self.v1.contains_key(&controller),
-            // The v2 freezer is built into every non-root cgroup (`cgroup.freeze`).
-            Mode::V2 => controller == Controller::Freezer || self.v2_controllers.iter().any(|c| c == controller.name()),
+            // The v2 freezer is built into every non-root cgroup (`cgroup.freeze`), and so is
+            // CPU usage (`cpu.stat`).
+            Mode::V2 => {
+                matches!(controller, Controller::Freezer | Controller::Cpuacct)
+                    || self.v2_controllers.iter().any(|c| c == controller.name())
+            }
         }
     }
 
@@ -184,6 +200,7 @@ mod tests {
         assert_eq!(layout.mode, Mode::Hybrid);
         assert_eq!(layout.unified.as_deref(), Some(Path::new("/sys/fs/cgroup/unified")));
         assert_eq!(layout.mount_of(Controller::Cpu), Some(Path::new("/sys/fs/cgroup/cpu,cpuacct")));
+        assert_eq!(layout.mount_of(Controller::Cpuacct), layout.mount_of(Controller::Cpu));
         assert!(Controller::ALL.iter().all(|&c| layout.has(c)));
     }
 

@@ -1,6 +1,23 @@
-//! Control groups: which hierarchy the host has (v1, v2 or hybrid) and where each
-//! controller vgpu uses is mounted.
+//! Control groups: which hierarchy the host has (v1, v2 or hybrid), and one workload's
+//! cgroup behind one interface with a v1 and a v2 implementation side by side.
+//!
+//! - [`Layout`]: where each controller is mounted (`Layout::detect()`; tests build one
+//!   over a temporary directory, which is how the fake cgroupfs trees are injected).
+//! - [`Cgroup`]: create / open / apply limits / join / freeze / kill / stats / remove.
+//!   `v1.rs` and `v2.rs` implement the version-specific part.
 
+mod error;
+mod fs;
+mod handle;
 pub mod layout;
+mod manager;
+mod v1;
+mod v2;
 
+#[cfg(test)]
+mod fake;
+
+pub use error::CgroupError;
+pub use handle::{Cgroup, DEFAULT_TIMEOUT, PARENT};
 pub use layout::{Controller, Layout, Mode};
+pub use manager::{CgroupSpec, FreezerState, Limits, Stats, CPU_PERIOD_US};

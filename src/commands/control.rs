@@ -77,15 +77,12 @@ pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {
     drop(lock);
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
     let cgroup = Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))?;
-    let pids = cgroup.pids().with_context(|| format!("listing the processes of {}", w.id))?;
-    for pid in &pids {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), signal);
-    }
+    let count = cgroup.kill(signal).with_context(|| format!("signalling the processes of {}", w.id))?;
     // A stopped (suspended) process acts on most signals only once it runs again.
     if w.state == WorkloadState::Suspended && matches!(signal, Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP) {
         println!("note: {} is suspended; it will act on {signal} when resumed", w.id);
     }
-    println!("sent {signal} to {} process(es) of {} ({})", pids.len(), w.name, w.id);
+    println!("sent {signal} to {count} process(es) of {} ({})", w.name, w.id);
     Ok(())
 }
 

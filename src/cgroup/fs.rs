@@ -1,0 +1,214 @@
+//! Reading and writing cgroupfs files, with errors that name the file.
+//!
+//! cgroupfs files take one value per `write(2)`, so writes are a single call on a file
+//! opened without `O_CREAT`: a missing file means the kernel (or controller) lacks it, and
+//! that must be an error, not a new regular file. `O_TRUNC` (what a shell's `>` does) is
+//! ignored by cgroupfs and keeps the fake trees of the tests exact.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use super::error::{CgroupError, Result};
+
+pub(crate) const PROCS: &str = "cgroup.procs";
+
+pub(crate) fn io_error(op: &'static str, path: &Path, source: io::Error) -> CgroupError {
+    CgroupError::Io { op, path: path.to_path_buf(), source }
+}
+
+pub(crate) fn read(path: &Path) -> Result<String> {
+    fs::read_to_string(path).map_err(|e| io_error("read", path, e))
+}
+
+/// `None` when the file does not exist.
+pub(crate) fn read_opt(path: &Path) -> Result<Option<String>> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error("read", path, e)),
+    }
+}
+
+pub(crate) fn write(path: &Path, value: &str) -> Result<()> {
+    let mut file = OpenOptions::new().write(true).truncate(true).open(path).map_err(|e| io_error("open for writing", path, e))?;
+    let written = file.write(value.as_bytes()).map_err(|e| io_error("write", path, e))?;
+    if written != value.len() {
+        let short = io::Error::new(io::ErrorKind::WriteZero, format!("short write ({written} of {} bytes)", value.len()));
+        return Err(io_error("write", path, short));
+    }
+    Ok(())
+}
+
+pub(crate) fn parse_error(path: &Path, content: &str) -> CgroupError {
+    CgroupError::Parse { path: path.to_path_buf(), content: content.trim().to_string() }
+}
+
+/// A counter file such as `memory.current` or `pids.current`; `None` when it is missing.
+pub(crate) fn read_u64_opt(path: &Path) -> Result<Option<u64>> {
+    match read_opt(path)? {
+        None => Ok(None),
+        Some(text) => text.trim().parse().map(Some).map_err(|_| parse_error(path, &text)),
+    }
+}
+
+/// The value of `key` in a flat-keyed file (`cgroup.events`, `cpu.stat`): lines of `key value`.
+pub(crate) fn keyed_u64(path: &Path, text: &str, key: &str) -> Result<Option<u64>> {
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        if words.next() == Some(key) {
+            let value = words.next().unwrap_or("");
+            return value.parse().map(Some).map_err(|_| parse_error(path, line));
+        }
+    }
+    Ok(None)
+}
+
+/// The processes listed in `dir/cgroup.procs`; none when the cgroup is gone.
+///
+/// The kernel lists a task outside the reader's pid namespace as 0. Those are dropped:
+/// nothing here can signal them, and `kill(0, …)` would hit the caller's own group.
+pub(crate) fn procs(dir: &Path) -> Result<Vec<i32>> {
+    let path = dir.join(PROCS);
+    let Some(text) = read_opt(&path)? else { return Ok(Vec::new()) };
+    let mut pids = Vec::new();
+    for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
+        let pid: i32 = line.parse().map_err(|_| parse_error(&path, line))?;
+        if pid < 0 {
+            return Err(parse_error(&path, line));
+        }
+        if pid > 0 {
+            pids.push(pid);
+        }
+    }
+    Ok(pids)
+}
+
+/// The processes of `dir` and of every cgroup below it (a workload run as root may nest).
+pub(crate) fn procs_recursive(dir: &Path, into: &mut Vec<i32>) -> Result<()> {
+    into.extend(procs(dir)?);
+    for child in child_dirs(dir)? {
+        procs_recursive(&child, into)?;
+    }
+    Ok(())
+}
+
+/// Sub-cgroups of `dir`; none when `dir` is gone.
+fn child_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_error("list", dir, e)),
+    };
+    let mut dirs = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error("list", dir, e))?;
+        let is_dir = entry.file_type().map_err(|e| io_error("stat", &entry.path(), e))?.is_dir();
+        if is_dir {
+            dirs.push(entry.path());
+        }
+    }
+    dirs.sort();
+    Ok(dirs)
+}
+
+/// `mkdir`; `Ok(false)` if it already existed.
+pub(crate) fn ensure_dir(path: &Path) -> Result<bool> {
+    match fs::create_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(io_error("create", path, e)),
+    }
+}
+
+/// `mkdir` of a workload's cgroup: it must be new.
+pub(crate) fn create_new_dir(path: &Path) -> Result<()> {
+    match fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(CgroupError::AlreadyExists { path: path.to_path_buf() }),
+        Err(e) => Err(io_error("create", path, e)),
+    }
+}
+
+/// `rmdir` of `dir` and any sub-cgroups, deepest first. A missing directory is fine.
+/// `EBUSY` is retried until `timeout`: a task that just died leaves `cgroup.procs` a
+/// moment before the kernel stops counting the cgroup as populated.
+pub(crate) fn remove_tree(dir: &Path, timeout: Duration) -> Result<()> {
+    for child in child_dirs(dir)? {
+        remove_tree(&child, timeout)?;
+    }
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && start.elapsed() < timeout => {
+                sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            Err(e) => return Err(io_error("remove", dir, e)),
+        }
+    }
+}
+
+/// Calls `done` until it says yes or `timeout` passes; returns whether it said yes.
+pub(crate) fn poll_until(timeout: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<bool> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if done()? {
+            return Ok(true);
+        }
+        let elapsed = start.elapsed();
+        if elapsed >= timeout {
+            return Ok(false);
+        }
+        sleep(pause.min(timeout - elapsed));
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_never_creates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cpu.max");
+        let err = write(&path, "max").unwrap_err();
+        assert!(matches!(err, CgroupError::Io { op: "open for writing", .. }), "{err}");
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn procs_and_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(procs(&dir.path().join("gone")).unwrap().is_empty());
+        fs::write(dir.path().join(PROCS), "12\n 34\n\n").unwrap();
+        assert_eq!(procs(dir.path()).unwrap(), vec![12, 34]);
+        fs::write(dir.path().join(PROCS), "0\n12\n").unwrap();
+        assert_eq!(procs(dir.path()).unwrap(), vec![12], "0: a task outside our pid namespace");
+        for bad in ["12\nabc\n", "-1\n"] {
+            fs::write(dir.path().join(PROCS), bad).unwrap();
+            assert!(matches!(procs(dir.path()), Err(CgroupError::Parse { .. })), "{bad:?}");
+        }
+        let events = Path::new("cgroup.events");
+        assert_eq!(keyed_u64(events, "populated 1\nfrozen 0\n", "frozen").unwrap(), Some(0));
+        assert_eq!(keyed_u64(events, "populated 1\n", "frozen").unwrap(), None);
+        assert!(keyed_u64(events, "frozen x\n", "frozen").is_err());
+    }
+
+    #[test]
+    fn remove_tree_is_idempotent_and_depth_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let leaf = dir.path().join("a");
+        fs::create_dir_all(leaf.join("b/c")).unwrap();
+        remove_tree(&leaf, Duration::from_millis(10)).unwrap();
+        assert!(!leaf.exists());
+        remove_tree(&leaf, Duration::from_millis(10)).unwrap();
+    }
+}

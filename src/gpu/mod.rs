@@ -2,6 +2,7 @@
 //! nothing of NVIDIA's and runs on hosts without a GPU.
 
 pub mod inventory;
+pub mod tflops;
 
 use std::ffi::OsStr;
 use std::path::Path;

@@ -35,7 +35,7 @@ pub struct Cli {
     pub lib_dir: Option<PathBuf>,
 
     /// Use the bundled simulated NVIDIA driver, for vgpu and every workload it starts
-    #[arg(long, global = true, env = "VGPU_SIMULATE")]
+    #[arg(long, global = true, env = "VGPU_SIMULATE", value_parser = clap::builder::FalseyValueParser::new())]
     pub simulate: bool,
 
     /// More log output on stderr (-v info, -vv debug, -vvv trace)

@@ -52,23 +52,40 @@ impl Config {
 
     /// Parse config text; the error is one line naming the key.
     pub fn parse(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e| one_line(&e))
+        toml::from_str(text).map_err(|e| one_line(text, &e))
     }
 }
 
 /// toml's messages span several lines with a source excerpt; keep the gist on one line,
-/// with the line number.
-fn one_line(err: &toml::de::Error) -> String {
+/// with the key (qualified by its table) and the line number.
+fn one_line(text: &str, err: &toml::de::Error) -> String {
     let message = err.message().trim().replace('\n', " ");
-    match err.span() {
-        Some(_) => {
-            // The first line of the Display form is "TOML parse error at line L, column C".
-            let full = err.to_string();
-            let at = full.lines().next().unwrap_or("").trim_start_matches("TOML parse error ");
-            format!("{message} ({at})")
+    let Some(span) = err.span() else { return message };
+    let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+    let key = key_at_line(text, line_no);
+    match key {
+        Some(key) if !message.contains(&format!("`{key}`")) && !message.contains(&key) => {
+            format!("key `{key}`: {message} (line {line_no})")
         }
-        None => message,
+        _ => format!("{message} (line {line_no})"),
     }
+}
+
+/// `table.key` for a `key = value` on line `line_no` (1-based), following `[table]` headers.
+fn key_at_line(text: &str, line_no: usize) -> Option<String> {
+    let mut table = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            table = trimmed.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+        }
+        if i + 1 == line_no {
+            let (key, _) = trimmed.split_once('=')?;
+            let key = key.trim().trim_matches('"');
+            return Some(if table.is_empty() { key.to_string() } else { format!("{table}.{key}") });
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -88,6 +105,15 @@ mod tests {
         assert!(err.contains("simulat"), "{err}");
         assert!(err.contains("line 1"), "{err}");
         assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn bad_value_names_its_key_with_its_table() {
+        let err = Config::parse("simulate = \"yes\"\n").unwrap_err();
+        assert!(err.starts_with("key `simulate`"), "{err}");
+        assert!(err.contains("line 1"), "{err}");
+        let err = Config::parse("# c\n[carbon]\nbudget_g_per_hour = \"lots\"\n").unwrap_err();
+        assert!(err.contains("carbon.budget_g_per_hour") && err.contains("line 3"), "{err}");
     }
 
     #[test]

@@ -41,7 +41,11 @@ impl Context {
         } else {
             None
         };
-        Nvml::open(library.as_deref()).context("cannot initialise NVML")
+        let nvml = Nvml::open(library.as_deref()).context("cannot initialise NVML")?;
+        if nvml.is_none() && self.simulate {
+            anyhow::bail!("the simulated driver did not initialise (check FAKEGPU_CONFIG; its message is above)");
+        }
+        Ok(nvml)
     }
 
     /// Directory of `libcuda.so.1`/`libnvidia-ml.so.1` links to put first on a workload's

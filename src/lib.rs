@@ -14,5 +14,6 @@ pub mod lifecycle;
 pub mod output;
 pub mod paths;
 pub mod pool;
+pub mod pooling;
 pub mod state;
 pub mod supervise;

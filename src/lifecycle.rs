@@ -30,13 +30,16 @@ pub fn reconcile(store: &Store, _lock: &StoreLock) -> Reconciled {
         if w.supervisor_alive() {
             continue;
         }
-        match teardown(store, &w, layout.as_ref()) {
+        match teardown(store, &w, layout.as_ref()).and_then(|()| crate::pooling::release(store, _lock, &w.id)) {
             Ok(()) => {
                 eprintln!("vgpu: cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid);
                 out.cleaned.push(w);
             }
             Err(e) => eprintln!("vgpu: warning: cannot clean up workload {} ({}): {e:#}", w.name, w.id),
         }
+    }
+    if let Err(e) = crate::pooling::release_orphans(store, _lock) {
+        eprintln!("vgpu: warning: cannot tidy the compute pool: {e:#}");
     }
     remove_orphan_vgpus(store);
     reclaim_dead_processes(store);

@@ -214,9 +214,8 @@ fn bad_input_leaves_nothing_behind() {
     for (args, code, needle) in cases {
         sim.vgpu(args).assert().code(*code).stderr(predicate::str::contains(*needle));
     }
+    // No state, no vGPU, no pool entry (and so no cgroup: each is named after a recorded id).
     assert_eq!(files_below(sim.dir.path()), before, "a refused run left files behind");
-    let cgroups = std::fs::read_dir("/sys/fs/cgroup/cpu/vgpu").map(|d| d.count()).unwrap_or(0);
-    let _ = cgroups;
 }
 
 #[test]

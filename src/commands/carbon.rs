@@ -1,13 +1,333 @@
-//! `vgpu carbon …`
+//! `vgpu carbon …`: the grid's carbon intensity, the clock plan for a carbon budget,
+//! applying and undoing it.
 
-use anyhow::Result;
-use clap::Args;
+use anyhow::{Context as _, Result};
+use chrono::Utc;
+use clap::{Args, Subcommand};
+use serde::Serialize;
 
+use crate::carbon::apply::{self, AppliedStore, Device, GpuOutcome, APPLIED_FILE};
+use crate::carbon::config::{check_non_negative, CarbonConfig};
+use crate::carbon::intensity::cache::{Cache, CACHE_FILE};
+use crate::carbon::intensity::{self, Intensity, Policy, Status};
+use crate::carbon::log::{self, Action, Decision, LOG_FILE};
+use crate::carbon::model::Tunables;
+use crate::carbon::planner::{self, Plan, PlanRequest};
+use crate::carbon::workload::{from_gpu_processes, Workload};
 use crate::context::Context;
+use crate::error::UsageError;
+use crate::gpu::Nvml;
+use crate::output::{print_json, table};
 
 #[derive(Debug, Args)]
-pub struct CarbonArgs {}
+pub struct CarbonArgs {
+    #[command(subcommand)]
+    pub command: CarbonCommand,
+}
 
-pub fn run(_ctx: &Context, _args: &CarbonArgs) -> Result<()> {
-    anyhow::bail!("vgpu carbon is not implemented yet")
+#[derive(Debug, Subcommand)]
+pub enum CarbonCommand {
+    /// The grid's carbon intensity now, from the configured source
+    Intensity(IntensityArgs),
+    /// The clock plan for the carbon budget; changes nothing
+    Plan(PlanArgs),
+    /// Apply the plan: cap clocks (or power limits) through NVML and log the decision
+    Apply(PlanArgs),
+    /// Undo the caps: default clocks and power limits
+    Reset(ResetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct IntensityArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// Use this intensity (gCO2/kWh) instead of asking the configured source
+    #[arg(long, value_name = "G")]
+    pub intensity: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// Use this intensity (gCO2/kWh) instead of asking the configured source
+    #[arg(long, value_name = "G")]
+    pub intensity: Option<f64>,
+    /// Carbon budget for all GPUs, gCO2 per hour [default: the config's budget_g_per_hour]
+    #[arg(long, value_name = "G_PER_H")]
+    pub budget: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(ctx: &Context, args: &CarbonArgs) -> Result<()> {
+    let config = &ctx.config.carbon;
+    config.validate().map_err(|e| UsageError::new(e.to_string()))?;
+    match &args.command {
+        CarbonCommand::Intensity(a) => show_intensity(ctx, a),
+        CarbonCommand::Plan(a) => show_plan(ctx, a),
+        CarbonCommand::Apply(a) => apply(ctx, a),
+        CarbonCommand::Reset(a) => reset(ctx, a),
+    }
+}
+
+fn tunables(config: &CarbonConfig) -> Result<Tunables> {
+    config.model_defaults().map_err(|e| UsageError::new(e.to_string()).into())
+}
+
+/// The intensity to plan with: `--intensity`, else the source with its fallbacks.
+fn current_intensity(ctx: &Context, given: Option<f64>, remember: bool) -> Result<Intensity> {
+    let now = Utc::now();
+    if let Some(value) = given {
+        let value = check_non_negative("--intensity", value).map_err(|_| {
+            UsageError::new(format!("--intensity must be a non-negative number of gCO2/kWh, got {value}"))
+        })?;
+        return Ok(Intensity::overridden(value, now));
+    }
+    let config = &ctx.config.carbon;
+    let source = intensity::from_config(config).map_err(|e| UsageError::new(e.to_string()))?;
+    let cache = Cache::new(ctx.lib_path(CACHE_FILE));
+    let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember };
+    let found = intensity::resolve(source.as_ref(), &policy, now)?;
+    if let Some(note) = &found.note {
+        tracing::warn!("{note}");
+    }
+    Ok(found)
+}
+
+fn budget(ctx: &Context, given: Option<f64>) -> Result<f64> {
+    match given.or(ctx.config.carbon.budget_g_per_hour) {
+        Some(b) if b.is_finite() && b >= 0.0 => Ok(b),
+        Some(b) => Err(UsageError::new(format!("--budget must be a non-negative number of gCO2/h, got {b}")).into()),
+        None => Err(UsageError::new("no carbon budget: pass --budget G_PER_H or set [carbon] budget_g_per_hour").into()),
+    }
+}
+
+fn open_nvml(ctx: &Context) -> Result<Nvml> {
+    ctx.nvml()?.context("no NVIDIA driver found (libnvidia-ml.so.1 not loadable); try --simulate")
+}
+
+fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<Device>> {
+    let config = &ctx.config.carbon;
+    let devices = apply::read_devices(nvml, config, &tunables(config)?).context("reading the GPUs")?;
+    anyhow::ensure!(!devices.is_empty(), "the NVIDIA driver reports no GPUs");
+    Ok(devices)
+}
+
+/// The workloads to plan for. Until the state store of `vgpu run` feeds ranges and
+/// sensitivities, every GPU with compute processes is one workload on that GPU.
+fn workloads(devices: &[Device]) -> Vec<Workload> {
+    from_gpu_processes(devices.iter().map(|d| (d.state.index, d.pids.clone())))
+}
+
+fn make_plan(ctx: &Context, devices: &[Device], intensity: &Intensity, budget: f64) -> Result<Plan> {
+    let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
+    let workloads = workloads(devices);
+    let request = PlanRequest {
+        gpus: &models,
+        workloads: &workloads,
+        intensity: intensity.intensity,
+        budget_g_per_hour: Some(budget),
+        tunables: tunables(&ctx.config.carbon)?,
+    };
+    let plan = planner::plan(&request).context("planning")?;
+    for step in &plan.steps {
+        tracing::debug!("stage {} step: workload {} benefit {:.3e}", step.stage, workloads[step.workload].id, step.benefit);
+    }
+    Ok(plan)
+}
+
+fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
+    let found = current_intensity(ctx, args.intensity, true)?;
+    if args.json {
+        return print_json(&found);
+    }
+    let mut t = table(["INTENSITY", "SOURCE", "TIMESTAMP", "AGE", "NOTE"]);
+    t.add_row([
+        format!("{:.0} gCO2/kWh", found.intensity),
+        format!("{}{}", found.source, status_suffix(found.status)),
+        found.timestamp.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        humantime::format_duration(std::time::Duration::from_secs(found.age_seconds.unsigned_abs())).to_string(),
+        found.note.clone().unwrap_or_default(),
+    ]);
+    println!("{t}");
+    Ok(())
+}
+
+fn status_suffix(status: Status) -> &'static str {
+    match status {
+        Status::Fresh | Status::Override => "",
+        Status::Cached => " (remembered)",
+        Status::Fallback => "",
+    }
+}
+
+#[derive(Serialize)]
+struct PlanView<'a> {
+    #[serde(flatten)]
+    plan: &'a Plan,
+    intensity_source: &'a Intensity,
+}
+
+fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
+    let budget = budget(ctx, args.budget)?;
+    let nvml = open_nvml(ctx)?;
+    let devices = devices(ctx, &nvml)?;
+    let intensity = current_intensity(ctx, args.intensity, false)?;
+    let plan = make_plan(ctx, &devices, &intensity, budget)?;
+    if args.json {
+        return print_json(&PlanView { plan: &plan, intensity_source: &intensity });
+    }
+    println!("{}", summary(&plan, &intensity));
+    let mut t = table(["GPU", "WORKLOAD", "CLOCK", "POWER", "gCO2/h"]);
+    for gpu in &plan.gpus {
+        t.add_row([
+            gpu.index.to_string(),
+            gpu.workload.clone().unwrap_or_else(|| "— (idle)".into()),
+            format!("{} MHz ({}–{})", gpu.clock_mhz, gpu.min_clock_mhz, gpu.max_clock_mhz),
+            format!("{:.0} W", gpu.power_w),
+            format!("{:.1}", gpu.g_per_hour),
+        ]);
+    }
+    println!("{t}");
+    for note in &plan.notes {
+        println!("note: {note}");
+    }
+    Ok(())
+}
+
+fn summary(plan: &Plan, intensity: &Intensity) -> String {
+    format!(
+        "intensity {:.0} gCO2/kWh ({}), budget {:.1} gCO2/h, predicted {:.1} gCO2/h{}",
+        plan.intensity,
+        intensity.source,
+        plan.budget_g_per_hour.unwrap_or(f64::INFINITY),
+        plan.predicted_g_per_hour,
+        if plan.budget_met { "" } else { " — the budget cannot be met" }
+    )
+}
+
+fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
+    let budget = budget(ctx, args.budget)?;
+    let nvml = open_nvml(ctx)?;
+    let devices = devices(ctx, &nvml)?;
+    let intensity = current_intensity(ctx, args.intensity, true)?;
+    let plan = make_plan(ctx, &devices, &intensity, budget)?;
+    let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
+    let (outcomes, save_error) = apply::apply_plan(&nvml, &devices, &plan, &store);
+    let decision = Decision {
+        time: Utc::now(),
+        action: Action::Apply,
+        intensity: Some(plan.intensity),
+        intensity_source: Some(intensity.clone()),
+        budget_g_per_hour: plan.budget_g_per_hour,
+        predicted_g_per_hour: Some(plan.predicted_g_per_hour),
+        budget_met: Some(plan.budget_met),
+        notes: plan.notes.clone(),
+        gpus: outcomes,
+    };
+    if !plan.budget_met {
+        tracing::warn!("the budget of {budget} gCO2/h cannot be met: even the lowest clocks predict {:.1} gCO2/h; lowest clocks applied", plan.predicted_g_per_hour);
+    }
+    report(ctx, &decision, args.json, save_error, Some(summary(&plan, &intensity)))
+}
+
+fn reset(ctx: &Context, args: &ResetArgs) -> Result<()> {
+    let nvml = open_nvml(ctx)?;
+    let devices = devices(ctx, &nvml)?;
+    let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
+    let (outcomes, save_error) = apply::reset_all(&nvml, &devices, &store);
+    let decision = Decision {
+        time: Utc::now(),
+        action: Action::Reset,
+        intensity: None,
+        intensity_source: None,
+        budget_g_per_hour: None,
+        predicted_g_per_hour: None,
+        budget_met: None,
+        notes: Vec::new(),
+        gpus: outcomes,
+    };
+    report(ctx, &decision, args.json, save_error, None)
+}
+
+/// Print what happened, log it, and turn failures into one error line.
+fn report(ctx: &Context, decision: &Decision, json: bool, save_error: Option<apply::ApplyError>, headline: Option<String>) -> Result<()> {
+    if json {
+        print_json(decision)?;
+    } else {
+        if let Some(line) = headline {
+            println!("{line}");
+        }
+        println!("{}", outcome_table(&decision.gpus));
+    }
+    for gpu in &decision.gpus {
+        for note in &gpu.notes {
+            tracing::warn!("GPU {}: {note}", gpu.index);
+        }
+    }
+    if let Some(e) = save_error {
+        tracing::warn!("{e}: the next apply will write the caps again");
+    }
+    let logged = log::append(&ctx.lib_path(LOG_FILE), decision);
+    let action = match decision.action {
+        Action::Apply => "carbon apply",
+        Action::Reset => "carbon reset",
+    };
+    let failed = failures(action, &decision.gpus);
+    match (failed, logged) {
+        (None, Ok(())) => Ok(()),
+        (None, Err(e)) => Err(e).context("the caps are set but the decision was not logged"),
+        (Some(failed), Ok(())) => Err(anyhow::anyhow!(failed)),
+        (Some(failed), Err(e)) => Err(anyhow::anyhow!("{failed}; the decision was not logged: {e}")),
+    }
+}
+
+fn outcome_table(gpus: &[GpuOutcome]) -> comfy_table::Table {
+    let mut t = table(["GPU", "WORKLOAD", "CLOCK", "RESULT"]);
+    for gpu in gpus {
+        let result = match (&gpu.error, gpu.writes.is_empty()) {
+            (Some(e), _) => format!("failed: {e}"),
+            (None, true) => "unchanged".to_string(),
+            (None, false) => gpu.writes.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        };
+        t.add_row([
+            gpu.index.to_string(),
+            gpu.workload.clone().unwrap_or_else(|| "—".into()),
+            format!("{} / {} MHz", gpu.clock_mhz, gpu.max_clock_mhz),
+            result,
+        ]);
+    }
+    t
+}
+
+/// One line for every failed GPU, grouped by reason: "GPU 0, 1: NVML refused: …".
+fn failures(action: &str, gpus: &[GpuOutcome]) -> Option<String> {
+    let mut groups: Vec<(&str, Vec<u32>)> = Vec::new();
+    for gpu in gpus {
+        let Some(e) = gpu.error.as_deref() else { continue };
+        match groups.iter_mut().find(|(reason, _)| *reason == e) {
+            Some((_, list)) => list.push(gpu.index),
+            None => groups.push((e, vec![gpu.index])),
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = groups
+        .into_iter()
+        .map(|(reason, list)| {
+            let list: Vec<String> = list.iter().map(u32::to_string).collect();
+            let noun = if list.len() == 1 { "GPU" } else { "GPUs" };
+            format!("{noun} {}: {reason}", list.join(", "))
+        })
+        .collect();
+    Some(format!("{action} failed on {} of {} GPUs: {}", gpus.iter().filter(|g| g.error.is_some()).count(), gpus.len(), parts.join("; ")))
 }

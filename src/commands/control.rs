@@ -53,6 +53,13 @@ pub fn suspend_or_resume(ctx: &Context, args: &IdArgs, action: Action) -> Result
                 println!("{} ({}) is not suspended", w.name, w.id);
                 return Ok(());
             }
+            if let Some(reason) = w.suspended_reason.as_deref().filter(|r| r.starts_with("preempted")) {
+                anyhow::bail!(
+                    "{} ({}) is {reason}: it resumes by itself when its pool blocks are free again",
+                    w.name,
+                    w.id
+                );
+            }
             cgroup.thaw().with_context(|| format!("resuming {}", w.id))?;
             record.state = WorkloadState::Running;
             record.suspended_reason = None;

@@ -1,13 +1,90 @@
-//! `vgpu pool …`
+//! `vgpu pool` (the block map) and `vgpu pool compact`.
 
 use anyhow::Result;
-use clap::Args;
+use clap::{Args, Subcommand};
 
 use crate::context::Context;
+use crate::output::{print_json, table};
+use crate::pool::PoolView;
+use crate::state::Store;
 
 #[derive(Debug, Args)]
-pub struct PoolArgs {}
+pub struct PoolArgs {
+    #[command(subcommand)]
+    pub command: Option<PoolCommand>,
+    /// Print JSON instead of tables
+    #[arg(long)]
+    pub json: bool,
+}
 
-pub fn run(_ctx: &Context, _args: &PoolArgs) -> Result<()> {
-    anyhow::bail!("vgpu pool is not implemented yet")
+#[derive(Debug, Subcommand)]
+pub enum PoolCommand {
+    /// Relabel allocations so each owner's blocks are one run and free blocks end each device
+    Compact,
+}
+
+pub fn run(ctx: &Context, args: &PoolArgs) -> Result<()> {
+    let gpus = match ctx.nvml()? {
+        Some(nvml) => nvml.inventory()?,
+        None => Vec::new(),
+    };
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(&store, &lock);
+    let mut pool = crate::pooling::current(ctx, &store, &gpus)?;
+    let plan = pool.settle();
+    crate::pooling::execute(&store, &lock, &mut pool, plan)?;
+    if let Some(PoolCommand::Compact) = args.command {
+        let moved = pool.compact();
+        crate::pooling::save(&store, &pool)?;
+        println!("{}", if moved { "compacted the pool" } else { "the pool was already compact" });
+        return Ok(());
+    }
+    let view = pool.view();
+    drop(lock);
+    if args.json {
+        return print_json(&view);
+    }
+    print_view(&view);
+    Ok(())
+}
+
+fn ranges(r: &[[u64; 2]]) -> String {
+    if r.is_empty() {
+        return "—".into();
+    }
+    r.iter().map(|[a, b]| if a == b { a.to_string() } else { format!("{a}–{b}") }).collect::<Vec<_>>().join(", ")
+}
+
+fn print_view(view: &PoolView) {
+    println!(
+        "{} blocks of {} TFLOPS ({}): {} used, {} free",
+        view.total_blocks, view.block_tflops, view.tflops_precision, view.used_blocks, view.free_blocks
+    );
+    let regions: Vec<String> = view.regions.iter().map(|r| format!("{} {}", r.kind.as_str(), ranges(&[[r.first, r.last]]))).collect();
+    println!("regions: {}", if regions.is_empty() { "—".into() } else { regions.join(", ") });
+    let mut devices = table(["KIND", "DEVICE", "TFLOPS", "BLOCKS", "FREE"]);
+    for d in &view.devices {
+        let name = match (d.nvml_index, &d.id) {
+            (Some(i), _) => format!("GPU {i}: {}", d.name),
+            (None, Some(id)) => format!("{} ({id})", d.name),
+            (None, None) => d.name.clone(),
+        };
+        devices.add_row([d.kind.as_str().to_string(), name, format!("{}", d.tflops), d.range.map(|r| ranges(&[r])).unwrap_or_else(|| "—".into()), d.free_blocks.to_string()]);
+    }
+    println!("{devices}");
+    if view.allocations.is_empty() {
+        println!("No allocations.");
+    } else {
+        let mut allocs = table(["ID", "NAME", "PRIORITY", "STATE", "BLOCKS", "RANGES"]);
+        for a in &view.allocations {
+            let state = match &a.preempted_by {
+                Some(by) => format!("{} (preempted by {by})", a.state),
+                None => a.state.to_string(),
+            };
+            allocs.add_row([a.id.clone(), a.name.clone(), a.priority.to_string(), state, a.blocks.to_string(), ranges(&a.ranges)]);
+        }
+        println!("{allocs}");
+    }
+    println!("free: {}", ranges(&view.free));
 }

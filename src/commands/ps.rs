@@ -29,8 +29,8 @@ struct Row {
     user: String,
     gpus: Vec<GpuRow>,
     partition: Option<String>,
-    compute_pct: u32,
     priority: i32,
+    pool_blocks: Option<u64>,
     pids: Vec<u32>,
     state: String,
     suspended_reason: Option<String>,
@@ -46,6 +46,7 @@ struct GpuRow {
     uuid: String,
     mem_used: Option<u64>,
     mem_quota: u64,
+    compute_pct: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -96,7 +97,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
             r.user.clone(),
             gpus.join(","),
             mem.join("\n"),
-            format!("{}%", r.compute_pct),
+            compute_cell(r),
             r.pids.len().to_string(),
             state,
             humantime::format_duration(std::time::Duration::from_secs(r.age_seconds)).to_string(),
@@ -111,6 +112,18 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
     Ok(())
 }
 
+fn compute_cell(r: &Row) -> String {
+    let mut shares: Vec<String> = r.gpus.iter().map(|g| format!("{}%", g.compute_pct)).collect();
+    if let Some(blocks) = r.pool_blocks {
+        shares.push(format!("{blocks} blocks"));
+    }
+    if shares.is_empty() {
+        "—".into()
+    } else {
+        shares.join("\n")
+    }
+}
+
 fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
     let usage = UsageFile::open(&store.vgpu_dir(&w.vgpu).join(USAGE_FILE)).ok();
     let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
@@ -122,6 +135,7 @@ fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
             uuid: g.uuid.clone(),
             mem_used: devices.iter().find(|d| d.uuid == g.uuid).map(|d| d.used_bytes),
             mem_quota: g.mem_bytes,
+            compute_pct: g.compute_pct,
         })
         .collect();
     let pids: Vec<u32> = layout
@@ -146,8 +160,8 @@ fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
         user: w.user.name.clone(),
         gpus,
         partition: w.partition.clone(),
-        compute_pct: w.compute_pct,
         priority: w.priority,
+        pool_blocks: w.pool_blocks,
         pids,
         state: w.state.as_str().to_string(),
         suspended_reason: w.suspended_reason.clone(),

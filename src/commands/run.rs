@@ -2,38 +2,51 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use clap::Args;
+use vgpu_abi::layout::{PROCS_DIR, USAGE_FILE};
 use vgpu_abi::process::ProcessId;
 use vgpu_abi::size::parse_size;
-use vgpu_abi::layout::{PROCS_DIR, USAGE_FILE};
 use vgpu_abi::usage::{DeviceQuota, UsageFile};
 
 use crate::admission::{self, Device, MemSpec};
 use crate::cgroup::{Cgroup, Layout, Limits};
 use crate::context::Context;
 use crate::error::UsageError;
+use crate::gpu::GpuInfo;
+use crate::pool::{AllocState, KindFilter, PoolError, Priority};
+use crate::pooling::{self, pool_error};
 use crate::state::workload::{WorkloadState, WORKLOAD_FORMAT};
-use crate::state::{Partitions, Store, UserSpec, Workload, WorkloadGpu};
+use crate::state::{Partitions, Store, StoreLock, UserSpec, Workload, WorkloadGpu};
 
 #[derive(Debug, Args)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
     /// GPU to use, by index or UUID (repeatable) [default: the GPU with the most unreserved memory]
-    #[arg(long = "gpu", value_name = "INDEX|UUID")]
+    #[arg(long = "gpu", value_name = "INDEX|UUID", conflicts_with = "tflops")]
     pub gpus: Vec<String>,
-    /// Device memory per selected GPU: 4G (=4GiB), 512M, 1.5G, or NN% of the device [default: the whole GPU]
+    /// Device memory per selected GPU: 4G (=4GiB), 512M, 1.5G, or NN% of the device [default: the whole GPU; with --tflops, the same share as the compute]
     #[arg(long, value_name = "SIZE|PCT%")]
     pub mem: Option<String>,
     /// Share of the GPU's compute, percent (1-100)
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops")]
     pub compute: Option<u32>,
     /// Run inside a partition (a persistent vGPU shared by all its workloads)
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "oversubscribe"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "oversubscribe", "tflops"])]
     pub partition: Option<String>,
-    /// Host CPUs (fractional, e.g. 1.5)
+    /// Compute from the pool, in TFLOPS (whole blocks); lower-priority work may be suspended for it
     #[arg(long, value_name = "N")]
+    pub tflops: Option<String>,
+    /// Which kind of device the pool blocks come from: gpu, npu, fpga or any
+    #[arg(long, value_name = "KIND", requires = "tflops")]
+    pub kind: Option<String>,
+    /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks instead of refusing
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops")]
+    pub wait: Option<String>,
+    /// Host CPUs (fractional, e.g. 1.5)
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub cpus: Option<f64>,
     /// Host memory limit (e.g. 8G)
     #[arg(long, value_name = "SIZE")]
@@ -53,15 +66,23 @@ pub struct RunArgs {
     /// Working directory of the workload
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<PathBuf>,
-    /// Priority (higher wins; used by the compute pool)
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub priority: i32,
+    /// Priority, 0-100 (higher wins in the compute pool) [default: 50]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    pub priority: Option<String>,
     /// Admit even when the GPU's memory is already fully reserved
     #[arg(long)]
     pub oversubscribe: bool,
     /// The command and its arguments
     #[arg(required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// A compute-pool request, validated.
+struct PoolAsk {
+    tflops: f64,
+    kind: KindFilter,
+    /// None: refuse when the blocks are not free; Some(None): wait forever.
+    wait: Option<Option<Duration>>,
 }
 
 /// Everything checked before anything is created.
@@ -72,6 +93,8 @@ struct Request {
     env: Vec<(String, String)>,
     argv: Vec<String>,
     cwd: Option<PathBuf>,
+    priority: Priority,
+    pool: Option<PoolAsk>,
 }
 
 pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
@@ -84,15 +107,11 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
     let Some(nvml) = ctx.nvml()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
-    let devices: Vec<Device> = nvml
-        .inventory()?
-        .into_iter()
-        .map(|g| Device { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
-        .collect();
+    let gpus = nvml.inventory()?;
     drop(nvml);
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
 
-    let started = admit(ctx, &store, &layout, &devices, args, &request)?;
+    let started = admit(ctx, &store, &layout, &gpus, args, &request)?;
     let result = start_and_supervise(ctx, &store, &layout, &shim, &started, &request);
     let cleanup = finish(&store, &layout, &started.workload);
     let code = result?;
@@ -135,6 +154,22 @@ fn validate(args: &RunArgs) -> Result<Request> {
             crate::usage!("--cwd {}: no such directory", cwd.display());
         }
     }
+    let priority = match &args.priority {
+        Some(text) => text.parse::<Priority>().map_err(pool_error)?,
+        None => Priority::DEFAULT,
+    };
+    let pool = match &args.tflops {
+        Some(text) => Some(PoolAsk {
+            tflops: crate::pool::parse_tflops(text).map_err(pool_error)?,
+            kind: args.kind.as_deref().unwrap_or("any").parse::<KindFilter>().map_err(pool_error)?,
+            wait: match args.wait.as_deref() {
+                None => None,
+                Some("forever") => Some(None),
+                Some(text) => Some(Some(humantime::parse_duration(text).map_err(|e| UsageError::new(format!("--wait {text:?}: {e}")))?)),
+            },
+        }),
+        None => None,
+    };
     let sudo_uid = std::env::var("SUDO_UID").ok();
     let user = crate::identity::resolve(args.user.as_deref(), sudo_uid.as_deref()).map_err(|e| UsageError::new(format!("--user: {e}")))?;
     let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
@@ -149,6 +184,8 @@ fn validate(args: &RunArgs) -> Result<Request> {
         env,
         argv: args.command.clone(),
         cwd: args.cwd.clone(),
+        priority,
+        pool,
     })
 }
 
@@ -169,60 +206,37 @@ struct Started {
     cgroup: Cgroup,
 }
 
-/// Under the store lock: reconcile, choose GPUs, check admission, create the vGPU, the
-/// cgroup and the record. On failure everything created here is removed again.
-fn admit(ctx: &Context, store: &Store, layout: &Layout, devices: &[Device], args: &RunArgs, request: &Request) -> Result<Started> {
-    let lock = store.lock()?;
-    let reconciled = crate::lifecycle::reconcile(store, &lock);
-    let _ = reconciled;
+/// Under the store lock: reconcile, choose GPUs (or pool blocks), check admission, create
+/// the vGPU, the cgroup and the record. On failure everything created here is removed.
+fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: &RunArgs, request: &Request) -> Result<Started> {
+    let devices: Vec<Device> = gpus
+        .iter()
+        .map(|g| Device { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory: g.memory_total })
+        .collect();
+    let mut lock = store.lock()?;
+    crate::lifecycle::reconcile(store, &lock);
     let (workloads, _) = store.workloads();
-    let partitions = Partitions::load(&store.partitions_path())?;
 
     if let Some(name) = &args.name {
         if workloads.iter().any(|w| &w.name == name) {
             crate::usage!("a workload named {name:?} is already running");
         }
     }
+    let supervisor = ProcessId::current().context("cannot read this process's start time from /proc")?;
     let id = new_id(&workloads);
     let name = args.name.clone().unwrap_or_else(|| default_name(&request.argv[0], &id));
-
-    let (gpus, vgpu, partition, compute_pct) = match &args.partition {
-        Some(pname) => {
-            let Some(p) = partitions.get(pname) else {
-                crate::usage!("no partition {pname:?} (see `vgpu partition list`)");
-            };
-            let device = devices.iter().find(|d| d.uuid == p.gpu_uuid).with_context(|| {
-                format!("partition {pname:?} is on GPU {} which is no longer present", p.gpu_uuid)
-            })?;
-            let gpu = WorkloadGpu { index: device.index, uuid: device.uuid.clone(), mem_bytes: p.mem_bytes, device_bytes: device.memory };
-            (vec![gpu], p.vgpu_id(), Some(p.name.clone()), p.compute_pct)
-        }
-        None => {
-            let selected = select_gpus(devices, &args.gpus, &workloads, &partitions.partitions)?;
-            let mut gpus = Vec::new();
-            for device in selected {
-                let bytes = request.mem.map(|m| m.bytes_of(device.memory)).unwrap_or(device.memory);
-                if !args.oversubscribe {
-                    admission::check_fits(device, bytes, &workloads, &partitions.partitions).map_err(anyhow::Error::msg)?;
-                }
-                gpus.push(WorkloadGpu { index: device.index, uuid: device.uuid.clone(), mem_bytes: bytes, device_bytes: device.memory });
-            }
-            (gpus, id.clone(), None, args.compute.unwrap_or(100))
-        }
-    };
-
-    let supervisor = ProcessId::current().context("cannot read this process's start time from /proc")?;
-    let workload = Workload {
+    let mut workload = Workload {
         format: WORKLOAD_FORMAT,
         id: id.clone(),
         name,
         command: request.argv.clone(),
         user: request.user.clone(),
-        gpus,
-        vgpu,
-        partition,
-        compute_pct,
-        priority: args.priority,
+        gpus: Vec::new(),
+        vgpu: id.clone(),
+        partition: None,
+        priority: request.priority.get(),
+        pool_blocks: None,
+        pool_env: Vec::new(),
         cgroup: id.clone(),
         supervisor: supervisor.into(),
         pid: None,
@@ -230,12 +244,103 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, devices: &[Device], args
         suspended_reason: None,
         created_unix_ms: now_ms(),
     };
+    let mut pool_granted = false;
+
+    if let Some(ask) = &request.pool {
+        let mut pool = pooling::current(ctx, store, gpus)?;
+        let pool_request = crate::pool::Request::for_tflops(&id, &workload.name, ask.tflops, ctx.config.pool.block_tflops, request.priority, ask.kind)
+            .map_err(pool_error)?;
+        match pool.admit(&pool_request) {
+            Ok(plan) => pooling::execute(store, &lock, &mut pool, plan)?,
+            Err(PoolError::NoRoom { .. }) if ask.wait.is_some() => {
+                pool.enqueue(&pool_request).map_err(pool_error)?;
+                pooling::save(store, &pool)?;
+                workload.state = WorkloadState::Waiting;
+                store.write_workload(&workload)?;
+                eprintln!("vgpu: waiting for {} TFLOPS from the pool…", ask.tflops);
+                drop(lock);
+                lock = wait_for_blocks(store, &id, ask.wait.flatten())?;
+                pool = pooling::load(store)?.context("the pool state disappeared while waiting")?;
+                workload.state = WorkloadState::Starting;
+            }
+            Err(e) => return Err(pool_error(e)),
+        }
+        pool_granted = true;
+        let alloc = pool.allocation(&id).context("the pool did not record the allocation")?;
+        workload.pool_blocks = Some(alloc.held());
+        for share in pool.gpu_shares(&id) {
+            let Some(device) = share.device.uuid().and_then(|u| devices.iter().find(|d| d.uuid == u)) else { continue };
+            let fraction = share.percent() / 100.0;
+            let bytes = match request.mem {
+                Some(m) => m.bytes_of(device.memory),
+                None => (device.memory as f64 * fraction) as u64,
+            };
+            workload.gpus.push(WorkloadGpu {
+                index: device.index,
+                uuid: device.uuid.clone(),
+                mem_bytes: bytes,
+                device_bytes: device.memory,
+                compute_pct: u32::from(share.compute_percent()),
+            });
+        }
+        workload.pool_env = pool.declared_env(&id);
+    } else if let Some(pname) = &args.partition {
+        let partitions = Partitions::load(&store.partitions_path())?;
+        let Some(p) = partitions.get(pname) else {
+            crate::usage!("no partition {pname:?} (see `vgpu partition list`)");
+        };
+        let device = devices
+            .iter()
+            .find(|d| d.uuid == p.gpu_uuid)
+            .with_context(|| format!("partition {pname:?} is on GPU {} which is no longer present", p.gpu_uuid))?;
+        workload.gpus.push(WorkloadGpu {
+            index: device.index,
+            uuid: device.uuid.clone(),
+            mem_bytes: p.mem_bytes,
+            device_bytes: device.memory,
+            compute_pct: p.compute_pct,
+        });
+        workload.vgpu = p.vgpu_id();
+        workload.partition = Some(p.name.clone());
+    } else {
+        let partitions = Partitions::load(&store.partitions_path())?;
+        for device in select_gpus(&devices, &args.gpus, &workloads, &partitions.partitions)? {
+            let bytes = request.mem.map(|m| m.bytes_of(device.memory)).unwrap_or(device.memory);
+            workload.gpus.push(WorkloadGpu {
+                index: device.index,
+                uuid: device.uuid.clone(),
+                mem_bytes: bytes,
+                device_bytes: device.memory,
+                compute_pct: args.compute.unwrap_or(100),
+            });
+        }
+    }
+
+    // Memory admission for every GPU slice of a vGPU of its own.
+    if workload.partition.is_none() && !args.oversubscribe {
+        let (others, _) = store.workloads();
+        let others: Vec<Workload> = others.into_iter().filter(|w| w.id != id).collect();
+        let partitions = Partitions::load(&store.partitions_path())?;
+        for g in &workload.gpus {
+            if let Some(device) = devices.iter().find(|d| d.uuid == g.uuid) {
+                if let Err(msg) = admission::check_fits(device, g.mem_bytes, &others, &partitions.partitions) {
+                    if pool_granted {
+                        let _ = pooling::release(store, &lock, &id);
+                        let _ = store.remove_workload(&id);
+                    }
+                    return Err(anyhow::Error::msg(msg));
+                }
+            }
+        }
+    }
 
     // Create, rolling back on failure.
     let vgpu_dir = store.vgpu_dir(&workload.vgpu);
     let own_vgpu = workload.partition.is_none();
     let result = (|| -> Result<Cgroup> {
-        ensure_vgpu(&vgpu_dir, &workload)?;
+        if !workload.gpus.is_empty() {
+            ensure_vgpu(&vgpu_dir, &workload)?;
+        }
         let cgroup = Cgroup::create(layout, &workload.cgroup).context("creating the workload's cgroup")?;
         if let Err(e) = cgroup.apply(&request.limits) {
             let _ = cgroup.remove();
@@ -248,15 +353,41 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, devices: &[Device], args
         Ok(cgroup)
     })();
     match result {
-        Ok(cgroup) => {
-            let _ = ctx;
-            Ok(Started { workload, cgroup })
-        }
+        Ok(cgroup) => Ok(Started { workload, cgroup }),
         Err(e) => {
             if own_vgpu {
                 let _ = std::fs::remove_dir_all(&vgpu_dir);
             }
+            if pool_granted {
+                let _ = store.remove_workload(&id);
+                let _ = pooling::release(store, &lock, &id);
+            }
             Err(e)
+        }
+    }
+}
+
+/// Poll (dropping the lock between polls) until the pool has started workload `id`.
+/// On timeout its queue entry and record are removed.
+fn wait_for_blocks(store: &Store, id: &str, limit: Option<Duration>) -> Result<StoreLock> {
+    let started = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let lock = store.lock()?;
+        crate::lifecycle::reconcile(store, &lock);
+        let mut pool = pooling::load(store)?.context("the pool state disappeared while waiting")?;
+        // Whoever released blocks settled the pool; settle again in case nobody did.
+        let plan = pool.settle();
+        pooling::execute(store, &lock, &mut pool, plan)?;
+        match pool.allocation(id).map(|a| a.state) {
+            Some(AllocState::Running) => return Ok(lock),
+            Some(_) => {}
+            None => anyhow::bail!("the pool dropped this request while it waited"),
+        }
+        if limit.is_some_and(|l| started.elapsed() >= l) {
+            let _ = store.remove_workload(id);
+            pooling::release(store, &lock, id)?;
+            anyhow::bail!("timed out after {} waiting for pool blocks", humantime::format_duration(limit.unwrap_or_default()));
         }
     }
 }
@@ -296,7 +427,7 @@ fn ensure_vgpu(dir: &Path, w: &Workload) -> Result<()> {
     let quotas: Vec<DeviceQuota> = w
         .gpus
         .iter()
-        .map(|g| DeviceQuota { uuid: g.uuid.clone(), quota_bytes: g.mem_bytes, compute_pct: w.compute_pct })
+        .map(|g| DeviceQuota { uuid: g.uuid.clone(), quota_bytes: g.mem_bytes, compute_pct: g.compute_pct })
         .collect();
     UsageFile::create(&usage_path, &quotas).with_context(|| format!("creating {}", usage_path.display()))?;
     Ok(())
@@ -315,10 +446,13 @@ fn start_and_supervise(ctx: &Context, store: &Store, _layout: &Layout, shim: &Pa
     };
     let mut child = crate::supervise::spawn(launch).with_context(|| format!("cannot start {}", request.argv[0]))?;
     {
+        // Re-read: a preemption may have changed the record since admission.
         let _lock = store.lock()?;
-        let mut record = w.clone();
+        let mut record = Workload::read(&store.workload_path(&w.id)).unwrap_or_else(|_| w.clone());
         record.pid = Some(child.id());
-        record.state = WorkloadState::Running;
+        if record.state == WorkloadState::Starting {
+            record.state = WorkloadState::Running;
+        }
         store.write_workload(&record)?;
     }
     let status = crate::supervise::wait_relaying_signals(&mut child).context("waiting for the workload")?;
@@ -356,6 +490,9 @@ fn workload_env(ctx: &Context, store: &Store, shim: &Path, w: &Workload, request
     set("VGPU_WORKLOAD_ID", w.id.clone().into());
     set("VGPU_WORKLOAD_NAME", w.name.clone().into());
     set("VGPU_NUM_GPUS", w.gpus.len().to_string().into());
+    for (k, v) in &w.pool_env {
+        set(k, v.into());
+    }
     if request.user.uid != 0 || std::env::var_os("SUDO_UID").is_some() {
         set("HOME", request.user.home.clone().into());
         set("USER", request.user.name.clone().into());
@@ -369,10 +506,10 @@ fn workload_env(ctx: &Context, store: &Store, shim: &Path, w: &Workload, request
 
 /// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record.
 fn finish(store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
-    let _lock = store.lock()?;
+    let lock = store.lock()?;
     crate::lifecycle::teardown(store, w, Some(layout))?;
     crate::lifecycle::reclaim_vgpu(store, &w.vgpu);
-    Ok(())
+    pooling::release(store, &lock, &w.id)
 }
 
 fn new_id(existing: &[Workload]) -> String {

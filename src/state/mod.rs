@@ -7,6 +7,7 @@
 //! `vgpu` never leaves the store locked.
 
 pub mod atomic;
+
 pub mod lock;
 pub mod partition;
 pub mod workload;

@@ -14,6 +14,8 @@ pub const WORKLOAD_FORMAT: u32 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkloadState {
+    /// Waiting for pool blocks (`vgpu run --tflops N --wait`).
+    Waiting,
     /// Admitted; the child is being started.
     Starting,
     Running,
@@ -24,6 +26,7 @@ pub enum WorkloadState {
 impl WorkloadState {
     pub fn as_str(self) -> &'static str {
         match self {
+            WorkloadState::Waiting => "waiting",
             WorkloadState::Starting => "starting",
             WorkloadState::Running => "running",
             WorkloadState::Suspended => "suspended",
@@ -50,6 +53,8 @@ pub struct WorkloadGpu {
     pub mem_bytes: u64,
     /// Total device memory, for percentages in listings.
     pub device_bytes: u64,
+    /// Share of this GPU's SM time, percent (100 = unlimited).
+    pub compute_pct: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,9 +68,12 @@ pub struct Workload {
     /// The vGPU whose quota it uses: its own (`id`) or a partition's (`p-<name>`).
     pub vgpu: String,
     pub partition: Option<String>,
-    /// Share of SM time, percent (100 = unlimited).
-    pub compute_pct: u32,
     pub priority: i32,
+    /// TFLOPS blocks held in the compute pool (`--tflops`), if any.
+    pub pool_blocks: Option<u64>,
+    /// Identity of declared pool devices (NPUs, FPGAs) handed to the workload.
+    #[serde(default)]
+    pub pool_env: Vec<(String, String)>,
     /// Name of its cgroup under the `vgpu` parent in each hierarchy.
     pub cgroup: String,
     /// The `vgpu run` process that supervises it.
@@ -136,11 +144,12 @@ mod tests {
             name: "train".into(),
             command: vec!["python".into(), "train.py".into()],
             user: UserSpec { name: "root".into(), uid: 0, gid: 0, groups: vec![0], home: "/root".into() },
-            gpus: vec![WorkloadGpu { index: 0, uuid: "GPU-x".into(), mem_bytes: 4 << 30, device_bytes: 16 << 30 }],
+            gpus: vec![WorkloadGpu { index: 0, uuid: "GPU-x".into(), mem_bytes: 4 << 30, device_bytes: 16 << 30, compute_pct: 100 }],
             vgpu: "a1b2c3d4".into(),
             partition: None,
-            compute_pct: 100,
             priority: 0,
+            pool_blocks: None,
+            pool_env: Vec::new(),
             cgroup: "a1b2c3d4".into(),
             supervisor: ProcessIdRecord { pid: 1, start_time: 1 },
             pid: None,

@@ -43,6 +43,7 @@ impl Sim {
         artefact("libfakegpu.so");
         let dir = tempfile::Builder::new().prefix("vgpu-test-").tempdir().expect("tempdir");
         std::fs::write(dir.path().join("fakegpu.toml"), fakegpu_toml).expect("write fakegpu config");
+        std::fs::write(dir.path().join("vgpu.toml"), "").expect("write vgpu config");
         for sub in ["fakegpu-state", "run", "lib"] {
             std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
         }
@@ -68,8 +69,7 @@ impl Sim {
             ("VGPU_STATE_DIR".to_string(), self.path("run")),
             ("VGPU_LIB_DIR".to_string(), self.path("lib")),
         ];
-        let config = self.path("vgpu.toml");
-        env.push(("VGPU_CONFIG".to_string(), if config.exists() { config } else { self.path("no-config.toml") }));
+        env.push(("VGPU_CONFIG".to_string(), self.path("vgpu.toml")));
         env
     }
 

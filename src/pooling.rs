@@ -1,0 +1,134 @@
+//! The compute pool's effects: its state file (`<state-dir>/pool.json`, read and written
+//! under the store lock), freezing and thawing the workloads a plan names, and keeping
+//! the workload records in step. The decisions themselves are the pure `pool` module's.
+
+use anyhow::{Context as _, Result};
+
+use crate::cgroup::{Cgroup, Layout};
+use crate::context::Context;
+use crate::gpu::GpuInfo;
+use crate::pool::{Inventory, NvmlGpu, Plan, Pool, PoolError};
+use crate::state::{atomic, Store, StoreLock, WorkloadState};
+
+pub const POOL_FILE: &str = "pool.json";
+
+/// A `PoolError` as the CLI reports it: usage errors exit 2.
+pub fn pool_error(e: PoolError) -> anyhow::Error {
+    if e.is_usage() {
+        crate::error::UsageError::new(e.to_string()).into()
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+/// The stored pool, if any workload ever used it.
+pub fn load(store: &Store) -> Result<Option<Pool>> {
+    let path = store.state_dir.join(POOL_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let pool: Pool = atomic::read_json(&path)?;
+    Ok(Some(pool))
+}
+
+pub fn save(store: &Store, pool: &Pool) -> Result<()> {
+    atomic::write_json(&store.state_dir.join(POOL_FILE), pool)?;
+    Ok(())
+}
+
+/// The pool over this host's devices now (NVML GPUs + config devices): the stored one
+/// adjusted to the inventory, or a new one. Allocations on devices that disappeared are
+/// dropped, and said.
+pub fn current(ctx: &Context, store: &Store, gpus: &[GpuInfo]) -> Result<Pool> {
+    let nvml_gpus: Vec<NvmlGpu> = gpus.iter().map(NvmlGpu::from).collect();
+    let inventory = Inventory::build(&nvml_gpus, &ctx.config.pool).map_err(pool_error)?;
+    let pool = match load(store)? {
+        Some(mut pool) => {
+            for dropped in pool.adopt(inventory) {
+                eprintln!("vgpu: warning: pool allocation of {} ({}) dropped: its device is gone", dropped.name, dropped.id);
+            }
+            pool
+        }
+        None => Pool::new(inventory),
+    };
+    Ok(pool)
+}
+
+/// Carry out `plan`: freeze what it suspends (undoing the freezes if one fails, so nobody
+/// stays frozen for nothing and nothing is recorded), thaw what it resumes, record it in
+/// the pool, save, and update the workload records.
+pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) -> Result<()> {
+    if plan.is_empty() {
+        return Ok(());
+    }
+    let layout = Layout::detect();
+    let (workloads, _) = store.workloads();
+    let cgroup_of = |id: &str| -> Option<Cgroup> {
+        let w = workloads.iter().find(|w| w.id == id)?;
+        Cgroup::open(layout.as_ref()?, &w.cgroup).ok()
+    };
+    let mut frozen: Vec<Cgroup> = Vec::new();
+    for s in plan.suspend() {
+        let Some(cgroup) = cgroup_of(&s.id) else { continue };
+        if let Err(e) = cgroup.freeze() {
+            for c in &frozen {
+                let _ = c.thaw();
+            }
+            return Err(e).with_context(|| format!("cannot suspend {} ({}) to make room; nothing was changed", s.name, s.id));
+        }
+        frozen.push(cgroup);
+    }
+    for r in plan.resume() {
+        if let Some(cgroup) = cgroup_of(&r.id) {
+            if let Err(e) = cgroup.thaw() {
+                eprintln!("vgpu: warning: cannot resume {} ({}): {e}", r.name, r.id);
+            }
+        }
+    }
+    let suspended: Vec<(String, String)> = plan.suspend().iter().map(|s| (s.id.clone(), s.by.clone())).collect();
+    let resumed: Vec<String> = plan.resume().iter().map(|r| r.id.clone()).collect();
+    pool.apply(plan).map_err(pool_error)?;
+    save(store, pool)?;
+    for mut w in workloads {
+        if let Some((_, by)) = suspended.iter().find(|(id, _)| *id == w.id) {
+            let by_name = store.workloads().0.into_iter().find(|x| &x.id == by).map(|x| x.name).unwrap_or_else(|| by.clone());
+            w.state = WorkloadState::Suspended;
+            w.suspended_reason = Some(format!("preempted by {by_name}"));
+            store.write_workload(&w)?;
+            eprintln!("vgpu: suspended {} ({}): preempted by {by_name}", w.name, w.id);
+        } else if resumed.contains(&w.id) {
+            w.state = WorkloadState::Running;
+            w.suspended_reason = None;
+            store.write_workload(&w)?;
+            eprintln!("vgpu: resumed {} ({})", w.name, w.id);
+        }
+    }
+    Ok(())
+}
+
+/// Give a workload's blocks back and resume (or start) whoever now fits.
+pub fn release(store: &Store, lock: &StoreLock, id: &str) -> Result<()> {
+    let Some(mut pool) = load(store)? else { return Ok(()) };
+    if pool.allocation(id).is_none() {
+        return Ok(());
+    }
+    pool.release(id).map_err(pool_error)?;
+    save(store, &pool)?;
+    let plan = pool.settle();
+    execute(store, lock, &mut pool, plan)
+}
+
+/// Drop pool entries whose workload record is gone (a `vgpu run` killed while waiting, or
+/// between the pool and the record), then settle.
+pub fn release_orphans(store: &Store, lock: &StoreLock) -> Result<()> {
+    let Some(pool) = load(store)? else { return Ok(()) };
+    let (workloads, damaged) = store.workloads();
+    if !damaged.is_empty() {
+        return Ok(());
+    }
+    let orphans: Vec<String> = pool.allocations().filter(|a| !workloads.iter().any(|w| w.id == a.id)).map(|a| a.id.clone()).collect();
+    for id in orphans {
+        release(store, lock, &id)?;
+    }
+    Ok(())
+}

@@ -85,13 +85,21 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
             }
         }
     }
-    let suspended: Vec<(String, String)> = plan.suspend().iter().map(|s| (s.id.clone(), s.by.clone())).collect();
+    // Who preempted whom, by name: the preemptor may be the request being admitted, which
+    // has no record yet.
+    let name_of = |id: &str| -> String {
+        plan.granted()
+            .filter(|a| a.id == id)
+            .map(|a| a.name.clone())
+            .or_else(|| workloads.iter().find(|w| w.id == id).map(|w| w.name.clone()))
+            .unwrap_or_else(|| id.to_string())
+    };
+    let suspended: Vec<(String, String)> = plan.suspend().iter().map(|s| (s.id.clone(), name_of(&s.by))).collect();
     let resumed: Vec<String> = plan.resume().iter().map(|r| r.id.clone()).collect();
     pool.apply(plan).map_err(pool_error)?;
     save(store, pool)?;
     for mut w in workloads {
-        if let Some((_, by)) = suspended.iter().find(|(id, _)| *id == w.id) {
-            let by_name = store.workloads().0.into_iter().find(|x| &x.id == by).map(|x| x.name).unwrap_or_else(|| by.clone());
+        if let Some((_, by_name)) = suspended.iter().find(|(id, _)| *id == w.id) {
             w.state = WorkloadState::Suspended;
             w.suspended_reason = Some(format!("preempted by {by_name}"));
             store.write_workload(&w)?;

@@ -37,7 +37,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "oversubscribe", "tflops"])]
     pub partition: Option<String>,
     /// Compute from the pool, in TFLOPS (whole blocks); lower-priority work may be suspended for it
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub tflops: Option<String>,
     /// Which kind of device the pool blocks come from: gpu, npu, fpga or any
     #[arg(long, value_name = "KIND", requires = "tflops")]

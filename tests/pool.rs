@@ -1,0 +1,181 @@
+//! The compute pool end to end: `vgpu run --tflops`, `vgpu pool`, preemption with the real
+//! cgroup freezer, compaction exactly as in the design document.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Sim;
+use predicates::prelude::*;
+use serde_json::Value;
+
+/// A host whose pool is one declared 10-TFLOPS NPU (the simulated GPU is worth no block).
+fn ten_block_pool() -> Sim {
+    let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
+    sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 0.5\n\n[[pool.device]]\nkind = \"npu\"\nname = \"sim-npu\"\ntflops = 10\nenv = \"SIM_NPU_VISIBLE\"\n");
+    sim
+}
+
+fn spawn(sim: &Sim, args: &[&str]) -> Child {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.arg("--simulate").args(args);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn vgpu run")
+}
+
+fn wait_for<F: FnMut() -> bool>(what: &str, mut f: F) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn ranges_of(pool: &Value, name: &str) -> Value {
+    pool["allocations"].as_array().unwrap().iter().find(|a| a["name"] == name).map(|a| a["ranges"].clone()).unwrap_or(Value::Null)
+}
+
+fn running(sim: &Sim, names: &[&str]) -> bool {
+    let ps = sim.json(&["ps", "--json"]);
+    names.iter().all(|n| ps.as_array().unwrap().iter().any(|w| w["name"] == *n && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty()))
+}
+
+#[test]
+fn compaction_example_from_the_design_document() {
+    let sim = ten_block_pool();
+    let mut children = Vec::new();
+    for (name, tflops) in [("app1", "3"), ("app2", "3"), ("app3", "2")] {
+        children.push(spawn(&sim, &["run", "--tflops", tflops, "--kind", "npu", "--name", name, "--", "sleep", "60"]));
+        wait_for(name, || running(&sim, &[name]));
+    }
+    let pool = sim.json(&["pool", "--json"]);
+    assert_eq!(pool["total_blocks"], 10);
+    assert_eq!(ranges_of(&pool, "app1"), serde_json::json!([[1, 3]]));
+    assert_eq!(ranges_of(&pool, "app2"), serde_json::json!([[4, 6]]));
+    assert_eq!(ranges_of(&pool, "app3"), serde_json::json!([[7, 8]]));
+    assert_eq!(pool["free"], serde_json::json!([[9, 10]]));
+
+    sim.vgpu(&["kill", "--signal", "KILL", "app1"]).assert().success();
+    children.remove(0).wait().unwrap();
+    children.push(spawn(&sim, &["run", "--tflops", "4", "--kind", "npu", "--name", "app4", "--", "sh", "-c", "echo $SIM_NPU_VISIBLE > $0; sleep 60", sim.path("npu-env").to_str().unwrap()]));
+    wait_for("app4", || running(&sim, &["app4"]));
+
+    let pool = sim.json(&["pool", "--json"]);
+    assert_eq!(ranges_of(&pool, "app2"), serde_json::json!([[1, 3]]));
+    assert_eq!(ranges_of(&pool, "app3"), serde_json::json!([[4, 5]]));
+    assert_eq!(ranges_of(&pool, "app4"), serde_json::json!([[6, 9]]));
+    assert_eq!(pool["free"], serde_json::json!([[10, 10]]));
+    wait_for("app4's environment", || std::fs::read_to_string(sim.path("npu-env")).map(|s| s.trim() == "sim-npu").unwrap_or(false));
+
+    sim.vgpu(&["pool"]).assert().success().stdout(predicate::str::contains("app4").and(predicate::str::contains("6–9")));
+    for name in ["app2", "app3", "app4"] {
+        sim.vgpu(&["kill", "--signal", "KILL", name]).assert().success();
+    }
+    for mut c in children {
+        c.wait().unwrap();
+    }
+    assert_eq!(sim.json(&["pool", "--json"])["free"], serde_json::json!([[1, 10]]));
+}
+
+#[test]
+fn node0_numbering_from_the_spec() {
+    let sim = Sim::new(&[("SimGPU-A", "16GiB"), ("SimGPU-B", "16GiB")]);
+    sim.write_vgpu_config(
+        "[pool.tflops]\n\"SimGPU-A\" = 8\n\"SimGPU-B\" = 10\n\n[[pool.device]]\nkind = \"fpga\"\nname = \"fpga0\"\ntflops = 25\n\n[[pool.device]]\nkind = \"npu\"\nname = \"npu0\"\ntflops = 20\n",
+    );
+    let pool = sim.json(&["pool", "--json"]);
+    assert_eq!(pool["total_blocks"], 63);
+    let regions: Vec<(String, u64, u64)> = pool["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["kind"].as_str().unwrap().to_string(), r["first"].as_u64().unwrap(), r["last"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(regions, vec![("gpu".into(), 1, 18), ("npu".into(), 19, 38), ("fpga".into(), 39, 63)]);
+    // A 50-TFLOPS request is served with blocks 1–50 (1–18 GPU, 19–38 NPU, 39–50 FPGA) and
+    // gets both GPUs.
+    let cvd = sim.path("cvd");
+    let mut child = spawn(&sim, &["run", "--tflops", "50", "--name", "fifty", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES > $0; sleep 60", cvd.to_str().unwrap()]);
+    wait_for("fifty", || running(&sim, &["fifty"]));
+    assert_eq!(ranges_of(&sim.json(&["pool", "--json"]), "fifty"), serde_json::json!([[1, 50]]));
+    wait_for("its environment", || std::fs::read_to_string(&cvd).map(|s| s.trim().split(',').count() == 2).unwrap_or(false));
+    sim.vgpu(&["kill", "--signal", "KILL", "fifty"]).assert().success();
+    child.wait().unwrap();
+}
+
+#[test]
+fn bad_pool_requests_are_usage_errors_and_allocate_nothing() {
+    let sim = ten_block_pool();
+    for (args, needle) in [
+        (&["run", "--tflops", "0", "--", "true"][..], "--tflops"),
+        (&["run", "--tflops", "-2", "--", "true"][..], "--tflops"),
+        (&["run", "--tflops", "lots", "--", "true"][..], "--tflops"),
+        (&["run", "--tflops", "2", "--kind", "tpu", "--", "true"][..], "tpu"),
+        (&["run", "--tflops", "2", "--priority", "101", "--", "true"][..], "priority"),
+        (&["run", "--tflops", "11", "--kind", "npu", "--", "true"][..], "10"),
+    ] {
+        sim.vgpu(args).assert().code(2).stderr(predicate::str::contains(needle));
+    }
+    sim.write_vgpu_config("[[pool.device]]\nkind = \"npu\"\nname = \"no-figure\"\n");
+    sim.vgpu(&["pool"]).assert().code(2).stderr(predicate::str::contains("no-figure"));
+    assert!(!sim.path("run/pool.json").exists() || sim.json(&["pool", "--json"])["allocations"] == serde_json::json!([]));
+}
+
+#[test]
+fn preemption_suspends_lower_priority_work_and_resumes_it() {
+    let sim = ten_block_pool();
+    let counter = sim.path("counter");
+    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
+    let mut low = spawn(&sim, &["run", "--tflops", "8", "--kind", "npu", "--priority", "10", "--name", "low", "--", "sh", "-c", &script]);
+    let read = || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+    wait_for("low to make progress", || read() > 100);
+
+    // Equal or lower priority cannot preempt: refused, naming the holder.
+    sim.vgpu(&["run", "--tflops", "5", "--kind", "npu", "--priority", "10", "--", "true"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("low"));
+
+    let high_marker = sim.path("high-running");
+    let mut high = spawn(&sim, &["run", "--tflops", "5", "--kind", "npu", "--priority", "90", "--name", "high", "--", "sh", "-c", &format!("touch {}; sleep 1", high_marker.display())]);
+    wait_for("high to start", || high_marker.exists());
+    let ps = sim.json(&["ps", "--json"]);
+    let low_row = ps.as_array().unwrap().iter().find(|w| w["name"] == "low").unwrap().clone();
+    assert_eq!(low_row["state"], "suspended");
+    assert_eq!(low_row["suspended_reason"], "preempted by high");
+    let frozen_at = read();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(read(), frozen_at, "the preempted workload kept running");
+    sim.vgpu(&["resume", "low"]).assert().code(1).stderr(predicate::str::contains("preempted"));
+
+    assert!(high.wait().unwrap().success());
+    wait_for("low to resume after high exits", || read() > frozen_at + 100);
+    assert_eq!(sim.json(&["ps", "--json"])[0]["state"], "running");
+    sim.vgpu(&["kill", "--signal", "KILL", "low"]).assert().success();
+    low.wait().unwrap();
+}
+
+#[test]
+fn waiting_request_starts_when_blocks_free_up() {
+    let sim = ten_block_pool();
+    let mut holder = spawn(&sim, &["run", "--tflops", "10", "--kind", "npu", "--name", "holder", "--", "sleep", "60"]);
+    wait_for("holder", || running(&sim, &["holder"]));
+    sim.vgpu(&["run", "--tflops", "4", "--kind", "npu", "--wait", "300ms", "--", "true"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("timed out"));
+    let marker = sim.path("waiter-ran");
+    let mut waiter = spawn(&sim, &["run", "--tflops", "4", "--kind", "npu", "--wait", "--name", "waiter", "--", "touch", marker.to_str().unwrap()]);
+    wait_for("the waiter to queue", || sim.json(&["ps", "--json"]).as_array().unwrap().iter().any(|w| w["name"] == "waiter" && w["state"] == "waiting"));
+    assert!(!marker.exists());
+    sim.vgpu(&["kill", "--signal", "KILL", "holder"]).assert().success();
+    holder.wait().unwrap();
+    assert!(waiter.wait().unwrap().success());
+    assert!(marker.exists());
+}

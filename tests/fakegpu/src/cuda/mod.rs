@@ -1,0 +1,48 @@
+//! The CUDA driver API half (`libcuda.so.1`).
+//!
+//! Every exported function is a thin `extern "C"` shell around [`entry`], which turns a
+//! `CuResult` into a `CUresult` and a panic into `CUDA_ERROR_UNKNOWN`. The work happens on
+//! this process's [`process::Process`], behind one mutex; the calling thread's context stack
+//! is thread-local, as in the real driver.
+
+pub(crate) mod array;
+pub(crate) mod ctx;
+pub(crate) mod error_names;
+pub(crate) mod init;
+pub(crate) mod launch;
+pub(crate) mod mem;
+pub(crate) mod procaddr;
+pub(crate) mod process;
+pub(crate) mod visible;
+pub(crate) mod vmm;
+
+use cudarc::driver::sys::CUresult;
+
+use crate::ffi::{self, CopyError, Null};
+
+pub(crate) type CuResult<T = ()> = Result<T, CUresult>;
+
+/// The body of every exported CUDA function.
+pub(crate) fn entry(body: impl FnOnce() -> CuResult) -> CUresult {
+    ffi::guard(CUresult::CUDA_ERROR_UNKNOWN, || match body() {
+        Ok(()) => CUresult::CUDA_SUCCESS,
+        Err(e) => e,
+    })
+}
+
+impl From<Null> for CUresult {
+    fn from(_: Null) -> CUresult {
+        CUresult::CUDA_ERROR_INVALID_VALUE
+    }
+}
+
+impl From<CopyError> for CUresult {
+    fn from(_: CopyError) -> CUresult {
+        CUresult::CUDA_ERROR_INVALID_VALUE
+    }
+}
+
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` (cuda.h: `((CUstream)0x1)`, `((CUstream)0x2)`;
+/// macros with a cast, so bindgen does not carry them).
+pub(crate) const CU_STREAM_LEGACY: usize = 0x1;
+pub(crate) const CU_STREAM_PER_THREAD: usize = 0x2;

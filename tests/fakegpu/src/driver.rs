@@ -1,0 +1,148 @@
+//! The driver as loaded into this process: the config, read once, and each device's shared
+//! state, mapped once. CUDA and NVML share it, like the real kernel driver underneath both.
+
+use std::sync::OnceLock;
+
+use crate::config::{self, DeviceConfig};
+use crate::ffi::now_ns;
+use crate::model;
+use crate::state::{self, DeviceState};
+
+pub(crate) struct Driver {
+    pub devices: Vec<Device>,
+}
+
+pub(crate) struct Device {
+    pub index: usize,
+    pub config: DeviceConfig,
+    pub state: DeviceState,
+}
+
+static DRIVER: OnceLock<Option<Driver>> = OnceLock::new();
+
+/// The driver, loading it on first use. A bad config or an unusable state directory is
+/// reported once on stderr (one line naming the file and key) and makes every later call
+/// fail too, as a broken installation would.
+pub(crate) fn load() -> Option<&'static Driver> {
+    DRIVER
+        .get_or_init(|| match Driver::load() {
+            Ok(driver) => Some(driver),
+            Err(message) => {
+                eprintln!("{message}");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// The driver if something already loaded it.
+pub(crate) fn loaded() -> Option<&'static Driver> {
+    DRIVER.get().and_then(Option::as_ref)
+}
+
+impl Driver {
+    fn load() -> Result<Driver, String> {
+        let config = config::load().map_err(|e| e.to_string())?;
+        let dir = state::state_dir();
+        let mut devices = Vec::with_capacity(config.devices.len());
+        for (index, device) in config.devices.into_iter().enumerate() {
+            let state = DeviceState::open(&dir, &device.uuid, device.memory)
+                .map_err(|e| format!("fakegpu: state directory {}: {e}", dir.display()))?;
+            devices.push(Device {
+                index,
+                config: device,
+                state,
+            });
+        }
+        Ok(Driver { devices })
+    }
+
+    pub fn device(&self, index: usize) -> Option<&Device> {
+        self.devices.get(index)
+    }
+
+    /// Reclaim the memory of dead processes on every device.
+    pub fn reclaim_dead(&self) {
+        for d in &self.devices {
+            d.state.reclaim_dead();
+        }
+    }
+}
+
+impl Device {
+    /// The power limit in force, in mW.
+    pub fn power_limit_mw(&self) -> u32 {
+        self.state
+            .power_limit_mw()
+            .unwrap_or(self.config.power_limit_default_mw)
+    }
+
+    /// The clock kernels run at now, in MHz.
+    pub fn busy_clock_mhz(&self) -> u32 {
+        let locked_max = self.state.locked_clocks().map(|(_, max)| max);
+        model::busy_clock_mhz(&self.config, locked_max, self.power_limit_mw())
+    }
+
+    /// GPU utilization over the last sample window, 0..=1.
+    pub fn utilization(&self, now: u64) -> f64 {
+        model::utilization(self.state.runs(), now)
+    }
+
+    /// The graphics/SM clock now: the busy clock if a kernel ran within the sample window,
+    /// else the idle clock.
+    pub fn current_clock_mhz(&self, now: u64) -> u32 {
+        if self.utilization(now) > 0.0 {
+            self.busy_clock_mhz()
+        } else {
+            model::idle_clock_mhz(&self.config, self.state.locked_clocks().map(|(min, _)| min))
+        }
+    }
+
+    /// Power draw now, in mW.
+    pub fn power_mw(&self, now: u64) -> u32 {
+        model::power_mw(
+            &self.config,
+            self.utilization(now),
+            self.busy_clock_mhz(),
+            self.power_limit_mw(),
+        )
+    }
+
+    /// Energy since the state file was created, in mJ: idle power all along, plus the
+    /// above-idle energy of every kernel, less the part of queued kernels not yet run.
+    pub fn energy_mj(&self, now: u64) -> u64 {
+        let (_, busy_until, dyn_uj) = self.state.energy_counters();
+        let elapsed = now.saturating_sub(self.state.created_ns());
+        let idle_uj = model::energy_uj(u64::from(self.config.power_idle_mw), elapsed);
+        let busy_dyn_mw = u64::from(
+            model::power_mw(
+                &self.config,
+                1.0,
+                self.busy_clock_mhz(),
+                self.power_limit_mw(),
+            )
+            .saturating_sub(self.config.power_idle_mw),
+        );
+        let pending_uj = model::energy_uj(busy_dyn_mw, busy_until.saturating_sub(now));
+        let total_uj = idle_uj.saturating_add(dyn_uj.saturating_sub(pending_uj));
+        self.state.monotonic_energy_mj(total_uj / 1000)
+    }
+
+    /// Record a kernel of `blocks` thread blocks launched now by the process holding
+    /// `slot`; returns when it will have finished (ns since the epoch).
+    pub fn launch(&self, slot: Option<usize>, blocks: u64) -> u64 {
+        let clock = self.busy_clock_mhz();
+        let duration = model::kernel_duration_ns(&self.config, blocks, clock);
+        let busy_mw = model::power_mw(&self.config, 1.0, clock, self.power_limit_mw());
+        let dyn_uj = model::energy_uj(
+            u64::from(busy_mw.saturating_sub(self.config.power_idle_mw)),
+            duration,
+        );
+        self.state.record_launch(slot, now_ns(), duration, dyn_uj)
+    }
+
+    /// Temperature now, in °C.
+    pub fn temperature_c(&self, now: u64) -> u32 {
+        model::temperature_c(&self.config, self.power_mw(now))
+    }
+}

@@ -1,0 +1,581 @@
+//! Device queries: identity, memory, clocks, power and energy, utilization, processes.
+//!
+//! Values come from the config and the shared state through the model (`crate::model`):
+//! memory used is the device total of all processes; the SM/graphics clock is the busy
+//! clock while a kernel ran within the last second, else the idle clock; video clocks
+//! follow the graphics clock; memory utilization is reported as half the GPU utilization;
+//! no memory is reserved by the system.
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
+
+use nvml_wrapper_sys::bindings::{
+    self as nv, nvmlDeviceArchitecture_t, nvmlDevice_t, nvmlEnableState_t, nvmlMemory_t,
+    nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+    nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t,
+};
+
+use super::{
+    copy_error, device, entry, null_arg, NvResult, ARGUMENT_VERSION_MISMATCH, INSUFFICIENT_SIZE,
+    INVALID_ARGUMENT, NOT_FOUND,
+};
+use crate::driver::Device;
+use crate::ffi::{self, now_ns};
+use crate::model::SAMPLE_WINDOW_NS;
+
+/// Store `value` through an out-parameter (NULL: NVML_ERROR_INVALID_ARGUMENT).
+fn put<T>(out: *mut T, value: T) -> NvResult {
+    // SAFETY: `out` is NULL or writable (NVML API contract).
+    unsafe { ffi::write(out, value) }.map_err(null_arg)
+}
+
+/// Apply `query` to the device behind `handle` and store the answer.
+fn query<T>(
+    handle: nvmlDevice_t,
+    out: *mut T,
+    query: impl FnOnce(&Device) -> NvResult<T>,
+) -> NvResult {
+    let d = device(handle)?;
+    if out.is_null() {
+        return Err(INVALID_ARGUMENT);
+    }
+    put(out, query(d)?)
+}
+
+/// nvml.h's list protocol: `*count` holds the capacity of `out` and receives the number of
+/// entries; too small a capacity gives NVML_ERROR_INSUFFICIENT_SIZE with the needed count.
+fn put_list<T: Copy>(count: *mut c_uint, out: *mut T, items: &[T]) -> NvResult {
+    // SAFETY: `count` is NULL or readable (NVML API contract).
+    let capacity = unsafe { ffi::read(count) }.map_err(null_arg)? as usize;
+    put(count, items.len() as c_uint)?;
+    if items.len() > capacity {
+        return Err(INSUFFICIENT_SIZE);
+    }
+    if items.is_empty() {
+        return Ok(());
+    }
+    if out.is_null() {
+        return Err(INVALID_ARGUMENT);
+    }
+    // SAFETY: `out` holds `capacity` >= items.len() writable entries (NVML API contract).
+    unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), out, items.len()) };
+    Ok(())
+}
+
+fn put_string(
+    handle: nvmlDevice_t,
+    buf: *mut c_char,
+    length: c_uint,
+    text: impl FnOnce(&Device) -> String,
+) -> NvResult {
+    let d = device(handle)?;
+    // SAFETY: `buf` is NULL or holds `length` writable bytes (NVML API contract).
+    unsafe { ffi::copy_c_string(buf, length as usize, &text(d), false) }.map_err(copy_error)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    handle: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    entry(|| put_string(handle, name, length, |d| d.config.name.clone()))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    handle: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    entry(|| put_string(handle, uuid, length, |d| d.config.uuid.clone()))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    handle: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, index, |d| Ok(d.index as c_uint)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    handle: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, minor, |d| Ok(d.index as c_uint)))
+}
+
+fn c_chars<const N: usize>(text: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    for (o, b) in out.iter_mut().zip(text.bytes().take(N - 1)) {
+        *o = b as c_char;
+    }
+    out
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    handle: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        query(handle, pci, |d| {
+            let a = d.config.pci;
+            Ok(nvmlPciInfo_t {
+                busIdLegacy: c_chars(&a.bus_id_legacy()),
+                domain: a.domain,
+                bus: a.bus,
+                device: a.device,
+                pciDeviceId: d.config.pci_device_id(),
+                pciSubSystemId: (0x16c1 << 16) | 0x10de,
+                busId: c_chars(&a.bus_id()),
+            })
+        })
+    })
+}
+
+/// (total, used) after giving back dead processes' memory.
+fn memory(d: &Device) -> (u64, u64) {
+    d.state.reclaim_dead();
+    let total = d.config.memory;
+    (total, d.state.used().min(total))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    handle: nvmlDevice_t,
+    out: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        query(handle, out, |d| {
+            let (total, used) = memory(d);
+            Ok(nvmlMemory_t {
+                total,
+                free: total - used,
+                used,
+            })
+        })
+    })
+}
+
+/// `version` must be nvml.h's `nvmlMemory_v2` (NVML_STRUCT_VERSION(Memory, 2)).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    handle: nvmlDevice_t,
+    out: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        let d = device(handle)?;
+        // SAFETY: `out` is NULL or points to an nvmlMemory_v2_t (NVML API contract).
+        let version = unsafe { ffi::read(out.cast_const()) }
+            .map_err(null_arg)?
+            .version;
+        let expected = (std::mem::size_of::<nvmlMemory_v2_t>() as u32) | (2 << 24);
+        if version != expected {
+            return Err(ARGUMENT_VERSION_MISMATCH);
+        }
+        let (total, used) = memory(d);
+        put(
+            out,
+            nvmlMemory_v2_t {
+                version,
+                total,
+                reserved: 0,
+                free: total - used,
+                used,
+            },
+        )
+    })
+}
+
+fn percent(fraction: f64) -> c_uint {
+    (fraction * 100.0).round().clamp(0.0, 100.0) as c_uint
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    handle: nvmlDevice_t,
+    out: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        query(handle, out, |d| {
+            let gpu = percent(d.utilization(now_ns()));
+            Ok(nvmlUtilization_t {
+                gpu,
+                memory: gpu / 2,
+            })
+        })
+    })
+}
+
+/// Clock kinds: graphics, SM and video report the core clock, memory the memory clock.
+fn clock_kind(kind: c_uint) -> NvResult<bool> {
+    match kind {
+        nv::nvmlClockType_enum_NVML_CLOCK_GRAPHICS
+        | nv::nvmlClockType_enum_NVML_CLOCK_SM
+        | nv::nvmlClockType_enum_NVML_CLOCK_VIDEO => Ok(true),
+        nv::nvmlClockType_enum_NVML_CLOCK_MEM => Ok(false),
+        _ => Err(INVALID_ARGUMENT),
+    }
+}
+
+fn current_clock(d: &Device, kind: c_uint) -> NvResult<c_uint> {
+    Ok(if clock_kind(kind)? {
+        d.current_clock_mhz(now_ns())
+    } else {
+        d.config.memory_clock_mhz
+    })
+}
+
+fn max_clock(d: &Device, kind: c_uint) -> NvResult<c_uint> {
+    Ok(if clock_kind(kind)? {
+        d.config.max_clock_mhz
+    } else {
+        d.config.memory_clock_mhz
+    })
+}
+
+fn app_clock(d: &Device, kind: c_uint) -> NvResult<c_uint> {
+    Ok(if clock_kind(kind)? {
+        d.config.default_clock_mhz
+    } else {
+        d.config.memory_clock_mhz
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    handle: nvmlDevice_t,
+    kind: c_uint,
+    clock: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, clock, |d| current_clock(d, kind)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
+    handle: nvmlDevice_t,
+    kind: c_uint,
+    clock: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, clock, |d| max_clock(d, kind)))
+}
+
+/// Applications clocks cannot be changed here, so they are always the defaults.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetApplicationsClock(
+    handle: nvmlDevice_t,
+    kind: c_uint,
+    clock: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, clock, |d| app_clock(d, kind)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDefaultApplicationsClock(
+    handle: nvmlDevice_t,
+    kind: c_uint,
+    clock: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, clock, |d| app_clock(d, kind)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClock(
+    handle: nvmlDevice_t,
+    kind: c_uint,
+    id: c_uint,
+    clock: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| {
+        query(handle, clock, |d| match id {
+            nv::nvmlClockId_enum_NVML_CLOCK_ID_CURRENT => current_clock(d, kind),
+            nv::nvmlClockId_enum_NVML_CLOCK_ID_APP_CLOCK_TARGET
+            | nv::nvmlClockId_enum_NVML_CLOCK_ID_APP_CLOCK_DEFAULT => app_clock(d, kind),
+            nv::nvmlClockId_enum_NVML_CLOCK_ID_CUSTOMER_BOOST_MAX => max_clock(d, kind),
+            _ => Err(INVALID_ARGUMENT),
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedMemoryClocks(
+    handle: nvmlDevice_t,
+    count: *mut c_uint,
+    clocks: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| {
+        let d = device(handle)?;
+        put_list(count, clocks, &[d.config.memory_clock_mhz])
+    })
+}
+
+/// Highest first; NVML_ERROR_NOT_FOUND for a memory clock the device does not have.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedGraphicsClocks(
+    handle: nvmlDevice_t,
+    memory_clock_mhz: c_uint,
+    count: *mut c_uint,
+    clocks: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| {
+        let d = device(handle)?;
+        if memory_clock_mhz != d.config.memory_clock_mhz {
+            return Err(NOT_FOUND);
+        }
+        put_list(count, clocks, &d.config.graphics_clocks)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    handle: nvmlDevice_t,
+    power: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, power, |d| Ok(d.power_mw(now_ns()))))
+}
+
+/// mJ since the state file was created (never decreasing).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+    handle: nvmlDevice_t,
+    energy: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    entry(|| query(handle, energy, |d| Ok(d.energy_mj(now_ns()))))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimit(
+    handle: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, limit, |d| Ok(d.power_limit_mw())))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementDefaultLimit(
+    handle: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, limit, |d| Ok(d.config.power_limit_default_mw)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimitConstraints(
+    handle: nvmlDevice_t,
+    min_limit: *mut c_uint,
+    max_limit: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| {
+        let d = device(handle)?;
+        if min_limit.is_null() || max_limit.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        put(min_limit, d.config.power_limit_min_mw)?;
+        put(max_limit, d.config.power_limit_max_mw)
+    })
+}
+
+/// The only limit simulated is the NVML one, so it is also the enforced one.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    handle: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| query(handle, limit, |d| Ok(d.power_limit_mw())))
+}
+
+/// Live processes holding a context or memory on the device: (pid, bytes).
+fn processes(d: &Device) -> Vec<(u32, u64)> {
+    d.state.reclaim_dead();
+    d.state
+        .processes()
+        .into_iter()
+        .map(|p| (p.pid, p.bytes))
+        .collect()
+}
+
+/// No MIG: instance ids are 0xFFFFFFFF as nvml.h specifies.
+fn process_infos(d: &Device) -> Vec<nvmlProcessInfo_t> {
+    processes(d)
+        .into_iter()
+        .map(|(pid, bytes)| nvmlProcessInfo_t {
+            pid,
+            usedGpuMemory: bytes,
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
+        })
+        .collect()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    handle: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    entry(|| put_list(count, infos, &process_infos(device(handle)?)))
+}
+
+/// Same structure as _v3 (nvml.h: nvmlProcessInfo_v2_t is nvmlProcessInfo_t).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    handle: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    entry(|| put_list(count, infos, &process_infos(device(handle)?)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    handle: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        let list: Vec<nvmlProcessInfo_v1_t> = processes(device(handle)?)
+            .into_iter()
+            .map(|(pid, bytes)| nvmlProcessInfo_v1_t {
+                pid,
+                usedGpuMemory: bytes,
+            })
+            .collect();
+        put_list(count, infos, &list)
+    })
+}
+
+/// One sample per process that ran kernels within the last second and after
+/// `last_seen_us` (CPU time in µs). `utilization` NULL: the count only, with
+/// NVML_ERROR_INSUFFICIENT_SIZE. None: NVML_ERROR_NOT_FOUND.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    handle: nvmlDevice_t,
+    utilization: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen_us: c_ulonglong,
+) -> nvmlReturn_t {
+    entry(|| {
+        let d = device(handle)?;
+        let now = now_ns();
+        let window_start = now.saturating_sub(SAMPLE_WINDOW_NS);
+        let samples: Vec<nvmlProcessUtilizationSample_t> = d
+            .state
+            .process_runs()
+            .into_iter()
+            .filter_map(|(pid, run_start, busy_until, last_launch)| {
+                let busy = busy_until
+                    .min(now)
+                    .saturating_sub(run_start.max(window_start));
+                let sm = percent(busy as f64 / SAMPLE_WINDOW_NS as f64);
+                let stamp = last_launch / 1000;
+                (sm > 0 && stamp > last_seen_us).then_some(nvmlProcessUtilizationSample_t {
+                    pid,
+                    timeStamp: stamp,
+                    smUtil: sm,
+                    memUtil: sm / 2,
+                    encUtil: 0,
+                    decUtil: 0,
+                })
+            })
+            .collect();
+        if samples.is_empty() {
+            return Err(NOT_FOUND);
+        }
+        if utilization.is_null() {
+            put(count, samples.len() as c_uint)?;
+            return Err(INSUFFICIENT_SIZE);
+        }
+        put_list(count, utilization, &samples)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
+    handle: nvmlDevice_t,
+    arch: *mut nvmlDeviceArchitecture_t,
+) -> nvmlReturn_t {
+    entry(|| query(handle, arch, |d| Ok(d.config.architecture.nvml_value())))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    handle: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> nvmlReturn_t {
+    entry(|| {
+        let d = device(handle)?;
+        if major.is_null() || minor.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        let (ma, mi) = d.config.compute_capability;
+        put(major, ma as c_int)?;
+        put(minor, mi as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    handle: nvmlDevice_t,
+    mode: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        query(handle, mode, |d| {
+            Ok(if d.state.persistence_mode() {
+                nv::nvmlEnableState_enum_NVML_FEATURE_ENABLED
+            } else {
+                nv::nvmlEnableState_enum_NVML_FEATURE_DISABLED
+            })
+        })
+    })
+}
+
+/// MIG is not simulated: always disabled, now and pending.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    handle: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| {
+        device(handle)?;
+        if current.is_null() || pending.is_null() {
+            return Err(INVALID_ARGUMENT);
+        }
+        put(current, nv::NVML_DEVICE_MIG_DISABLE)?;
+        put(pending, nv::NVML_DEVICE_MIG_DISABLE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNumGpuCores(
+    handle: nvmlDevice_t,
+    cores: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| {
+        query(handle, cores, |d| {
+            Ok(d.config
+                .sm_count
+                .saturating_mul(d.config.architecture.cores_per_sm()))
+        })
+    })
+}
+
+/// Only the GPU sensor exists (nvml.h: NVML_TEMPERATURE_COUNT is 1).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    handle: nvmlDevice_t,
+    sensor: c_uint,
+    temp: *mut c_uint,
+) -> nvmlReturn_t {
+    entry(|| {
+        query(handle, temp, |d| {
+            if sensor != nv::nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
+                return Err(INVALID_ARGUMENT);
+            }
+            Ok(d.temperature_c(now_ns()))
+        })
+    })
+}

@@ -1,0 +1,756 @@
+//! What every process sees of a simulated device: one fixed-layout file per device (by UUID)
+//! in the state directory, memory-mapped by every process that uses the driver.
+//!
+//! The directory is `$FAKEGPU_STATE`, default `/tmp/fakegpu`, created with mode 1777 so root
+//! and non-root processes share it; files are 0666. Every field is an atomic; no lock is
+//! ever held across processes (a SIGKILLed process could hold it forever), except `flock`
+//! while a file is first created, which the kernel releases when its holder dies.
+//!
+//! Memory accounting: `used` is the authority. An allocation is one compare-and-swap on
+//! `used` that fails instead of passing the device size, then the bytes are attributed to
+//! the process's slot; a free takes them off the slot first, then off `used`. A process that
+//! dies between the two steps leaves `used` too high, never too low. `peak` is raised after
+//! every successful reservation to the value `used` reached, so it is the true maximum of
+//! `used` over time (until [`DeviceState::reset_peak`]).
+//!
+//! Dead processes (pid + start time, so pid reuse cannot fool it) are reclaimed by whoever
+//! notices first: the slot's pid is swapped to a "reclaiming" marker with a CAS, so its bytes
+//! are subtracted exactly once.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+use vgpu_abi::process::ProcessId;
+
+use crate::config::Config;
+use crate::model::MERGE_GAP_NS;
+
+/// Environment variable naming the state directory.
+pub const STATE_ENV: &str = "FAKEGPU_STATE";
+/// The state directory when `FAKEGPU_STATE` is unset.
+pub const DEFAULT_STATE_DIR: &str = "/tmp/fakegpu";
+
+/// "FAKEGPU" + layout number; a file with anything else at its start is recreated.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU\x01");
+/// Bumped whenever [`Layout`] changes.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Processes that can hold memory on one device at the same time.
+pub const SLOTS: usize = 512;
+/// Busy runs remembered for the utilization window.
+const RUNS: usize = 32;
+/// A slot's pid while some process is reclaiming it.
+const RECLAIMING: u32 = u32::MAX;
+
+/// The state directory in use: `$FAKEGPU_STATE` or [`DEFAULT_STATE_DIR`].
+pub fn state_dir() -> PathBuf {
+    match std::env::var_os(STATE_ENV) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(DEFAULT_STATE_DIR),
+    }
+}
+
+/// The file of the device with `uuid` in `dir`.
+pub fn device_file(dir: &Path, uuid: &str) -> PathBuf {
+    dir.join(format!("{uuid}.state"))
+}
+
+/// One process's share of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUsage {
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`/proc/PID/stat` field 22).
+    pub start_time: u64,
+    /// Device memory it holds, in bytes.
+    pub bytes: u64,
+    /// Kernels it launched.
+    pub launches: u64,
+}
+
+#[repr(C)]
+struct Slot {
+    pid: AtomicU32,
+    _pad: AtomicU32,
+    start_time: AtomicU64,
+    bytes: AtomicU64,
+    launches: AtomicU64,
+    run_start_ns: AtomicU64,
+    busy_until_ns: AtomicU64,
+    last_launch_ns: AtomicU64,
+    _reserved: AtomicU64,
+}
+
+#[repr(C)]
+struct Run {
+    start_ns: AtomicU64,
+    end_ns: AtomicU64,
+}
+
+/// The file's layout. Zero-filled is the initial state of every field but the header.
+#[repr(C)]
+struct Layout {
+    magic: AtomicU64,
+    version: AtomicU32,
+    slot_count: AtomicU32,
+    created_ns: AtomicU64,
+    /// Device memory size when the file was created (informational; the config decides).
+    total_bytes: AtomicU64,
+    used: AtomicU64,
+    peak: AtomicU64,
+    /// Locked graphics clock range in MHz; 0 = not locked.
+    locked_min_mhz: AtomicU32,
+    locked_max_mhz: AtomicU32,
+    /// Power limit in mW; 0 = the default limit.
+    power_limit_mw: AtomicU32,
+    persistence: AtomicU32,
+    launches: AtomicU64,
+    /// When the device's queue of simulated kernels drains.
+    busy_until_ns: AtomicU64,
+    /// Sum of all kernel durations credited so far (including queued ones).
+    busy_total_ns: AtomicU64,
+    /// Dynamic (above-idle) energy of all kernels credited so far, in µJ.
+    dyn_energy_uj: AtomicU64,
+    /// The largest energy reading handed out, so readings never go backwards.
+    energy_reported_mj: AtomicU64,
+    runs_head: AtomicU64,
+    _reserved: [AtomicU64; 16],
+    runs: [Run; RUNS],
+    slots: [Slot; SLOTS],
+}
+
+const FILE_SIZE: usize = std::mem::size_of::<Layout>();
+
+/// One device's shared state, mapped into this process.
+pub struct DeviceState {
+    map: NonNull<Layout>,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is only ever accessed through atomics, from any thread.
+unsafe impl Send for DeviceState {}
+// SAFETY: as above; &DeviceState hands out no non-atomic access.
+unsafe impl Sync for DeviceState {}
+
+impl Drop for DeviceState {
+    fn drop(&mut self) {
+        // SAFETY: `map` is a FILE_SIZE mapping this value owns; nothing borrows it past drop.
+        unsafe { libc::munmap(self.map.as_ptr().cast(), FILE_SIZE) };
+    }
+}
+
+impl std::fmt::Debug for DeviceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceState")
+            .field("path", &self.path)
+            .field("used", &self.used())
+            .finish()
+    }
+}
+
+/// Open the state of every device of `config` in `dir`.
+pub fn open_all(config: &Config, dir: &Path) -> io::Result<Vec<DeviceState>> {
+    config
+        .devices
+        .iter()
+        .map(|d| DeviceState::open(dir, &d.uuid, d.memory))
+        .collect()
+}
+
+impl DeviceState {
+    /// Map the state of device `uuid` in `dir`, creating the directory (mode 1777) and the
+    /// file (mode 0666) if needed, and recreating a file of another layout. `total_bytes`
+    /// is recorded in a new file for people reading it; limits come from the config.
+    pub fn open(dir: &Path, uuid: &str, total_bytes: u64) -> io::Result<DeviceState> {
+        ensure_dir(dir)?;
+        let path = device_file(dir, uuid);
+        if let Some(state) = Self::map_existing(&path)? {
+            return Ok(state);
+        }
+        let _lock = DirLock::acquire(dir)?;
+        if let Some(state) = Self::map_existing(&path)? {
+            return Ok(state);
+        }
+        create_file(dir, &path, total_bytes)?;
+        Self::map_existing(&path)?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: not a fakegpu state file after creating it",
+                    path.display()
+                ),
+            )
+        })
+    }
+
+    /// The file behind this state.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn map_existing(path: &Path) -> io::Result<Option<DeviceState>> {
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        };
+        if file.metadata()?.len() != FILE_SIZE as u64 {
+            return Ok(None);
+        }
+        let map = map_file(&file)?;
+        let state = DeviceState {
+            map,
+            path: path.to_path_buf(),
+        };
+        let l = state.layout();
+        if l.magic.load(Acquire) != MAGIC
+            || l.version.load(Acquire) != LAYOUT_VERSION
+            || l.slot_count.load(Acquire) != SLOTS as u32
+        {
+            return Ok(None);
+        }
+        Ok(Some(state))
+    }
+
+    fn layout(&self) -> &Layout {
+        // SAFETY: `map` is a live shared mapping of FILE_SIZE bytes, page-aligned, and
+        // Layout consists of atomics only, for which every bit pattern is valid.
+        unsafe { self.map.as_ref() }
+    }
+
+    /// Device memory in use by all processes, in bytes.
+    pub fn used(&self) -> u64 {
+        self.layout().used.load(SeqCst)
+    }
+
+    /// The most device memory ever in use at one instant since creation or the last
+    /// [`reset_peak`](Self::reset_peak).
+    pub fn peak(&self) -> u64 {
+        self.layout().peak.load(SeqCst)
+    }
+
+    /// Start a new peak measurement from the current usage.
+    pub fn reset_peak(&self) {
+        let l = self.layout();
+        l.peak.store(l.used.load(SeqCst), SeqCst);
+        l.peak.fetch_max(l.used.load(SeqCst), SeqCst);
+    }
+
+    /// The processes holding a slot (memory or a context) on this device.
+    pub fn processes(&self) -> Vec<ProcessUsage> {
+        self.layout()
+            .slots
+            .iter()
+            .filter_map(|s| {
+                let pid = s.pid.load(Acquire);
+                (pid != 0 && pid != RECLAIMING).then(|| ProcessUsage {
+                    pid,
+                    start_time: s.start_time.load(Acquire),
+                    bytes: s.bytes.load(Acquire),
+                    launches: s.launches.load(Acquire),
+                })
+            })
+            .collect()
+    }
+
+    /// Bytes held by process `pid` (0 if it holds no slot).
+    pub fn bytes_of(&self, pid: u32) -> u64 {
+        self.processes()
+            .iter()
+            .filter(|p| p.pid == pid)
+            .map(|p| p.bytes)
+            .sum()
+    }
+
+    /// Locked graphics clocks `(min, max)` in MHz, if locked.
+    pub fn locked_clocks(&self) -> Option<(u32, u32)> {
+        let l = self.layout();
+        let (min, max) = (l.locked_min_mhz.load(SeqCst), l.locked_max_mhz.load(SeqCst));
+        (max != 0).then_some((min, max))
+    }
+
+    /// The power limit set through NVML in mW; `None` means the default limit.
+    pub fn power_limit_mw(&self) -> Option<u32> {
+        Some(self.layout().power_limit_mw.load(SeqCst)).filter(|&mw| mw != 0)
+    }
+
+    pub fn persistence_mode(&self) -> bool {
+        self.layout().persistence.load(SeqCst) != 0
+    }
+
+    /// Kernel launches recorded on this device since the file was created.
+    pub fn launches(&self) -> u64 {
+        self.layout().launches.load(SeqCst)
+    }
+
+    /// When the device's simulated work queue drains (ns since the epoch).
+    pub fn busy_until_ns(&self) -> u64 {
+        self.layout().busy_until_ns.load(SeqCst)
+    }
+
+    /// When this file was created (ns since the epoch): the origin of the energy counter.
+    pub fn created_ns(&self) -> u64 {
+        self.layout().created_ns.load(SeqCst)
+    }
+
+    /// Give back the memory of every dead process; returns the bytes reclaimed.
+    pub fn reclaim_dead(&self) -> u64 {
+        let mut reclaimed = 0;
+        for slot in &self.layout().slots {
+            let pid = slot.pid.load(Acquire);
+            if pid == 0 || pid == RECLAIMING {
+                continue;
+            }
+            let start_time = slot.start_time.load(Acquire);
+            let alive = if start_time == 0 {
+                // Claimed a moment ago and its start time not yet written: trust the pid.
+                Path::new(&format!("/proc/{pid}")).exists()
+            } else {
+                ProcessId { pid, start_time }.is_alive()
+            };
+            if !alive {
+                reclaimed += self.free_slot(slot, pid);
+            }
+        }
+        reclaimed
+    }
+
+    /// Free `slot` if it still belongs to `pid`; returns the bytes given back.
+    fn free_slot(&self, slot: &Slot, pid: u32) -> u64 {
+        if slot
+            .pid
+            .compare_exchange(pid, RECLAIMING, SeqCst, SeqCst)
+            .is_err()
+        {
+            return 0;
+        }
+        let bytes = slot.bytes.swap(0, SeqCst);
+        self.unreserve(bytes);
+        for field in [
+            &slot.launches,
+            &slot.run_start_ns,
+            &slot.busy_until_ns,
+            &slot.last_launch_ns,
+        ] {
+            field.store(0, SeqCst);
+        }
+        slot.start_time.store(0, SeqCst);
+        slot.pid.store(0, Release);
+        bytes
+    }
+
+    // ----- crate-internal: what the driver does to the state -----
+
+    /// Reserve `bytes` unless that would pass `total`; returns whether it did.
+    pub(crate) fn try_reserve(&self, bytes: u64, total: u64) -> bool {
+        let l = self.layout();
+        match l.used.fetch_update(SeqCst, SeqCst, |used| {
+            used.checked_add(bytes).filter(|&n| n <= total)
+        }) {
+            Ok(before) => {
+                l.peak.fetch_max(before + bytes, SeqCst);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub(crate) fn unreserve(&self, bytes: u64) {
+        let _ = self
+            .layout()
+            .used
+            .fetch_update(SeqCst, SeqCst, |used| Some(used.saturating_sub(bytes)));
+    }
+
+    /// Claim a free slot for `me`; `None` if all are taken.
+    pub(crate) fn claim_slot(&self, me: ProcessId) -> Option<usize> {
+        let slots = &self.layout().slots;
+        for pass in 0..2 {
+            for (index, slot) in slots.iter().enumerate() {
+                if slot.pid.compare_exchange(0, me.pid, SeqCst, SeqCst).is_ok() {
+                    slot.bytes.store(0, SeqCst);
+                    slot.start_time.store(me.start_time, Release);
+                    return Some(index);
+                }
+            }
+            if pass == 0 && self.reclaim_dead() == 0 && !self.any_free() {
+                break;
+            }
+        }
+        None
+    }
+
+    fn any_free(&self) -> bool {
+        self.layout().slots.iter().any(|s| s.pid.load(Acquire) == 0)
+    }
+
+    /// Give slot `index` back if `me` still owns it; its remaining bytes leave `used`.
+    pub(crate) fn release_slot(&self, index: usize, me: ProcessId) -> u64 {
+        match self.layout().slots.get(index) {
+            Some(slot) if slot.start_time.load(Acquire) == me.start_time => {
+                self.free_slot(slot, me.pid)
+            }
+            _ => 0,
+        }
+    }
+
+    pub(crate) fn slot_add(&self, index: usize, bytes: u64) {
+        if let Some(slot) = self.layout().slots.get(index) {
+            slot.bytes.fetch_add(bytes, SeqCst);
+        }
+    }
+
+    pub(crate) fn slot_sub(&self, index: usize, bytes: u64) {
+        if let Some(slot) = self.layout().slots.get(index) {
+            let _ = slot
+                .bytes
+                .fetch_update(SeqCst, SeqCst, |b| Some(b.saturating_sub(bytes)));
+        }
+    }
+
+    pub(crate) fn set_locked_clocks(&self, range: Option<(u32, u32)>) {
+        let l = self.layout();
+        let (min, max) = range.unwrap_or((0, 0));
+        // max first when unlocking and last when locking, so a reader never sees max == 0
+        // with a stale min taken as locked.
+        if max == 0 {
+            l.locked_max_mhz.store(0, SeqCst);
+            l.locked_min_mhz.store(0, SeqCst);
+        } else {
+            l.locked_min_mhz.store(min, SeqCst);
+            l.locked_max_mhz.store(max, SeqCst);
+        }
+    }
+
+    pub(crate) fn set_power_limit_mw(&self, limit: Option<u32>) {
+        self.layout()
+            .power_limit_mw
+            .store(limit.unwrap_or(0), SeqCst);
+    }
+
+    pub(crate) fn set_persistence_mode(&self, on: bool) {
+        self.layout().persistence.store(u32::from(on), SeqCst);
+    }
+
+    /// Queue a kernel of `duration_ns` behind whatever the device is running; returns when it
+    /// ends. `dyn_energy_uj` is its energy above idle power.
+    pub(crate) fn record_launch(
+        &self,
+        slot: Option<usize>,
+        now: u64,
+        duration_ns: u64,
+        dyn_energy_uj: u64,
+    ) -> u64 {
+        let l = self.layout();
+        let before = match l.busy_until_ns.fetch_update(SeqCst, SeqCst, |b| {
+            Some(b.max(now).saturating_add(duration_ns))
+        }) {
+            Ok(b) | Err(b) => b,
+        };
+        let start = before.max(now);
+        let end = start.saturating_add(duration_ns);
+        l.launches.fetch_add(1, SeqCst);
+        l.busy_total_ns.fetch_add(duration_ns, SeqCst);
+        l.dyn_energy_uj.fetch_add(dyn_energy_uj, SeqCst);
+        self.extend_runs(start, end);
+        if let Some(slot) = slot.and_then(|i| l.slots.get(i)) {
+            slot.launches.fetch_add(1, SeqCst);
+            slot.last_launch_ns.store(now, SeqCst);
+            if start > slot.busy_until_ns.load(SeqCst).saturating_add(MERGE_GAP_NS) {
+                slot.run_start_ns.store(start, SeqCst);
+            }
+            slot.busy_until_ns.fetch_max(end, SeqCst);
+        }
+        end
+    }
+
+    fn extend_runs(&self, start: u64, end: u64) {
+        let l = self.layout();
+        let head = l.runs_head.load(SeqCst);
+        if head > 0 {
+            let last = &l.runs[((head - 1) % RUNS as u64) as usize];
+            if start <= last.end_ns.load(SeqCst).saturating_add(MERGE_GAP_NS) {
+                last.end_ns.fetch_max(end, SeqCst);
+                return;
+            }
+        }
+        let index = l.runs_head.fetch_add(1, SeqCst);
+        let run = &l.runs[(index % RUNS as u64) as usize];
+        run.end_ns.store(end, SeqCst);
+        run.start_ns.store(start, SeqCst);
+    }
+
+    /// The remembered busy runs `(start, end)`.
+    pub(crate) fn runs(&self) -> Vec<(u64, u64)> {
+        self.layout()
+            .runs
+            .iter()
+            .map(|r| (r.start_ns.load(SeqCst), r.end_ns.load(SeqCst)))
+            .filter(|r| r.1 > r.0)
+            .collect()
+    }
+
+    /// Per-process busy run and last launch time: `(pid, run_start, busy_until, last_launch)`.
+    pub(crate) fn process_runs(&self) -> Vec<(u32, u64, u64, u64)> {
+        self.layout()
+            .slots
+            .iter()
+            .filter_map(|s| {
+                let pid = s.pid.load(Acquire);
+                (pid != 0 && pid != RECLAIMING).then(|| {
+                    (
+                        pid,
+                        s.run_start_ns.load(SeqCst),
+                        s.busy_until_ns.load(SeqCst),
+                        s.last_launch_ns.load(SeqCst),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// When this process's kernels on the device finish (0 if it has none).
+    pub(crate) fn slot_busy_until(&self, index: usize) -> u64 {
+        self.layout()
+            .slots
+            .get(index)
+            .map_or(0, |s| s.busy_until_ns.load(SeqCst))
+    }
+
+    /// `(busy_total_ns, busy_until_ns, dyn_energy_uj)` for the energy counter.
+    pub(crate) fn energy_counters(&self) -> (u64, u64, u64) {
+        let l = self.layout();
+        (
+            l.busy_total_ns.load(SeqCst),
+            l.busy_until_ns.load(SeqCst),
+            l.dyn_energy_uj.load(SeqCst),
+        )
+    }
+
+    /// Hand out `mj` unless a larger reading was handed out already; returns the reading.
+    pub(crate) fn monotonic_energy_mj(&self, mj: u64) -> u64 {
+        let previous = self.layout().energy_reported_mj.fetch_max(mj, SeqCst);
+        previous.max(mj)
+    }
+}
+
+fn map_file(file: &std::fs::File) -> io::Result<NonNull<Layout>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of a file we hold open with read/write access; the
+    // kernel picks the address. The file is FILE_SIZE bytes (checked or just truncated).
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            FILE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(ptr.cast::<Layout>()).ok_or_else(|| io::Error::other("mmap returned NULL"))
+}
+
+/// Create `dir` with mode 1777 (and its parents) unless it exists.
+fn ensure_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    // Best effort: another user may have created it in the meantime.
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+    Ok(())
+}
+
+/// Write a fresh state file under a temporary name, then rename it into place: a process
+/// that still maps an old-layout file keeps its own copy instead of seeing it change shape.
+fn create_file(dir: &Path, path: &Path, total_bytes: u64) -> io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o666)
+        .open(&tmp)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+    file.set_len(FILE_SIZE as u64)?;
+    let map = map_file(&file)?;
+    let state = DeviceState {
+        map,
+        path: tmp.clone(),
+    };
+    let l = state.layout();
+    l.created_ns.store(crate::ffi::now_ns(), SeqCst);
+    l.total_bytes.store(total_bytes, SeqCst);
+    l.version.store(LAYOUT_VERSION, SeqCst);
+    l.slot_count.store(SLOTS as u32, SeqCst);
+    l.magic.store(MAGIC, Release);
+    drop(state);
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// `flock` on `DIR/.lock`, held only while a state file is created.
+struct DirLock {
+    _file: std::fs::File,
+}
+
+impl DirLock {
+    fn acquire(dir: &Path) -> io::Result<DirLock> {
+        let path = dir.join(".lock");
+        let file = open_shared(&path)?;
+        use std::os::fd::AsRawFd;
+        loop {
+            // SAFETY: flock on an fd we own; no memory is involved.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(DirLock { _file: file });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Open a file every user may use. Opening an existing file without O_CREAT first matters:
+/// with `fs.protected_regular`, O_CREAT on another user's file in a sticky directory fails.
+fn open_shared(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    loop {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            other => return other,
+        }
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .open(path)
+        {
+            Ok(file) => {
+                file.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+                return Ok(file);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> ProcessId {
+        ProcessId::current().unwrap()
+    }
+
+    #[test]
+    fn layout_is_stable() {
+        assert_eq!(std::mem::size_of::<Slot>(), 64);
+        assert_eq!(FILE_SIZE % 8, 0);
+    }
+
+    #[test]
+    fn reserve_respects_total_and_tracks_peak() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DeviceState::open(dir.path(), "GPU-test", 1000).unwrap();
+        assert!(s.try_reserve(600, 1000));
+        assert!(!s.try_reserve(401, 1000));
+        assert!(s.try_reserve(400, 1000));
+        s.unreserve(700);
+        assert_eq!((s.used(), s.peak()), (300, 1000));
+        s.reset_peak();
+        assert_eq!(s.peak(), 300);
+        s.unreserve(10_000);
+        assert_eq!(s.used(), 0, "never below zero");
+    }
+
+    #[test]
+    fn shared_between_mappings_and_recreated_on_mismatch() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = DeviceState::open(dir.path(), "GPU-x", 1).unwrap();
+        let b = DeviceState::open(dir.path(), "GPU-x", 1).unwrap();
+        assert!(a.try_reserve(5, 100));
+        assert_eq!(b.used(), 5);
+        std::fs::write(device_file(dir.path(), "GPU-y"), b"garbage").unwrap();
+        let c = DeviceState::open(dir.path(), "GPU-y", 1).unwrap();
+        assert_eq!(c.used(), 0);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(c.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o666);
+    }
+
+    #[test]
+    fn slots_attribute_and_dead_processes_are_reclaimed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DeviceState::open(dir.path(), "GPU-z", 1).unwrap();
+        let slot = s.claim_slot(me()).unwrap();
+        assert!(s.try_reserve(100, 1000));
+        s.slot_add(slot, 100);
+        assert_eq!(s.bytes_of(me().pid), 100);
+
+        // A "process" that died: a real child, reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = ProcessId {
+            pid: child.id(),
+            start_time: vgpu_abi::process::start_time(child.id()).unwrap_or(1),
+        };
+        child.wait().unwrap();
+        let dead_slot = s.claim_slot(dead).unwrap();
+        assert!(s.try_reserve(50, 1000));
+        s.slot_add(dead_slot, 50);
+        assert_eq!(s.used(), 150);
+        assert_eq!(s.reclaim_dead(), 50);
+        assert_eq!(s.reclaim_dead(), 0);
+        assert_eq!(s.used(), 100);
+        assert_eq!(s.processes().len(), 1);
+
+        assert_eq!(s.release_slot(slot, me()), 100);
+        assert_eq!((s.used(), s.processes().len()), (0, 0));
+    }
+
+    #[test]
+    fn launches_queue_and_form_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DeviceState::open(dir.path(), "GPU-l", 1).unwrap();
+        let end1 = s.record_launch(None, 1_000_000, 500, 0);
+        let end2 = s.record_launch(None, 1_000_100, 500, 0);
+        assert_eq!(
+            (end1, end2),
+            (1_000_500, 1_001_000),
+            "the second waits for the first"
+        );
+        let far = s.record_launch(None, 9_000_000_000, 10, 0);
+        assert_eq!(far, 9_000_000_010);
+        assert_eq!(
+            s.runs(),
+            vec![(1_000_000, 1_001_000), (9_000_000_000, 9_000_000_010)]
+        );
+        assert_eq!(s.launches(), 3);
+    }
+}

@@ -1,0 +1,16 @@
+//! The checked-in tables generated from NVIDIA's headers are what the generator produces
+//! from the headers tests/fetch-headers.sh pins.
+
+mod common;
+
+#[test]
+fn generated_tables_are_up_to_date() {
+    let include = common::headers()
+        .into_iter()
+        .find(|d| d.join("cudaTypedefs.h").is_file())
+        .expect("cuda include dir");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gen_cuda_procs.py");
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(script).arg(include).arg("--check");
+    common::run_ok(&mut cmd);
+}

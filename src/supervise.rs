@@ -27,8 +27,8 @@ pub struct Launch {
     pub env: Vec<(OsString, OsString)>,
     pub cwd: Option<PathBuf>,
     pub user: UserSpec,
-    /// `cgroup.procs` of each hierarchy, opened for writing: the child writes "0" (itself)
-    /// to each before it executes anything.
+    /// The cgroup's join files (`Cgroup::self_join_files`), opened for writing: the child
+    /// writes "0" (itself) to each before it executes anything.
     pub cgroup_procs: Vec<File>,
 }
 

@@ -201,6 +201,18 @@ impl Cgroup {
             .collect()
     }
 
+    /// Like [`Cgroup::procs_files`], for a child that is still single-threaded (right
+    /// after `fork`): on v1 these are the `tasks` files, which move the one thread without
+    /// the global threadgroup lock (and its RCU grace period); on v2 `cgroup.procs`.
+    /// Write `"0"` to each.
+    pub fn self_join_files(&self) -> Result<Vec<File>> {
+        self.imp
+            .self_join_files()
+            .iter()
+            .map(|path| OpenOptions::new().write(true).open(path).map_err(|e| fs::io_error("open for writing", path, e)))
+            .collect()
+    }
+
     /// Every process in the cgroup, in any hierarchy (and in any cgroup nested below it),
     /// sorted. Processes the caller's pid namespace cannot see (listed as 0) are left out.
     pub fn pids(&self) -> Result<Vec<i32>> {

@@ -147,6 +147,12 @@ pub(crate) trait Manager: fmt::Debug + Send + Sync {
         self.dirs().into_iter().map(|dir| dir.join(fs::PROCS)).collect()
     }
 
+    /// The files a freshly forked, single-threaded child writes `0` to in order to join:
+    /// `cgroup.procs` by default (see the v1 override).
+    fn self_join_files(&self) -> Vec<PathBuf> {
+        self.procs_files()
+    }
+
     fn add_task(&self, pid: i32) -> Result<()> {
         let value = pid.to_string();
         self.procs_files().iter().try_for_each(|file| fs::write(file, &value))

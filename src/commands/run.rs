@@ -436,7 +436,7 @@ fn ensure_vgpu(dir: &Path, w: &Workload) -> Result<()> {
 fn start_and_supervise(ctx: &Context, store: &Store, _layout: &Layout, shim: &Path, started: &Started, request: &Request) -> Result<u8> {
     let w = &started.workload;
     let env = workload_env(ctx, store, shim, w, request)?;
-    let procs = started.cgroup.procs_files().context("opening the cgroup's process lists")?;
+    let procs = started.cgroup.self_join_files().context("opening the cgroup's process lists")?;
     let launch = crate::supervise::Launch {
         argv: request.argv.clone(),
         env,

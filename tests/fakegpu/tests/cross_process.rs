@@ -1,13 +1,12 @@
 //! (f) State shared across processes: allocations of several processes add up, a SIGKILLed
 //! process's memory comes back, CUDA_VISIBLE_DEVICES selects and orders devices, a
 //! two-device config is honoured, setters are refused to unprivileged callers, and a bad
-//! config fails cleanly with one line naming the file and key.
+//! config fails cleanly with one line naming the file and key. Clients are the C program
+//! `tests/c/client.c` and probes of `examples/fakegpu_probe.rs`.
 
 mod common;
 
-use std::ffi::{c_char, c_uint, c_void};
-
-use common::{field, in_child, run_ok, Cuda, Fake, Holder};
+use common::{field, run_ok, Fake, Holder};
 use cudarc::driver::sys::CUresult;
 use nvml_wrapper_sys::bindings as nv;
 
@@ -71,49 +70,10 @@ fn sigkilled_process_memory_is_reclaimed() {
     let holder = Holder::spawn(fake.command(&client).args(["hold", "2048"]));
     holder.kill();
     assert_eq!(state.used(), 2 * GIB);
-    let out = run_ok(&mut fake.rerun("nvml_memory_probe"));
+    let out = run_ok(&mut fake.probe("nvml_memory"));
     assert_eq!(field(&out, "used"), "0");
     assert_eq!(field(&out, "processes"), "0");
     assert_eq!(state.used(), 0);
-}
-
-/// Child of the test above: what NVML reports.
-#[test]
-#[ignore = "child process of sigkilled_process_memory_is_reclaimed"]
-fn nvml_memory_probe() {
-    assert!(in_child(), "run by sigkilled_process_memory_is_reclaimed");
-    let nvml = nvml_wrapper::Nvml::init().unwrap();
-    let device = nvml.device_by_index(0).unwrap();
-    println!("used={}", device.memory_info().unwrap().used);
-    println!(
-        "processes={}",
-        device.running_compute_processes().unwrap().len()
-    );
-}
-
-/// Child: what CUDA shows under the inherited CUDA_VISIBLE_DEVICES.
-#[test]
-#[ignore = "child process of cuda_visible_devices_selects_and_orders"]
-fn visible_devices_probe() {
-    assert!(in_child(), "run by cuda_visible_devices_selects_and_orders");
-    let cuda = Cuda::load();
-    let init = cuda.init();
-    println!("init={init}");
-    if init != 0 {
-        return;
-    }
-    let count = cuda.device_count().unwrap();
-    println!("count={count}");
-    let uuids: Vec<String> = (0..count)
-        .map(|d| {
-            cuda.device_uuid(d)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        })
-        .collect();
-    println!("uuids={}", uuids.join(","));
-    println!("name0={}", cuda.device_name(0));
 }
 
 #[test]
@@ -123,7 +83,7 @@ fn cuda_visible_devices_selects_and_orders() {
     let config = fake.config();
     let (u0, u1) = (hex(&config.devices[0].uuid), hex(&config.devices[1].uuid));
     let probe = |visible: Option<&str>| {
-        let mut cmd = fake.rerun("visible_devices_probe");
+        let mut cmd = fake.probe("visible_devices");
         if let Some(v) = visible {
             cmd.env("CUDA_VISIBLE_DEVICES", v);
         }
@@ -160,103 +120,22 @@ fn cuda_visible_devices_selects_and_orders() {
     );
 }
 
-/// Child: hold 1 GiB on CUDA device 0 and 3 GiB on CUDA device 1 until stdin closes.
-#[test]
-#[ignore = "child process of two_device_config_is_honoured"]
-fn two_device_holder() {
-    assert!(in_child(), "run by two_device_config_is_honoured");
-    let cuda = Cuda::load();
-    assert_eq!(cuda.init(), 0);
-    let count = cuda.device_count().unwrap();
-    cuda.ctx_create(0).unwrap();
-    cuda.alloc(GIB as usize).unwrap();
-    if count > 1 {
-        cuda.ctx_create(1).unwrap();
-        cuda.alloc(3 * GIB as usize).unwrap();
-        assert_eq!(
-            cuda.alloc(38 * GIB as usize),
-            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY as u32),
-            "40 GiB devices"
-        );
-    }
-    println!("ready");
-    common::wait_for_stdin_eof();
-}
-
 #[test]
 fn two_device_config_is_honoured() {
     let fake = Fake::with_config(TWO_A100);
     let states = fake.states();
-    let holder = Holder::spawn(&mut fake.rerun("two_device_holder"));
+    let holder = Holder::spawn(&mut fake.probe("two_device_holder"));
     assert_eq!((states[0].used(), states[1].used()), (GIB, 3 * GIB));
     holder.finish();
     assert_eq!((states[0].used(), states[1].used()), (0, 0));
 
     // CUDA device 0 is physical device 1 here.
     let holder = Holder::spawn(
-        fake.rerun("two_device_holder")
+        fake.probe("two_device_holder")
             .env("CUDA_VISIBLE_DEVICES", "1"),
     );
     assert_eq!((states[0].used(), states[1].used()), (0, GIB));
     holder.finish();
-}
-
-type SetClocks = unsafe extern "C" fn(*mut c_void, c_uint, c_uint) -> u32;
-type SetLimit = unsafe extern "C" fn(*mut c_void, c_uint) -> u32;
-
-/// Child: try every setter on both devices and print the results.
-#[test]
-#[ignore = "child process of setters_need_root_and_support"]
-fn setters_probe() {
-    assert!(in_child(), "run by setters_need_root_and_support");
-    // SAFETY: loading the fake NVML by soname.
-    let lib = unsafe { libloading::Library::new("libnvidia-ml.so.1") }.unwrap();
-    // SAFETY: signatures as nvml.h declares them.
-    unsafe {
-        let init = *lib
-            .get::<unsafe extern "C" fn() -> u32>(b"nvmlInit_v2")
-            .unwrap();
-        let by_index = *lib
-            .get::<unsafe extern "C" fn(c_uint, *mut *mut c_void) -> u32>(
-                b"nvmlDeviceGetHandleByIndex_v2",
-            )
-            .unwrap();
-        let set_clocks = *lib
-            .get::<SetClocks>(b"nvmlDeviceSetGpuLockedClocks")
-            .unwrap();
-        let reset_clocks = *lib
-            .get::<unsafe extern "C" fn(*mut c_void) -> u32>(b"nvmlDeviceResetGpuLockedClocks")
-            .unwrap();
-        let set_limit = *lib
-            .get::<SetLimit>(b"nvmlDeviceSetPowerManagementLimit")
-            .unwrap();
-        let set_persistence = *lib
-            .get::<SetLimit>(b"nvmlDeviceSetPersistenceMode")
-            .unwrap();
-        let get_limit = *lib
-            .get::<unsafe extern "C" fn(*mut c_void, *mut c_uint) -> u32>(
-                b"nvmlDeviceGetPowerManagementLimit",
-            )
-            .unwrap();
-        assert_eq!(init(), 0);
-        for index in 0..2 {
-            let mut dev = std::ptr::null_mut();
-            assert_eq!(by_index(index, &mut dev), 0);
-            println!("clocks{index}={}", set_clocks(dev, 1000, 1200));
-            println!("bad_clocks{index}={}", set_clocks(dev, 100, 5000));
-            println!("reset{index}={}", reset_clocks(dev));
-            println!("limit{index}={}", set_limit(dev, 250_000));
-            println!("bad_limit{index}={}", set_limit(dev, 10_000));
-            println!("persistence{index}={}", set_persistence(dev, 1));
-            let mut limit = 0;
-            println!("get_limit{index}={}", get_limit(dev, &mut limit));
-        }
-    }
-    // The unprivileged can still use the GPU.
-    let cuda = Cuda::load();
-    assert_eq!(cuda.init(), 0);
-    cuda.ctx_create(0).unwrap();
-    println!("alloc={}", cuda.alloc(1 << 20).err().unwrap_or(0));
 }
 
 #[test]
@@ -278,7 +157,7 @@ fn setters_need_root_and_support() {
         0,
         "this test runs as root and drops to nobody in a child"
     );
-    let out = run_ok(fake.rerun("setters_probe").uid(65534).gid(65534));
+    let out = run_ok(fake.probe("setters").uid(65534).gid(65534));
     for key in ["clocks0", "reset0", "limit0", "persistence0"] {
         assert_eq!(field(&out, key), no_permission, "{key} as nobody");
     }
@@ -302,7 +181,7 @@ fn setters_need_root_and_support() {
         (None, None, false)
     );
 
-    let out = run_ok(&mut fake.rerun("setters_probe"));
+    let out = run_ok(&mut fake.probe("setters"));
     assert_eq!(field(&out, "clocks0"), ok);
     assert_eq!(field(&out, "bad_clocks0"), invalid);
     assert_eq!(field(&out, "reset0"), ok);
@@ -322,31 +201,10 @@ fn setters_need_root_and_support() {
     );
 }
 
-/// Child: initialize both halves and print the results.
-#[test]
-#[ignore = "child process of bad_config_fails_cleanly_and_says_why"]
-fn init_probe() {
-    assert!(in_child(), "run by bad_config_fails_cleanly_and_says_why");
-    let cuda = Cuda::load();
-    println!("cu_init={}", cuda.init());
-    println!("cu_init_again={}", cuda.init());
-    let nvml_init: unsafe extern "C" fn() -> u32 = cuda.sym("nvmlInit_v2");
-    let error_string: unsafe extern "C" fn(u32) -> *const c_char = cuda.sym("nvmlErrorString");
-    // SAFETY: no arguments; the string is static.
-    unsafe {
-        let rc = nvml_init();
-        println!("nvml_init={rc}");
-        println!(
-            "nvml_text={}",
-            std::ffi::CStr::from_ptr(error_string(rc)).to_string_lossy()
-        );
-    }
-}
-
 #[test]
 fn bad_config_fails_cleanly_and_says_why() {
     let fake = Fake::with_config("[[device]]\nname = \"x\"\nmemory = \"8GiB\"\nmemry = 1\n");
-    let mut cmd = fake.rerun("init_probe");
+    let mut cmd = fake.probe("init");
     let out = cmd.output().unwrap();
     common::assert_success(&cmd, &out);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -372,7 +230,7 @@ fn bad_config_fails_cleanly_and_says_why() {
     );
 
     // A missing file is a bad config too.
-    let mut cmd = fake.rerun("init_probe");
+    let mut cmd = fake.probe("init");
     cmd.env("FAKEGPU_CONFIG", fake.dir.path().join("missing.toml"));
     let out = cmd.output().unwrap();
     assert_eq!(

@@ -1,43 +1,13 @@
 //! Allocation is one atomic step across processes: processes racing for the last bytes of a
 //! device never push its usage past the device size, at any instant (the peak proves it).
+//! The racers are the `grabber` probe of `examples/fakegpu_probe.rs`: each grabs 512 MiB
+//! blocks until OOM and frees them, 50 rounds, and prints how many it held at most.
 
 mod common;
 
-use common::{field, in_child, Cuda, Fake};
-use cudarc::driver::sys::CUresult;
+use common::{field, Fake};
 
 const GIB: u64 = 1 << 30;
-
-/// Child: grab 512 MiB blocks until OOM, free them, 50 rounds; print how many it held most.
-#[test]
-#[ignore = "child process of racing_processes_never_exceed_the_device"]
-fn grabber() {
-    assert!(
-        in_child(),
-        "run by racing_processes_never_exceed_the_device"
-    );
-    let cuda = Cuda::load();
-    assert_eq!(cuda.init(), 0);
-    cuda.ctx_create(0).unwrap();
-    let mut most = 0;
-    for _ in 0..50 {
-        let mut held = Vec::new();
-        loop {
-            match cuda.alloc((GIB / 2) as usize) {
-                Ok(p) => held.push(p),
-                Err(e) => {
-                    assert_eq!(e, CUresult::CUDA_ERROR_OUT_OF_MEMORY as u32);
-                    break;
-                }
-            }
-        }
-        most = most.max(held.len());
-        for p in held {
-            assert_eq!(cuda.free(p), 0);
-        }
-    }
-    println!("most={most}");
-}
 
 #[test]
 fn racing_processes_never_exceed_the_device() {
@@ -46,7 +16,7 @@ fn racing_processes_never_exceed_the_device() {
     let state = &fake.states()[0];
     let children: Vec<_> = (0..4)
         .map(|_| {
-            fake.rerun("grabber")
+            fake.probe("grabber")
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .expect("spawn grabber")

@@ -1,7 +1,304 @@
 //! The `[carbon]` table of the config file.
+//!
+//! ```toml
+//! [carbon]
+//! source = "uk-grid"            # static | file | command | electricitymaps | uk-grid
+//! postcode = "RG10"             # or region_id = 13; neither: national figure
+//! budget_g_per_hour = 400       # gCO2 per hour for all of this host's GPUs
+//! max_age = "1h"                # how old a remembered reading may be when the source fails
+//! fallback = 250                # gCO2/kWh when the source fails and nothing recent is remembered
+//! ```
+//!
+//! Every key is optional here; `validate` checks values and that the chosen source has
+//! what it needs, and names the key in its one-line message.
 
-use serde::Deserialize;
+use std::path::PathBuf;
+use std::time::Duration;
 
-#[derive(Debug, Clone, Default, Deserialize)]
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::model;
+
+/// Where the current grid carbon intensity comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceKind {
+    /// A fixed value (`value`).
+    Static,
+    /// A local time series (`path`): CSV `timestamp,gco2_per_kwh` or JSON.
+    File,
+    /// A command (`command`, run by `sh -c`) that prints a number.
+    Command,
+    /// Electricity Maps API v3 `carbon-intensity/latest` for `zone`.
+    Electricitymaps,
+    /// Great Britain's Carbon Intensity API (National Grid ESO): national, or regional by
+    /// `postcode` or `region_id`.
+    UkGrid,
+}
+
+impl SourceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceKind::Static => "static",
+            SourceKind::File => "file",
+            SourceKind::Command => "command",
+            SourceKind::Electricitymaps => "electricitymaps",
+            SourceKind::UkGrid => "uk-grid",
+        }
+    }
+}
+
+pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(3600);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct CarbonConfig {}
+pub struct CarbonConfig {
+    /// Intensity source; none: every carbon command needs `--intensity`.
+    pub source: Option<SourceKind>,
+    /// `static`: the intensity, gCO2/kWh.
+    pub value: Option<f64>,
+    /// `file`: the time series.
+    pub path: Option<PathBuf>,
+    /// `command`: a shell command printing gCO2/kWh.
+    pub command: Option<String>,
+    /// `electricitymaps`: the zone key, e.g. "DE".
+    pub zone: Option<String>,
+    /// `electricitymaps`: file holding the API token (sent as the `auth-token` header).
+    pub token_file: Option<PathBuf>,
+    /// `uk-grid`: outward postcode, e.g. "RG10".
+    pub postcode: Option<String>,
+    /// `uk-grid`: region id 1–17.
+    pub region_id: Option<u32>,
+    /// Overrides the API's address (tests point it at 127.0.0.1).
+    pub base_url: Option<String>,
+    /// The budget for all of this host's GPUs, gCO2 per hour; `--budget` wins.
+    pub budget_g_per_hour: Option<f64>,
+    /// How old a remembered reading may be when the source fails [default: 1h].
+    pub max_age: Option<String>,
+    /// The intensity to use when the source fails and no recent reading is remembered.
+    pub fallback: Option<f64>,
+    /// Network and command timeout [default: 10s].
+    pub timeout: Option<String>,
+    /// Exponent of the power model P(f) = P_idle + (P_max − P_idle)·(f/f_max)^γ [default: 2].
+    pub gamma: Option<f64>,
+    /// Clock step of the planner's stage 2, MHz [default: one supported-clock step].
+    pub delta_f_mhz: Option<u32>,
+    /// Throughput each extra GPU adds to a workload, as a fraction of one GPU [default: 0.9].
+    pub scaling_efficiency: Option<f64>,
+    /// Frequency sensitivity of workloads that declare none: 1 = speed ∝ clock,
+    /// 0 = clock does not matter [default: 1].
+    pub freq_sensitivity: Option<f64>,
+    /// Power of a GPU with no work, watts [default: 15 % of power_max_w].
+    pub power_idle_w: Option<f64>,
+    /// Power of a GPU at its highest clock, watts [default: the device's default power limit].
+    pub power_max_w: Option<f64>,
+}
+
+/// A config value that cannot be used; the message names the key.
+#[derive(Debug, Error, PartialEq)]
+#[error("[carbon] {key}: {message}")]
+pub struct CarbonConfigError {
+    pub key: &'static str,
+    pub message: String,
+}
+
+fn bad(key: &'static str, message: impl Into<String>) -> CarbonConfigError {
+    CarbonConfigError { key, message: message.into() }
+}
+
+/// A non-negative, finite number: intensities and budgets.
+pub fn check_non_negative(key: &'static str, value: f64) -> Result<f64, CarbonConfigError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(bad(key, format!("must be a non-negative number, got {value}")))
+    }
+}
+
+fn parse_duration(key: &'static str, text: &str) -> Result<Duration, CarbonConfigError> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| bad(key, format!("cannot read {text:?} as a duration like \"30m\" or \"1h\": {e}")))
+}
+
+impl CarbonConfig {
+    /// Check every value and that the chosen source has the keys it needs.
+    pub fn validate(&self) -> Result<(), CarbonConfigError> {
+        if let Some(v) = self.value {
+            check_non_negative("value", v)?;
+        }
+        if let Some(v) = self.fallback {
+            check_non_negative("fallback", v)?;
+        }
+        if let Some(v) = self.budget_g_per_hour {
+            check_non_negative("budget_g_per_hour", v)?;
+        }
+        self.max_age()?;
+        if self.timeout()?.is_zero() {
+            return Err(bad("timeout", "must be longer than zero"));
+        }
+        self.model_defaults()?;
+        for (key, value) in [("power_idle_w", self.power_idle_w), ("power_max_w", self.power_max_w)] {
+            if let Some(v) = value {
+                check_non_negative(key, v)?;
+            }
+        }
+        if let (Some(idle), Some(max)) = (self.power_idle_w, self.power_max_w) {
+            if idle > max {
+                return Err(bad("power_idle_w", format!("{idle} W is above power_max_w ({max} W)")));
+            }
+        }
+        if let Some(id) = self.region_id {
+            if !(1..=17).contains(&id) {
+                return Err(bad("region_id", format!("must be a GB region id from 1 to 17, got {id}")));
+            }
+        }
+        if let Some(url) = &self.base_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(bad("base_url", format!("must start with http:// or https://, got {url:?}")));
+            }
+        }
+        self.validate_source()
+    }
+
+    fn validate_source(&self) -> Result<(), CarbonConfigError> {
+        let Some(source) = self.source else { return Ok(()) };
+        let need = |key: &'static str, present: bool| {
+            if present {
+                Ok(())
+            } else {
+                Err(bad(key, format!("is required with source = \"{}\"", source.name())))
+            }
+        };
+        match source {
+            SourceKind::Static => need("value", self.value.is_some()),
+            SourceKind::File => need("path", self.path.is_some()),
+            SourceKind::Command => need("command", self.command.as_deref().is_some_and(|c| !c.trim().is_empty())),
+            SourceKind::Electricitymaps => need("zone", self.zone.as_deref().is_some_and(|z| !z.trim().is_empty())),
+            SourceKind::UkGrid => {
+                if self.postcode.is_some() && self.region_id.is_some() {
+                    return Err(bad("postcode", "give postcode or region_id, not both"));
+                }
+                match &self.postcode {
+                    Some(p) if p.trim().is_empty() || !p.trim().chars().all(|c| c.is_ascii_alphanumeric()) => {
+                        Err(bad("postcode", format!("must be an outward postcode like \"RG10\", got {p:?}")))
+                    }
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    pub fn max_age(&self) -> Result<Duration, CarbonConfigError> {
+        self.max_age.as_deref().map_or(Ok(DEFAULT_MAX_AGE), |t| parse_duration("max_age", t))
+    }
+
+    pub fn timeout(&self) -> Result<Duration, CarbonConfigError> {
+        self.timeout.as_deref().map_or(Ok(DEFAULT_TIMEOUT), |t| parse_duration("timeout", t))
+    }
+
+    /// The model's tunables, defaults filled in and checked.
+    pub fn model_defaults(&self) -> Result<model::Tunables, CarbonConfigError> {
+        let gamma = self.gamma.unwrap_or(model::DEFAULT_GAMMA);
+        if !(gamma.is_finite() && (1.0..=4.0).contains(&gamma)) {
+            return Err(bad("gamma", format!("must be between 1 and 4, got {gamma}")));
+        }
+        let scaling_efficiency = self.scaling_efficiency.unwrap_or(model::DEFAULT_SCALING_EFFICIENCY);
+        if !(scaling_efficiency.is_finite() && (0.0..=1.0).contains(&scaling_efficiency)) {
+            return Err(bad("scaling_efficiency", format!("must be between 0 and 1, got {scaling_efficiency}")));
+        }
+        let freq_sensitivity = self.freq_sensitivity.unwrap_or(model::DEFAULT_FREQ_SENSITIVITY);
+        if !(freq_sensitivity.is_finite() && (0.0..=1.0).contains(&freq_sensitivity)) {
+            return Err(bad("freq_sensitivity", format!("must be between 0 and 1, got {freq_sensitivity}")));
+        }
+        if self.delta_f_mhz == Some(0) {
+            return Err(bad("delta_f_mhz", "must be at least 1 MHz"));
+        }
+        Ok(model::Tunables { gamma, scaling_efficiency, freq_sensitivity, delta_f_mhz: self.delta_f_mhz })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> CarbonConfig {
+        crate::config::Config::parse(text).expect("config parses").carbon
+    }
+
+    #[test]
+    fn defaults_are_valid_and_sourceless() {
+        let c = CarbonConfig::default();
+        c.validate().unwrap();
+        assert!(c.source.is_none());
+        assert_eq!(c.max_age().unwrap(), DEFAULT_MAX_AGE);
+        assert_eq!(c.timeout().unwrap(), DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn every_key_parses() {
+        let c = parse(
+            "[carbon]\nsource = \"uk-grid\"\nvalue = 300\npath = \"/x.csv\"\ncommand = \"echo 1\"\nzone = \"DE\"\n\
+             token_file = \"/t\"\npostcode = \"RG10\"\nbase_url = \"http://127.0.0.1:9\"\n\
+             budget_g_per_hour = 500.5\nmax_age = \"2h\"\nfallback = 250\ntimeout = \"3s\"\ngamma = 2.5\n\
+             delta_f_mhz = 30\nscaling_efficiency = 0.8\nfreq_sensitivity = 0.5\npower_idle_w = 60\npower_max_w = 300\n",
+        );
+        c.validate().unwrap();
+        assert_eq!(c.source, Some(SourceKind::UkGrid));
+        assert_eq!(c.value, Some(300.0));
+        assert_eq!(c.max_age().unwrap(), Duration::from_secs(7200));
+        assert_eq!(c.model_defaults().unwrap().delta_f_mhz, Some(30));
+    }
+
+    #[test]
+    fn source_names() {
+        for (text, kind) in [
+            ("static", SourceKind::Static),
+            ("file", SourceKind::File),
+            ("command", SourceKind::Command),
+            ("electricitymaps", SourceKind::Electricitymaps),
+            ("uk-grid", SourceKind::UkGrid),
+        ] {
+            assert_eq!(parse(&format!("[carbon]\nsource = \"{text}\"\n")).source, Some(kind));
+            assert_eq!(kind.name(), text);
+        }
+        assert!(crate::config::Config::parse("[carbon]\nsource = \"wind\"\n").is_err());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = crate::config::Config::parse("[carbon]\nbudget = 5\n").unwrap_err();
+        assert!(err.contains("budget"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (text, key) in [
+            ("budget_g_per_hour = -5", "budget_g_per_hour"),
+            ("value = -1", "value"),
+            ("fallback = -1", "fallback"),
+            ("max_age = \"soon\"", "max_age"),
+            ("timeout = \"0s\"", "timeout"),
+            ("gamma = 0.5", "gamma"),
+            ("scaling_efficiency = 1.5", "scaling_efficiency"),
+            ("freq_sensitivity = -0.1", "freq_sensitivity"),
+            ("delta_f_mhz = 0", "delta_f_mhz"),
+            ("region_id = 40", "region_id"),
+            ("base_url = \"ftp://x\"", "base_url"),
+            ("power_idle_w = 400\npower_max_w = 300", "power_idle_w"),
+            ("source = \"static\"", "value"),
+            ("source = \"file\"", "path"),
+            ("source = \"command\"", "command"),
+            ("source = \"electricitymaps\"", "zone"),
+            ("source = \"uk-grid\"\npostcode = \"RG10\"\nregion_id = 3", "postcode"),
+            ("source = \"uk-grid\"\npostcode = \"RG10 6AA/..\"", "postcode"),
+        ] {
+            let err = parse(&format!("[carbon]\n{text}\n")).validate().unwrap_err();
+            assert_eq!(err.key, key, "{text}: {err}");
+            let line = err.to_string();
+            assert!(line.starts_with(&format!("[carbon] {key}: ")), "{line}");
+            assert!(!line.contains('\n'), "{line}");
+        }
+    }
+}

@@ -1,3 +1,16 @@
 //! Carbon-budgeted clocks (SPEC 1.3, 4.5).
+//!
+//! * [`intensity`]: where the grid's carbon intensity comes from (sources, cache, fallback).
+//! * [`model`]: power and speed as functions of clock and GPU count.
+//! * [`workload`]: the workloads planned for, and the seam the state store will feed.
+//! * [`planner`]: the two-stage greedy planner (pure).
+//! * [`apply`]: turning a plan into NVML locked clocks or power limits, idempotently.
+//! * [`log`]: the decision log, `<lib_dir>/carbon.jsonl`.
 
+pub mod apply;
 pub mod config;
+pub mod intensity;
+pub mod log;
+pub mod model;
+pub mod planner;
+pub mod workload;

@@ -13,11 +13,12 @@ use crate::carbon::intensity::{self, Intensity, Policy, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
 use crate::carbon::model::Tunables;
 use crate::carbon::planner::{self, Plan, PlanRequest};
-use crate::carbon::workload::{from_gpu_processes, Workload};
+use crate::carbon::workload::{current, Recorded, Workload};
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::Nvml;
 use crate::output::{print_json, table};
+use crate::state::{Store, WorkloadState};
 
 #[derive(Debug, Args)]
 pub struct CarbonArgs {
@@ -106,7 +107,9 @@ fn budget(ctx: &Context, given: Option<f64>) -> Result<f64> {
     match given.or(ctx.config.carbon.budget_g_per_hour) {
         Some(b) if b.is_finite() && b >= 0.0 => Ok(b),
         Some(b) => Err(UsageError::new(format!("--budget must be a non-negative number of gCO2/h, got {b}")).into()),
-        None => Err(UsageError::new("no carbon budget: pass --budget G_PER_H or set [carbon] budget_g_per_hour").into()),
+        None => {
+            Err(UsageError::new("no carbon budget: pass --budget G_PER_H or set [carbon] budget_g_per_hour").into())
+        }
     }
 }
 
@@ -121,15 +124,30 @@ fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<Device>> {
     Ok(devices)
 }
 
-/// The workloads to plan for. Until the state store of `vgpu run` feeds ranges and
-/// sensitivities, every GPU with compute processes is one workload on that GPU.
-fn workloads(devices: &[Device]) -> Vec<Workload> {
-    from_gpu_processes(devices.iter().map(|d| (d.state.index, d.pids.clone())))
+/// The workloads to plan for: those `vgpu run` recorded (running ones, with a live
+/// supervisor), and every other GPU with compute processes as one workload.
+fn workloads(ctx: &Context, devices: &[Device]) -> Vec<Workload> {
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let (stored, damaged) = store.workloads();
+    for e in damaged {
+        tracing::warn!("{e}");
+    }
+    let recorded: Vec<Recorded> = stored
+        .iter()
+        .filter(|w| matches!(w.state, WorkloadState::Running | WorkloadState::Starting) && w.supervisor_alive())
+        .map(|w| Recorded {
+            id: if w.name.is_empty() { w.id.clone() } else { w.name.clone() },
+            gpus: w.gpus.iter().map(|g| g.index).collect(),
+            freq_sensitivity: None,
+        })
+        .collect();
+    let gpu_pids: Vec<(u32, Vec<u32>)> = devices.iter().map(|d| (d.state.index, d.pids.clone())).collect();
+    current(&recorded, gpu_pids)
 }
 
 fn make_plan(ctx: &Context, devices: &[Device], intensity: &Intensity, budget: f64) -> Result<Plan> {
     let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
-    let workloads = workloads(devices);
+    let workloads = workloads(ctx, devices);
     let request = PlanRequest {
         gpus: &models,
         workloads: &workloads,
@@ -139,7 +157,12 @@ fn make_plan(ctx: &Context, devices: &[Device], intensity: &Intensity, budget: f
     };
     let plan = planner::plan(&request).context("planning")?;
     for step in &plan.steps {
-        tracing::debug!("stage {} step: workload {} benefit {:.3e}", step.stage, workloads[step.workload].id, step.benefit);
+        tracing::debug!(
+            "stage {} step: workload {} benefit {:.3e}",
+            step.stage,
+            workloads[step.workload].id,
+            step.benefit
+        );
     }
     Ok(plan)
 }
@@ -259,7 +282,13 @@ fn reset(ctx: &Context, args: &ResetArgs) -> Result<()> {
 }
 
 /// Print what happened, log it, and turn failures into one error line.
-fn report(ctx: &Context, decision: &Decision, json: bool, save_error: Option<apply::ApplyError>, headline: Option<String>) -> Result<()> {
+fn report(
+    ctx: &Context,
+    decision: &Decision,
+    json: bool,
+    save_error: Option<apply::ApplyError>,
+    headline: Option<String>,
+) -> Result<()> {
     if json {
         print_json(decision)?;
     } else {
@@ -329,5 +358,10 @@ fn failures(action: &str, gpus: &[GpuOutcome]) -> Option<String> {
             format!("{noun} {}: {reason}", list.join(", "))
         })
         .collect();
-    Some(format!("{action} failed on {} of {} GPUs: {}", gpus.iter().filter(|g| g.error.is_some()).count(), gpus.len(), parts.join("; ")))
+    Some(format!(
+        "{action} failed on {} of {} GPUs: {}",
+        gpus.iter().filter(|g| g.error.is_some()).count(),
+        gpus.len(),
+        parts.join("; ")
+    ))
 }

@@ -1,0 +1,119 @@
+//! The last good reading, remembered in `<lib_dir>/carbon-intensity.json` so that a failing
+//! source does not stop the 15-minute apply.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::Reading;
+
+pub const CACHE_FILE: &str = "carbon-intensity.json";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CachedReading {
+    /// The source's description; another source's reading is never reused.
+    pub source: String,
+    pub reading: Reading,
+    /// When it was read: `max_age` counts from here.
+    pub fetched_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Error)]
+pub enum CacheError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{} is damaged: {source}", .path.display())]
+    Damaged { path: PathBuf, source: serde_json::Error },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
+#[derive(Debug, Clone)]
+pub struct Cache {
+    path: PathBuf,
+}
+
+impl Cache {
+    pub fn new(path: impl Into<PathBuf>) -> Cache {
+        Cache { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The remembered reading; `None` when there is none yet.
+    pub fn load(&self) -> Result<Option<CachedReading>, CacheError> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(CacheError::Read { path: self.path.clone(), source }),
+        };
+        serde_json::from_str(&text).map(Some).map_err(|source| CacheError::Damaged { path: self.path.clone(), source })
+    }
+
+    /// Replace the remembered reading atomically (write beside it, then rename).
+    pub fn store(&self, entry: &CachedReading) -> Result<(), CacheError> {
+        let write_err = |source| CacheError::Write { path: self.path.clone(), source };
+        let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(write_err)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(write_err)?;
+        let text = serde_json::to_string_pretty(entry).map_err(|e| write_err(e.into()))?;
+        tmp.write_all(text.as_bytes()).map_err(write_err)?;
+        tmp.write_all(b"\n").map_err(write_err)?;
+        set_readable(tmp.path()).map_err(write_err)?;
+        tmp.persist(&self.path).map_err(|e| write_err(e.error))?;
+        Ok(())
+    }
+}
+
+/// Temporary files are created 0600; the cache is not secret.
+fn set_readable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> CachedReading {
+        let t = DateTime::parse_from_rfc3339("2024-05-01T12:00:00Z").unwrap().with_timezone(&Utc);
+        CachedReading { source: "static".into(), reading: Reading { g_per_kwh: 123.5, timestamp: t }, fetched_at: t }
+    }
+
+    #[test]
+    fn missing_is_none_and_store_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::new(dir.path().join("sub/carbon-intensity.json"));
+        assert!(cache.load().unwrap().is_none());
+        cache.store(&entry()).unwrap();
+        assert_eq!(cache.load().unwrap(), Some(entry()));
+        let mut newer = entry();
+        newer.reading.g_per_kwh = 99.0;
+        cache.store(&newer).unwrap();
+        assert_eq!(cache.load().unwrap(), Some(newer));
+        assert_eq!(std::fs::read_dir(dir.path().join("sub")).unwrap().count(), 1, "no temporary files left");
+    }
+
+    #[test]
+    fn damaged_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CACHE_FILE);
+        std::fs::write(&path, "{not json").unwrap();
+        let err = Cache::new(&path).load().unwrap_err().to_string();
+        assert!(err.contains(CACHE_FILE) && err.contains("damaged"), "{err}");
+    }
+
+    #[test]
+    fn unwritable_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, "").unwrap();
+        let err = Cache::new(blocker.join("x.json")).store(&entry()).unwrap_err().to_string();
+        assert!(err.contains("cannot write"), "{err}");
+    }
+}

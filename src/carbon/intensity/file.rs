@@ -1,0 +1,162 @@
+//! `source = "file"`: a local time series, read at the current time.
+//!
+//! CSV, one `timestamp,gco2_per_kwh` per line (an optional header line, `#` comments and
+//! blank lines are skipped), or JSON, an array of `{"timestamp": …, "gco2_per_kwh": …}`.
+//! Timestamps as [`super::parse_timestamp`] reads them. The value in force is the one with
+//! the latest timestamp at or before now.
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::{parse_timestamp, Reading, Source, SourceError};
+
+pub struct File {
+    pub path: PathBuf,
+}
+
+impl Source for File {
+    fn describe(&self) -> String {
+        format!("file {}", self.path.display())
+    }
+
+    fn read(&self, now: DateTime<Utc>) -> Result<Reading, SourceError> {
+        let text = std::fs::read_to_string(&self.path)
+            .map_err(|source| SourceError::Read { path: self.path.clone(), source })?;
+        let bad = |message: String| SourceError::BadFile { path: self.path.clone(), message };
+        let series = parse_series(&text).map_err(bad)?;
+        at(&series, now).ok_or_else(|| match series.iter().map(|r| r.timestamp).min() {
+            Some(first) => bad(format!("no entry at or before now (the first is at {})", first.to_rfc3339())),
+            None => bad("no entries".into()),
+        })
+    }
+}
+
+/// The reading in force at `now`.
+pub fn at(series: &[Reading], now: DateTime<Utc>) -> Option<Reading> {
+    series.iter().filter(|r| r.timestamp <= now).max_by_key(|r| r.timestamp).cloned()
+}
+
+/// CSV or JSON, told apart by the first character.
+pub fn parse_series(text: &str) -> Result<Vec<Reading>, String> {
+    if text.trim_start().starts_with('[') {
+        parse_json(text)
+    } else {
+        parse_csv(text)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    timestamp: serde_json::Value,
+    gco2_per_kwh: f64,
+}
+
+fn parse_json(text: &str) -> Result<Vec<Reading>, String> {
+    let entries: Vec<JsonEntry> = serde_json::from_str(text).map_err(|e| format!("not a JSON time series: {e}"))?;
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let stamp = match &e.timestamp {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let timestamp =
+                parse_timestamp(&stamp).ok_or_else(|| format!("entry {}: cannot read timestamp {stamp}", i + 1))?;
+            Ok(Reading { g_per_kwh: check(e.gco2_per_kwh).map_err(|m| format!("entry {}: {m}", i + 1))?, timestamp })
+        })
+        .collect()
+}
+
+fn parse_csv(text: &str) -> Result<Vec<Reading>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((stamp, value)) = line.split_once(',') else {
+            return Err(format!("line {}: expected `timestamp,gco2_per_kwh`, got {line:?}", n + 1));
+        };
+        let value = value.trim().trim_matches('"');
+        let Ok(number) = value.parse::<f64>() else {
+            if out.is_empty() && parse_timestamp(stamp.trim_matches('"')).is_none() {
+                continue; // header line
+            }
+            return Err(format!("line {}: {value:?} is not a number", n + 1));
+        };
+        let timestamp = parse_timestamp(stamp.trim().trim_matches('"'))
+            .ok_or_else(|| format!("line {}: cannot read timestamp {:?}", n + 1, stamp.trim()))?;
+        out.push(Reading { g_per_kwh: check(number).map_err(|m| format!("line {}: {m}", n + 1))?, timestamp });
+    }
+    Ok(out)
+}
+
+fn check(value: f64) -> Result<f64, String> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(format!("{value} is not a non-negative number"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        parse_timestamp(s).unwrap()
+    }
+
+    fn read(name: &str, text: &str, now: &str) -> Result<Reading, SourceError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        File { path }.read(t(now))
+    }
+
+    #[test]
+    fn csv_with_header_and_comments_gives_the_value_in_force() {
+        let text = "timestamp,gco2_per_kwh\n# hourly\n2024-05-01T10:00:00Z,300\n2024-05-01T12:00:00Z,250.5\n\n2024-05-01T11:00Z,280\n";
+        let r = read("i.csv", text, "2024-05-01T11:59:59Z").unwrap();
+        assert_eq!((r.g_per_kwh, r.timestamp), (280.0, t("2024-05-01T11:00:00Z")));
+        assert_eq!(read("i.csv", text, "2024-05-02T00:00:00Z").unwrap().g_per_kwh, 250.5);
+    }
+
+    #[test]
+    fn csv_accepts_unix_seconds_and_naive_times() {
+        let text = "1714557600,100\n2024-05-01 11:00,200\n";
+        assert_eq!(read("i.csv", text, "2024-05-01T10:30:00Z").unwrap().g_per_kwh, 100.0);
+        assert_eq!(read("i.csv", text, "2024-05-01T11:30:00Z").unwrap().g_per_kwh, 200.0);
+    }
+
+    #[test]
+    fn json_series() {
+        let text = r#"[{"timestamp": "2024-05-01T10:00:00Z", "gco2_per_kwh": 300},
+                       {"timestamp": 1714561200, "gco2_per_kwh": 120}]"#;
+        assert_eq!(read("i.json", text, "2024-05-01T10:59:00Z").unwrap().g_per_kwh, 300.0);
+        assert_eq!(read("i.json", text, "2024-05-01T11:00:00Z").unwrap().g_per_kwh, 120.0);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        for (text, want) in [
+            ("2024-05-01T10:00:00Z,300\nnot a line\n", "line 2: expected"),
+            ("2024-05-01T10:00:00Z,300\n2024-05-01T11:00:00Z,lots\n", "line 2: \"lots\" is not a number"),
+            ("2024-05-01T10:00:00Z,-3\n", "line 1: -3 is not a non-negative number"),
+            ("yesterday,3\n", "line 1: cannot read timestamp"),
+            ("2030-01-01T00:00:00Z,3\n", "no entry at or before now (the first is at 2030-01-01T00:00:00+00:00)"),
+            ("", "no entries"),
+            ("[{\"timestamp\": \"x\"}]", "not a JSON time series"),
+            ("[{\"timestamp\": \"x\", \"gco2_per_kwh\": 1}]", "entry 1: cannot read timestamp x"),
+        ] {
+            let err = read("i.csv", text, "2024-05-01T12:00:00Z").unwrap_err().to_string();
+            assert!(err.contains("i.csv: ") && err.contains(want), "{err} (wanted {want})");
+        }
+        let missing = File { path: "/nonexistent/i.csv".into() }.read(Utc::now()).unwrap_err().to_string();
+        assert!(missing.starts_with("cannot read /nonexistent/i.csv"), "{missing}");
+    }
+}

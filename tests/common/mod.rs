@@ -97,7 +97,8 @@ impl Sim {
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let out = self.vgpu(args).output().expect("run vgpu");
         assert!(out.status.success(), "vgpu {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("vgpu {args:?}: bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("vgpu {args:?}: bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
     }
 }
 

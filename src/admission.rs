@@ -147,6 +147,7 @@ mod tests {
             priority: 0,
             pool_blocks: None,
             pool_env: Vec::new(),
+            freq_sensitivity: None,
             cgroup: name.into(),
             supervisor: ProcessIdRecord { pid: 1, start_time: 1 },
             pid: None,

@@ -45,6 +45,12 @@ pub struct RunArgs {
     /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks instead of refusing
     #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops")]
     pub wait: Option<String>,
+    /// Number of whole GPUs, or a range MIN-MAX the carbon planner chooses from (stage 1)
+    #[arg(long = "gpus", value_name = "N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"])]
+    pub gpu_count: Option<String>,
+    /// How much the workload's speed depends on the GPU clock, 0 to 1 (carbon planner) [default: 1]
+    #[arg(long, value_name = "S")]
+    pub freq_sensitivity: Option<f64>,
     /// Host CPUs (fractional, e.g. 1.5)
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub cpus: Option<f64>,
@@ -95,6 +101,7 @@ struct Request {
     cwd: Option<PathBuf>,
     priority: Priority,
     pool: Option<PoolAsk>,
+    gpu_range: Option<(usize, usize)>,
 }
 
 pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
@@ -170,6 +177,12 @@ fn validate(args: &RunArgs) -> Result<Request> {
         }),
         None => None,
     };
+    if let Some(s) = args.freq_sensitivity {
+        if !(0.0..=1.0).contains(&s) {
+            crate::usage!("--freq-sensitivity must be between 0 and 1, got {s}");
+        }
+    }
+    let gpu_range = args.gpu_count.as_deref().map(parse_gpu_range).transpose().map_err(|e| UsageError::new(format!("--gpus: {e}")))?;
     let sudo_uid = std::env::var("SUDO_UID").ok();
     let user = crate::identity::resolve(args.user.as_deref(), sudo_uid.as_deref()).map_err(|e| UsageError::new(format!("--user: {e}")))?;
     let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
@@ -186,7 +199,21 @@ fn validate(args: &RunArgs) -> Result<Request> {
         cwd: args.cwd.clone(),
         priority,
         pool,
+        gpu_range,
     })
+}
+
+/// `--gpus N` or `--gpus MIN-MAX`.
+fn parse_gpu_range(text: &str) -> Result<(usize, usize), String> {
+    let parse = |s: &str| s.trim().parse::<usize>().ok().filter(|&n| n >= 1);
+    let range = match text.split_once('-') {
+        Some((a, b)) => parse(a).zip(parse(b)),
+        None => parse(text).map(|n| (n, n)),
+    };
+    match range {
+        Some((min, max)) if min <= max => Ok((min, max)),
+        _ => Err(format!("expected a count N or a range MIN-MAX of at least 1, got {text:?}")),
+    }
 }
 
 fn resolve_program(program: &str, path: Option<&str>, cwd: Option<&Path>) -> Option<PathBuf> {
@@ -237,6 +264,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         priority: request.priority.get(),
         pool_blocks: None,
         pool_env: Vec::new(),
+        freq_sensitivity: args.freq_sensitivity,
         cgroup: id.clone(),
         supervisor: supervisor.into(),
         pid: None,
@@ -304,7 +332,15 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         workload.partition = Some(p.name.clone());
     } else {
         let partitions = Partitions::load(&store.partitions_path())?;
-        for device in select_gpus(&devices, &args.gpus, &workloads, &partitions.partitions)? {
+        let chosen: Vec<String> = match request.gpu_range {
+            // Stage 1 of the carbon planner decides the count.
+            Some((min, max)) => crate::commands::carbon::gpus_for_range(ctx, min, max, args.freq_sensitivity)?
+                .iter()
+                .map(u32::to_string)
+                .collect(),
+            None => args.gpus.clone(),
+        };
+        for device in select_gpus(&devices, &chosen, &workloads, &partitions.partitions)? {
             let bytes = request.mem.map(|m| m.bytes_of(device.memory)).unwrap_or(device.memory);
             workload.gpus.push(WorkloadGpu {
                 index: device.index,

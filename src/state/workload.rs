@@ -74,6 +74,10 @@ pub struct Workload {
     /// Identity of declared pool devices (NPUs, FPGAs) handed to the workload.
     #[serde(default)]
     pub pool_env: Vec<(String, String)>,
+    /// How much its speed depends on the GPU clock, 0..=1 (`--freq-sensitivity`), for the
+    /// carbon planner; None: the config's default.
+    #[serde(default)]
+    pub freq_sensitivity: Option<f64>,
     /// Name of its cgroup under the `vgpu` parent in each hierarchy.
     pub cgroup: String,
     /// The `vgpu run` process that supervises it.
@@ -150,6 +154,7 @@ mod tests {
             priority: 0,
             pool_blocks: None,
             pool_env: Vec::new(),
+            freq_sensitivity: None,
             cgroup: "a1b2c3d4".into(),
             supervisor: ProcessIdRecord { pid: 1, start_time: 1 },
             pid: None,

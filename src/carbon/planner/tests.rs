@@ -381,4 +381,3 @@ proptest! {
         prop_assert!(hi == lo || gpus[0].step_up(lo, delta) == Some(hi), "{a} vs {b}");
     }
 }
-

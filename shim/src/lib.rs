@@ -1,2 +1,22 @@
-//! `libvgpu.so`, loaded with `LD_PRELOAD` into a workload: enforces its vGPU's slices.
-//! (Interposition skeleton; the governors arrive with the shim issue.)
+//! `libvgpu.so`, loaded with `LD_PRELOAD` into a workload: enforces its vGPU's GPU-memory
+//! quota, shared by all processes of the vGPU, from inside the CUDA process.
+//!
+//! - [`interpose`]: how calls reach the shim (exports, `dlsym`, `cuGetProcAddress`).
+//! - [`hooks`]: the governed driver and NVML entry points.
+//! - [`governor`]: the memory accounting on the vGPU's shared usage file (the protocol
+//!   itself lives in `vgpu_abi::usage`, shared with the `vgpu` CLI).
+//! - [`config`] / [`state`]: which vGPU, this process's state file, fork handling.
+//!
+//! Nothing runs at load time: no constructor, no allocation, no driver call. Design notes:
+//! `shim/README.md`.
+
+mod config;
+mod ffi;
+mod governor;
+mod guard;
+mod hooks;
+mod interpose;
+mod log;
+mod real;
+mod spinlock;
+mod state;

@@ -457,8 +457,10 @@ fn ensure_vgpu(dir: &Path, w: &Workload) -> Result<()> {
     }
     let procs = dir.join(PROCS_DIR);
     std::fs::create_dir_all(&procs).with_context(|| format!("creating {}", procs.display()))?;
-    // Workloads may run as any user and must update their usage: world-writable like /tmp.
-    std::fs::set_permissions(&procs, std::fs::Permissions::from_mode(0o1777)).with_context(|| format!("chmod {}", procs.display()))?;
+    // Workloads may run as any user and must record their usage. Not sticky: a process of
+    // one user must be able to remove the record of another user's dead process when it
+    // reclaims its memory (records hold counters only; the usage file is the authority).
+    std::fs::set_permissions(&procs, std::fs::Permissions::from_mode(0o777)).with_context(|| format!("chmod {}", procs.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).with_context(|| format!("chmod {}", dir.display()))?;
     let quotas: Vec<DeviceQuota> = w
         .gpus

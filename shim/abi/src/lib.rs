@@ -3,5 +3,11 @@
 //!
 //! Nothing here allocates on a hot path or panics on bad input.
 
+pub mod cuda_procs;
+pub mod layout;
+pub mod mapping;
 pub mod process;
+pub mod procfile;
 pub mod size;
+pub mod usage;
+pub mod vgpu_lock;

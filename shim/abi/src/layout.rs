@@ -1,0 +1,158 @@
+//! The one definition of a vGPU's on-disk state, shared by the shim (`libvgpu.so`) and the
+//! `vgpu` CLI. Both files are memory-mapped `MAP_SHARED` and updated with atomics, so the
+//! layout is the machine's native byte order and alignment (the files never leave the host).
+//!
+//! ```text
+//! $VGPU_DIR/usage                    one per vGPU (UsageHeader, then device_count × DeviceRecord)
+//! $VGPU_DIR/procs/<pid>-<start>      one per process that allocated (ProcHeader, then
+//!                                    device_count × ProcDeviceRecord)
+//! ```
+//!
+//! `<start>` is the process start time in clock ticks since boot (`/proc/PID/stat` field 22),
+//! so a recycled pid names a different file. Every file starts with a magic and
+//! [`LAYOUT_VERSION`]; a reader refuses any other version instead of misreading it.
+//!
+//! Changing a field's meaning, offset or size requires bumping [`LAYOUT_VERSION`]. The
+//! `reserved` words are zero today; giving one a meaning later that zero already describes
+//! (e.g. "no compute tokens consumed") keeps the version.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Version of both files' layouts. A build reads exactly this version.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// `usage` file magic.
+pub const USAGE_MAGIC: [u8; 8] = *b"VGPUUSE\0";
+/// Per-process file magic.
+pub const PROC_MAGIC: [u8; 8] = *b"VGPUPRC\0";
+
+/// File name of the usage file inside a vGPU directory.
+pub const USAGE_FILE: &str = "usage";
+/// Directory of the per-process files inside a vGPU directory.
+pub const PROCS_DIR: &str = "procs";
+
+/// Most devices one vGPU can span.
+pub const MAX_DEVICES: usize = 64;
+/// Longest device UUID (bytes, without the terminating NUL) a record can hold.
+pub const MAX_UUID_LEN: usize = 63;
+
+/// Head of the `usage` file: 64 bytes.
+#[repr(C)]
+pub struct UsageHeader {
+    /// [`USAGE_MAGIC`].
+    pub magic: [u8; 8],
+    /// [`LAYOUT_VERSION`].
+    pub version: u32,
+    /// `size_of::<UsageHeader>()`: where the device records start.
+    pub header_size: u32,
+    /// Number of [`DeviceRecord`]s that follow (1..=[`MAX_DEVICES`]).
+    pub device_count: u32,
+    /// `size_of::<DeviceRecord>()`.
+    pub device_record_size: u32,
+    /// Total file length in bytes.
+    pub file_size: u64,
+    /// When `vgpu` created the file (Unix time, ns).
+    pub created_unix_ns: u64,
+    /// Non-zero (the reclaimer's pid) while a reclaim runs under the vGPU lock. Found
+    /// non-zero by the next lock holder, it means a reclaimer died half-way: the totals may
+    /// then be over-counted and are reconciled.
+    pub reclaimer: AtomicU64,
+    /// Non-zero when a total may be over-counted (a process died in the middle of an update,
+    /// a reclaimer died, a damaged process file was removed). Cleared by a reconcile.
+    pub needs_reconcile: AtomicU64,
+    pub reserved: [u64; 1],
+}
+
+/// One device of the vGPU: 128 bytes.
+#[repr(C)]
+pub struct DeviceRecord {
+    /// The device UUID as NVML prints it (`GPU-…` or `MIG-…`), NUL-padded.
+    pub uuid: [u8; MAX_UUID_LEN + 1],
+    /// The memory quota in bytes. Fixed at creation.
+    pub quota_bytes: u64,
+    /// Bytes reserved by all processes of the vGPU: the shared counter. Changed only by the
+    /// compare-and-swap loop of the reserve protocol, by releases, by reclaim and reconcile.
+    pub used_bytes: AtomicU64,
+    /// Highest `used_bytes` ever seen.
+    pub peak_bytes: AtomicU64,
+    /// Compute share in percent, 1..=100 (100 = unlimited).
+    pub compute_pct: u32,
+    pub _pad: u32,
+    /// Zero; kept for the compute governor.
+    pub reserved: [AtomicU64; 4],
+}
+
+/// Head of a per-process file: 64 bytes.
+#[repr(C)]
+pub struct ProcHeader {
+    /// [`PROC_MAGIC`].
+    pub magic: [u8; 8],
+    /// [`LAYOUT_VERSION`].
+    pub version: u32,
+    /// Number of [`ProcDeviceRecord`]s that follow; equals the usage file's device count.
+    pub device_count: u32,
+    pub pid: u32,
+    pub _pad: u32,
+    /// Start time of `pid` in clock ticks since boot.
+    pub start_time: u64,
+    /// Updates of the shared counters this process has begun …
+    pub ops_begun: AtomicU64,
+    /// … and finished. `ops_begun != ops_ended` means an update is in flight (or the process
+    /// died inside one, leaving its contribution to the totals uncertain).
+    pub ops_ended: AtomicU64,
+    /// Last change of this record (Unix time, ns).
+    pub last_update_unix_ns: AtomicU64,
+    /// When the record was created (Unix time, ns).
+    pub created_unix_ns: u64,
+}
+
+/// One device's figures of one process: 32 bytes.
+#[repr(C)]
+pub struct ProcDeviceRecord {
+    /// Bytes this process has reserved on the device (its share of `DeviceRecord::used_bytes`).
+    pub used_bytes: AtomicU64,
+    /// Highest `used_bytes` of this process.
+    pub peak_bytes: AtomicU64,
+    /// Zero; kept for the compute governor (GPU time charged, ns).
+    pub compute_ns: AtomicU64,
+    pub reserved: AtomicU64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<UsageHeader>() == 64);
+    assert!(std::mem::size_of::<DeviceRecord>() == 128);
+    assert!(std::mem::size_of::<ProcHeader>() == 64);
+    assert!(std::mem::size_of::<ProcDeviceRecord>() == 32);
+    assert!(std::mem::align_of::<UsageHeader>() == 8);
+    assert!(std::mem::align_of::<DeviceRecord>() == 8);
+};
+
+/// Length of a usage file with `devices` device records.
+pub const fn usage_file_size(devices: usize) -> usize {
+    std::mem::size_of::<UsageHeader>() + devices * std::mem::size_of::<DeviceRecord>()
+}
+
+/// Length of a per-process file with `devices` device records.
+pub const fn proc_file_size(devices: usize) -> usize {
+    std::mem::size_of::<ProcHeader>() + devices * std::mem::size_of::<ProcDeviceRecord>()
+}
+
+/// Raise `peak` to at least `value`; a plain load first keeps the common case write-free.
+#[inline]
+pub fn raise_peak(peak: &AtomicU64, value: u64) {
+    if value > peak.load(Ordering::Relaxed) {
+        peak.fetch_max(value, Ordering::Relaxed);
+    }
+}
+
+/// Unix time in nanoseconds (0 if the clock is unreadable). No allocation; vDSO fast path.
+pub fn now_unix_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_REALTIME is always supported.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}

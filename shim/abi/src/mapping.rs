@@ -1,0 +1,105 @@
+//! A shared, read-write memory mapping of a whole file: the only way the layouts of
+//! [`crate::layout`] are accessed, so that every update is an atomic on shared memory.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+/// `MAP_SHARED` mapping of `len` bytes of a file, read-write or read-only. Unmapped on drop.
+pub struct SharedMapping {
+    ptr: *mut u8,
+    len: usize,
+    writable: bool,
+}
+
+// SAFETY: the mapping is plain shared memory; every access through it goes through atomics
+// or reads of fields that are immutable after creation, so sharing it between threads is sound.
+unsafe impl Send for SharedMapping {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMapping {}
+
+impl SharedMapping {
+    /// Map the first `len` bytes of `file`; `writable` needs a file opened read-write.
+    pub fn new(file: &File, len: usize, writable: bool) -> io::Result<SharedMapping> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "cannot map an empty file"));
+        }
+        // SAFETY: a fresh mapping chosen by the kernel (addr = null) of a valid open fd; the
+        // result is checked against MAP_FAILED before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                if writable {
+                    libc::PROT_READ | libc::PROT_WRITE
+                } else {
+                    libc::PROT_READ
+                },
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMapping {
+            ptr: ptr.cast(),
+            len,
+            writable,
+        })
+    }
+
+    /// Whether stores through this mapping are allowed (a read-only one faults on them).
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A reference to a `T` at `offset`.
+    ///
+    /// # Safety
+    /// `T` must be a `#[repr(C)]` type of integers, byte arrays and atomics (valid for any bit
+    /// pattern), and non-atomic fields must not be written while the reference lives. Through
+    /// a read-only mapping, the caller must only load.
+    pub unsafe fn at<T>(&self, offset: usize) -> &T {
+        assert!(
+            offset + std::mem::size_of::<T>() <= self.len,
+            "mapping access out of bounds"
+        );
+        assert!(
+            offset.is_multiple_of(std::mem::align_of::<T>()),
+            "misaligned mapping access"
+        );
+        // SAFETY: in bounds and aligned (checked above); the caller guarantees T is valid for
+        // any bytes. The mapping outlives the reference (tied to &self).
+        unsafe { &*self.ptr.add(offset).cast::<T>() }
+    }
+
+    /// The mapped bytes, for writing a fresh file's immutable fields before it is published.
+    ///
+    /// # Safety
+    /// No other reference into the mapping may be alive and no other process may see the
+    /// file yet.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: the caller guarantees exclusive access; bounds are the mapping's.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for SharedMapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what mmap returned; no reference outlives self.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Per-process state files: `$VGPU_DIR/procs/<pid>-<start_time>`, one per process of the
+//! vGPU that reserved memory. The owner maps its file read-write and updates it with atomics
+//! (no lock); everyone else maps it read-only. See [`crate::layout::ProcHeader`].
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use crate::layout::{
+    now_unix_ns, proc_file_size, ProcDeviceRecord, ProcHeader, LAYOUT_VERSION, MAX_DEVICES, PROC_MAGIC,
+};
+use crate::mapping::SharedMapping;
+use crate::process::ProcessId;
+use crate::usage::LayoutError;
+
+/// A mapped per-process file.
+pub struct ProcFile {
+    path: PathBuf,
+    map: SharedMapping,
+    device_count: usize,
+}
+
+/// `"<pid>-<start_time>"`.
+pub fn file_name(id: ProcessId) -> String {
+    format!("{}-{}", id.pid, id.start_time)
+}
+
+/// The process a per-process file name stands for (`None` for other names, e.g. temporaries).
+pub fn parse_file_name(name: &str) -> Option<ProcessId> {
+    let (pid, start) = name.split_once('-')?;
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(pid) || !all_digits(start) {
+        return None;
+    }
+    Some(ProcessId {
+        pid: pid.parse().ok()?,
+        start_time: start.parse().ok()?,
+    })
+}
+
+/// The process a temporary (being created) file name stands for: `.<pid>-<start>.tmp`.
+pub(crate) fn parse_temp_name(name: &str) -> Option<ProcessId> {
+    parse_file_name(name.strip_prefix('.')?.strip_suffix(".tmp")?)
+}
+
+impl ProcFile {
+    /// Create and publish the file of process `id` in `procs_dir` (write a temporary, then
+    /// rename, so readers never see a half-written file). The caller holds the vGPU lock.
+    pub(crate) fn create(procs_dir: &Path, id: ProcessId, device_count: usize) -> io::Result<ProcFile> {
+        let name = file_name(id);
+        let tmp = procs_dir.join(format!(".{name}.tmp"));
+        let path = procs_dir.join(&name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&tmp)?;
+        // The umask may have removed read bits others need to audit the file.
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        let len = proc_file_size(device_count);
+        file.set_len(len as u64)?;
+        let map = SharedMapping::new(&file, len, true)?;
+        {
+            // SAFETY: the file is fresh and unpublished (temporary name), so this is the only
+            // reference to the mapping.
+            let bytes = unsafe { map.bytes_mut() };
+            bytes.fill(0);
+            let now = now_unix_ns();
+            let header = ProcHeader {
+                magic: PROC_MAGIC,
+                version: LAYOUT_VERSION,
+                device_count: device_count as u32,
+                pid: id.pid,
+                _pad: 0,
+                start_time: id.start_time,
+                ops_begun: 0.into(),
+                ops_ended: 0.into(),
+                last_update_unix_ns: now.into(),
+                created_unix_ns: now,
+            };
+            // SAFETY: ProcHeader is repr(C) plain data; the buffer holds at least its size.
+            let raw = unsafe {
+                std::slice::from_raw_parts(
+                    (&header as *const ProcHeader).cast::<u8>(),
+                    std::mem::size_of::<ProcHeader>(),
+                )
+            };
+            bytes[..raw.len()].copy_from_slice(raw);
+        }
+        if let Err(e) = std::fs::rename(&tmp, &path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        Ok(ProcFile {
+            path,
+            map,
+            device_count,
+        })
+    }
+
+    /// Map an existing per-process file read-only and check its layout.
+    pub fn open(path: &Path) -> Result<ProcFile, LayoutError> {
+        let io_err = |e| LayoutError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len() as usize;
+        if len < std::mem::size_of::<ProcHeader>() {
+            return Err(LayoutError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                expected: std::mem::size_of::<ProcHeader>(),
+            });
+        }
+        let map = SharedMapping::new(&file, len, false).map_err(io_err)?;
+        // SAFETY: ProcHeader is plain data valid for any bytes; offset 0 is page-aligned; we
+        // only load through this read-only mapping.
+        let header: &ProcHeader = unsafe { map.at(0) };
+        if header.magic != PROC_MAGIC {
+            return Err(LayoutError::BadMagic {
+                path: path.to_path_buf(),
+                what: "vgpu per-process file",
+            });
+        }
+        if header.version != LAYOUT_VERSION {
+            return Err(LayoutError::Version {
+                path: path.to_path_buf(),
+                found: header.version,
+            });
+        }
+        let device_count = header.device_count as usize;
+        if device_count == 0 || device_count > MAX_DEVICES {
+            return Err(LayoutError::Corrupt {
+                path: path.to_path_buf(),
+                reason: format!("device count {device_count} (allowed 1..={MAX_DEVICES})"),
+            });
+        }
+        if len != proc_file_size(device_count) {
+            return Err(LayoutError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                expected: proc_file_size(device_count),
+            });
+        }
+        Ok(ProcFile {
+            path: path.to_path_buf(),
+            map,
+            device_count,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn device_count(&self) -> usize {
+        self.device_count
+    }
+
+    /// Whether this process owns (may update) the file.
+    pub fn is_writable(&self) -> bool {
+        self.map.is_writable()
+    }
+
+    pub fn header(&self) -> &ProcHeader {
+        // SAFETY: validated at open/create: the mapping holds a ProcHeader at offset 0, which
+        // is plain data; its non-atomic fields are never written after publication.
+        unsafe { self.map.at(0) }
+    }
+
+    /// The figures of device `index` (panics if out of range: a caller bug, not bad input).
+    pub fn device(&self, index: usize) -> &ProcDeviceRecord {
+        assert!(index < self.device_count, "device index {index} out of range");
+        // SAFETY: in range of the validated length; ProcDeviceRecord is atomics only.
+        unsafe {
+            self.map
+                .at(std::mem::size_of::<ProcHeader>() + index * std::mem::size_of::<ProcDeviceRecord>())
+        }
+    }
+
+    pub fn id(&self) -> ProcessId {
+        let h = self.header();
+        ProcessId {
+            pid: h.pid,
+            start_time: h.start_time,
+        }
+    }
+
+    /// `Some(ops)` if no update was in flight at the moment of the read, `ops` being the
+    /// number of updates begun so far; `None` if one was.
+    ///
+    /// `ops_ended` is read before `ops_begun`: both only grow and `ended ≤ begun`, so equal
+    /// values mean that at the instant `ops_begun` was read, `ended == begun`.
+    pub fn quiescent_ops(&self) -> Option<u64> {
+        let h = self.header();
+        let ended = h.ops_ended.load(Ordering::SeqCst);
+        let begun = h.ops_begun.load(Ordering::SeqCst);
+        (begun == ended).then_some(begun)
+    }
+
+    /// Bytes in use per device.
+    pub fn used(&self) -> Vec<u64> {
+        (0..self.device_count)
+            .map(|i| self.device(i).used_bytes.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    /// Peak bytes per device.
+    pub fn peaks(&self) -> Vec<u64> {
+        (0..self.device_count)
+            .map(|i| self.device(i).peak_bytes.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        let id = ProcessId {
+            pid: 4242,
+            start_time: 987654321,
+        };
+        assert_eq!(parse_file_name(&file_name(id)), Some(id));
+        assert_eq!(parse_temp_name(&format!(".{}.tmp", file_name(id))), Some(id));
+        for bad in ["", "12", "-1", "1-", "a-1", "1-2-3", ".1-2.tmp", "1-2.tmp"] {
+            assert_eq!(parse_file_name(bad), None, "{bad:?}");
+        }
+    }
+}

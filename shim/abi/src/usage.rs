@@ -1,0 +1,765 @@
+//! The per-vGPU usage file and the protocol every process of the vGPU and every `vgpu`
+//! command follows on it. Layout: [`crate::layout`]. Design and proofs: `shim/README.md`.
+//!
+//! Hot path (no lock, no allocation, no system call but `clock_gettime`):
+//! - [`UsageFile::try_reserve`]: one compare-and-swap loop on the device's `used_bytes`
+//!   checks the quota and adds in one atomic step; then the process's own record is raised.
+//! - [`UsageFile::release`]: the reverse.
+//!
+//! Both are bracketed by the process's `ops_begun`/`ops_ended` counters, so anyone can tell
+//! whether a process (alive or dead) was in the middle of an update.
+//!
+//! Slow path (under the vGPU lock, [`crate::vgpu_lock`]): registering a process's file,
+//! [`UsageFile::reclaim_dead`] (give back what dead processes held) and reconcile (recompute
+//! a total from the live records when a death left it uncertain).
+
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::layout::{
+    now_unix_ns, raise_peak, usage_file_size, DeviceRecord, UsageHeader, LAYOUT_VERSION, MAX_DEVICES, MAX_UUID_LEN,
+    PROCS_DIR, USAGE_MAGIC,
+};
+use crate::mapping::SharedMapping;
+use crate::process::ProcessId;
+use crate::procfile::{self, ProcFile};
+use crate::vgpu_lock::VgpuLock;
+
+/// How long slow paths wait for the vGPU lock before giving up.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+/// A damaged per-process file of a live process is left alone; one whose owner is gone (or
+/// unknown) is removed once it is older than this (it may be a file being created).
+const DAMAGED_GRACE: Duration = Duration::from_secs(10);
+/// Attempts of a reconcile to find all live processes between two updates.
+const RECONCILE_ATTEMPTS: usize = 200;
+
+/// One device of a vGPU, as `vgpu` creates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceQuota {
+    /// `GPU-…` (or `MIG-…`) as NVML and `CUDA_VISIBLE_DEVICES` print it.
+    pub uuid: String,
+    pub quota_bytes: u64,
+    /// 1..=100; 100 = unlimited.
+    pub compute_pct: u32,
+}
+
+/// One device's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceUsage {
+    pub uuid: String,
+    pub quota_bytes: u64,
+    pub used_bytes: u64,
+    pub peak_bytes: u64,
+    pub compute_pct: u32,
+}
+
+/// One process's figures (from its per-process file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessUsage {
+    pub pid: u32,
+    pub start_time: u64,
+    /// This exact process (pid + start time) still runs.
+    pub alive: bool,
+    /// Per device index of [`UsageFile::devices`].
+    pub used_bytes: Vec<u64>,
+    pub peak_bytes: Vec<u64>,
+    pub last_update_unix_ns: u64,
+}
+
+/// What [`UsageFile::reclaim_dead`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    /// Dead processes whose records were removed.
+    pub processes: usize,
+    /// Bytes given back to the totals (summed over devices).
+    pub bytes: u64,
+    /// A total was recomputed from the live records (after an uncertain death).
+    pub reconciled: bool,
+    /// The totals may still be over-counted (never under-counted): a reconcile is pending
+    /// because some live process was always in the middle of an update. The next reclaim
+    /// retries.
+    pub reconcile_pending: bool,
+    /// Problems met, one line each, naming the file (damaged records, lock busy, I/O).
+    pub errors: Vec<String>,
+}
+
+/// Why a usage or per-process file cannot be used.
+#[derive(Debug)]
+pub enum LayoutError {
+    Io { path: PathBuf, source: io::Error },
+    BadMagic { path: PathBuf, what: &'static str },
+    Version { path: PathBuf, found: u32 },
+    Truncated { path: PathBuf, len: usize, expected: usize },
+    Corrupt { path: PathBuf, reason: String },
+}
+
+impl fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayoutError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            LayoutError::BadMagic { path, what } => write!(f, "{}: not a {what} (bad magic)", path.display()),
+            LayoutError::Version { path, found } => write!(
+                f,
+                "{}: created by {} vgpu (layout version {found}, this build reads {LAYOUT_VERSION})",
+                path.display(),
+                if *found < LAYOUT_VERSION { "an older" } else { "a newer" }
+            ),
+            LayoutError::Truncated { path, len, expected } => write!(
+                f,
+                "{}: damaged vgpu state file: {len} bytes, expected {expected}",
+                path.display()
+            ),
+            LayoutError::Corrupt { path, reason } => write!(f, "{}: damaged vgpu state file: {reason}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for LayoutError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LayoutError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// A reservation refused by the quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverQuota {
+    pub quota_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// A mapped usage file.
+pub struct UsageFile {
+    path: PathBuf,
+    procs_dir: PathBuf,
+    map: SharedMapping,
+    device_count: usize,
+}
+
+impl UsageFile {
+    /// Write a fresh usage file at `path` (temporary + rename: readers never see a partial
+    /// file), mode 0666 so that workloads running as any user can update it. The directory
+    /// (and its `procs/`) must exist.
+    pub fn create(path: &Path, devices: &[DeviceQuota]) -> io::Result<()> {
+        let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+        if devices.is_empty() || devices.len() > MAX_DEVICES {
+            return Err(invalid(format!(
+                "a vGPU needs 1 to {MAX_DEVICES} devices, got {}",
+                devices.len()
+            )));
+        }
+        let mut bytes = vec![0u8; usage_file_size(devices.len())];
+        let header = UsageHeader {
+            magic: USAGE_MAGIC,
+            version: LAYOUT_VERSION,
+            header_size: std::mem::size_of::<UsageHeader>() as u32,
+            device_count: devices.len() as u32,
+            device_record_size: std::mem::size_of::<DeviceRecord>() as u32,
+            file_size: bytes.len() as u64,
+            created_unix_ns: now_unix_ns(),
+            reclaimer: AtomicU64::new(0),
+            needs_reconcile: AtomicU64::new(0),
+            reserved: [0],
+        };
+        put(&mut bytes, 0, &header);
+        for (i, dev) in devices.iter().enumerate() {
+            if dev.uuid.is_empty() || dev.uuid.len() > MAX_UUID_LEN || !dev.uuid.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(format!(
+                    "device UUID {:?} is not 1..={MAX_UUID_LEN} printable ASCII characters",
+                    dev.uuid
+                )));
+            }
+            if !(1..=100).contains(&dev.compute_pct) {
+                return Err(invalid(format!(
+                    "compute share {} of {} is not 1..=100",
+                    dev.compute_pct, dev.uuid
+                )));
+            }
+            let mut uuid = [0u8; MAX_UUID_LEN + 1];
+            uuid[..dev.uuid.len()].copy_from_slice(dev.uuid.as_bytes());
+            let record = DeviceRecord {
+                uuid,
+                quota_bytes: dev.quota_bytes,
+                used_bytes: AtomicU64::new(0),
+                peak_bytes: AtomicU64::new(0),
+                compute_pct: dev.compute_pct,
+                _pad: 0,
+                reserved: Default::default(),
+            };
+            put(&mut bytes, device_offset(i), &record);
+        }
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(
+            ".{}.{}.tmp",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("usage"),
+            std::process::id()
+        ));
+        let write = || -> io::Result<()> {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o666)
+                .open(&tmp)?;
+            file.set_permissions(std::fs::Permissions::from_mode(0o666))?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+    }
+
+    /// Map the usage file at `path` read-write and check its layout. Its per-process files
+    /// are in `procs/` beside it.
+    pub fn open(path: &Path) -> Result<UsageFile, LayoutError> {
+        let err_path = || path.to_path_buf();
+        let io_err = |e| LayoutError::Io {
+            path: err_path(),
+            source: e,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len() as usize;
+        let header_size = std::mem::size_of::<UsageHeader>();
+        if len < header_size {
+            // Too short to hold a magic: either a foreign file or a truncated one.
+            return Err(LayoutError::Truncated {
+                path: err_path(),
+                len,
+                expected: header_size,
+            });
+        }
+        let map = SharedMapping::new(&file, len, true).map_err(io_err)?;
+        // SAFETY: UsageHeader is plain data valid for any bytes, at page-aligned offset 0.
+        let header: &UsageHeader = unsafe { map.at(0) };
+        if header.magic != USAGE_MAGIC {
+            return Err(LayoutError::BadMagic {
+                path: err_path(),
+                what: "vgpu usage file",
+            });
+        }
+        if header.version != LAYOUT_VERSION {
+            return Err(LayoutError::Version {
+                path: err_path(),
+                found: header.version,
+            });
+        }
+        let corrupt = |reason: String| LayoutError::Corrupt {
+            path: err_path(),
+            reason,
+        };
+        if header.header_size as usize != header_size
+            || header.device_record_size as usize != std::mem::size_of::<DeviceRecord>()
+        {
+            return Err(corrupt(format!(
+                "record sizes {}/{} (expected {header_size}/{})",
+                header.header_size,
+                header.device_record_size,
+                std::mem::size_of::<DeviceRecord>()
+            )));
+        }
+        let device_count = header.device_count as usize;
+        if device_count == 0 || device_count > MAX_DEVICES {
+            return Err(corrupt(format!(
+                "device count {device_count} (allowed 1..={MAX_DEVICES})"
+            )));
+        }
+        let expected = usage_file_size(device_count);
+        if len != expected || header.file_size != expected as u64 {
+            return Err(LayoutError::Truncated {
+                path: err_path(),
+                len,
+                expected,
+            });
+        }
+        let usage = UsageFile {
+            path: path.to_path_buf(),
+            procs_dir: path.parent().unwrap_or(Path::new(".")).join(PROCS_DIR),
+            map,
+            device_count,
+        };
+        for i in 0..device_count {
+            let record = usage.record(i);
+            if uuid_str(&record.uuid).is_none() {
+                return Err(corrupt(format!("device {i} has no valid UUID")));
+            }
+            if !(1..=100).contains(&record.compute_pct) {
+                return Err(corrupt(format!("device {i} compute share {}", record.compute_pct)));
+            }
+        }
+        Ok(usage)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the per-process files are: `procs/` beside the usage file.
+    pub fn procs_dir(&self) -> &Path {
+        &self.procs_dir
+    }
+
+    pub fn device_count(&self) -> usize {
+        self.device_count
+    }
+
+    fn header(&self) -> &UsageHeader {
+        // SAFETY: validated in open(); the non-atomic fields are immutable after creation.
+        unsafe { self.map.at(0) }
+    }
+
+    fn record(&self, index: usize) -> &DeviceRecord {
+        assert!(index < self.device_count, "device index {index} out of range");
+        // SAFETY: in range of the validated length; DeviceRecord is plain data and atomics,
+        // and its non-atomic fields are immutable after creation.
+        unsafe { self.map.at(device_offset(index)) }
+    }
+
+    /// The UUID of device `index` as stored (`GPU-…`). No allocation.
+    pub fn device_uuid(&self, index: usize) -> &str {
+        uuid_str(&self.record(index).uuid).unwrap_or("")
+    }
+
+    pub fn quota_bytes(&self, index: usize) -> u64 {
+        self.record(index).quota_bytes
+    }
+
+    pub fn used_bytes(&self, index: usize) -> u64 {
+        self.record(index).used_bytes.load(Ordering::SeqCst)
+    }
+
+    pub fn compute_pct(&self, index: usize) -> u32 {
+        self.record(index).compute_pct
+    }
+
+    /// The device whose UUID is these 16 bytes (as `cuDeviceGetUuid` returns them), whatever
+    /// the textual prefix (`GPU-`/`MIG-`). No allocation.
+    pub fn find_device(&self, uuid: &[u8; 16]) -> Option<usize> {
+        (0..self.device_count).find(|&i| parse_uuid_bytes(self.device_uuid(i)).as_ref() == Some(uuid))
+    }
+
+    /// The device whose UUID string is `uuid` (exact, or the same 16 bytes).
+    pub fn find_device_str(&self, uuid: &str) -> Option<usize> {
+        (0..self.device_count)
+            .find(|&i| self.device_uuid(i) == uuid)
+            .or_else(|| {
+                let bytes = parse_uuid_bytes(uuid)?;
+                self.find_device(&bytes)
+            })
+    }
+
+    pub fn devices(&self) -> Vec<DeviceUsage> {
+        (0..self.device_count)
+            .map(|i| {
+                let r = self.record(i);
+                DeviceUsage {
+                    uuid: self.device_uuid(i).to_string(),
+                    quota_bytes: r.quota_bytes,
+                    used_bytes: r.used_bytes.load(Ordering::SeqCst),
+                    peak_bytes: r.peak_bytes.load(Ordering::SeqCst),
+                    compute_pct: r.compute_pct,
+                }
+            })
+            .collect()
+    }
+
+    /// The processes that have a per-process file (alive or not yet reclaimed), by pid.
+    /// Damaged files are skipped here; [`UsageFile::reclaim_dead`] reports them.
+    pub fn processes(&self) -> Vec<ProcessUsage> {
+        let mut out: Vec<ProcessUsage> = self
+            .proc_entries()
+            .into_iter()
+            .filter_map(|(id, path)| {
+                let file = ProcFile::open(&path)
+                    .ok()
+                    .filter(|f| f.id() == id && f.device_count() == self.device_count)?;
+                Some(ProcessUsage {
+                    pid: id.pid,
+                    start_time: id.start_time,
+                    alive: id.is_alive(),
+                    used_bytes: file.used(),
+                    peak_bytes: file.peaks(),
+                    last_update_unix_ns: file.header().last_update_unix_ns.load(Ordering::Relaxed),
+                })
+            })
+            .collect();
+        out.sort_by_key(|p| (p.pid, p.start_time));
+        out
+    }
+
+    /// Create the per-process file of `id` (under the vGPU lock, so a concurrent reconcile
+    /// sees either no file or a complete one, and no reservation before it).
+    pub fn register(&self, id: ProcessId) -> io::Result<ProcFile> {
+        let _lock = VgpuLock::acquire(&self.path, LOCK_TIMEOUT)?;
+        ProcFile::create(&self.procs_dir, id, self.device_count)
+    }
+
+    /// Reserve `bytes` on device `dev` for `proc` (this process's own, writable file): one
+    /// compare-and-swap on the shared total checks the quota and adds at once, so no
+    /// interleaving of processes can take the total past the quota.
+    #[inline]
+    pub fn try_reserve(&self, proc: &ProcFile, dev: usize, bytes: u64) -> Result<(), OverQuota> {
+        debug_assert!(proc.is_writable());
+        let total = self.record(dev);
+        let mine = proc.device(dev);
+        let header = proc.header();
+        header.ops_begun.fetch_add(1, Ordering::SeqCst);
+        let mut current = total.used_bytes.load(Ordering::SeqCst);
+        let result = loop {
+            let Some(next) = current.checked_add(bytes).filter(|&n| n <= total.quota_bytes) else {
+                break Err(OverQuota {
+                    quota_bytes: total.quota_bytes,
+                    used_bytes: current,
+                });
+            };
+            match total
+                .used_bytes
+                .compare_exchange_weak(current, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => {
+                    let own = mine.used_bytes.fetch_add(bytes, Ordering::SeqCst).wrapping_add(bytes);
+                    raise_peak(&mine.peak_bytes, own);
+                    raise_peak(&total.peak_bytes, next);
+                    break Ok(());
+                }
+                Err(actual) => current = actual,
+            }
+        };
+        if result.is_ok() {
+            header.last_update_unix_ns.store(now_unix_ns(), Ordering::Relaxed);
+        }
+        header.ops_ended.fetch_add(1, Ordering::SeqCst);
+        result
+    }
+
+    /// Give back `bytes` on device `dev` that `proc` reserved earlier.
+    #[inline]
+    pub fn release(&self, proc: &ProcFile, dev: usize, bytes: u64) {
+        debug_assert!(proc.is_writable());
+        let header = proc.header();
+        header.ops_begun.fetch_add(1, Ordering::SeqCst);
+        saturating_sub(&proc.device(dev).used_bytes, bytes);
+        if !saturating_sub(&self.record(dev).used_bytes, bytes) {
+            // The total was lower than what a live process holds: someone under-counted.
+            self.header().needs_reconcile.store(1, Ordering::SeqCst);
+        }
+        header.last_update_unix_ns.store(now_unix_ns(), Ordering::Relaxed);
+        header.ops_ended.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Give back what dead processes held (pid + start time decide, so a recycled pid is
+    /// not mistaken for its predecessor), remove their files, and reconcile the totals if a
+    /// death left them uncertain. Safe to call from any number of processes at once.
+    pub fn reclaim_dead(&self) -> ReclaimReport {
+        self.reclaim(LOCK_TIMEOUT, RECONCILE_ATTEMPTS)
+    }
+
+    /// [`UsageFile::reclaim_dead`] for a hot moment (the shim, before refusing an
+    /// allocation): waits at most 50 ms for the lock and tries a pending reconcile only a
+    /// few times, without sleeping. Whatever it leaves is over-counted, never under-counted,
+    /// and the next full reclaim finishes it.
+    pub fn reclaim_dead_quick(&self) -> ReclaimReport {
+        self.reclaim(Duration::from_millis(50), 3)
+    }
+
+    fn reclaim(&self, lock_timeout: Duration, reconcile_attempts: usize) -> ReclaimReport {
+        let mut report = ReclaimReport::default();
+        let _lock = match VgpuLock::acquire(&self.path, lock_timeout) {
+            Ok(lock) => lock,
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("{}: cannot lock for reclaim: {e}", self.path.display()));
+                return report;
+            }
+        };
+        let header = self.header();
+        let me = u64::from(std::process::id());
+        // Non-zero here means the previous holder died mid-reclaim: it may have given back
+        // some of a dead record's bytes without removing the record, so records are removed
+        // without giving back this time and the totals are recomputed instead.
+        let previous_died = header.reclaimer.swap(me, Ordering::SeqCst) != 0;
+        if previous_died {
+            header.needs_reconcile.store(1, Ordering::SeqCst);
+        }
+        self.reclaim_records(!previous_died, &mut report);
+        if header.needs_reconcile.load(Ordering::SeqCst) != 0 {
+            report.reconciled = self.reconcile(&mut report, reconcile_attempts);
+            report.reconcile_pending = !report.reconciled;
+        }
+        header.reclaimer.store(0, Ordering::SeqCst);
+        report
+    }
+
+    /// Under the lock: remove the records of dead processes, giving their bytes back if
+    /// `give_back`.
+    fn reclaim_records(&self, give_back: bool, report: &mut ReclaimReport) {
+        let header = self.header();
+        let entries = match std::fs::read_dir(&self.procs_dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::NotFound {
+                    report.errors.push(format!("{}: {e}", self.procs_dir.display()));
+                }
+                return;
+            }
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let path = entry.path();
+            if let Some(id) = procfile::parse_temp_name(name) {
+                // A registration that died between create and rename: it never reserved.
+                if !id.is_alive() {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
+            let Some(id) = procfile::parse_file_name(name) else {
+                continue;
+            };
+            if id.is_alive() {
+                continue;
+            }
+            let file = match ProcFile::open(&path) {
+                Ok(f) if f.id() == id && f.device_count() == self.device_count => f,
+                Ok(_) | Err(_) => {
+                    // Its usage cannot be read: remove it once surely not being written, and
+                    // let a reconcile recompute the totals from the live records.
+                    if older_than(&path, DAMAGED_GRACE) {
+                        report.errors.push(format!(
+                            "{}: damaged per-process file of a dead process removed",
+                            path.display()
+                        ));
+                        let _ = std::fs::remove_file(&path);
+                        header.needs_reconcile.store(1, Ordering::SeqCst);
+                    }
+                    continue;
+                }
+            };
+            if file.quiescent_ops().is_none() {
+                // Died inside an update: whether that update reached the total is unknown.
+                header.needs_reconcile.store(1, Ordering::SeqCst);
+            }
+            let used = file.used();
+            // Remove first, give back second: a record that cannot be removed (permissions)
+            // must not be given back now and again by the next reclaim. A death between the
+            // two leaves `reclaimer` set, and the next holder reconciles.
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    report.errors.push(format!(
+                        "{}: cannot remove the record of a dead process: {e}",
+                        path.display()
+                    ));
+                    continue;
+                }
+            }
+            if give_back {
+                for (dev, &bytes) in used.iter().enumerate() {
+                    if bytes > 0 {
+                        if !saturating_sub(&self.record(dev).used_bytes, bytes) {
+                            header.needs_reconcile.store(1, Ordering::SeqCst);
+                        }
+                        report.bytes += bytes;
+                    }
+                }
+            }
+            report.processes += 1;
+        }
+    }
+
+    /// Under the lock: set each total to the sum of the live records, at a moment when no
+    /// process is in the middle of an update. Returns whether it got such a moment.
+    ///
+    /// Registration also happens under the lock, so the set of records is fixed here. Pass
+    /// one reads every record's update counters (all quiescent), then the totals, then the
+    /// per-process bytes, then the counters again: equal counters prove that no update ran
+    /// in between, so the totals read equal the sum read unless a past death leaked bytes.
+    /// The compare-and-swap from the total read to the sum then only succeeds if no update
+    /// changed the total since; updates that changed it and changed it back (an ABA) left the
+    /// records' sum changed by the same net amount, zero, so the sum is still right.
+    fn reconcile(&self, report: &mut ReclaimReport, attempts: usize) -> bool {
+        self.reconcile_observed(report, attempts, &mut |_| {})
+    }
+
+    /// [`Self::reconcile`], calling `after_record(i)` once record `i`'s bytes are read (tests
+    /// interleave updates there).
+    fn reconcile_observed(
+        &self,
+        report: &mut ReclaimReport,
+        attempts: usize,
+        after_record: &mut dyn FnMut(usize),
+    ) -> bool {
+        for attempt in 0..attempts {
+            if attempt > 0 && attempts > 3 {
+                std::thread::sleep(Duration::from_micros(if attempt < 20 { 10 } else { 200 }));
+            }
+            let records: Vec<ProcFile> = self
+                .proc_entries()
+                .into_iter()
+                .filter_map(|(id, path)| ProcFile::open(&path).ok().filter(|f| f.id() == id))
+                .filter(|f| f.device_count() == self.device_count)
+                .collect();
+            let Some(before) = records
+                .iter()
+                .map(ProcFile::quiescent_ops)
+                .collect::<Option<Vec<u64>>>()
+            else {
+                continue;
+            };
+            let totals: Vec<u64> = (0..self.device_count).map(|d| self.used_bytes(d)).collect();
+            let mut sums = vec![0u64; self.device_count];
+            for (i, file) in records.iter().enumerate() {
+                for (dev, sum) in sums.iter_mut().enumerate() {
+                    *sum = sum.saturating_add(file.device(dev).used_bytes.load(Ordering::SeqCst));
+                }
+                after_record(i);
+            }
+            let after = records
+                .iter()
+                .map(ProcFile::quiescent_ops)
+                .collect::<Option<Vec<u64>>>();
+            if after.as_ref() != Some(&before) {
+                continue;
+            }
+            let mut all_set = true;
+            for dev in 0..self.device_count {
+                if totals[dev] == sums[dev] {
+                    continue;
+                }
+                let total = &self.record(dev).used_bytes;
+                if total
+                    .compare_exchange(totals[dev], sums[dev], Ordering::SeqCst, Ordering::SeqCst)
+                    .is_err()
+                {
+                    all_set = false;
+                }
+            }
+            if all_set {
+                self.header().needs_reconcile.store(0, Ordering::SeqCst);
+                return true;
+            }
+        }
+        report.errors.push(format!(
+            "{}: totals not reconciled yet (processes kept updating); they may be over-counted until the next reclaim",
+            self.path.display()
+        ));
+        false
+    }
+
+    /// `(process, path)` of every well-named per-process file.
+    fn proc_entries(&self) -> Vec<(ProcessId, PathBuf)> {
+        let Ok(entries) = std::fs::read_dir(&self.procs_dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let id = procfile::parse_file_name(e.file_name().to_str()?)?;
+                Some((id, e.path()))
+            })
+            .collect()
+    }
+
+    /// Ask the next [`UsageFile::reclaim_dead`] to recompute the totals from the live records.
+    pub fn request_reconcile(&self) {
+        self.header().needs_reconcile.store(1, Ordering::SeqCst);
+    }
+
+    /// Whether a reconcile is pending (the totals may be over-counted).
+    pub fn needs_reconcile(&self) -> bool {
+        self.header().needs_reconcile.load(Ordering::SeqCst) != 0
+    }
+}
+
+fn device_offset(index: usize) -> usize {
+    std::mem::size_of::<UsageHeader>() + index * std::mem::size_of::<DeviceRecord>()
+}
+
+/// Subtract without wrapping; `false` if it had to stop at zero.
+fn saturating_sub(counter: &AtomicU64, bytes: u64) -> bool {
+    let mut exact = true;
+    let _ = counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+        exact = v >= bytes;
+        Some(v.saturating_sub(bytes))
+    });
+    exact
+}
+
+fn put<T>(bytes: &mut [u8], offset: usize, value: &T) {
+    // SAFETY: T is one of the repr(C) plain-data layout structs; viewing it as bytes is sound.
+    let raw = unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>()) };
+    bytes[offset..offset + raw.len()].copy_from_slice(raw);
+}
+
+fn uuid_str(raw: &[u8; MAX_UUID_LEN + 1]) -> Option<&str> {
+    let len = raw.iter().position(|&b| b == 0)?;
+    let s = std::str::from_utf8(&raw[..len]).ok()?;
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())).then_some(s)
+}
+
+/// The 16 bytes of `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (any 3-letter prefix, or none).
+pub fn parse_uuid_bytes(uuid: &str) -> Option<[u8; 16]> {
+    let hex = match uuid.as_bytes() {
+        [a, b, c, b'-', ..] if [a, b, c].iter().all(|x| x.is_ascii_alphabetic()) => &uuid[4..],
+        _ => uuid,
+    };
+    let mut out = [0u8; 16];
+    let mut n = 0;
+    let mut high: Option<u8> = None;
+    for c in hex.bytes() {
+        if c == b'-' {
+            continue;
+        }
+        let v = (c as char).to_digit(16)? as u8;
+        match high.take() {
+            None => high = Some(v),
+            Some(h) => {
+                *out.get_mut(n)? = h << 4 | v;
+                n += 1;
+            }
+        }
+    }
+    (n == 16 && high.is_none()).then_some(out)
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` from 16 bytes (`prefix` = `GPU`).
+pub fn format_uuid(prefix: &str, bytes: &[u8; 16]) -> String {
+    let h = |r: std::ops::Range<usize>| bytes[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    format!(
+        "{prefix}-{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
+}
+
+fn older_than(path: &Path, age: Duration) -> bool {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map(|t| t.elapsed().map(|e| e >= age).unwrap_or(false))
+        .unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,7 @@
+//! Enforcement: the memory quota ([`memory`]) and what it needs to know about devices and
+//! allocations.
+
+pub mod allocations;
+pub mod arrays;
+pub mod devices;
+pub mod memory;

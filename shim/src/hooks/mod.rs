@@ -1,0 +1,23 @@
+//! The exported driver entry points the shim governs (C signatures from NVIDIA's headers).
+//! Each is thin: it runs its governor under [`crate::guard::guard`], falling back to the
+//! real function. Their safety contract is the CUDA driver / NVML API's own.
+#![allow(clippy::missing_safety_doc)]
+
+pub mod arrays;
+pub mod info;
+pub mod init;
+pub mod launch;
+pub mod memory;
+pub mod nvml;
+pub mod pools;
+pub mod vmm;
+
+/// Call the real driver function: `driver!(cuMemAlloc_v2(dptr, bytes))`.
+macro_rules! driver {
+    ($name:ident ( $($arg:expr),* $(,)? )) => {
+        // SAFETY: the driver's own function of the same C signature (crate::real), called
+        // with the arguments the program passed to the wrapper, unchanged or checked.
+        unsafe { $crate::real::$name($($arg),*) }
+    };
+}
+pub(crate) use driver;

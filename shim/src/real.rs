@@ -1,0 +1,183 @@
+//! The real driver functions behind the wrappers, resolved from `libcuda.so.1` /
+//! `libnvidia-ml.so.1` on first use (never at load time) with glibc's `dlsym` on the
+//! library's own handle, so the lookup cannot find the shim's exports.
+//!
+//! Each function has its own slot: one atomic load and a predictable branch, then an
+//! indirect call. Resolution is lock-free and idempotent (threads racing to resolve store
+//! the same pointer), so no lock exists that a `fork` could leave held.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use crate::ffi::*;
+use crate::interpose::dlsym;
+
+/// A driver library, opened on first use.
+pub struct Library {
+    name: &'static CStr,
+    handle: AtomicPtr<c_void>,
+}
+
+pub static CUDA: Library = Library::new(c"libcuda.so.1");
+pub static NVML: Library = Library::new(c"libnvidia-ml.so.1");
+
+impl Library {
+    const fn new(name: &'static CStr) -> Library {
+        Library {
+            name,
+            handle: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// The library's handle, loading it if the program has not (NULL if it cannot be loaded).
+    pub fn handle(&self) -> *mut c_void {
+        let h = self.handle.load(Ordering::Acquire);
+        if !h.is_null() {
+            return h;
+        }
+        // SAFETY: dlopen with a NUL-terminated name; NOLOAD first takes the copy the
+        // program already uses.
+        let mut h = unsafe { libc::dlopen(self.name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            // SAFETY: as above.
+            h = unsafe { libc::dlopen(self.name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        }
+        if !h.is_null() {
+            self.handle.store(h, Ordering::Release);
+        }
+        h
+    }
+
+    /// The handle if the program has loaded the library; never loads it.
+    pub fn handle_if_loaded(&self) -> *mut c_void {
+        let h = self.handle.load(Ordering::Acquire);
+        if !h.is_null() {
+            return h;
+        }
+        // SAFETY: dlopen with RTLD_NOLOAD only returns an existing handle.
+        let h = unsafe { libc::dlopen(self.name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if !h.is_null() {
+            self.handle.store(h, Ordering::Release);
+        }
+        h
+    }
+
+    /// Address of `symbol` in the library, NULL if absent.
+    pub fn symbol(&self, symbol: &CStr) -> *mut c_void {
+        let h = self.handle();
+        if h.is_null() {
+            return std::ptr::null_mut();
+        }
+        dlsym::lookup(h, symbol)
+    }
+}
+
+/// One real function: NULL = not resolved yet, [`MISSING`] = the library lacks it.
+pub struct Slot {
+    ptr: AtomicPtr<c_void>,
+    name: &'static CStr,
+    library: &'static Library,
+}
+
+const MISSING: *mut c_void = std::ptr::dangling_mut::<c_void>();
+
+impl Slot {
+    pub const fn new(library: &'static Library, name: &'static CStr) -> Slot {
+        Slot {
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+            name,
+            library,
+        }
+    }
+
+    /// The function's address, or `None` if the driver does not have it.
+    #[inline(always)]
+    pub fn get(&self) -> Option<*mut c_void> {
+        let p = self.ptr.load(Ordering::Relaxed);
+        if p.is_null() {
+            return self.resolve();
+        }
+        (p != MISSING).then_some(p)
+    }
+
+    #[cold]
+    fn resolve(&self) -> Option<*mut c_void> {
+        let p = self.library.symbol(self.name);
+        if p.is_null() {
+            // Not cached as missing while the library itself cannot be loaded yet.
+            if !self.library.handle.load(Ordering::Acquire).is_null() {
+                self.ptr.store(MISSING, Ordering::Relaxed);
+            }
+            return None;
+        }
+        self.ptr.store(p, Ordering::Relaxed);
+        Some(p)
+    }
+}
+
+/// Declares `real::NAME(args)` for each driver function: the real function, or `$missing`
+/// when the driver lacks it.
+macro_rules! real_functions {
+    ($library:ident, $missing:expr; $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty ; )*) => {
+        $(
+            #[allow(non_snake_case, clippy::too_many_arguments)]
+            #[inline(always)]
+            pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                static SLOT: Slot = Slot::new(&$library, {
+                    const NAME: &str = concat!(stringify!($name), "\0");
+                    match CStr::from_bytes_with_nul(NAME.as_bytes()) { Ok(c) => c, Err(_) => panic!() }
+                });
+                match SLOT.get() {
+                    Some(p) => {
+                        // SAFETY: `p` is the driver's function of this exact name, whose C
+                        // signature this declaration copies from the headers.
+                        let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) };
+                        // SAFETY: the caller passes the arguments it got from the program.
+                        unsafe { f($($arg),*) }
+                    }
+                    None => $missing,
+                }
+            }
+        )*
+    };
+}
+
+real_functions! { CUDA, CUDA_ERROR_NOT_FOUND;
+    fn cuInit(flags: c_uint) -> CuResult;
+    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t) -> CuResult;
+    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t, status: *mut c_int) -> CuResult;
+    fn cuDeviceGetCount(count: *mut c_int) -> CuResult;
+    fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult;
+    fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: CUdevice) -> CuResult;
+    fn cuDeviceGetUuid(uuid: *mut [u8; 16], device: CUdevice) -> CuResult;
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> CuResult;
+    fn cuCtxGetDevice(device: *mut CUdevice) -> CuResult;
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CuResult;
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element: c_uint) -> CuResult;
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CuResult;
+    fn cuMemFree_v2(dptr: CUdeviceptr) -> CuResult;
+    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CuResult;
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CuResult;
+    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CuResult;
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CuResult;
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
+    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CuResult;
+    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) -> CuResult;
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CuResult;
+    fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CuResult;
+    fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CuResult;
+    fn cuArrayDestroy(array: CUarray) -> CuResult;
+    fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CuResult;
+    fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CuResult;
+    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult;
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult;
+}
+
+real_functions! { NVML, NVML_ERROR_FUNCTION_NOT_FOUND;
+    fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> NvmlReturn;
+    fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> NvmlReturn;
+    fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> NvmlReturn;
+}

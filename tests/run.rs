@@ -259,3 +259,64 @@ fn partitions_lifecycle() {
     sim.vgpu(&["partition", "remove", "serve"]).assert().success();
     assert_eq!(sim.json(&["partition", "list", "--json"]), serde_json::json!([]));
 }
+
+fn hold_script() -> String {
+    format!("{}/tests/fixtures/cuda_hold.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn shim_end_to_end_a_4g_vgpu_is_4g_and_ooms_past_it() {
+    let sim = Sim::new(GPU16);
+    let out = sim.vgpu(&["run", "--mem", "4G", "--", "python3", &hold_script(), "5"]).write_stdin("").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("total={}", 4u64 << 30)), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| *l == "ok").count(), 4, "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| *l == "oom").count(), 1, "{stdout}");
+}
+
+#[test]
+fn two_workloads_of_one_partition_share_its_quota() {
+    let sim = Sim::new(GPU16);
+    sim.vgpu(&["partition", "create", "shared", "--gpu", "0", "--mem", "4G"]).assert().success();
+    let ready = sim.path("ready");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--partition", "shared", "--name", "holder", "--", "python3", &hold_script(), "3", ready.to_str().unwrap()]);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    let mut holder = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    wait_for("the holder to allocate 3 GiB", || ready.exists());
+    // The second workload of the partition finds 1 GiB left of its 4.
+    let out = sim.vgpu(&["run", "--partition", "shared", "--", "python3", &hold_script(), "2"]).write_stdin("").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| *l == "ok").count(), 1, "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| *l == "oom").count(), 1, "{stdout}");
+    // ps shows the partition's usage, and -a the holder's process.
+    let rows = sim.json(&["ps", "-a", "--json"]);
+    let row = rows.as_array().unwrap().iter().find(|w| w["name"] == "holder").unwrap().clone();
+    assert_eq!(row["gpus"][0]["mem_used"], 3u64 << 30);
+    assert_eq!(row["gpus"][0]["mem_quota"], 4u64 << 30);
+    assert_eq!(row["processes"][0]["mem_used"][0], 3u64 << 30);
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+}
+
+#[test]
+fn a_damaged_state_file_is_named_and_blocks_nothing() {
+    let sim = Sim::new(GPU16);
+    std::fs::create_dir_all(sim.path("run/workloads")).unwrap();
+    std::fs::write(sim.path("run/workloads/deadbeef.json"), b"{ this is not json").unwrap();
+    sim.vgpu(&["ps"]).assert().success().stderr(predicate::str::contains("deadbeef.json").and(predicate::str::contains("damaged")));
+    sim.vgpu(&["run", "--mem", "1G", "--", "true"]).assert().success();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--mem", "1G", "--name", "alive", "--", "sleep", "30"]);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    wait_for("the workload to be listed despite the damaged file", || ps(&sim).iter().any(|w| w["name"] == "alive"));
+    sim.vgpu(&["kill", "--signal", "KILL", "alive"]).assert().success();
+    child.wait().unwrap();
+}

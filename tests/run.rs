@@ -68,11 +68,15 @@ fn sigterm_to_vgpu_run_reaches_the_workload() {
     for (k, v) in sim.env() {
         cmd.env(k, v);
     }
+    cmd.env("VGPU_LOG", "vgpu=debug");
     let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     wait_for("the workload to run", || ps(&sim).iter().any(|w| w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty()));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(143));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("relaying signal 15"), "{stderr}");
     assert!(ps(&sim).is_empty());
 }
 
@@ -319,4 +323,30 @@ fn a_damaged_state_file_is_named_and_blocks_nothing() {
     wait_for("the workload to be listed despite the damaged file", || ps(&sim).iter().any(|w| w["name"] == "alive"));
     sim.vgpu(&["kill", "--signal", "KILL", "alive"]).assert().success();
     child.wait().unwrap();
+}
+
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_workload_once() {
+    let sim = Sim::new(GPU16);
+    let count = sim.path("sigints");
+    // The workload counts the SIGINTs it gets, then exits 130 like an interrupted program.
+    let script = format!(
+        "trap 'echo int >> {c}; sleep 0.3; exit 130' INT; echo READY; while :; do sleep 0.05; done",
+        c = count.display()
+    );
+    let vgpu = env!("CARGO_BIN_EXE_vgpu");
+    let helper = format!("{}/tests/fixtures/ctrl_c.py", env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args([helper.as_str(), vgpu, "--simulate", "run", "--mem", "1G", "--", "sh", "-c", &script]);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    cmd.env("VGPU_LOG", "vgpu=debug");
+    let out = cmd.output().unwrap();
+    let terminal = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(130), "{terminal}");
+    assert_eq!(std::fs::read_to_string(&count).unwrap_or_default().lines().count(), 1, "the workload did not get exactly one SIGINT");
+    // The terminal delivered it to the whole foreground group; vgpu must not send another.
+    assert!(!terminal.contains("relaying signal 2"), "vgpu relayed the terminal's SIGINT a second time: {terminal}");
+    assert!(ps(&sim).is_empty());
 }

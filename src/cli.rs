@@ -57,7 +57,7 @@ pub enum Command {
     /// Check the host: driver, cgroups, shim, permissions, MPS/MIG
     Doctor(JsonArgs),
     /// Run a command in a vGPU: cgroup, quota shim, signals, exit code, clean-up
-    Run(crate::commands::run::RunArgs),
+    Run(Box<crate::commands::run::RunArgs>),
     /// List workloads with their quotas and usage
     Ps(crate::commands::ps::PsArgs),
     /// Freeze a workload (cgroup freezer)

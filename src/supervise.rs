@@ -62,10 +62,11 @@ pub fn spawn(launch: Launch) -> io::Result<Child> {
                 if libc::setuid(user.uid) != 0 {
                     return Err(io::Error::last_os_error());
                 }
-            } else if libc::geteuid() == 0 && user.gid != 0 {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(user.gid) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+            } else if libc::geteuid() == 0
+                && user.gid != 0
+                && (libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(user.gid) != 0)
+            {
+                return Err(io::Error::last_os_error());
             }
             Ok(())
         });

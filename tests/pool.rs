@@ -3,10 +3,10 @@
 
 mod common;
 
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
+use std::time::Duration;
 
-use common::Sim;
+use common::{wait_for, Sim};
 use predicates::prelude::*;
 use serde_json::Value;
 
@@ -18,23 +18,7 @@ fn ten_block_pool() -> Sim {
 }
 
 fn spawn(sim: &Sim, args: &[&str]) -> Child {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
-    cmd.arg("--simulate").args(args);
-    for (k, v) in sim.env() {
-        cmd.env(k, v);
-    }
-    cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn vgpu run")
-}
-
-fn wait_for<F: FnMut() -> bool>(what: &str, mut f: F) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
+    sim.spawn(args)
 }
 
 fn ranges_of(pool: &Value, name: &str) -> Value {

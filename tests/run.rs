@@ -4,23 +4,12 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{files_below, Sim};
+use common::{files_below, wait_for, Sim};
 use predicates::prelude::*;
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
-
-fn wait_for<F: FnMut() -> bool>(what: &str, mut f: F) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
-}
 
 fn ps(sim: &Sim) -> Vec<serde_json::Value> {
     sim.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()

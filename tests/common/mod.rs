@@ -102,6 +102,30 @@ impl Sim {
     }
 }
 
+/// Poll `f` every 50 ms for up to 20 s; panic naming `what` if it never holds.
+pub fn wait_for<F: FnMut() -> bool>(what: &str, mut f: F) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+impl Sim {
+    /// `vgpu --simulate ARGS…` started in the background (output discarded).
+    pub fn spawn(&self, args: &[&str]) -> std::process::Child {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        cmd.arg("--simulate").args(args);
+        for (k, v) in self.env() {
+            cmd.env(k, v);
+        }
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("spawn vgpu")
+    }
+}
+
 /// Every file below `dir`, for "nothing was written" assertions.
 pub fn files_below(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();

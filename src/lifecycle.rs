@@ -22,7 +22,7 @@ pub struct Reconciled {
 
 /// Clean up after dead supervisors and dead processes. Call with the store lock held.
 /// Says once, on stderr, what it cleaned (the workload files are gone afterwards).
-pub fn reconcile(store: &Store, _lock: &StoreLock) -> Reconciled {
+pub fn reconcile(store: &Store, lock: &StoreLock) -> Reconciled {
     let (workloads, damaged) = store.workloads();
     let mut out = Reconciled { damaged, ..Reconciled::default() };
     let layout = Layout::detect();
@@ -30,7 +30,7 @@ pub fn reconcile(store: &Store, _lock: &StoreLock) -> Reconciled {
         if w.supervisor_alive() {
             continue;
         }
-        match teardown(store, &w, layout.as_ref()).and_then(|()| crate::pooling::release(store, _lock, &w.id)) {
+        match teardown(store, &w, layout.as_ref()).and_then(|()| crate::pooling::release(store, lock, &w.id)) {
             Ok(()) => {
                 eprintln!("vgpu: cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid);
                 out.cleaned.push(w);
@@ -38,7 +38,7 @@ pub fn reconcile(store: &Store, _lock: &StoreLock) -> Reconciled {
             Err(e) => eprintln!("vgpu: warning: cannot clean up workload {} ({}): {e:#}", w.name, w.id),
         }
     }
-    if let Err(e) = crate::pooling::release_orphans(store, _lock) {
+    if let Err(e) = crate::pooling::release_orphans(store, lock) {
         eprintln!("vgpu: warning: cannot tidy the compute pool: {e:#}");
     }
     remove_orphan_vgpus(store);

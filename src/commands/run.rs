@@ -333,7 +333,9 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
     } else {
         let partitions = Partitions::load(&store.partitions_path())?;
         let chosen: Vec<String> = match request.gpu_range {
-            // Stage 1 of the carbon planner decides the count.
+            // Stage 1 of the carbon planner decides the count. It may ask the intensity source
+            // (bounded by [carbon] timeout) while holding the store lock: the decision must
+            // see the same workloads the admission below sees.
             Some((min, max)) => crate::commands::carbon::gpus_for_range(ctx, min, max, args.freq_sensitivity)?
                 .iter()
                 .map(u32::to_string)

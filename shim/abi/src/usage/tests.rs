@@ -364,6 +364,12 @@ fn reconcile_racing_with_updates_never_under_counts() {
                         v.usage.release(&p, 0, 4096);
                         held -= 4096;
                     }
+                    // Bursts with short pauses, like real allocators: without quiet moments
+                    // a loaded 2-core machine may never let a reconcile through (liveness),
+                    // while the bursts keep racing the reconciles (safety).
+                    if i % 1024 == 0 {
+                        std::thread::sleep(std::time::Duration::from_micros(300));
+                    }
                 }
                 (p, held)
             })

@@ -77,6 +77,15 @@ fn compaction_example_from_the_document() {
     assert_eq!(pool.view().free, [[10, 10]]);
 }
 
+/// Free `id`'s blocks without compacting (the document's "blocks go back to the free
+/// queue"), leaving a hole where they were.
+fn leave_hole_of(pool: &mut Pool, id: &str) {
+    let seq = pool.allocation(id).unwrap().seq;
+    pool.map.device_mut(0).release(seq);
+    pool.allocations.remove(&seq);
+    pool.by_id.remove(id);
+}
+
 #[test]
 fn compaction_example_step_by_step() {
     // The document's order of events: app1's blocks go back to the free queue (a hole at
@@ -85,10 +94,7 @@ fn compaction_example_step_by_step() {
     for (id, n) in [("app1", 3), ("app2", 3), ("app3", 2)] {
         run(&mut pool, id, n, 50);
     }
-    let seq = pool.allocation("app1").unwrap().seq;
-    pool.map.device_mut(0).release(seq);
-    pool.allocations.remove(&seq);
-    pool.by_id.remove("app1");
+    leave_hole_of(&mut pool, "app1");
     assert_eq!(pool.view().free, [[1, 3], [9, 10]]);
     assert!(!pool.map.is_compact());
 
@@ -105,10 +111,7 @@ fn pool_compact_relabels_and_is_idempotent() {
     for (id, n) in [("app1", 3), ("app2", 3), ("app3", 2)] {
         run(&mut pool, id, n, 50);
     }
-    let seq = pool.allocation("app1").unwrap().seq;
-    pool.map.device_mut(0).release(seq);
-    pool.allocations.remove(&seq);
-    pool.by_id.remove("app1");
+    leave_hole_of(&mut pool, "app1");
     assert!(pool.compact());
     assert_eq!(ranges(&pool, "app2"), [[1, 3]]);
     assert_eq!(ranges(&pool, "app3"), [[4, 5]]);

@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use vgpu_abi::layout::{PROCS_DIR, USAGE_FILE};
@@ -214,22 +214,10 @@ impl Bench {
     }
 }
 
-/// Run to completion; insist on success; return stdout.
-pub fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert_success(cmd, &out);
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-pub fn assert_success(cmd: &Command, out: &Output) {
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed with {}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+#[path = "../../../tests/support/process.rs"]
+mod process;
+#[allow(unused_imports)] // not every test binary uses both
+pub use process::{assert_success, run_ok};
 
 /// The value of `key=VALUE` in `text` (space- or line-separated).
 pub fn field<'a>(text: &'a str, key: &str) -> &'a str {

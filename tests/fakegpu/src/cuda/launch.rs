@@ -242,6 +242,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
     })
 }
 
+/// The simulated streams behave the same under either default-stream mode.
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     f: CUfunction,
@@ -251,19 +252,15 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     block_x: c_uint,
     block_y: c_uint,
     block_z: c_uint,
-    _shared_mem_bytes: c_uint,
+    shared_mem_bytes: c_uint,
     stream: CUstream,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| {
-        launch_kernel(
-            f,
-            [grid_x, grid_y, grid_z],
-            [block_x, block_y, block_z],
-            stream,
-        )
-    })
+    // SAFETY: same signature and contract as cuLaunchKernel; arguments passed through.
+    unsafe {
+        cuLaunchKernel(f, grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_mem_bytes, stream, params, extra)
+    }
 }
 
 /// Launch attributes are ignored.

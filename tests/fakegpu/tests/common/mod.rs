@@ -10,7 +10,7 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use fakegpu::config::Config;
 use fakegpu::state::DeviceState;
@@ -146,24 +146,10 @@ impl Fake {
     }
 }
 
-/// Run `cmd` to completion and insist that it succeeded; returns stdout.
-pub fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert_success(cmd, &out);
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-pub fn assert_success(cmd: &Command, out: &Output) {
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed with {}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+#[path = "../../../support/process.rs"]
+mod process;
+#[allow(unused_imports)] // not every test binary uses both
+pub use process::{assert_success, run_ok};
 
 /// `key=value` lines a child printed.
 pub fn field<'a>(stdout: &'a str, key: &str) -> &'a str {

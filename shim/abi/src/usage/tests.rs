@@ -367,7 +367,7 @@ fn reconcile_racing_with_updates_never_under_counts() {
                     // Bursts with short pauses, like real allocators: without quiet moments
                     // a loaded 2-core machine may never let a reconcile through (liveness),
                     // while the bursts keep racing the reconciles (safety).
-                    if i % 1024 == 0 {
+                    if i.is_multiple_of(1024) {
                         std::thread::sleep(std::time::Duration::from_micros(300));
                     }
                 }

@@ -6,8 +6,8 @@
 use cudarc::driver::sys::CUresult;
 
 pub use cudarc::driver::sys::{
-    cuuint64_t, CUarray, CUdevice, CUdeviceptr, CUfunction, CUmemAllocationProp, CUmemGenericAllocationHandle,
-    CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUstream, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
+    cuuint64_t, CUarray, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraphExec, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle,
+    CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUstream, CUDA_LAUNCH_PARAMS, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
 };
 pub use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t};
 
@@ -21,6 +21,12 @@ pub const CUDA_ERROR_INVALID_VALUE: CuResult = CUresult::CUDA_ERROR_INVALID_VALU
 pub const CUDA_ERROR_OUT_OF_MEMORY: CuResult = CUresult::CUDA_ERROR_OUT_OF_MEMORY as u32;
 /// What a wrapper answers when the real driver lacks the function it wraps.
 pub const CUDA_ERROR_NOT_FOUND: CuResult = CUresult::CUDA_ERROR_NOT_FOUND as u32;
+pub const CUDA_ERROR_NOT_READY: CuResult = CUresult::CUDA_ERROR_NOT_READY as u32;
+/// `CU_EVENT_DEFAULT` (timing enabled, spin/yield wait).
+pub const CU_EVENT_DEFAULT: u32 = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT as u32;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: u32 =
+    cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as u32;
 
 pub const NVML_SUCCESS: NvmlReturn = nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn =

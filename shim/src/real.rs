@@ -172,6 +172,15 @@ real_functions! { CUDA, CUDA_ERROR_NOT_FOUND;
     fn cuArrayDestroy(array: CUarray) -> CuResult;
     fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CuResult;
     fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CuResult;
+    fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CuResult;
+    fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CuResult;
+    fn cuEventDestroy_v2(event: CUevent) -> CuResult;
+    fn cuEventRecord(event: CUevent, stream: CUstream) -> CuResult;
+    fn cuEventRecord_ptsz(event: CUevent, stream: CUstream) -> CuResult;
+    fn cuEventQuery(event: CUevent) -> CuResult;
+    fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult;
+    fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint) -> CuResult;
+    fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint) -> CuResult;
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult;
     fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult;
 }

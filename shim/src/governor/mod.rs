@@ -3,5 +3,6 @@
 
 pub mod allocations;
 pub mod arrays;
+pub mod compute;
 pub mod devices;
 pub mod memory;

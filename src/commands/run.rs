@@ -467,7 +467,7 @@ fn ensure_vgpu(dir: &Path, w: &Workload) -> Result<()> {
     let quotas: Vec<DeviceQuota> = w
         .gpus
         .iter()
-        .map(|g| DeviceQuota { uuid: g.uuid.clone(), quota_bytes: g.mem_bytes, compute_pct: g.compute_pct })
+        .map(|g| DeviceQuota { uuid: g.uuid.clone(), quota_bytes: g.mem_bytes, compute_pct: g.compute_pct, policy: vgpu_abi::compute::Policy::Strict, priority: w.priority.clamp(0, 100) as u32 })
         .collect();
     UsageFile::create(&usage_path, &quotas).with_context(|| format!("creating {}", usage_path.display()))?;
     Ok(())

@@ -6,6 +6,9 @@
 //! $VGPU_DIR/usage                    one per vGPU (UsageHeader, then device_count × DeviceRecord)
 //! $VGPU_DIR/procs/<pid>-<start>      one per process that allocated (ProcHeader, then
 //!                                    device_count × ProcDeviceRecord)
+//! <state>/gpus/<uuid>                one per physical GPU that vGPUs use (BoardHeader, then
+//!                                    BOARD_SLOTS × BoardSlot): how the vGPUs sharing the GPU
+//!                                    see each other's compute demand (crate::board)
 //! ```
 //!
 //! `<start>` is the process start time in clock ticks since boot (`/proc/PID/stat` field 22),
@@ -16,10 +19,10 @@
 //! `reserved` words are zero today; giving one a meaning later that zero already describes
 //! (e.g. "no compute tokens consumed") keeps the version.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Version of both files' layouts. A build reads exactly this version.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// `usage` file magic.
 pub const USAGE_MAGIC: [u8; 8] = *b"VGPUUSE\0";
@@ -30,6 +33,12 @@ pub const PROC_MAGIC: [u8; 8] = *b"VGPUPRC\0";
 pub const USAGE_FILE: &str = "usage";
 /// Directory of the per-process files inside a vGPU directory.
 pub const PROCS_DIR: &str = "procs";
+/// `board` file magic.
+pub const BOARD_MAGIC: [u8; 8] = *b"VGPUBRD\0";
+/// Directory of the per-GPU boards, beside the vGPUs' directory (`<state>/gpus`).
+pub const BOARDS_DIR: &str = "gpus";
+/// vGPUs one GPU's board can hold at once.
+pub const BOARD_SLOTS: usize = 64;
 
 /// Most devices one vGPU can span.
 pub const MAX_DEVICES: usize = 64;
@@ -63,7 +72,7 @@ pub struct UsageHeader {
     pub reserved: [u64; 1],
 }
 
-/// One device of the vGPU: 128 bytes.
+/// One device of the vGPU: 192 bytes.
 #[repr(C)]
 pub struct DeviceRecord {
     /// The device UUID as NVML prints it (`GPU-…` or `MIG-…`), NUL-padded.
@@ -75,11 +84,40 @@ pub struct DeviceRecord {
     pub used_bytes: AtomicU64,
     /// Highest `used_bytes` ever seen.
     pub peak_bytes: AtomicU64,
-    /// Compute share in percent, 1..=100 (100 = unlimited).
-    pub compute_pct: u32,
+    /// Compute share in percent, 1..=100 (100 = unlimited). Changed live by `vgpu update`;
+    /// running processes follow at their next launch.
+    pub compute_pct: AtomicU32,
+    /// [`crate::compute::Policy`] as its `u32` code. Changed live.
+    pub compute_policy: AtomicU32,
+    /// The workload's pool priority (0..=100): served first when the GPU is oversubscribed.
+    pub priority: AtomicU32,
     pub _pad: u32,
-    /// Zero; kept for the compute governor.
-    pub reserved: [AtomicU64; 4],
+    /// The vGPU's GPU-time ledger on this device, shared by all its processes.
+    pub ledger: ComputeLedger,
+    pub reserved: [AtomicU64; 3],
+}
+
+/// A vGPU's GPU-time account on one device: 64 bytes. Times are `CLOCK_MONOTONIC`
+/// nanoseconds ([`now_mono_ns`]), the same clock in every process of the host.
+#[repr(C)]
+#[derive(Default)]
+pub struct ComputeLedger {
+    /// The budget's theoretical arrival time (GCRA): the vGPU may queue new work once
+    /// `tat_ns` (plus what it has in flight, scaled by its share) is not in the future.
+    /// Charging `t` ns of measured GPU time at share `P` advances it by `t / P`.
+    pub tat_ns: AtomicU64,
+    /// All GPU time charged (measured with events), ns.
+    pub charged_ns: AtomicU64,
+    /// The current measurement window (for `vgpu ps`): its start and the GPU time charged in it.
+    pub window_start_ns: AtomicU64,
+    pub window_charged_ns: AtomicU64,
+    /// Share of the GPU's time used in the last complete window (parts per million) and when
+    /// that window ended.
+    pub last_share_ppm: AtomicU64,
+    pub last_window_end_ns: AtomicU64,
+    /// Time launching threads slept for the budget, ns, and how many launches waited.
+    pub throttled_ns: AtomicU64,
+    pub throttled_launches: AtomicU64,
 }
 
 /// Head of a per-process file: 64 bytes.
@@ -113,14 +151,53 @@ pub struct ProcDeviceRecord {
     pub used_bytes: AtomicU64,
     /// Highest `used_bytes` of this process.
     pub peak_bytes: AtomicU64,
-    /// Zero; kept for the compute governor (GPU time charged, ns).
+    /// GPU time this process's work was charged on the device (measured), ns.
     pub compute_ns: AtomicU64,
     pub reserved: AtomicU64,
 }
 
+/// Head of a GPU's board file: 64 bytes.
+#[repr(C)]
+pub struct BoardHeader {
+    /// [`BOARD_MAGIC`].
+    pub magic: [u8; 8],
+    /// [`LAYOUT_VERSION`].
+    pub version: u32,
+    /// [`BOARD_SLOTS`].
+    pub slot_count: u32,
+    /// When `vgpu` created the file (Unix time, ns).
+    pub created_unix_ns: u64,
+    pub reserved: [u64; 5],
+}
+
+/// One vGPU's public compute figures on a GPU's board: 64 bytes. Written by the vGPU's
+/// processes, read by every vGPU on the GPU to decide fair shares and priority.
+#[repr(C)]
+pub struct BoardSlot {
+    /// Which vGPU holds the slot ([`crate::board::owner_key`]); 0 = free.
+    pub owner: AtomicU64,
+    /// Last time a process of the vGPU wrote the slot (monotonic ns). A slot not written
+    /// for [`crate::board::STALE_NS`] is free to take.
+    pub heartbeat_ns: AtomicU64,
+    /// The vGPU's share (parts per million), priority, and policy code.
+    pub share_ppm: AtomicU32,
+    pub priority: AtomicU32,
+    pub policy: AtomicU32,
+    pub _pad: u32,
+    /// Until when the vGPU is known to want more GPU time than it got (monotonic ns): it
+    /// had to wait for its budget.
+    pub hungry_until_ns: AtomicU64,
+    /// The vGPU's recent use of the GPU (parts per million of its time).
+    pub usage_ppm: AtomicU64,
+    pub reserved: [AtomicU64; 2],
+}
+
 const _: () = {
     assert!(std::mem::size_of::<UsageHeader>() == 64);
-    assert!(std::mem::size_of::<DeviceRecord>() == 128);
+    assert!(std::mem::size_of::<DeviceRecord>() == 192);
+    assert!(std::mem::size_of::<ComputeLedger>() == 64);
+    assert!(std::mem::size_of::<BoardHeader>() == 64);
+    assert!(std::mem::size_of::<BoardSlot>() == 64);
     assert!(std::mem::size_of::<ProcHeader>() == 64);
     assert!(std::mem::size_of::<ProcDeviceRecord>() == 32);
     assert!(std::mem::align_of::<UsageHeader>() == 8);
@@ -155,4 +232,23 @@ pub fn now_unix_ns() -> u64 {
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process of the host (0 if
+/// unreadable). No allocation; vDSO fast path.
+#[inline]
+pub fn now_mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always supported.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Length of a board file.
+pub const fn board_file_size() -> usize {
+    std::mem::size_of::<BoardHeader>() + BOARD_SLOTS * std::mem::size_of::<BoardSlot>()
 }

@@ -3,6 +3,8 @@
 //!
 //! Nothing here allocates on a hot path or panics on bad input.
 
+pub mod board;
+pub mod compute;
 pub mod cuda_procs;
 pub mod layout;
 pub mod mapping;

@@ -211,6 +211,13 @@ impl ProcFile {
             .collect()
     }
 
+    /// GPU time charged per device, ns.
+    pub fn compute_ns(&self) -> Vec<u64> {
+        (0..self.device_count)
+            .map(|i| self.device(i).compute_ns.load(Ordering::Relaxed))
+            .collect()
+    }
+
     /// Peak bytes per device.
     pub fn peaks(&self) -> Vec<u64> {
         (0..self.device_count)

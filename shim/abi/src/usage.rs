@@ -18,11 +18,12 @@ use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::compute::Policy;
 use crate::layout::{
-    now_unix_ns, raise_peak, usage_file_size, DeviceRecord, UsageHeader, LAYOUT_VERSION, MAX_DEVICES, MAX_UUID_LEN,
+    now_mono_ns, now_unix_ns, raise_peak, usage_file_size, ComputeLedger, DeviceRecord, UsageHeader, LAYOUT_VERSION, MAX_DEVICES, MAX_UUID_LEN,
     PROCS_DIR, USAGE_MAGIC,
 };
 use crate::mapping::SharedMapping;
@@ -46,6 +47,10 @@ pub struct DeviceQuota {
     pub quota_bytes: u64,
     /// 1..=100; 100 = unlimited.
     pub compute_pct: u32,
+    /// How the share is applied.
+    pub policy: Policy,
+    /// Pool priority (0..=100).
+    pub priority: u32,
 }
 
 /// One device's figures.
@@ -56,6 +61,15 @@ pub struct DeviceUsage {
     pub used_bytes: u64,
     pub peak_bytes: u64,
     pub compute_pct: u32,
+    pub policy: Policy,
+    pub priority: u32,
+    /// GPU time charged to the vGPU on this device since it was created, ns.
+    pub charged_ns: u64,
+    /// Share of the device's time the vGPU used in its last measurement window (about one
+    /// second), parts per million; `None` if no window ended in the last few seconds (idle).
+    pub measured_share_ppm: Option<u64>,
+    /// Time launching threads slept waiting for the budget, ns.
+    pub throttled_ns: u64,
 }
 
 /// One process's figures (from its per-process file).
@@ -68,6 +82,8 @@ pub struct ProcessUsage {
     /// Per device index of [`UsageFile::devices`].
     pub used_bytes: Vec<u64>,
     pub peak_bytes: Vec<u64>,
+    /// GPU time its work was charged, ns, per device.
+    pub compute_ns: Vec<u64>,
     pub last_update_unix_ns: u64,
 }
 
@@ -189,8 +205,11 @@ impl UsageFile {
                 quota_bytes: dev.quota_bytes,
                 used_bytes: AtomicU64::new(0),
                 peak_bytes: AtomicU64::new(0),
-                compute_pct: dev.compute_pct,
+                compute_pct: AtomicU32::new(dev.compute_pct),
+                compute_policy: AtomicU32::new(dev.policy.code()),
+                priority: AtomicU32::new(dev.priority.min(100)),
                 _pad: 0,
+                ledger: ComputeLedger::default(),
                 reserved: Default::default(),
             };
             put(&mut bytes, device_offset(i), &record);
@@ -299,8 +318,9 @@ impl UsageFile {
             if uuid_str(&record.uuid).is_none() {
                 return Err(corrupt(format!("device {i} has no valid UUID")));
             }
-            if !(1..=100).contains(&record.compute_pct) {
-                return Err(corrupt(format!("device {i} compute share {}", record.compute_pct)));
+            let pct = record.compute_pct.load(Ordering::Relaxed);
+            if !(1..=100).contains(&pct) {
+                return Err(corrupt(format!("device {i} compute share {pct}")));
             }
         }
         Ok(usage)
@@ -344,8 +364,51 @@ impl UsageFile {
         self.record(index).used_bytes.load(Ordering::SeqCst)
     }
 
+    /// The compute share in percent (1..=100; 100 = unlimited). Out-of-range values a
+    /// damaged or hostile write left are clamped.
+    #[inline]
     pub fn compute_pct(&self, index: usize) -> u32 {
-        self.record(index).compute_pct
+        self.record(index).compute_pct.load(Ordering::Relaxed).clamp(1, 100)
+    }
+
+    /// Change the compute share of device `index` (1..=100) live: running processes follow
+    /// at their next launch.
+    pub fn set_compute_pct(&self, index: usize, pct: u32) -> io::Result<()> {
+        if !(1..=100).contains(&pct) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("compute share {pct} is not 1..=100")));
+        }
+        self.record(index).compute_pct.store(pct, Ordering::SeqCst);
+        Ok(())
+    }
+
+    #[inline]
+    pub fn policy(&self, index: usize) -> Policy {
+        Policy::from_code(self.record(index).compute_policy.load(Ordering::Relaxed))
+    }
+
+    pub fn set_policy(&self, index: usize, policy: Policy) {
+        self.record(index).compute_policy.store(policy.code(), Ordering::SeqCst);
+    }
+
+    #[inline]
+    pub fn priority(&self, index: usize) -> u32 {
+        self.record(index).priority.load(Ordering::Relaxed).min(100)
+    }
+
+    pub fn set_priority(&self, index: usize, priority: u32) {
+        self.record(index).priority.store(priority.min(100), Ordering::SeqCst);
+    }
+
+    /// The vGPU's GPU-time ledger on device `index` (shared by all its processes).
+    #[inline]
+    pub fn ledger(&self, index: usize) -> &ComputeLedger {
+        &self.record(index).ledger
+    }
+
+    /// Charge `ns` of measured GPU time on device `dev` to `proc` (its per-process figure).
+    #[inline]
+    pub fn charge_process(&self, proc: &ProcFile, dev: usize, ns: u64) {
+        proc.device(dev).compute_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// The device whose UUID is these 16 bytes (as `cuDeviceGetUuid` returns them), whatever
@@ -373,7 +436,12 @@ impl UsageFile {
                     quota_bytes: r.quota_bytes,
                     used_bytes: r.used_bytes.load(Ordering::SeqCst),
                     peak_bytes: r.peak_bytes.load(Ordering::SeqCst),
-                    compute_pct: r.compute_pct,
+                    compute_pct: self.compute_pct(i),
+                    policy: self.policy(i),
+                    priority: self.priority(i),
+                    charged_ns: r.ledger.charged_ns.load(Ordering::Relaxed),
+                    measured_share_ppm: crate::compute::recent_share_ppm(&r.ledger, now_mono_ns()),
+                    throttled_ns: r.ledger.throttled_ns.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -395,6 +463,7 @@ impl UsageFile {
                     alive: id.is_alive(),
                     used_bytes: file.used(),
                     peak_bytes: file.peaks(),
+                    compute_ns: file.compute_ns(),
                     last_update_unix_ns: file.header().last_update_unix_ns.load(Ordering::Relaxed),
                 })
             })

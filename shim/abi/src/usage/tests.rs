@@ -1,4 +1,5 @@
 use super::*;
+use crate::compute::Policy;
 use crate::layout::{PROC_MAGIC, USAGE_FILE};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -23,6 +24,8 @@ fn vgpu(quotas: &[u64]) -> Vgpu {
             uuid: uuids[i].to_string(),
             quota_bytes: q,
             compute_pct: 100,
+            policy: Policy::Strict,
+            priority: 50,
         })
         .collect();
     let path = dir.path().join(USAGE_FILE);
@@ -56,7 +59,12 @@ fn create_then_open_reads_back_the_devices() {
             quota_bytes: 4 * GIB,
             used_bytes: 0,
             peak_bytes: 0,
-            compute_pct: 100
+            compute_pct: 100,
+            policy: Policy::Strict,
+            priority: 50,
+            charged_ns: 0,
+            measured_share_ppm: None,
+            throttled_ns: 0,
         }
     );
     assert_eq!(devices[1].quota_bytes, GIB);
@@ -73,6 +81,8 @@ fn create_rejects_bad_definitions() {
         uuid: uuid.into(),
         quota_bytes: GIB,
         compute_pct: pct,
+        policy: Policy::Fair,
+        priority: 50,
     };
     assert!(UsageFile::create(&path, &[]).is_err());
     assert!(UsageFile::create(&path, &[dev(UUID0, 0)]).is_err());

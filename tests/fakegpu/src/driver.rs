@@ -83,9 +83,30 @@ impl Device {
         model::busy_clock_mhz(&self.config, locked_max, self.power_limit_mw())
     }
 
-    /// GPU utilization over the last sample window, 0..=1.
+    /// GPU utilization over the last sample window, 0..=1: exactly the part of it covered
+    /// by kernels.
     pub fn utilization(&self, now: u64) -> f64 {
-        model::utilization(self.state.runs(), now)
+        let since = now.saturating_sub(model::SAMPLE_WINDOW_NS);
+        let intervals = self.state.timeline_since(since);
+        model::utilization(intervals.iter().map(|b| (b.start_ns, b.end_ns)), now)
+    }
+
+    /// Busy time of each process in `[from, to)`, in ns (processes with none are left out).
+    pub fn process_busy_ns(&self, from: u64, to: u64) -> Vec<(u32, u64)> {
+        let intervals = self.state.timeline_since(from);
+        let mut pids: Vec<u32> = intervals.iter().map(|b| b.pid).filter(|&p| p != 0).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids.into_iter()
+            .map(|pid| {
+                let own = intervals
+                    .iter()
+                    .filter(|b| b.pid == pid)
+                    .map(|b| (b.start_ns, b.end_ns));
+                (pid, model::busy_ns(own, from, to))
+            })
+            .filter(|&(_, busy)| busy > 0)
+            .collect()
     }
 
     /// The graphics/SM clock now: the busy clock if a kernel ran within the sample window,
@@ -128,17 +149,28 @@ impl Device {
         self.state.monotonic_energy_mj(total_uj / 1000)
     }
 
-    /// Record a kernel of `blocks` thread blocks launched now by the process holding
-    /// `slot`; returns when it will have finished (ns since the epoch).
-    pub fn launch(&self, slot: Option<usize>, blocks: u64) -> u64 {
+    /// Queue a kernel of `blocks` thread blocks launched now by the process holding `slot`,
+    /// not before `not_before`; one wave takes `wave_ns` at the maximum clock (`None`: the
+    /// device's `kernel_wave_us`). Returns when it starts and ends (ns since the epoch).
+    pub fn launch(
+        &self,
+        slot: Option<usize>,
+        not_before: u64,
+        wave_ns: Option<u64>,
+        blocks: u64,
+    ) -> (u64, u64) {
         let clock = self.busy_clock_mhz();
-        let duration = model::kernel_duration_ns(&self.config, blocks, clock);
+        let duration = match wave_ns {
+            Some(wave) => model::kernel_duration_with_wave_ns(&self.config, blocks, clock, wave),
+            None => model::kernel_duration_ns(&self.config, blocks, clock),
+        };
         let busy_mw = model::power_mw(&self.config, 1.0, clock, self.power_limit_mw());
         let dyn_uj = model::energy_uj(
             u64::from(busy_mw.saturating_sub(self.config.power_idle_mw)),
             duration,
         );
-        self.state.record_launch(slot, now_ns(), duration, dyn_uj)
+        self.state
+            .record_launch(slot, now_ns(), not_before, duration, dyn_uj)
     }
 
     /// Temperature now, in °C.

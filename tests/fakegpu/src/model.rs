@@ -5,20 +5,20 @@
 //!   `min(locked max, max clock, power-cap clock)`, and never below the lowest supported
 //!   clock. The power-cap clock is the one at which the busy power reaches the power limit.
 //!   Idle: the locked minimum if clocks are locked, else the lowest supported clock.
-//! * Kernel duration: `waves × kernel_wave_us × f_max / f`, where one wave is one thread
-//!   block per SM (`waves = ceil(blocks / sm_count)`), capped at [`MAX_KERNEL_NS`].
-//! * Utilization: the fraction of the last [`SAMPLE_WINDOW_NS`] covered by busy runs
-//!   (kernels back to back, or separated by less than [`MERGE_GAP_NS`]).
+//! * Kernel duration: `waves × wave time × f_max / f`, where one wave is one thread block per
+//!   SM (`waves = ceil(blocks / sm_count)`) and the wave time is the function's own
+//!   (`FAKEGPU_KERNELS`, [`parse_kernel_table`]) or the device's `kernel_wave_us`, capped at
+//!   [`MAX_KERNEL_NS`].
+//! * Queueing: the device runs one FIFO of every process's work. An item queued now on a
+//!   stream starts at [`queue_start`]: `max(now, device queue end, stream ready)`.
+//! * Utilization: the part of a window covered by the union of kernel intervals
+//!   ([`busy_ns`]), future parts excluded.
 //! * Power: `P = P_idle + (P_max − P_idle) · u · (f / f_max)^γ`, clamped to the power limit.
 
 use crate::config::DeviceConfig;
 
 /// NVML's utilization sample period (nvml.h: "between 1 second and 1/6 second").
 pub const SAMPLE_WINDOW_NS: u64 = 1_000_000_000;
-
-/// Kernels separated by less than this count as one busy run (launch overhead is not idle
-/// time for the GPU's utilization counter either).
-pub const MERGE_GAP_NS: u64 = 2_000_000;
 
 /// No single launch occupies the simulated device for longer than this.
 pub const MAX_KERNEL_NS: u64 = 10_000_000_000;
@@ -63,13 +63,24 @@ fn snap_down(dev: &DeviceConfig, mhz: f64) -> u32 {
         .unwrap_or_else(|| dev.lowest_clock_mhz())
 }
 
-/// How long a launch of `blocks` thread blocks keeps the device busy at `clock_mhz`.
+/// How long a launch of `blocks` thread blocks keeps the device busy at `clock_mhz`, with the
+/// device's default wave time (`kernel_wave_us`).
 pub fn kernel_duration_ns(dev: &DeviceConfig, blocks: u64, clock_mhz: u32) -> u64 {
+    let wave_ns = u64::from(dev.kernel_wave_us).saturating_mul(1000);
+    kernel_duration_with_wave_ns(dev, blocks, clock_mhz, wave_ns)
+}
+
+/// How long a launch of `blocks` thread blocks of a function whose one wave takes `wave_ns`
+/// at the maximum clock keeps the device busy at `clock_mhz`.
+pub fn kernel_duration_with_wave_ns(
+    dev: &DeviceConfig,
+    blocks: u64,
+    clock_mhz: u32,
+    wave_ns: u64,
+) -> u64 {
     let sms = u64::from(dev.sm_count.max(1));
     let waves = blocks.max(1).div_ceil(sms);
-    let at_max = waves
-        .saturating_mul(u64::from(dev.kernel_wave_us))
-        .saturating_mul(1000);
+    let at_max = waves.saturating_mul(wave_ns);
     let scaled = at_max as f64 * f64::from(dev.max_clock_mhz) / f64::from(clock_mhz.max(1));
     (scaled as u64).clamp(1, MAX_KERNEL_NS)
 }
@@ -83,15 +94,93 @@ pub fn power_mw(dev: &DeviceConfig, utilization: f64, clock_mhz: u32, power_limi
     (p.round() as u32).min(power_limit_mw.max(dev.power_idle_mw))
 }
 
-/// Fraction of the window `[now − SAMPLE_WINDOW_NS, now]` covered by the busy runs
-/// `(start, end)` (nanoseconds; runs may extend into the future).
-pub fn utilization(runs: impl IntoIterator<Item = (u64, u64)>, now_ns: u64) -> f64 {
-    let window_start = now_ns.saturating_sub(SAMPLE_WINDOW_NS);
-    let busy: u64 = runs
+/// When an item queued at `now` on a stream that is ready at `stream_ready` starts, on a
+/// device whose FIFO drains at `device_busy_until` (all in ns since the epoch).
+pub fn queue_start(now: u64, device_busy_until: u64, stream_ready: u64) -> u64 {
+    now.max(device_busy_until).max(stream_ready)
+}
+
+/// Nanoseconds of `[from, to)` covered by the union of the intervals `(start, end)`
+/// (overlaps counted once; parts outside the window, e.g. in the future, excluded).
+pub fn busy_ns(intervals: impl IntoIterator<Item = (u64, u64)>, from: u64, to: u64) -> u64 {
+    let mut clipped: Vec<(u64, u64)> = intervals
         .into_iter()
-        .map(|(start, end)| end.min(now_ns).saturating_sub(start.max(window_start)))
-        .sum();
+        .map(|(s, e)| (s.max(from), e.min(to)))
+        .filter(|(s, e)| e > s)
+        .collect();
+    clipped.sort_unstable();
+    let mut busy = 0;
+    let mut covered_to = from;
+    for (s, e) in clipped {
+        let s = s.max(covered_to);
+        if e > s {
+            busy += e - s;
+            covered_to = e;
+        }
+    }
+    busy
+}
+
+/// Fraction of the window `[now − SAMPLE_WINDOW_NS, now]` covered by the intervals
+/// `(start, end)` (nanoseconds; they may extend into the future).
+pub fn utilization(intervals: impl IntoIterator<Item = (u64, u64)>, now_ns: u64) -> f64 {
+    let window_start = now_ns.saturating_sub(SAMPLE_WINDOW_NS);
+    let busy = busy_ns(intervals, window_start, now_ns);
     (busy as f64 / SAMPLE_WINDOW_NS as f64).clamp(0.0, 1.0)
+}
+
+/// `cuEventElapsedTime`: milliseconds from `start_ns` to `end_ns` (negative if the end was
+/// stamped first), at the real driver's resolution of about half a microsecond.
+pub fn elapsed_ms(start_ns: u64, end_ns: u64) -> f32 {
+    const RESOLUTION_NS: i128 = 500;
+    let delta = i128::from(end_ns) - i128::from(start_ns);
+    let ticks = (delta as f64 / RESOLUTION_NS as f64).round();
+    (ticks * RESOLUTION_NS as f64 / 1e6) as f32
+}
+
+/// A duration: `20us`, `1.5ms`, `2s`, `500ns`, or plain nanoseconds.
+pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit.trim() {
+        "" | "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        other => return Err(format!("unknown unit `{other}` in `{text}` (ns, us, ms, s)")),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (like 20us, 1ms, 50ms or 2000)"))?;
+    let ns = (value * scale).round();
+    if !(1.0..=MAX_KERNEL_NS as f64).contains(&ns) {
+        return Err(format!("`{text}` is outside 1ns..=10s"));
+    }
+    Ok(ns as u64)
+}
+
+/// `FAKEGPU_KERNELS`: `name=DUR[,name=DUR…]`, the time of one wave of each named function at
+/// the maximum clock. Empty means none.
+pub fn parse_kernel_table(spec: &str) -> Result<Vec<(String, u64)>, String> {
+    let mut table: Vec<(String, u64)> = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((name, duration)) = item.split_once('=') else {
+            return Err(format!("`{item}` is not name=DURATION"));
+        };
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(format!("`{item}` has no function name"));
+        }
+        let ns = parse_duration_ns(duration).map_err(|e| format!("{name}: {e}"))?;
+        match table.iter_mut().find(|(n, _)| n == name) {
+            Some(entry) => entry.1 = ns,
+            None => table.push((name.to_string(), ns)),
+        }
+    }
+    Ok(table)
 }
 
 /// GPU temperature in °C: 30 °C idle, rising linearly to 75 °C at maximum power.
@@ -163,6 +252,59 @@ mod tests {
         assert_eq!(kernel_duration_ns(&d, 133, 1980), 200_000);
         assert_eq!(kernel_duration_ns(&d, 1, 990), 200_000);
         assert_eq!(kernel_duration_ns(&d, u64::MAX, 345), MAX_KERNEL_NS);
+    }
+
+    #[test]
+    fn named_functions_take_their_own_wave_time() {
+        let d = h100();
+        assert_eq!(kernel_duration_with_wave_ns(&d, 1, 1980, 20_000), 20_000);
+        assert_eq!(kernel_duration_with_wave_ns(&d, 264, 1980, 20_000), 40_000);
+        assert_eq!(kernel_duration_with_wave_ns(&d, 265, 1980, 20_000), 60_000);
+        assert_eq!(kernel_duration_with_wave_ns(&d, 1, 990, 20_000), 40_000);
+    }
+
+    #[test]
+    fn queueing_and_busy_union() {
+        assert_eq!(queue_start(10, 5, 7), 10);
+        assert_eq!(queue_start(10, 50, 7), 50);
+        assert_eq!(queue_start(10, 50, 70), 70);
+        assert_eq!(busy_ns([], 0, 100), 0);
+        assert_eq!(busy_ns([(10, 20), (15, 30), (50, 60)], 0, 100), 30);
+        assert_eq!(busy_ns([(50, 60), (10, 20), (15, 30)], 0, 100), 30, "any order");
+        assert_eq!(busy_ns([(0, 1000)], 100, 200), 100, "clipped to the window");
+        assert_eq!(busy_ns([(150, 1000)], 100, 200), 50, "future excluded");
+        assert_eq!(busy_ns([(10, 20), (10, 20)], 0, 100), 10, "duplicates once");
+    }
+
+    #[test]
+    fn elapsed_time_resolution() {
+        assert_eq!(elapsed_ms(0, 1_000_000), 1.0);
+        assert_eq!(elapsed_ms(1_000_000, 0), -1.0);
+        assert_eq!(elapsed_ms(0, 20_000), 0.02);
+        assert_eq!(elapsed_ms(0, 1_249), 0.001, "rounded to 0.5 µs");
+        assert_eq!(elapsed_ms(0, 1_251), 0.0015);
+    }
+
+    #[test]
+    fn durations_and_kernel_tables() {
+        assert_eq!(parse_duration_ns("20us"), Ok(20_000));
+        assert_eq!(parse_duration_ns("1ms"), Ok(1_000_000));
+        assert_eq!(parse_duration_ns("50ms"), Ok(50_000_000));
+        assert_eq!(parse_duration_ns("1.5ms"), Ok(1_500_000));
+        assert_eq!(parse_duration_ns("2s"), Ok(2_000_000_000));
+        assert_eq!(parse_duration_ns("2500"), Ok(2500));
+        assert!(parse_duration_ns("20 parsecs").is_err());
+        assert!(parse_duration_ns("ms").is_err());
+        assert!(parse_duration_ns("0").is_err());
+        assert!(parse_duration_ns("11s").is_err());
+        assert_eq!(
+            parse_kernel_table("k=20us, big = 1ms,k=30us"),
+            Ok(vec![("k".into(), 30_000), ("big".into(), 1_000_000)])
+        );
+        assert_eq!(parse_kernel_table(""), Ok(vec![]));
+        assert!(parse_kernel_table("k").is_err());
+        assert!(parse_kernel_table("=1ms").is_err());
+        assert!(parse_kernel_table("k=fast").is_err());
     }
 
     #[test]

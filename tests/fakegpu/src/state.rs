@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use vgpu_abi::process::ProcessId;
 
 use crate::config::Config;
-use crate::model::MERGE_GAP_NS;
 
 /// Environment variable naming the state directory.
 pub const STATE_ENV: &str = "FAKEGPU_STATE";
@@ -35,11 +34,14 @@ pub const DEFAULT_STATE_DIR: &str = "/tmp/fakegpu";
 /// "FAKEGPU" + layout number; a file with anything else at its start is recreated.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU\x01");
 /// Bumped whenever [`Layout`] changes.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Processes that can hold memory on one device at the same time.
 pub const SLOTS: usize = 512;
-/// Busy runs remembered for the utilization window.
-const RUNS: usize = 32;
+/// Kernel intervals remembered for utilization (a ring; a process's back-to-back kernels
+/// share one entry, so this bounds the owner changes per window, not the kernels).
+pub const TIMELINE: usize = 65_536;
+/// Entries older than this (ended before `now − SAMPLE_WINDOW − this`) stop a backward scan.
+const SCAN_SLACK_NS: u64 = 1_000_000_000;
 /// A slot's pid while some process is reclaiming it.
 const RECLAIMING: u32 = u32::MAX;
 
@@ -75,16 +77,30 @@ struct Slot {
     start_time: AtomicU64,
     bytes: AtomicU64,
     launches: AtomicU64,
-    run_start_ns: AtomicU64,
+    _reserved1: AtomicU64,
+    /// When the kernels this process queued on the device end.
     busy_until_ns: AtomicU64,
     last_launch_ns: AtomicU64,
-    _reserved: AtomicU64,
+    _reserved2: AtomicU64,
 }
 
+/// One interval of the device's timeline: a kernel, or a process's kernels back to back.
+/// `seq` is the ring index + 1 once the other fields are written, 0 while they are.
 #[repr(C)]
-struct Run {
+struct Interval {
+    seq: AtomicU64,
     start_ns: AtomicU64,
     end_ns: AtomicU64,
+    pid: AtomicU64,
+}
+
+/// One interval of the device's timeline, as read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy {
+    /// The process whose kernel(s) ran (0: not attributed).
+    pub pid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
 }
 
 /// The file's layout. Zero-filled is the initial state of every field but the header.
@@ -113,10 +129,10 @@ struct Layout {
     dyn_energy_uj: AtomicU64,
     /// The largest energy reading handed out, so readings never go backwards.
     energy_reported_mj: AtomicU64,
-    runs_head: AtomicU64,
+    timeline_head: AtomicU64,
     _reserved: [AtomicU64; 16],
-    runs: [Run; RUNS],
     slots: [Slot; SLOTS],
+    timeline: [Interval; TIMELINE],
 }
 
 const FILE_SIZE: usize = std::mem::size_of::<Layout>();
@@ -332,7 +348,6 @@ impl DeviceState {
         self.unreserve(bytes);
         for field in [
             &slot.launches,
-            &slot.run_start_ns,
             &slot.busy_until_ns,
             &slot.last_launch_ns,
         ] {
@@ -436,81 +451,94 @@ impl DeviceState {
         self.layout().persistence.store(u32::from(on), SeqCst);
     }
 
-    /// Queue a kernel of `duration_ns` behind whatever the device is running; returns when it
-    /// ends. `dyn_energy_uj` is its energy above idle power.
+    /// Queue a kernel of `duration_ns` in the device's FIFO, behind whatever the device runs
+    /// and not before `not_before` (the stream's ready time); returns `(start, end)`.
+    /// `dyn_energy_uj` is its energy above idle power.
     pub(crate) fn record_launch(
         &self,
         slot: Option<usize>,
         now: u64,
+        not_before: u64,
         duration_ns: u64,
         dyn_energy_uj: u64,
-    ) -> u64 {
+    ) -> (u64, u64) {
         let l = self.layout();
+        let floor = now.max(not_before);
         let before = match l.busy_until_ns.fetch_update(SeqCst, SeqCst, |b| {
-            Some(b.max(now).saturating_add(duration_ns))
+            Some(b.max(floor).saturating_add(duration_ns))
         }) {
             Ok(b) | Err(b) => b,
         };
-        let start = before.max(now);
+        let start = before.max(floor);
         let end = start.saturating_add(duration_ns);
         l.launches.fetch_add(1, SeqCst);
         l.busy_total_ns.fetch_add(duration_ns, SeqCst);
         l.dyn_energy_uj.fetch_add(dyn_energy_uj, SeqCst);
-        self.extend_runs(start, end);
-        if let Some(slot) = slot.and_then(|i| l.slots.get(i)) {
+        let slot = slot.and_then(|i| l.slots.get(i));
+        let pid = slot.map_or(0, |s| s.pid.load(Acquire));
+        self.append_interval(pid, start, end);
+        if let Some(slot) = slot {
             slot.launches.fetch_add(1, SeqCst);
             slot.last_launch_ns.store(now, SeqCst);
-            if start > slot.busy_until_ns.load(SeqCst).saturating_add(MERGE_GAP_NS) {
-                slot.run_start_ns.store(start, SeqCst);
-            }
             slot.busy_until_ns.fetch_max(end, SeqCst);
         }
-        end
+        (start, end)
     }
 
-    fn extend_runs(&self, start: u64, end: u64) {
+    /// Add `[start, end)` of `pid` to the timeline: extend the newest entry if it is the same
+    /// process's and ends exactly at `start`, else take the next entry of the ring.
+    fn append_interval(&self, pid: u32, start: u64, end: u64) {
         let l = self.layout();
-        let head = l.runs_head.load(SeqCst);
+        let head = l.timeline_head.load(SeqCst);
         if head > 0 {
-            let last = &l.runs[((head - 1) % RUNS as u64) as usize];
-            if start <= last.end_ns.load(SeqCst).saturating_add(MERGE_GAP_NS) {
-                last.end_ns.fetch_max(end, SeqCst);
+            let last = &l.timeline[((head - 1) % TIMELINE as u64) as usize];
+            if last.seq.load(Acquire) == head
+                && last.pid.load(SeqCst) == u64::from(pid)
+                && last
+                    .end_ns
+                    .compare_exchange(start, end, SeqCst, SeqCst)
+                    .is_ok()
+            {
                 return;
             }
         }
-        let index = l.runs_head.fetch_add(1, SeqCst);
-        let run = &l.runs[(index % RUNS as u64) as usize];
-        run.end_ns.store(end, SeqCst);
-        run.start_ns.store(start, SeqCst);
+        let index = l.timeline_head.fetch_add(1, SeqCst);
+        let entry = &l.timeline[(index % TIMELINE as u64) as usize];
+        entry.seq.store(0, SeqCst);
+        entry.start_ns.store(start, SeqCst);
+        entry.end_ns.store(end, SeqCst);
+        entry.pid.store(u64::from(pid), SeqCst);
+        entry.seq.store(index + 1, Release);
     }
 
-    /// The remembered busy runs `(start, end)`.
-    pub(crate) fn runs(&self) -> Vec<(u64, u64)> {
-        self.layout()
-            .runs
-            .iter()
-            .map(|r| (r.start_ns.load(SeqCst), r.end_ns.load(SeqCst)))
-            .filter(|r| r.1 > r.0)
-            .collect()
-    }
-
-    /// Per-process busy run and last launch time: `(pid, run_start, busy_until, last_launch)`.
-    pub(crate) fn process_runs(&self) -> Vec<(u32, u64, u64, u64)> {
-        self.layout()
-            .slots
-            .iter()
-            .filter_map(|s| {
-                let pid = s.pid.load(Acquire);
-                (pid != 0 && pid != RECLAIMING).then(|| {
-                    (
-                        pid,
-                        s.run_start_ns.load(SeqCst),
-                        s.busy_until_ns.load(SeqCst),
-                        s.last_launch_ns.load(SeqCst),
-                    )
-                })
-            })
-            .collect()
+    /// The timeline's intervals that may overlap `[since, ∞)`, newest first: a backward scan
+    /// of the ring that stops at entries long finished before `since`.
+    pub fn timeline_since(&self, since: u64) -> Vec<Busy> {
+        let l = self.layout();
+        let head = l.timeline_head.load(SeqCst);
+        let oldest = head.saturating_sub(TIMELINE as u64);
+        let mut out = Vec::new();
+        for index in (oldest..head).rev() {
+            let entry = &l.timeline[(index % TIMELINE as u64) as usize];
+            if entry.seq.load(Acquire) != index + 1 {
+                continue; // being written (or already overwritten)
+            }
+            let busy = Busy {
+                start_ns: entry.start_ns.load(SeqCst),
+                end_ns: entry.end_ns.load(SeqCst),
+                pid: entry.pid.load(SeqCst) as u32,
+            };
+            if entry.seq.load(Acquire) != index + 1 {
+                continue;
+            }
+            if busy.end_ns.saturating_add(SCAN_SLACK_NS) < since {
+                break;
+            }
+            if busy.end_ns > since {
+                out.push(busy);
+            }
+        }
+        out
     }
 
     /// When this process's kernels on the device finish (0 if it has none).
@@ -672,6 +700,7 @@ mod tests {
     #[test]
     fn layout_is_stable() {
         assert_eq!(std::mem::size_of::<Slot>(), 64);
+        assert_eq!(std::mem::size_of::<Interval>(), 32);
         assert_eq!(FILE_SIZE % 8, 0);
     }
 
@@ -735,22 +764,39 @@ mod tests {
     }
 
     #[test]
-    fn launches_queue_and_form_runs() {
+    fn launches_queue_in_one_fifo_and_form_a_timeline() {
         let dir = tempfile::tempdir().unwrap();
         let s = DeviceState::open(dir.path(), "GPU-l", 1).unwrap();
-        let end1 = s.record_launch(None, 1_000_000, 500, 0);
-        let end2 = s.record_launch(None, 1_000_100, 500, 0);
+        let slot = s.claim_slot(me()).unwrap();
+        let first = s.record_launch(Some(slot), 1_000_000, 0, 500, 0);
+        let second = s.record_launch(Some(slot), 1_000_100, 0, 500, 0);
         assert_eq!(
-            (end1, end2),
-            (1_000_500, 1_001_000),
+            (first, second),
+            ((1_000_000, 1_000_500), (1_000_500, 1_001_000)),
             "the second waits for the first"
         );
-        let far = s.record_launch(None, 9_000_000_000, 10, 0);
-        assert_eq!(far, 9_000_000_010);
+        let other = s.record_launch(None, 1_000_200, 0, 100, 0);
+        assert_eq!(other, (1_001_000, 1_001_100), "another process queues behind");
+        let later = s.record_launch(Some(slot), 1_000_300, 5_000_000, 10, 0);
+        assert_eq!(later, (5_000_000, 5_000_010), "not before its stream is ready");
+        assert_eq!(s.busy_until_ns(), 5_000_010);
+        assert_eq!(s.slot_busy_until(slot), 5_000_010);
+        let pid = me().pid;
+        let busy = |pid, start_ns, end_ns| Busy {
+            pid,
+            start_ns,
+            end_ns,
+        };
         assert_eq!(
-            s.runs(),
-            vec![(1_000_000, 1_001_000), (9_000_000_000, 9_000_000_010)]
+            s.timeline_since(0),
+            vec![
+                busy(pid, 5_000_000, 5_000_010),
+                busy(0, 1_001_000, 1_001_100),
+                busy(pid, 1_000_000, 1_001_000),
+            ],
+            "back-to-back kernels of one process share an entry"
         );
-        assert_eq!(s.launches(), 3);
+        assert_eq!(s.timeline_since(1_001_050).len(), 2);
+        assert_eq!(s.launches(), 4);
     }
 }

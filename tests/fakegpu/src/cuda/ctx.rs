@@ -115,10 +115,12 @@ impl Process {
             .filter(|(_, c)| **c == ctx)
             .map(|(&m, _)| m)
             .collect();
-        self.functions.retain(|_, m| !modules.contains(m));
+        self.functions.retain(|_, f| !modules.contains(&f.module));
         self.modules.retain(|_, c| *c != ctx);
-        self.graphs.retain(|_, c| *c != ctx);
-        self.graph_execs.retain(|_, c| *c != ctx);
+        self.graphs.retain(|_, g| g.ctx != ctx);
+        self.graph_execs.retain(|_, e| e.ctx != ctx);
+        self.events.retain(|_, e| e.ctx != ctx);
+        self.timelines.retain(|key, _| key.ctx != ctx);
     }
 
     /// Wait target for "everything this process queued on `device`".

@@ -8,11 +8,14 @@
 pub(crate) mod array;
 pub(crate) mod ctx;
 pub(crate) mod error_names;
+pub(crate) mod event;
+pub(crate) mod graph;
 pub(crate) mod init;
 pub(crate) mod launch;
 pub(crate) mod mem;
 pub(crate) mod procaddr;
 pub(crate) mod process;
+pub(crate) mod stream;
 pub(crate) mod visible;
 pub(crate) mod vmm;
 

@@ -23,7 +23,7 @@ use cudarc::driver::sys::{
 };
 use vgpu_abi::cuda_procs::{resolve, Resolution};
 
-use super::{array, ctx, entry, init, launch, mem, vmm, CuResult};
+use super::{array, ctx, entry, event, graph, init, launch, mem, stream, vmm, CuResult};
 use crate::ffi;
 
 macro_rules! exports {
@@ -60,13 +60,33 @@ exports! {
     vmm::cuMemMap, vmm::cuMemUnmap, vmm::cuMemSetAccess, vmm::cuMemGetAllocationGranularity,
     array::cuArrayCreate_v2, array::cuArray3DCreate_v2, array::cuArrayDestroy,
     array::cuMipmappedArrayCreate, array::cuMipmappedArrayDestroy,
-    launch::cuStreamCreate, launch::cuStreamCreateWithPriority, launch::cuStreamDestroy_v2,
-    launch::cuStreamSynchronize, launch::cuStreamSynchronize_ptsz, launch::cuStreamQuery,
-    launch::cuStreamQuery_ptsz, launch::cuModuleLoadData, launch::cuModuleLoadDataEx,
+    stream::cuStreamCreate, stream::cuStreamCreateWithPriority, stream::cuStreamDestroy_v2,
+    stream::cuStreamSynchronize, stream::cuStreamSynchronize_ptsz, stream::cuStreamQuery,
+    stream::cuStreamQuery_ptsz,
+    stream::cuStreamBeginCapture, stream::cuStreamBeginCapture_ptsz,
+    stream::cuStreamBeginCapture_v2, stream::cuStreamBeginCapture_v2_ptsz,
+    stream::cuStreamEndCapture, stream::cuStreamEndCapture_ptsz,
+    stream::cuStreamIsCapturing, stream::cuStreamIsCapturing_ptsz,
+    stream::cuStreamGetCaptureInfo, stream::cuStreamGetCaptureInfo_ptsz,
+    stream::cuStreamGetCaptureInfo_v2, stream::cuStreamGetCaptureInfo_v2_ptsz,
+    stream::cuStreamGetCaptureInfo_v3, stream::cuStreamGetCaptureInfo_v3_ptsz,
+    event::cuEventCreate, event::cuEventDestroy_v2, event::cuEventRecord, event::cuEventRecord_ptsz,
+    event::cuEventRecordWithFlags, event::cuEventRecordWithFlags_ptsz, event::cuEventQuery,
+    event::cuEventSynchronize, event::cuEventElapsedTime, event::cuEventElapsedTime_v2,
+    event::cuStreamWaitEvent, event::cuStreamWaitEvent_ptsz,
+    launch::cuModuleLoadData, launch::cuModuleLoadDataEx,
     launch::cuModuleUnload, launch::cuModuleGetFunction, launch::cuLaunchKernel,
     launch::cuLaunchKernel_ptsz, launch::cuLaunchKernelEx, launch::cuLaunchKernelEx_ptsz,
-    launch::cuGraphCreate, launch::cuGraphDestroy, launch::cuGraphInstantiateWithFlags,
-    launch::cuGraphExecDestroy, launch::cuGraphLaunch, launch::cuGraphLaunch_ptsz,
+    launch::cuLaunchCooperativeKernel, launch::cuLaunchCooperativeKernel_ptsz,
+    launch::cuLaunchCooperativeKernelMultiDevice,
+    launch::cuFuncSetBlockShape, launch::cuFuncSetSharedSize, launch::cuParamSetSize,
+    launch::cuParamSeti, launch::cuParamSetf, launch::cuParamSetv,
+    launch::cuLaunch, launch::cuLaunchGrid, launch::cuLaunchGridAsync,
+    graph::cuGraphCreate, graph::cuGraphDestroy, graph::cuGraphAddKernelNode,
+    graph::cuGraphAddKernelNode_v2, graph::cuGraphAddEmptyNode, graph::cuGraphGetNodes,
+    graph::cuGraphInstantiate, graph::cuGraphInstantiate_v2, graph::cuGraphInstantiateWithFlags,
+    graph::cuGraphInstantiateWithParams, graph::cuGraphInstantiateWithParams_ptsz,
+    graph::cuGraphExecDestroy, graph::cuGraphLaunch, graph::cuGraphLaunch_ptsz,
     self::cuGetProcAddress, self::cuGetProcAddress_v2,
 }
 

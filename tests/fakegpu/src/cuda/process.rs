@@ -11,6 +11,10 @@ use std::sync::{Mutex, Once, PoisonError, TryLockError};
 use cudarc::driver::sys::CUresult;
 use vgpu_abi::process::ProcessId;
 
+use super::event::Event;
+use super::graph::{Exec, Graph};
+use super::launch::{kernel_table, Function};
+use super::stream::{StreamKey, StreamState};
 use super::{visible, CuResult};
 use crate::driver::{self, Driver};
 use crate::ffi::{self, getpid};
@@ -90,12 +94,13 @@ pub(crate) struct Process {
     pub streams: HashMap<u64, u64>,
     /// Module → context.
     pub modules: HashMap<u64, u64>,
-    /// Function → module.
-    pub functions: HashMap<u64, u64>,
-    /// Graph → context.
-    pub graphs: HashMap<u64, u64>,
-    /// Executable graph → context.
-    pub graph_execs: HashMap<u64, u64>,
+    pub functions: HashMap<u64, Function>,
+    pub graphs: HashMap<u64, Graph>,
+    pub graph_execs: HashMap<u64, Exec>,
+    pub events: HashMap<u64, Event>,
+    /// Every stream's queue and capture state.
+    pub timelines: HashMap<StreamKey, StreamState>,
+    pub next_capture_id: u64,
     next_handle: u64,
     /// Device address ranges in use: start → length.
     va: BTreeMap<u64, u64>,
@@ -117,13 +122,15 @@ thread_local! {
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
-/// cuInit: load the driver, apply CUDA_VISIBLE_DEVICES, reclaim dead processes' memory.
+/// cuInit: load the driver, read FAKEGPU_KERNELS, apply CUDA_VISIBLE_DEVICES, reclaim dead
+/// processes' memory.
 pub(crate) fn init() -> CuResult {
     let mut guard = PROCESS.lock().unwrap_or_else(PoisonError::into_inner);
     if guard.as_ref().is_some_and(|p| p.pid == getpid()) {
         return Ok(());
     }
     let driver = driver::load().ok_or(CUresult::CUDA_ERROR_NO_DEVICE)?;
+    kernel_table()?;
     driver.reclaim_dead();
     let uuids: Vec<&str> = driver
         .devices
@@ -227,6 +234,9 @@ impl Process {
             functions: HashMap::new(),
             graphs: HashMap::new(),
             graph_execs: HashMap::new(),
+            events: HashMap::new(),
+            timelines: HashMap::new(),
+            next_capture_id: 0,
             next_handle: 0,
             va: BTreeMap::new(),
             next_va: VA_START,

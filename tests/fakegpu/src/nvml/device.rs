@@ -446,8 +446,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     })
 }
 
-/// One sample per process that ran kernels within the last second and after
-/// `last_seen_us` (CPU time in µs). `utilization` NULL: the count only, with
+/// One sample per process whose kernels kept the device busy during the window
+/// `[max(last_seen_us, now − 1 s), now]`: `smUtil` is its busy time in the window ÷ the
+/// window's length, exactly, from the device timeline (kernels still queued count for the
+/// part already run); `timeStamp` is now, in µs. `utilization` NULL: the count only, with
 /// NVML_ERROR_INSUFFICIENT_SIZE. None: NVML_ERROR_NOT_FOUND.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
@@ -459,27 +461,28 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     entry(|| {
         let d = device(handle)?;
         let now = now_ns();
-        let window_start = now.saturating_sub(SAMPLE_WINDOW_NS);
-        let samples: Vec<nvmlProcessUtilizationSample_t> = d
-            .state
-            .process_runs()
-            .into_iter()
-            .filter_map(|(pid, run_start, busy_until, last_launch)| {
-                let busy = busy_until
-                    .min(now)
-                    .saturating_sub(run_start.max(window_start));
-                let sm = percent(busy as f64 / SAMPLE_WINDOW_NS as f64);
-                let stamp = last_launch / 1000;
-                (sm > 0 && stamp > last_seen_us).then_some(nvmlProcessUtilizationSample_t {
-                    pid,
-                    timeStamp: stamp,
-                    smUtil: sm,
-                    memUtil: sm / 2,
-                    encUtil: 0,
-                    decUtil: 0,
+        let from = now
+            .saturating_sub(SAMPLE_WINDOW_NS)
+            .max(last_seen_us.saturating_mul(1000));
+        let window = now.saturating_sub(from);
+        let samples: Vec<nvmlProcessUtilizationSample_t> = if window == 0 {
+            Vec::new()
+        } else {
+            d.process_busy_ns(from, now)
+                .into_iter()
+                .map(|(pid, busy)| {
+                    let sm = percent(busy as f64 / window as f64);
+                    nvmlProcessUtilizationSample_t {
+                        pid,
+                        timeStamp: now / 1000,
+                        smUtil: sm,
+                        memUtil: sm / 2,
+                        encUtil: 0,
+                        decUtil: 0,
+                    }
                 })
-            })
-            .collect();
+                .collect()
+        };
         if samples.is_empty() {
             return Err(NOT_FOUND);
         }

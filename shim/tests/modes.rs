@@ -88,10 +88,11 @@ fn a_usage_file_of_another_layout_version_fails_closed_and_says_so() {
     let out = bench.shimmed(&probe).args(["alloc", "4096"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("alloc=2"));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("created by a newer vgpu (layout version 99, this build reads 1)"),
-        "{stderr}"
+    let expected = format!(
+        "created by a newer vgpu (layout version 99, this build reads {})",
+        vgpu_abi::layout::LAYOUT_VERSION
     );
+    assert!(stderr.contains(&expected), "{stderr}");
 }
 
 #[test]
@@ -210,6 +211,8 @@ fn a_gpu_outside_the_vgpu_offers_nothing() {
             uuid: UUIDS[0].into(),
             quota_bytes: 32 * MIB,
             compute_pct: 100,
+            policy: Default::default(),
+            priority: 0,
         }],
     )
     .unwrap();

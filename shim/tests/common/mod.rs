@@ -143,6 +143,8 @@ impl Bench {
                 uuid: uuid.to_string(),
                 quota_bytes: q,
                 compute_pct: 100,
+                policy: Default::default(),
+                priority: 0,
             })
             .collect();
         UsageFile::create(&vgpu_dir.join(USAGE_FILE), &devices).expect("create usage file");

@@ -55,6 +55,7 @@ fn decode(value: usize) -> Mode {
 
 #[cold]
 fn decide() -> Mode {
+    crate::guard::test_panic::configure();
     let value = match std::env::var_os(VGPU_DIR_ENV) {
         None => PASS_THROUGH,
         Some(dir) if dir.is_empty() => PASS_THROUGH,

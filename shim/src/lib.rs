@@ -2,7 +2,9 @@
 //! quota, shared by all processes of the vGPU, from inside the CUDA process.
 //!
 //! - [`interpose`]: how calls reach the shim (exports, `dlsym`, `cuGetProcAddress`).
-//! - [`hooks`]: the governed driver and NVML entry points.
+//! - [`governed`]: the one list of governed functions (generates their exports, real-driver
+//!   slots and the `dlsym`/`cuGetProcAddress` table).
+//! - [`hooks`]: what each governed function does around the driver call.
 //! - [`governor`]: the memory accounting on the vGPU's shared usage file (the protocol
 //!   itself lives in `vgpu_abi::usage`, shared with the `vgpu` CLI).
 //! - [`config`] / [`state`]: which vGPU, this process's state file, fork handling.
@@ -12,6 +14,7 @@
 
 mod config;
 mod ffi;
+mod governed;
 mod governor;
 mod guard;
 mod hooks;

@@ -115,63 +115,52 @@ impl Slot {
     }
 }
 
-/// Declares `real::NAME(args)` for each driver function: the real function, or `$missing`
-/// when the driver lacks it.
-macro_rules! real_functions {
-    ($library:ident, $missing:expr; $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty ; )*) => {
-        $(
-            #[allow(non_snake_case, clippy::too_many_arguments)]
-            #[inline(always)]
-            pub unsafe fn $name($($arg: $ty),*) -> $ret {
-                static SLOT: Slot = Slot::new(&$library, {
-                    const NAME: &str = concat!(stringify!($name), "\0");
-                    match CStr::from_bytes_with_nul(NAME.as_bytes()) { Ok(c) => c, Err(_) => panic!() }
-                });
-                match SLOT.get() {
-                    Some(p) => {
-                        // SAFETY: `p` is the driver's function of this exact name, whose C
-                        // signature this declaration copies from the headers.
-                        let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) };
-                        // SAFETY: the caller passes the arguments it got from the program.
-                        unsafe { f($($arg),*) }
-                    }
-                    None => $missing,
+/// Declares `real::NAME(args)`, one driver function: the real function, or `$missing` when
+/// the driver lacks it. Governed functions get theirs from `governed!` (crate::governed);
+/// [`real_functions!`] below declares the ones the shim only calls.
+macro_rules! real_function {
+    ($library:ident, $missing:expr; $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty) => {
+        // dead_code: real-only functions may be declared ahead of their use (the compute
+        // governor's event functions).
+        #[allow(non_snake_case, dead_code, clippy::too_many_arguments, clippy::missing_safety_doc)]
+        #[inline(always)]
+        pub unsafe fn $name($($arg: $ty),*) -> $ret {
+            static SLOT: $crate::real::Slot = $crate::real::Slot::new(&$crate::real::$library, {
+                const NAME: &str = concat!(stringify!($name), "\0");
+                match ::std::ffi::CStr::from_bytes_with_nul(NAME.as_bytes()) { Ok(c) => c, Err(_) => panic!() }
+            });
+            match SLOT.get() {
+                Some(p) => {
+                    // SAFETY: `p` is the driver's function of this exact name, whose C
+                    // signature this declaration copies from the headers.
+                    let f = unsafe { ::std::mem::transmute::<*mut ::std::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(p) };
+                    // SAFETY: the caller passes the arguments it got from the program.
+                    unsafe { f($($arg),*) }
                 }
+                None => $missing,
             }
-        )*
+        }
+    };
+}
+pub(crate) use real_function;
+
+/// Declares several real-only driver functions of one library (see [`real_function!`]).
+macro_rules! real_functions {
+    ($library:ident, $missing:expr; $( fn $name:ident $args:tt -> $ret:ty ; )*) => {
+        $( real_function!($library, $missing; $name $args -> $ret); )*
     };
 }
 
+/// The governed functions' real ones (declared with their exports in `crate::governed`).
+pub use crate::governed::real::*;
+
+// Real-only: functions the shim calls but does not govern.
 real_functions! { CUDA, CUDA_ERROR_NOT_FOUND;
-    fn cuInit(flags: c_uint) -> CuResult;
-    fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t) -> CuResult;
-    fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t, status: *mut c_int) -> CuResult;
     fn cuDeviceGetCount(count: *mut c_int) -> CuResult;
     fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult;
     fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: CUdevice) -> CuResult;
     fn cuDeviceGetUuid(uuid: *mut [u8; 16], device: CUdevice) -> CuResult;
-    fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> CuResult;
     fn cuCtxGetDevice(device: *mut CUdevice) -> CuResult;
-    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
-    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CuResult;
-    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, element: c_uint) -> CuResult;
-    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CuResult;
-    fn cuMemFree_v2(dptr: CUdeviceptr) -> CuResult;
-    fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CuResult;
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CuResult;
-    fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CuResult;
-    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: CUmemoryPool, stream: CUstream) -> CuResult;
-    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
-    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
-    fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CuResult;
-    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
-    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, bytes: usize, prop: *const CUmemAllocationProp, flags: u64) -> CuResult;
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CuResult;
-    fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CuResult;
-    fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CuResult;
-    fn cuArrayDestroy(array: CUarray) -> CuResult;
-    fn cuMipmappedArrayCreate(array: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CuResult;
-    fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CuResult;
     fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CuResult;
     fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CuResult;
     fn cuEventDestroy_v2(event: CUevent) -> CuResult;
@@ -181,12 +170,8 @@ real_functions! { CUDA, CUDA_ERROR_NOT_FOUND;
     fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult;
     fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint) -> CuResult;
     fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_uint) -> CuResult;
-    fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult;
-    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult;
 }
 
 real_functions! { NVML, NVML_ERROR_FUNCTION_NOT_FOUND;
-    fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> NvmlReturn;
-    fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> NvmlReturn;
     fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> NvmlReturn;
 }

@@ -16,6 +16,7 @@ use super::allocations::{self, Counted, Kind};
 use super::devices::Target;
 use crate::config::{self, Mode, Vgpu};
 use crate::ffi::*;
+use crate::guard::Call;
 use crate::log::vgpu_log_once;
 use crate::state;
 
@@ -89,20 +90,27 @@ fn reserve(vgpu: &'static Vgpu, record: &'static ProcFile, device: usize, bytes:
 }
 
 impl Reservation {
-    /// The driver allocated: remember what `handle` counted, for its free.
+    /// The driver allocated: remember what `handle` counted, for its free (the bytes stay
+    /// reserved).
     pub fn commit(self, kind: Kind, handle: u64) {
+        let this = std::mem::ManuallyDrop::new(self);
         allocations::insert(
             kind,
             handle,
             Counted {
-                device: self.device,
-                bytes: self.bytes,
+                device: this.device,
+                bytes: this.bytes,
             },
         );
     }
 
     /// The driver refused: give the bytes back.
     pub fn cancel(self) {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.release();
+    }
+
+    fn release(&self) {
         self.vgpu.usage.release(self.record, self.device, self.bytes);
     }
 
@@ -126,41 +134,115 @@ impl Reservation {
     }
 }
 
-/// Run an admitted allocation: `call` runs the driver and returns its code and the new
-/// handle; on success the handle is remembered with what it counted.
-#[inline]
-pub fn allocate(admission: Admission, kind: Kind, call: impl FnOnce() -> (CuResult, u64)) -> CuResult {
-    match admission {
-        Admission::PassThrough => call().0,
-        Admission::Refuse(rc) => rc,
-        Admission::Reserved(reservation) => {
-            let (rc, handle) = call();
-            if rc == CUDA_SUCCESS {
-                reservation.commit(kind, handle);
-            } else {
-                reservation.cancel();
-            }
-            rc
+/// Dropped without [`Reservation::commit`] or [`Reservation::cancel`] (an early return, or a
+/// panic unwinding through the hook): the bytes go back.
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A reservation whose driver call is under way: settled when dropped — committed if the
+/// driver recorded success in `call` (even if a panic came between the driver and the
+/// commit: the driver holds the memory, so it stays counted, exactly once), else given back.
+pub struct Pending<'c, H: FnOnce() -> u64> {
+    reservation: Option<Reservation>,
+    call: &'c Call<CuResult>,
+    kind: Kind,
+    handle: Option<H>,
+}
+
+impl<'c, H: FnOnce() -> u64> Pending<'c, H> {
+    /// `handle` reads the new handle after the driver succeeded (it must not panic).
+    pub fn new(reservation: Reservation, call: &'c Call<CuResult>, kind: Kind, handle: H) -> Self {
+        Pending {
+            reservation: Some(reservation),
+            call,
+            kind,
+            handle: Some(handle),
+        }
+    }
+
+    /// The reservation, e.g. to resize it.
+    pub fn reservation(&mut self) -> Option<&mut Reservation> {
+        self.reservation.as_mut()
+    }
+
+    /// Give the bytes back now (the hook undid the driver's allocation).
+    pub fn cancel(&mut self) {
+        if let Some(r) = self.reservation.take() {
+            r.cancel();
         }
     }
 }
 
-/// Free `handle` with `call` (the driver's free) and give back what it counted. The entry
-/// is taken out *before* the driver frees, so another thread that gets the same address
-/// from the driver right after cannot have its own entry removed by this free; if the
-/// driver refuses, the entry goes back.
-#[inline]
-pub fn free(kind: Kind, handle: u64, call: impl FnOnce() -> CuResult) -> CuResult {
-    let counted = allocations::remove(kind, handle);
-    let rc = call();
-    if let Some(counted) = counted {
-        if rc == CUDA_SUCCESS {
-            give_back(counted);
-        } else {
-            allocations::insert(kind, handle, counted);
+impl<H: FnOnce() -> u64> Drop for Pending<'_, H> {
+    fn drop(&mut self) {
+        let Some(reservation) = self.reservation.take() else {
+            return;
+        };
+        match (self.call.result(), self.handle.take()) {
+            (Some(CUDA_SUCCESS), Some(handle)) => reservation.commit(self.kind, handle()),
+            _ => reservation.cancel(),
         }
     }
-    rc
+}
+
+/// Run an admitted allocation: `driver` is the driver call (made through `call`, so its
+/// answer is recorded), `handle` reads the new handle after it succeeded; on success the
+/// handle is remembered with what it counted.
+#[inline]
+pub fn allocate(
+    call: &Call<CuResult>,
+    admission: Admission,
+    kind: Kind,
+    driver: impl FnOnce() -> CuResult,
+    handle: impl FnOnce() -> u64,
+) -> CuResult {
+    match admission {
+        Admission::PassThrough => call.driver(driver),
+        Admission::Refuse(rc) => rc,
+        Admission::Reserved(reservation) => {
+            let _settle = Pending::new(reservation, call, kind, handle);
+            call.driver(driver)
+        }
+    }
+}
+
+/// Free `handle` with `driver` (the driver's free, made through `call`) and give back what
+/// it counted. The entry is taken out *before* the driver frees, so another thread that gets
+/// the same address from the driver right after cannot have its own entry removed by this
+/// free; if the driver refuses (or was never called, a panic before it), the entry goes back.
+#[inline]
+pub fn free(call: &Call<CuResult>, kind: Kind, handle: u64, driver: impl FnOnce() -> CuResult) -> CuResult {
+    let _settle = Removed {
+        counted: allocations::remove(kind, handle),
+        call,
+        kind,
+        handle,
+    };
+    call.driver(driver)
+}
+
+/// An entry taken out for a free in progress: settled when dropped, also while unwinding.
+struct Removed<'c> {
+    counted: Option<Counted>,
+    call: &'c Call<CuResult>,
+    kind: Kind,
+    handle: u64,
+}
+
+impl Drop for Removed<'_> {
+    fn drop(&mut self) {
+        let Some(counted) = self.counted.take() else {
+            return;
+        };
+        if self.call.result() == Some(CUDA_SUCCESS) {
+            give_back(counted);
+        } else {
+            allocations::insert(self.kind, self.handle, counted);
+        }
+    }
 }
 
 fn give_back(counted: Counted) {

@@ -3,12 +3,12 @@
 use std::ffi::c_uint;
 
 use crate::ffi::*;
+use crate::governed::sig;
 use crate::governor::allocations::Kind;
 use crate::governor::arrays::Shape;
 use crate::governor::devices;
 use crate::governor::memory::{self, Admission};
-use crate::guard::guard;
-use crate::hooks::driver;
+use crate::guard::Call;
 
 /// Admit an array of `bytes` (`None`: a shape the driver refuses; it answers itself).
 fn admit(bytes: Option<u64>) -> Admission {
@@ -18,87 +18,92 @@ fn admit(bytes: Option<u64>) -> Admission {
     }
 }
 
-/// The handle a successful create wrote.
-fn created<T>(rc: CuResult, out: *const *mut T) -> u64 {
-    if rc != CUDA_SUCCESS || out.is_null() {
+/// The handle a successful create wrote through `out` (0 if `out` is NULL).
+///
+/// # Safety
+/// Only after the driver succeeded with this `out`.
+unsafe fn created<T>(out: *const *mut T) -> u64 {
+    if out.is_null() {
         return 0;
     }
     // SAFETY: the driver succeeded, so it wrote the new handle through `out`.
     unsafe { out.read() as u64 }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CuResult {
-    guard(
-        "cuArrayCreate_v2",
-        || {
-            // SAFETY: a non-NULL descriptor is readable by the driver API's contract.
-            let bytes = (!desc.is_null())
-                .then(|| unsafe { Shape::of_2d(desc) })
-                .and_then(|s| s.bytes());
-            memory::allocate(admit(bytes), Kind::Array, || {
-                let rc = driver!(cuArrayCreate_v2(array, desc));
-                (rc, created(rc, array))
-            })
-        },
-        || driver!(cuArrayCreate_v2(array, desc)),
+pub unsafe fn create_2d(
+    call: &Call<CuResult>,
+    real: sig::cuArrayCreate_v2,
+    array: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CuResult {
+    // SAFETY: a non-NULL descriptor is readable by the driver API's contract.
+    let bytes = (!desc.is_null())
+        .then(|| unsafe { Shape::of_2d(desc) })
+        .and_then(|s| s.bytes());
+    memory::allocate(
+        call,
+        admit(bytes),
+        Kind::Array,
+        // SAFETY: the real function with the program's arguments.
+        || unsafe { real(array, desc) },
+        // SAFETY: read only after the driver succeeded.
+        || unsafe { created(array) },
     )
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate_v2(array: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CuResult {
-    guard(
-        "cuArray3DCreate_v2",
-        || {
-            // SAFETY: as above.
-            let bytes = (!desc.is_null())
-                .then(|| unsafe { Shape::of_3d(desc) })
-                .and_then(|s| s.bytes());
-            memory::allocate(admit(bytes), Kind::Array, || {
-                let rc = driver!(cuArray3DCreate_v2(array, desc));
-                (rc, created(rc, array))
-            })
-        },
-        || driver!(cuArray3DCreate_v2(array, desc)),
+pub unsafe fn create_3d(
+    call: &Call<CuResult>,
+    real: sig::cuArray3DCreate_v2,
+    array: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CuResult {
+    // SAFETY: as above.
+    let bytes = (!desc.is_null())
+        .then(|| unsafe { Shape::of_3d(desc) })
+        .and_then(|s| s.bytes());
+    memory::allocate(
+        call,
+        admit(bytes),
+        Kind::Array,
+        // SAFETY: the real function with the program's arguments.
+        || unsafe { real(array, desc) },
+        // SAFETY: read only after the driver succeeded.
+        || unsafe { created(array) },
     )
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayDestroy(array: CUarray) -> CuResult {
-    guard(
-        "cuArrayDestroy",
-        || memory::free(Kind::Array, array as u64, || driver!(cuArrayDestroy(array))),
-        || driver!(cuArrayDestroy(array)),
-    )
+pub unsafe fn destroy(call: &Call<CuResult>, real: sig::cuArrayDestroy, array: CUarray) -> CuResult {
+    // SAFETY: the real function with the program's argument.
+    memory::free(call, Kind::Array, array as u64, || unsafe { real(array) })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMipmappedArrayCreate(
+pub unsafe fn create_mipmapped(
+    call: &Call<CuResult>,
+    real: sig::cuMipmappedArrayCreate,
     array: *mut CUmipmappedArray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
     levels: c_uint,
 ) -> CuResult {
-    guard(
-        "cuMipmappedArrayCreate",
-        || {
-            // SAFETY: as above.
-            let bytes = (!desc.is_null() && levels > 0)
-                .then(|| unsafe { Shape::of_3d(desc) })
-                .and_then(|s| s.mipmapped_bytes(levels));
-            memory::allocate(admit(bytes), Kind::Mipmap, || {
-                let rc = driver!(cuMipmappedArrayCreate(array, desc, levels));
-                (rc, created(rc, array))
-            })
-        },
-        || driver!(cuMipmappedArrayCreate(array, desc, levels)),
+    // SAFETY: as above.
+    let bytes = (!desc.is_null() && levels > 0)
+        .then(|| unsafe { Shape::of_3d(desc) })
+        .and_then(|s| s.mipmapped_bytes(levels));
+    memory::allocate(
+        call,
+        admit(bytes),
+        Kind::Mipmap,
+        // SAFETY: the real function with the program's arguments.
+        || unsafe { real(array, desc, levels) },
+        // SAFETY: read only after the driver succeeded.
+        || unsafe { created(array) },
     )
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CuResult {
-    guard(
-        "cuMipmappedArrayDestroy",
-        || memory::free(Kind::Mipmap, array as u64, || driver!(cuMipmappedArrayDestroy(array))),
-        || driver!(cuMipmappedArrayDestroy(array)),
-    )
+pub unsafe fn destroy_mipmapped(
+    call: &Call<CuResult>,
+    real: sig::cuMipmappedArrayDestroy,
+    array: CUmipmappedArray,
+) -> CuResult {
+    // SAFETY: the real function with the program's argument.
+    memory::free(call, Kind::Mipmap, array as u64, || unsafe { real(array) })
 }

@@ -5,23 +5,17 @@ use std::ffi::c_uint;
 
 use crate::config::{self, Mode};
 use crate::ffi::*;
+use crate::governed::sig;
 use crate::governor::devices;
-use crate::guard::guard;
-use crate::hooks::driver;
+use crate::guard::Call;
 
-#[no_mangle]
-pub unsafe extern "C" fn cuInit(flags: c_uint) -> CuResult {
-    guard(
-        "cuInit",
-        || {
-            let rc = driver!(cuInit(flags));
-            if rc == CUDA_SUCCESS {
-                if let Mode::Enforce(vgpu) = config::mode() {
-                    devices::map(vgpu);
-                }
-            }
-            rc
-        },
-        || driver!(cuInit(flags)),
-    )
+pub unsafe fn init(call: &Call<CuResult>, real: sig::cuInit, flags: c_uint) -> CuResult {
+    // SAFETY: the real function with the program's arguments.
+    let rc = call.driver(|| unsafe { real(flags) });
+    if rc == CUDA_SUCCESS {
+        if let Mode::Enforce(vgpu) = config::mode() {
+            devices::map(vgpu);
+        }
+    }
+    rc
 }

@@ -1,6 +1,8 @@
-//! The exported driver entry points the shim governs (C signatures from NVIDIA's headers).
-//! Each is thin: it runs its governor under [`crate::guard::guard`], falling back to the
-//! real function. Their safety contract is the CUDA driver / NVML API's own.
+//! What each governed function does around its driver call. The exports themselves are
+//! generated from the list in `crate::governed`: each runs its hook under
+//! [`crate::guard::guard`], handing it a [`crate::guard::Call`] (through which the hook calls
+//! the driver, exactly once) and the real function. The hooks' safety contract is the CUDA
+//! driver / NVML API's own.
 #![allow(clippy::missing_safety_doc)]
 
 pub mod arrays;

@@ -6,7 +6,8 @@ use std::ffi::{c_char, c_uint, CStr};
 
 use crate::config::{self, Mode, Vgpu};
 use crate::ffi::*;
-use crate::guard::guard;
+use crate::governed::sig;
+use crate::guard::Call;
 use crate::hooks::driver;
 
 /// `(total, used, free)` to report for `device` given the driver's answer, or `None` to
@@ -34,43 +35,41 @@ fn virtual_memory(device: nvmlDevice_t, real: (u64, u64, u64)) -> Option<(u64, u
     Some((quota, used, (quota - used).min(real_free)))
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> NvmlReturn {
-    guard(
-        "nvmlDeviceGetMemoryInfo",
-        || {
-            let rc = driver!(nvmlDeviceGetMemoryInfo(device, memory));
-            if rc != NVML_SUCCESS || memory.is_null() {
-                return rc;
-            }
-            // SAFETY: NVML succeeded, so `memory` is valid and holds its answer.
-            let m = unsafe { &mut *memory };
-            if let Some((total, used, free)) = virtual_memory(device, (m.total, m.used, m.free)) {
-                (m.total, m.used, m.free) = (total, used, free);
-            }
-            rc
-        },
-        || driver!(nvmlDeviceGetMemoryInfo(device, memory)),
-    )
+pub unsafe fn memory_info(
+    call: &Call<NvmlReturn>,
+    real: sig::nvmlDeviceGetMemoryInfo,
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> NvmlReturn {
+    // SAFETY: the real function with the program's arguments.
+    let rc = call.driver(|| unsafe { real(device, memory) });
+    if rc != NVML_SUCCESS || memory.is_null() {
+        return rc;
+    }
+    // SAFETY: NVML succeeded, so `memory` is valid and holds its answer.
+    let m = unsafe { &mut *memory };
+    if let Some((total, used, free)) = virtual_memory(device, (m.total, m.used, m.free)) {
+        (m.total, m.used, m.free) = (total, used, free);
+    }
+    rc
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> NvmlReturn {
-    guard(
-        "nvmlDeviceGetMemoryInfo_v2",
-        || {
-            let rc = driver!(nvmlDeviceGetMemoryInfo_v2(device, memory));
-            if rc != NVML_SUCCESS || memory.is_null() {
-                return rc;
-            }
-            // SAFETY: as above.
-            let m = unsafe { &mut *memory };
-            if let Some((total, used, free)) = virtual_memory(device, (m.total, m.used, m.free)) {
-                // Driver-reserved memory is outside the quota: the quota is all there is.
-                (m.total, m.reserved, m.used, m.free) = (total, 0, used, free);
-            }
-            rc
-        },
-        || driver!(nvmlDeviceGetMemoryInfo_v2(device, memory)),
-    )
+pub unsafe fn memory_info_v2(
+    call: &Call<NvmlReturn>,
+    real: sig::nvmlDeviceGetMemoryInfo_v2,
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> NvmlReturn {
+    // SAFETY: the real function with the program's arguments.
+    let rc = call.driver(|| unsafe { real(device, memory) });
+    if rc != NVML_SUCCESS || memory.is_null() {
+        return rc;
+    }
+    // SAFETY: as above.
+    let m = unsafe { &mut *memory };
+    if let Some((total, used, free)) = virtual_memory(device, (m.total, m.used, m.free)) {
+        // Driver-reserved memory is outside the quota: the quota is all there is.
+        (m.total, m.reserved, m.used, m.free) = (total, 0, used, free);
+    }
+    rc
 }

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use crate::ffi::*;
-use crate::guard::guard;
-use crate::hooks::driver;
+use crate::governed::sig;
+use crate::guard::Call;
 use crate::spinlock::SpinLock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,50 +22,43 @@ pub fn location(pool: u64) -> Option<Location> {
     POOLS.lock().as_ref()?.get(&pool).copied()
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CuResult {
-    guard(
-        "cuMemPoolCreate",
-        || {
-            let rc = driver!(cuMemPoolCreate(pool, props));
-            if rc == CUDA_SUCCESS && !pool.is_null() && !props.is_null() {
-                // SAFETY: the driver accepted both pointers: `props` is readable (its enum
-                // field read as a raw value) and `pool` was written.
-                let (kind, id, handle) = unsafe {
-                    (
-                        std::ptr::addr_of!((*props).location.type_).cast::<u32>().read(),
-                        std::ptr::addr_of!((*props).location.id).read(),
-                        pool.read() as u64,
-                    )
-                };
-                let location = if kind == CU_MEM_LOCATION_TYPE_DEVICE {
-                    Location::Device(id)
-                } else {
-                    Location::Host
-                };
-                POOLS.lock().get_or_insert_with(HashMap::new).insert(handle, location);
-            }
-            rc
-        },
-        || driver!(cuMemPoolCreate(pool, props)),
-    )
+pub unsafe fn create(
+    call: &Call<CuResult>,
+    real: sig::cuMemPoolCreate,
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CuResult {
+    // SAFETY: the real function with the program's arguments.
+    let rc = call.driver(|| unsafe { real(pool, props) });
+    if rc == CUDA_SUCCESS && !pool.is_null() && !props.is_null() {
+        // SAFETY: the driver accepted both pointers: `props` is readable (its enum
+        // field read as a raw value) and `pool` was written.
+        let (kind, id, handle) = unsafe {
+            (
+                std::ptr::addr_of!((*props).location.type_).cast::<u32>().read(),
+                std::ptr::addr_of!((*props).location.id).read(),
+                pool.read() as u64,
+            )
+        };
+        let location = if kind == CU_MEM_LOCATION_TYPE_DEVICE {
+            Location::Device(id)
+        } else {
+            Location::Host
+        };
+        POOLS.lock().get_or_insert_with(HashMap::new).insert(handle, location);
+    }
+    rc
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult {
-    guard(
-        "cuMemPoolDestroy",
-        || {
-            let rc = driver!(cuMemPoolDestroy(pool));
-            if rc == CUDA_SUCCESS {
-                if let Some(map) = POOLS.lock().as_mut() {
-                    map.remove(&(pool as u64));
-                }
-            }
-            rc
-        },
-        || driver!(cuMemPoolDestroy(pool)),
-    )
+pub unsafe fn destroy(call: &Call<CuResult>, real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> CuResult {
+    // SAFETY: the real function with the program's arguments.
+    let rc = call.driver(|| unsafe { real(pool) });
+    if rc == CUDA_SUCCESS {
+        if let Some(map) = POOLS.lock().as_mut() {
+            map.remove(&(pool as u64));
+        }
+    }
+    rc
 }
 
 /// Fork prepare.

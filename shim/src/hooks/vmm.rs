@@ -5,11 +5,11 @@
 use std::ffi::c_int;
 
 use crate::ffi::*;
+use crate::governed::sig;
 use crate::governor::allocations::Kind;
 use crate::governor::devices;
 use crate::governor::memory;
-use crate::guard::guard;
-use crate::hooks::driver;
+use crate::guard::Call;
 
 /// The location of a `CUmemAllocationProp`: `Some(ordinal)` for device memory.
 ///
@@ -29,43 +29,43 @@ unsafe fn device_ordinal(prop: *const CUmemAllocationProp) -> Option<c_int> {
     (kind == CU_MEM_LOCATION_TYPE_DEVICE).then_some(id)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemCreate(
+pub unsafe fn create(
+    call: &Call<CuResult>,
+    real: sig::cuMemCreate,
     handle: *mut CUmemGenericAllocationHandle,
     bytes: usize,
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CuResult {
-    guard(
-        "cuMemCreate",
+    // SAFETY: `prop` comes from the program; the driver API requires it readable.
+    let ordinal = unsafe { device_ordinal(prop) };
+    let admission = memory::admit(bytes as u64, |vgpu| match ordinal {
+        None => Ok(None),
+        // An ordinal the driver does not know: let it answer.
+        Some(o) => Ok(devices::of_ordinal(vgpu, o)),
+    });
+    memory::allocate(
+        call,
+        admission,
+        Kind::Physical,
+        // SAFETY: the real function with the program's arguments.
+        || unsafe { real(handle, bytes, prop, flags) },
         || {
-            // SAFETY: `prop` comes from the program; the driver API requires it readable.
-            let ordinal = unsafe { device_ordinal(prop) };
-            let admission = memory::admit(bytes as u64, |vgpu| match ordinal {
-                None => Ok(None),
-                // An ordinal the driver does not know: let it answer.
-                Some(o) => Ok(devices::of_ordinal(vgpu, o)),
-            });
-            memory::allocate(admission, Kind::Physical, || {
-                let rc = driver!(cuMemCreate(handle, bytes, prop, flags));
-                let created = if rc == CUDA_SUCCESS && !handle.is_null() {
-                    // SAFETY: the driver succeeded and wrote the new handle.
-                    unsafe { handle.read() }
-                } else {
-                    0
-                };
-                (rc, created)
-            })
+            if handle.is_null() {
+                0
+            } else {
+                // SAFETY: the driver succeeded and wrote the new handle.
+                unsafe { handle.read() }
+            }
         },
-        || driver!(cuMemCreate(handle, bytes, prop, flags)),
     )
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CuResult {
-    guard(
-        "cuMemRelease",
-        || memory::free(Kind::Physical, handle, || driver!(cuMemRelease(handle))),
-        || driver!(cuMemRelease(handle)),
-    )
+pub unsafe fn release(
+    call: &Call<CuResult>,
+    real: sig::cuMemRelease,
+    handle: CUmemGenericAllocationHandle,
+) -> CuResult {
+    // SAFETY: the real function with the program's argument.
+    memory::free(call, Kind::Physical, handle, || unsafe { real(handle) })
 }

@@ -100,7 +100,7 @@ extern "C" fn dlsym_override(handle: *mut c_void, name: *const c_char) -> *mut c
     }
     crate::guard::guard(
         "dlsym",
-        || {
+        |_| {
             // SAFETY: as above, a C string.
             let name = unsafe { CStr::from_ptr(name) };
             let Some(export) = exports::find(name.to_bytes()) else {

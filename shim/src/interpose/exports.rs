@@ -1,11 +1,13 @@
-//! The functions the shim governs: exported symbol name → the shim's wrapper. `dlsym` and
+//! The table of governed functions: exported symbol name → the shim's wrapper. `dlsym` and
 //! `cuGetProcAddress` hand these out; everything else reaches the driver untouched.
+//!
+//! The table is not written by hand: [`governed!`] makes it from the one list in
+//! `crate::governed`, together with each function's real-driver slot and its export, so a
+//! wrapper cannot exist without its row (or a row without its wrapper).
 
 use std::ffi::c_void;
 
-use crate::hooks::{arrays, info, init, launch, memory, nvml, pools, vmm};
-use crate::interpose::procaddr;
-use crate::real::{Library, CUDA, NVML};
+use crate::real::Library;
 
 /// One governed function.
 pub struct Export {
@@ -20,52 +22,159 @@ pub struct Export {
 // SAFETY: the table is immutable; the pointers are addresses of functions of this library.
 unsafe impl Sync for Export {}
 
-macro_rules! exports {
-    ($( $library:ident $module:ident :: $name:ident ),* $(,)?) => {
-        /// Sorted by name (checked by a test); [`find`] relies on it.
-        pub static EXPORTS: &[Export] = &[
-            $( Export { name: stringify!($name), wrapper: $module::$name as *mut c_void, library: &$library } ),*
+pub use crate::governed::EXPORTS;
+use crate::governed::{NAMES, ORDER};
+
+/// Declares every governed function of one or more driver libraries, each once:
+///
+/// ```text
+/// governed! {
+///     CUDA, CUDA_ERROR_NOT_FOUND => {
+///         fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CuResult => memory::alloc;
+///         fn cuMemAllocAsync | cuMemAllocAsync_ptsz (dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CuResult => memory::alloc_async;
+///     }
+/// }
+/// ```
+///
+/// For every name (a `|`-separated twin shares the line, its signature and its hook) this
+/// generates
+/// - `real::NAME(args)`: the real driver function, resolved lazily in its own slot
+///   (`$missing` when the driver lacks it), re-exported as `crate::real::NAME`;
+/// - `sig::FIRST`: the C signature as an `unsafe fn` pointer type;
+/// - the `#[no_mangle] pub unsafe extern "C" fn NAME(args)` export, whose body is
+///   `guard("NAME", |call| HOOK(call, real::NAME, args…), || real::NAME(args…))`;
+/// - its row of `EXPORTS` (`NAMES` in declaration order; `ORDER` sorts it at compile time,
+///   and compilation fails on a name declared twice).
+///
+/// A hook is `unsafe fn(call: &Call<R>, real: sig::FIRST, args…) -> R` and reaches the driver
+/// only as `call.driver(|| real(…))`, exactly once.
+macro_rules! governed {
+    (
+        $( $library:ident, $missing:expr => {
+            $( fn $first:ident $(| $twin:ident)* ( $($args:tt)* ) -> $ret:ty => $hook:path; )*
+        } )*
+    ) => {
+        /// The real driver functions of the governed symbols (re-exported by `crate::real`).
+        pub mod real {
+            #[allow(unused_imports)]
+            use super::*;
+            $( $(
+                governed!(@real $library, $missing; [$first $($twin)*] ($($args)*) -> $ret);
+            )* )*
+        }
+
+        /// C signatures of the governed functions, as the hooks receive the real one.
+        #[allow(non_camel_case_types)]
+        pub mod sig {
+            #[allow(unused_imports)]
+            use super::*;
+            $( $( pub type $first = unsafe fn($($args)*) -> $ret; )* )*
+        }
+
+        $( $(
+            governed!(@export $first [$first $($twin)*] ($($args)*) -> $ret => $hook);
+        )* )*
+
+        /// Every governed symbol, in declaration order.
+        pub static EXPORTS: &[$crate::interpose::exports::Export] = &[
+            $( $(
+                $crate::interpose::exports::Export {
+                    name: stringify!($first), wrapper: $first as *mut ::std::ffi::c_void, library: &$crate::real::$library,
+                },
+                $( $crate::interpose::exports::Export {
+                    name: stringify!($twin), wrapper: $twin as *mut ::std::ffi::c_void, library: &$crate::real::$library,
+                }, )*
+            )* )*
         ];
+
+        /// The names of [`EXPORTS`], same order.
+        pub const NAMES: &[&str] = &[ $( $( stringify!($first), $( stringify!($twin), )* )* )* ];
+
+        /// Indices of [`EXPORTS`] sorted by name (computed, and checked for duplicates, by
+        /// the compiler).
+        pub static ORDER: [u16; NAMES.len()] = $crate::interpose::exports::sorted_order(NAMES);
+    };
+
+    (@real $library:ident, $missing:expr; [$($name:ident)+] $args:tt -> $ret:ty) => {
+        $( $crate::real::real_function!($library, $missing; $name $args -> $ret); )+
+    };
+
+    (@export $first:ident [$($name:ident)+] $args:tt -> $ret:ty => $hook:path) => {
+        $( governed!(@one $first $name $args -> $ret => $hook); )+
+    };
+
+    (@one $first:ident $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $hook:path) => {
+        #[no_mangle]
+        #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $crate::guard::guard(
+                stringify!($name),
+                |call| {
+                    // SAFETY: the hook gets the program's arguments under the driver API's
+                    // contract, and the real function of this very symbol.
+                    unsafe { $hook(call, real::$name as sig::$first, $($arg),*) }
+                },
+                || {
+                    // SAFETY: the real function of this symbol, with the program's arguments.
+                    unsafe { real::$name($($arg),*) }
+                },
+            )
+        }
     };
 }
+pub(crate) use governed;
 
-exports! {
-    CUDA arrays::cuArray3DCreate_v2,
-    CUDA arrays::cuArrayCreate_v2,
-    CUDA arrays::cuArrayDestroy,
-    CUDA info::cuDeviceTotalMem_v2,
-    CUDA procaddr::cuGetProcAddress,
-    CUDA procaddr::cuGetProcAddress_v2,
-    CUDA init::cuInit,
-    CUDA launch::cuLaunchKernel,
-    CUDA launch::cuLaunchKernel_ptsz,
-    CUDA memory::cuMemAllocAsync,
-    CUDA memory::cuMemAllocAsync_ptsz,
-    CUDA memory::cuMemAllocFromPoolAsync,
-    CUDA memory::cuMemAllocFromPoolAsync_ptsz,
-    CUDA memory::cuMemAllocManaged,
-    CUDA memory::cuMemAllocPitch_v2,
-    CUDA memory::cuMemAlloc_v2,
-    CUDA vmm::cuMemCreate,
-    CUDA memory::cuMemFreeAsync,
-    CUDA memory::cuMemFreeAsync_ptsz,
-    CUDA memory::cuMemFree_v2,
-    CUDA info::cuMemGetInfo_v2,
-    CUDA pools::cuMemPoolCreate,
-    CUDA pools::cuMemPoolDestroy,
-    CUDA vmm::cuMemRelease,
-    CUDA arrays::cuMipmappedArrayCreate,
-    CUDA arrays::cuMipmappedArrayDestroy,
-    NVML nvml::nvmlDeviceGetMemoryInfo,
-    NVML nvml::nvmlDeviceGetMemoryInfo_v2,
+/// `a < b`, bytewise (a `const fn`).
+const fn less(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut i = 0;
+    while i < a.len() && i < b.len() {
+        if a[i] != b[i] {
+            return a[i] < b[i];
+        }
+        i += 1;
+    }
+    a.len() < b.len()
+}
+
+/// Indices of `names` in sorted order; a compile error if a name occurs twice.
+pub const fn sorted_order<const N: usize>(names: &[&str]) -> [u16; N] {
+    assert!(names.len() == N && N <= u16::MAX as usize);
+    let mut order = [0u16; N];
+    let mut i = 0;
+    while i < N {
+        order[i] = i as u16;
+        i += 1;
+    }
+    // Insertion sort: a few dozen names, once, at compile time.
+    let mut i = 1;
+    while i < N {
+        let mut j = i;
+        while j > 0 && less(names[order[j] as usize], names[order[j - 1] as usize]) {
+            let t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+            j -= 1;
+        }
+        i += 1;
+    }
+    let mut i = 1;
+    while i < N {
+        assert!(
+            less(names[order[i - 1] as usize], names[order[i] as usize]),
+            "a governed function is declared twice"
+        );
+        i += 1;
+    }
+    order
 }
 
 /// The governed function exported as `name`.
 pub fn find(name: &[u8]) -> Option<&'static Export> {
-    EXPORTS
-        .binary_search_by(|e| e.name.as_bytes().cmp(name))
+    ORDER
+        .binary_search_by(|&i| EXPORTS[i as usize].name.as_bytes().cmp(name))
         .ok()
-        .map(|i| &EXPORTS[i])
+        .map(|k| &EXPORTS[ORDER[k] as usize])
 }
 
 #[cfg(test)]
@@ -75,25 +184,56 @@ mod tests {
 
     #[test]
     fn sorted_and_found() {
-        for pair in EXPORTS.windows(2) {
-            assert!(
-                pair[0].name < pair[1].name,
-                "{} must sort before {}",
-                pair[0].name,
-                pair[1].name
-            );
+        assert_eq!(EXPORTS.len(), NAMES.len());
+        for pair in ORDER.windows(2) {
+            let (a, b) = (NAMES[pair[0] as usize], NAMES[pair[1] as usize]);
+            assert!(a < b, "{a} must sort before {b}");
         }
-        for e in EXPORTS {
+        for (e, name) in EXPORTS.iter().zip(NAMES) {
+            assert_eq!(e.name, *name);
             assert_eq!(find(e.name.as_bytes()).map(|f| f.name), Some(e.name));
         }
         assert!(find(b"cuMemAlloc").is_none(), "the legacy 32-bit ABI is not governed");
         assert!(find(b"cuMemcpy").is_none());
+        assert!(find(b"").is_none());
+        assert!(find(b"zzz").is_none());
+    }
+
+    #[test]
+    fn sorted_order_sorts_bytewise() {
+        let names = ["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuA", "cu"];
+        let order: [u16; 5] = sorted_order(&names);
+        let sorted: Vec<&str> = order.iter().map(|&i| names[i as usize]).collect();
+        assert_eq!(
+            sorted,
+            ["cu", "cuA", "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel_ptsz"]
+        );
     }
 
     #[test]
     fn every_cuda_export_is_a_driver_symbol() {
         for e in EXPORTS.iter().filter(|e| e.name.starts_with("cu")) {
             assert!(by_symbol(e.name).is_some(), "{} is not in cuda_procs", e.name);
+        }
+    }
+
+    #[test]
+    fn every_launch_path_is_governed() {
+        for name in [
+            "cuLaunchKernel",
+            "cuLaunchKernel_ptsz",
+            "cuLaunchKernelEx",
+            "cuLaunchKernelEx_ptsz",
+            "cuLaunchCooperativeKernel",
+            "cuLaunchCooperativeKernel_ptsz",
+            "cuLaunchCooperativeKernelMultiDevice",
+            "cuGraphLaunch",
+            "cuGraphLaunch_ptsz",
+            "cuLaunch",
+            "cuLaunchGrid",
+            "cuLaunchGridAsync",
+        ] {
+            assert!(find(name.as_bytes()).is_some(), "{name} is not governed");
         }
     }
 }

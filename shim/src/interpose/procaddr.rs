@@ -17,8 +17,8 @@ use vgpu_abi::cuda_procs::{resolve, Resolution};
 
 use super::exports;
 use crate::ffi::*;
-use crate::guard::guard;
-use crate::hooks::driver;
+use crate::governed::sig;
+use crate::guard::Call;
 use crate::log::vgpu_log_once;
 use crate::real;
 
@@ -83,45 +83,37 @@ fn governed_by_address(address: *mut c_void) -> Option<*mut c_void> {
     exports::find(name.to_bytes()).map(|e| e.wrapper)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
+pub unsafe fn get_proc_address_v2(
+    call: &Call<CuResult>,
+    real: sig::cuGetProcAddress_v2,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: cuuint64_t,
     status: *mut c_int,
 ) -> CuResult {
-    guard(
-        "cuGetProcAddress_v2",
-        || {
-            let rc = driver!(cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status));
-            if rc == CUDA_SUCCESS {
-                // SAFETY: the driver succeeded with these pointers.
-                unsafe { substitute(symbol, pfn, cuda_version, flags) };
-            }
-            rc
-        },
-        || driver!(cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status)),
-    )
+    // SAFETY: the real function with the program's arguments.
+    let rc = call.driver(|| unsafe { real(symbol, pfn, cuda_version, flags, status) });
+    if rc == CUDA_SUCCESS {
+        // SAFETY: the driver succeeded with these pointers.
+        unsafe { substitute(symbol, pfn, cuda_version, flags) };
+    }
+    rc
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress(
+pub unsafe fn get_proc_address(
+    call: &Call<CuResult>,
+    real: sig::cuGetProcAddress,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: cuuint64_t,
 ) -> CuResult {
-    guard(
-        "cuGetProcAddress",
-        || {
-            let rc = driver!(cuGetProcAddress(symbol, pfn, cuda_version, flags));
-            if rc == CUDA_SUCCESS {
-                // SAFETY: the driver succeeded with these pointers.
-                unsafe { substitute(symbol, pfn, cuda_version, flags) };
-            }
-            rc
-        },
-        || driver!(cuGetProcAddress(symbol, pfn, cuda_version, flags)),
-    )
+    // SAFETY: the real function with the program's arguments.
+    let rc = call.driver(|| unsafe { real(symbol, pfn, cuda_version, flags) });
+    if rc == CUDA_SUCCESS {
+        // SAFETY: the driver succeeded with these pointers.
+        unsafe { substitute(symbol, pfn, cuda_version, flags) };
+    }
+    rc
 }

@@ -1,0 +1,441 @@
+//! A GPU workload for benchmarks and tests of compute limiters.
+//!
+//!     gpu_workload SHAPE SECONDS [--kernel-us N] [--batch N] [--device N] [--ready FILE]
+//!
+//! It reaches the driver the way cudart does: `dlopen("libcuda.so.1")`, `dlsym` of
+//! `cuGetProcAddress_v2` only, and every other function through
+//! `cuGetProcAddress_v2(name, &pfn, 12080, CU_GET_PROC_ADDRESS_DEFAULT, &status)` — so a
+//! shim that interposes either path sees every call. It works on a stream made with
+//! `cuStreamCreate`, with a function named `k` whose wave takes `--kernel-us` µs (default
+//! 100; set through `FAKEGPU_KERNELS=k=Nus` in its own environment before loading the
+//! driver) and a grid of one wave (as many blocks as the device has SMs).
+//!
+//! SHAPE: `sync` (cuLaunchKernel, cuStreamSynchronize, repeat), `storm` (--batch launches,
+//! default 1000, then synchronize), `ex` (cuLaunchKernelEx + sync), `coop`
+//! (cuLaunchCooperativeKernel + sync), `legacy` (cuLaunchGridAsync + sync), `graph` (--batch
+//! kernels, default 20, captured once into a graph; cuGraphLaunch + sync), `multi`
+//! (cuLaunchCooperativeKernelMultiDevice with one entry + sync).
+//!
+//! After SECONDS of wall time it prints one JSON line:
+//! `{"kernels":N,"seconds":wall,"kernels_per_s":x,"windows":[kernels completed in each
+//! 1 s window],"launch_ns":mean ns inside one launch call,"gpu_ns":kernels × kernel time}`
+//! and exits 0. A driver error prints one line naming the call and the code, and exits 1.
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr, CString};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::{CUlaunchConfig, CUDA_LAUNCH_PARAMS};
+
+type Cu = u32;
+type Ptr = *mut c_void;
+type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> Cu;
+
+const CUDA_VERSION: c_int = 12080;
+/// CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.
+const ATTRIBUTE_SMS: c_int = 16;
+/// CU_STREAM_CAPTURE_MODE_GLOBAL.
+const CAPTURE_GLOBAL: c_uint = 0;
+const BLOCK_THREADS: c_uint = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Sync,
+    Storm,
+    Ex,
+    Coop,
+    Legacy,
+    Graph,
+    Multi,
+}
+
+struct Args {
+    shape: Shape,
+    seconds: f64,
+    kernel_us: u64,
+    batch: Option<u64>,
+    device: c_int,
+    ready: Option<String>,
+}
+
+const USAGE: &str = "usage: gpu_workload sync|storm|ex|coop|legacy|graph|multi SECONDS \
+                     [--kernel-us N] [--batch N] [--device N] [--ready FILE]";
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let [shape, seconds, rest @ ..] = args else {
+        return Err("expected SHAPE and SECONDS".into());
+    };
+    let shape = match shape.as_str() {
+        "sync" => Shape::Sync,
+        "storm" => Shape::Storm,
+        "ex" => Shape::Ex,
+        "coop" => Shape::Coop,
+        "legacy" => Shape::Legacy,
+        "graph" => Shape::Graph,
+        "multi" => Shape::Multi,
+        other => return Err(format!("unknown shape `{other}`")),
+    };
+    let seconds: f64 = seconds
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s > 0.0)
+        .ok_or_else(|| format!("SECONDS must be a positive number, not `{seconds}`"))?;
+    let mut parsed = Args {
+        shape,
+        seconds,
+        kernel_us: 100,
+        batch: None,
+        device: 0,
+        ready: None,
+    };
+    let mut rest = rest.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || {
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("{flag} needs a positive integer, not `{value}`"))
+        };
+        match flag.as_str() {
+            "--kernel-us" => parsed.kernel_us = number()?,
+            "--batch" => parsed.batch = Some(number()?),
+            "--device" => {
+                parsed.device = value
+                    .parse()
+                    .map_err(|_| format!("--device needs an ordinal, not `{value}`"))?
+            }
+            "--ready" => parsed.ready = Some(value.clone()),
+            other => return Err(format!("unknown option `{other}`")),
+        }
+    }
+    Ok(parsed)
+}
+
+/// A driver call that failed: its name and code.
+struct Failure(&'static str, Cu);
+
+/// The driver, every function resolved through cuGetProcAddress_v2.
+struct Driver {
+    _lib: libloading::Library,
+    get_proc: GetProcAddress,
+}
+
+impl Driver {
+    fn load() -> Result<Driver, String> {
+        // SAFETY: loading the CUDA driver library by soname, as cudart does.
+        let lib = unsafe { libloading::Library::new("libcuda.so.1") }
+            .map_err(|e| format!("dlopen libcuda.so.1: {e}"))?;
+        // SAFETY: cuGetProcAddress_v2 has this C signature in cuda.h.
+        let get_proc = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress_v2") }
+            .map(|s| *s)
+            .map_err(|e| format!("dlsym cuGetProcAddress_v2: {e}"))?;
+        Ok(Driver {
+            _lib: lib,
+            get_proc,
+        })
+    }
+
+    /// `name` through cuGetProcAddress_v2 at CUDA 12.8, default stream semantics.
+    fn proc_address(&self, name: &'static str) -> Result<Ptr, Failure> {
+        let symbol = CString::new(name).map_err(|_| Failure(name, u32::MAX))?;
+        let (mut pfn, mut status) = (std::ptr::null_mut(), 0);
+        // SAFETY: a C string, writable out-pointers.
+        let code = unsafe { (self.get_proc)(symbol.as_ptr(), &mut pfn, CUDA_VERSION, 0, &mut status) };
+        if code != 0 || pfn.is_null() {
+            return Err(Failure(name, code.max(1)));
+        }
+        Ok(pfn)
+    }
+
+    fn error_name(&self, code: Cu) -> String {
+        let Ok(pfn) = self.proc_address("cuGetErrorName") else {
+            return String::from("?");
+        };
+        // SAFETY: cuGetErrorName(CUresult, const char **).
+        let f: unsafe extern "C" fn(Cu, *mut *const c_char) -> Cu = unsafe { std::mem::transmute(pfn) };
+        let mut name = std::ptr::null();
+        // SAFETY: a writable out-pointer; the driver hands back a static C string.
+        if unsafe { f(code, &mut name) } != 0 || name.is_null() {
+            return String::from("?");
+        }
+        // SAFETY: non-NULL, NUL-terminated, static.
+        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+    }
+}
+
+/// Resolve `name` as a function of type `$t`.
+macro_rules! proc_fn {
+    ($driver:expr, $name:literal, $t:ty) => {{
+        let pfn = $driver.proc_address($name)?;
+        // SAFETY: `$t` is the C signature cuda.h gives `$name` at CUDA 12.8.
+        (unsafe { std::mem::transmute::<Ptr, $t>(pfn) }, $name)
+    }};
+}
+
+/// Call a resolved function; a non-zero code is a [`Failure`] naming it.
+macro_rules! call {
+    ($f:expr $(, $arg:expr)* $(,)?) => {{
+        let (f, name) = $f;
+        // SAFETY: arguments as cuda.h documents them (valid handles, writable out-pointers).
+        let code = unsafe { f($($arg),*) };
+        if code != 0 {
+            return Err(Failure(name, code));
+        }
+    }};
+}
+
+type LaunchKernel = unsafe extern "C" fn(
+    Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr, *mut Ptr,
+) -> Cu;
+type LaunchCooperative =
+    unsafe extern "C" fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr) -> Cu;
+
+/// What the timed loop measured.
+#[derive(Default)]
+struct Stats {
+    kernels: u64,
+    windows: Vec<u64>,
+    launch_calls: u64,
+    launch_ns: u128,
+}
+
+impl Stats {
+    /// Time one launch call.
+    fn timed<T>(&mut self, call: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = call();
+        self.launch_ns += start.elapsed().as_nanos();
+        self.launch_calls += 1;
+        out
+    }
+
+    fn completed(&mut self, kernels: u64, since_start: Duration) {
+        self.kernels += kernels;
+        let window = since_start.as_secs() as usize;
+        if self.windows.len() <= window {
+            self.windows.resize(window + 1, 0);
+        }
+        self.windows[window] += kernels;
+    }
+}
+
+fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
+    let init = proc_fn!(driver, "cuInit", unsafe extern "C" fn(c_uint) -> Cu);
+    call!(init, 0);
+    let mut dev: c_int = 0;
+    call!(proc_fn!(driver, "cuDeviceGet", unsafe extern "C" fn(*mut c_int, c_int) -> Cu), &mut dev, args.device);
+    let mut sms: c_int = 0;
+    call!(
+        proc_fn!(driver, "cuDeviceGetAttribute", unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Cu),
+        &mut sms,
+        ATTRIBUTE_SMS,
+        dev
+    );
+    let grid = c_uint::try_from(sms).unwrap_or(1).max(1);
+    let mut ctx: Ptr = std::ptr::null_mut();
+    call!(proc_fn!(driver, "cuDevicePrimaryCtxRetain", unsafe extern "C" fn(*mut Ptr, c_int) -> Cu), &mut ctx, dev);
+    call!(proc_fn!(driver, "cuCtxSetCurrent", unsafe extern "C" fn(Ptr) -> Cu), ctx);
+    let (mut module, mut function, mut stream): (Ptr, Ptr, Ptr) =
+        (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+    let image = b"gpu_workload image\0";
+    call!(proc_fn!(driver, "cuModuleLoadData", unsafe extern "C" fn(*mut Ptr, *const c_void) -> Cu), &mut module, image.as_ptr().cast());
+    call!(
+        proc_fn!(driver, "cuModuleGetFunction", unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> Cu),
+        &mut function,
+        module,
+        c"k".as_ptr()
+    );
+    call!(proc_fn!(driver, "cuStreamCreate", unsafe extern "C" fn(*mut Ptr, c_uint) -> Cu), &mut stream, 0);
+    let sync = proc_fn!(driver, "cuStreamSynchronize", unsafe extern "C" fn(Ptr) -> Cu);
+    let launch_kernel = proc_fn!(driver, "cuLaunchKernel", LaunchKernel);
+    let null = std::ptr::null_mut();
+    let launch = |stats: &mut Stats| -> Result<(), Failure> {
+        let code = stats.timed(|| {
+            // SAFETY: a function and stream of this context; no parameters.
+            unsafe { (launch_kernel.0)(function, grid, 1, 1, BLOCK_THREADS, 1, 1, 0, stream, null, null) }
+        });
+        if code != 0 {
+            return Err(Failure(launch_kernel.1, code));
+        }
+        Ok(())
+    };
+
+    // One iteration of the shape: launches, then a synchronize; returns the kernels it ran.
+    let mut step: Box<dyn FnMut(&mut Stats) -> Result<u64, Failure>> = match args.shape {
+        Shape::Sync => Box::new(|stats| {
+            launch(stats)?;
+            Ok(1)
+        }),
+        Shape::Storm => {
+            let batch = args.batch.unwrap_or(1000);
+            Box::new(move |stats| {
+                for _ in 0..batch {
+                    launch(stats)?;
+                }
+                Ok(batch)
+            })
+        }
+        Shape::Ex => {
+            let f = proc_fn!(driver, "cuLaunchKernelEx", unsafe extern "C" fn(*const CUlaunchConfig, Ptr, *mut Ptr, *mut Ptr) -> Cu);
+            let config = CUlaunchConfig {
+                gridDimX: grid,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: BLOCK_THREADS,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: stream.cast(),
+                attrs: std::ptr::null_mut(),
+                numAttrs: 0,
+            };
+            Box::new(move |stats| {
+                // SAFETY: a valid config and function; no parameters.
+                let code = stats.timed(|| unsafe { (f.0)(&config, function, null, null) });
+                if code != 0 {
+                    return Err(Failure(f.1, code));
+                }
+                Ok(1)
+            })
+        }
+        Shape::Coop => {
+            let f = proc_fn!(driver, "cuLaunchCooperativeKernel", LaunchCooperative);
+            Box::new(move |stats| {
+                // SAFETY: a function and stream of this context; no parameters.
+                let code = stats.timed(|| unsafe { (f.0)(function, grid, 1, 1, BLOCK_THREADS, 1, 1, 0, stream, null) });
+                if code != 0 {
+                    return Err(Failure(f.1, code));
+                }
+                Ok(1)
+            })
+        }
+        Shape::Legacy => {
+            let shape = proc_fn!(driver, "cuFuncSetBlockShape", unsafe extern "C" fn(Ptr, c_int, c_int, c_int) -> Cu);
+            call!(shape, function, BLOCK_THREADS as c_int, 1, 1);
+            let f = proc_fn!(driver, "cuLaunchGridAsync", unsafe extern "C" fn(Ptr, c_int, c_int, Ptr) -> Cu);
+            let width = c_int::try_from(grid).unwrap_or(1);
+            Box::new(move |stats| {
+                // SAFETY: a function with its block shape set, and a stream of this context.
+                let code = stats.timed(|| unsafe { (f.0)(function, width, 1, stream) });
+                if code != 0 {
+                    return Err(Failure(f.1, code));
+                }
+                Ok(1)
+            })
+        }
+        Shape::Graph => {
+            let batch = args.batch.unwrap_or(20);
+            let begin = proc_fn!(driver, "cuStreamBeginCapture", unsafe extern "C" fn(Ptr, c_uint) -> Cu);
+            let end = proc_fn!(driver, "cuStreamEndCapture", unsafe extern "C" fn(Ptr, *mut Ptr) -> Cu);
+            let instantiate = proc_fn!(driver, "cuGraphInstantiate", unsafe extern "C" fn(*mut Ptr, Ptr, c_ulonglong) -> Cu);
+            let graph_launch = proc_fn!(driver, "cuGraphLaunch", unsafe extern "C" fn(Ptr, Ptr) -> Cu);
+            call!(begin, stream, CAPTURE_GLOBAL);
+            let mut capture_stats = Stats::default();
+            for _ in 0..batch {
+                launch(&mut capture_stats)?;
+            }
+            let (mut graph, mut exec): (Ptr, Ptr) = (std::ptr::null_mut(), std::ptr::null_mut());
+            call!(end, stream, &mut graph);
+            call!(instantiate, &mut exec, graph, 0);
+            Box::new(move |stats| {
+                // SAFETY: an executable graph and a stream of this context.
+                let code = stats.timed(|| unsafe { (graph_launch.0)(exec, stream) });
+                if code != 0 {
+                    return Err(Failure(graph_launch.1, code));
+                }
+                Ok(batch)
+            })
+        }
+        Shape::Multi => {
+            let f = proc_fn!(driver, "cuLaunchCooperativeKernelMultiDevice", unsafe extern "C" fn(*mut CUDA_LAUNCH_PARAMS, c_uint, c_uint) -> Cu);
+            Box::new(move |stats| {
+                let mut params = CUDA_LAUNCH_PARAMS {
+                    function: function.cast(),
+                    gridDimX: grid,
+                    gridDimY: 1,
+                    gridDimZ: 1,
+                    blockDimX: BLOCK_THREADS,
+                    blockDimY: 1,
+                    blockDimZ: 1,
+                    sharedMemBytes: 0,
+                    hStream: stream.cast(),
+                    kernelParams: std::ptr::null_mut(),
+                };
+                // SAFETY: one valid entry.
+                let code = stats.timed(|| unsafe { (f.0)(&mut params, 1, 0) });
+                if code != 0 {
+                    return Err(Failure(f.1, code));
+                }
+                Ok(1)
+            })
+        }
+    };
+
+    if let Some(path) = &args.ready {
+        if let Err(e) = std::fs::write(path, b"ready\n") {
+            eprintln!("gpu_workload: cannot create {path}: {e}");
+        }
+    }
+    let mut stats = Stats::default();
+    let limit = Duration::from_secs_f64(args.seconds);
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let kernels = step(&mut stats)?;
+        call!(sync, stream);
+        stats.completed(kernels, start.elapsed());
+    }
+    Ok((stats, start.elapsed().as_secs_f64()))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = match parse_args(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gpu_workload: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    // The driver reads FAKEGPU_KERNELS once, at cuInit: name the kernel before loading it.
+    let mut kernels = std::env::var("FAKEGPU_KERNELS").unwrap_or_default();
+    if !kernels.is_empty() {
+        kernels.push(',');
+    }
+    kernels.push_str(&format!("k={}us", args.kernel_us));
+    std::env::set_var("FAKEGPU_KERNELS", kernels);
+    let driver = match Driver::load() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("gpu_workload: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match run(&driver, &args) {
+        Ok((stats, seconds)) => {
+            let launch_ns = if stats.launch_calls == 0 {
+                0
+            } else {
+                stats.launch_ns / u128::from(stats.launch_calls)
+            };
+            let windows: Vec<String> = stats.windows.iter().map(u64::to_string).collect();
+            println!(
+                "{{\"kernels\":{},\"seconds\":{:.6},\"kernels_per_s\":{:.3},\"windows\":[{}],\"launch_ns\":{},\"gpu_ns\":{}}}",
+                stats.kernels,
+                seconds,
+                stats.kernels as f64 / seconds,
+                windows.join(","),
+                launch_ns,
+                stats.kernels * args.kernel_us * 1000,
+            );
+            ExitCode::SUCCESS
+        }
+        Err(Failure(call, code)) => {
+            eprintln!("gpu_workload: {call} failed: {code} ({})", driver.error_name(code));
+            ExitCode::from(1)
+        }
+    }
+}

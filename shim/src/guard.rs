@@ -129,18 +129,10 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    fn quiet<R>(f: impl FnOnce() -> R) -> R {
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let r = f();
-        std::panic::set_hook(hook);
-        r
-    }
-
     #[test]
     fn a_panic_after_the_driver_returns_its_answer_without_calling_it_again() {
         let calls = Cell::new(0);
-        let rc = quiet(|| {
+        let rc = {
             guard(
                 "t",
                 |c: &Call<u32>| {
@@ -155,14 +147,14 @@ mod tests {
                     99
                 },
             )
-        });
+        };
         assert_eq!((rc, calls.get()), (7, 1), "the driver's answer, the driver called once");
     }
 
     #[test]
     fn a_panic_before_the_driver_calls_the_fallback_once() {
         let calls = Cell::new(0);
-        let rc = quiet(|| {
+        let rc = {
             guard(
                 "t",
                 |_: &Call<u32>| -> u32 { panic!("before the driver") },
@@ -171,13 +163,13 @@ mod tests {
                     99
                 },
             )
-        });
+        };
         assert_eq!((rc, calls.get()), (99, 1));
     }
 
     #[test]
     fn a_recorded_answer_replaces_the_drivers() {
-        let rc = quiet(|| {
+        let rc = {
             guard(
                 "t",
                 |c: &Call<u32>| {
@@ -187,7 +179,7 @@ mod tests {
                 },
                 || 99,
             )
-        });
+        };
         assert_eq!(rc, 2);
     }
 }

@@ -23,7 +23,7 @@ pub struct Export {
 unsafe impl Sync for Export {}
 
 pub use crate::governed::EXPORTS;
-use crate::governed::{NAMES, ORDER};
+use crate::governed::ORDER;
 
 /// Declares every governed function of one or more driver libraries, each once:
 ///
@@ -180,6 +180,7 @@ pub fn find(name: &[u8]) -> Option<&'static Export> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::governed::NAMES;
     use vgpu_abi::cuda_procs::by_symbol;
 
     #[test]
@@ -234,6 +235,119 @@ mod tests {
             "cuLaunchGridAsync",
         ] {
             assert!(find(name.as_bytes()).is_some(), "{name} is not governed");
+        }
+    }
+
+    /// Exports of the shim that are not driver functions.
+    const OTHER_EXPORTS: &[&str] = &["dlsym"];
+
+    /// The freshly built `libvgpu.so` (this test binary is `target/<profile>/deps/vgpu-…`;
+    /// cargo does not build a cdylib for unit tests, so build it as the integration tests do).
+    fn built_library() -> std::path::PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_string(),
+            Some(other) => other.to_string(),
+        };
+        let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let status = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "vgpu-shim",
+                "--profile",
+                &profile,
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .status()
+            .unwrap();
+        assert!(status.success(), "cargo build -p vgpu-shim failed");
+        profile_dir.join("libvgpu.so")
+    }
+
+    /// The defined, global or weak function symbols of an ELF64 little-endian shared
+    /// object's `.dynsym` (what `nm -D --defined-only` lists as `T`/`W`).
+    fn dynamic_functions(elf: &[u8]) -> Vec<String> {
+        let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+        let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) as usize;
+        let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+        assert_eq!(&elf[..4], b"\x7fELF");
+        assert_eq!((elf[4], elf[5]), (2, 1), "ELF64 little-endian");
+        let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+        let section = |i: usize| shoff + i * shentsize;
+        const SHT_DYNSYM: usize = 11;
+        let dynsym = (0..shnum)
+            .map(section)
+            .find(|&s| u32_at(s + 4) == SHT_DYNSYM)
+            .expect("a .dynsym section");
+        let strtab = u64_at(section(u32_at(dynsym + 0x28)) + 0x18);
+        let (offset, size, entsize) = (u64_at(dynsym + 0x18), u64_at(dynsym + 0x20), u64_at(dynsym + 0x38));
+        (0..size / entsize)
+            .map(|i| offset + i * entsize)
+            .filter(|&sym| {
+                let info = elf[sym + 4];
+                let (kind, bind) = (info & 0xf, info >> 4);
+                const FUNC: u8 = 2;
+                const GLOBAL: u8 = 1;
+                const WEAK: u8 = 2;
+                kind == FUNC && (bind == GLOBAL || bind == WEAK) && u16_at(sym + 6) != 0
+            })
+            .map(|sym| {
+                let name = &elf[strtab + u32_at(sym)..];
+                let end = name.iter().position(|&b| b == 0).unwrap();
+                String::from_utf8_lossy(&name[..end]).into_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_built_library_exports_exactly_the_table() {
+        let path = built_library();
+        let elf = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let exported = dynamic_functions(&elf);
+        for symbol in &exported {
+            if symbol.starts_with("cu") || symbol.starts_with("nvml") {
+                assert!(
+                    find(symbol.as_bytes()).is_some(),
+                    "{symbol} is exported but not in EXPORTS: dlsym and cuGetProcAddress would not govern it"
+                );
+            } else {
+                assert!(OTHER_EXPORTS.contains(&symbol.as_str()), "unexpected export {symbol}");
+            }
+        }
+        for e in EXPORTS {
+            assert!(
+                exported.iter().any(|s| s == e.name),
+                "{} is in EXPORTS but not exported",
+                e.name
+            );
+        }
+        for other in OTHER_EXPORTS {
+            assert!(exported.iter().any(|s| s == other), "{other} is not exported");
+        }
+        // The reader agrees with binutils where it is installed.
+        if let Ok(out) = std::process::Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(&path)
+            .output()
+        {
+            if out.status.success() {
+                let mut nm: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter_map(|l| {
+                        let mut f = l.split_whitespace();
+                        let (_, kind, name) = (f.next()?, f.next()?, f.next()?);
+                        matches!(kind, "T" | "W").then(|| name.to_string())
+                    })
+                    .collect();
+                let mut ours = exported.clone();
+                nm.sort();
+                ours.sort();
+                assert_eq!(ours, nm, "the ELF reader and nm -D disagree");
+            }
         }
     }
 }

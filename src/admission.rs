@@ -145,6 +145,7 @@ mod tests {
             vgpu: name.into(),
             partition: partition.map(str::to_string),
             priority: 0,
+            compute_policy: Default::default(),
             pool_blocks: None,
             pool_env: Vec::new(),
             freq_sensitivity: None,
@@ -158,7 +159,7 @@ mod tests {
     }
 
     fn partition(name: &str, uuid: &str, gib: u64) -> Partition {
-        Partition { name: name.into(), gpu_index: 0, gpu_uuid: uuid.into(), mem_bytes: gib * GIB, compute_pct: 100, created_unix_ms: 0 }
+        Partition { name: name.into(), gpu_index: 0, gpu_uuid: uuid.into(), mem_bytes: gib * GIB, compute_pct: 100, compute_policy: Default::default(), created_unix_ms: 0 }
     }
 
     #[test]

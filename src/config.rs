@@ -25,6 +25,8 @@ pub struct Config {
     /// Use the bundled simulated driver (same as `--simulate`).
     pub simulate: bool,
     pub carbon: crate::carbon::config::CarbonConfig,
+    /// `[compute]`: the default compute policy.
+    pub compute: crate::compute::ComputeConfig,
     pub pool: crate::pool::config::PoolConfig,
 }
 
@@ -114,6 +116,17 @@ mod tests {
         assert!(err.contains("line 1"), "{err}");
         let err = Config::parse("# c\n[carbon]\nbudget_g_per_hour = \"lots\"\n").unwrap_err();
         assert!(err.contains("carbon.budget_g_per_hour") && err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn compute_policy_is_checked_and_named() {
+        use crate::compute::ComputePolicy;
+        assert_eq!(Config::parse("").unwrap().compute.policy, ComputePolicy::Strict);
+        assert_eq!(Config::parse("[compute]\npolicy = \"fair\"\n").unwrap().compute.policy, ComputePolicy::Fair);
+        let err = Config::parse("[compute]\npolicy = \"bogus\"\n").unwrap_err();
+        assert!(err.contains("compute.policy") && err.contains("bogus") && err.contains("line 2"), "{err}");
+        let err = Config::parse("[compute]\npolcy = \"fair\"\n").unwrap_err();
+        assert!(err.contains("polcy"), "{err}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod carbon;
 pub mod cgroup;
 pub mod cli;
 pub mod commands;
+pub mod compute;
 pub mod config;
 pub mod context;
 pub mod error;

@@ -1,4 +1,4 @@
-//! `vgpu partition create|list|remove`: persistent named vGPUs.
+//! `vgpu partition create|list|update|remove`: persistent named vGPUs.
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand};
@@ -6,6 +6,7 @@ use serde::Serialize;
 use vgpu_abi::size::format_size;
 
 use crate::admission::{self, Device, MemSpec};
+use crate::compute::{ComputePolicy, LiveChange};
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::output::{print_json, table};
@@ -24,6 +25,8 @@ pub enum PartitionCommand {
     Create(CreateArgs),
     /// List partitions
     List(crate::cli::JsonArgs),
+    /// Change a partition's compute share or policy, live for the workloads running in it
+    Update(UpdateArgs),
     /// Remove a partition (refused while a workload uses it)
     Remove(RemoveArgs),
 }
@@ -41,9 +44,28 @@ pub struct CreateArgs {
     /// Share of the GPU's compute, percent (1-100)
     #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub compute: u32,
+    /// How the compute share is applied: strict or fair [default: the config's [compute] policy, else strict]
+    #[arg(long, value_name = "POLICY", value_enum)]
+    pub compute_policy: Option<ComputePolicy>,
     /// Allow the GPU's memory to be over-committed
     #[arg(long)]
     pub oversubscribe: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("change").args(["compute", "compute_policy"]).required(true).multiple(true)))]
+pub struct UpdateArgs {
+    /// Partition name
+    pub name: String,
+    /// New share of the GPU's compute, percent (1-100)
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub compute: Option<u32>,
+    /// New policy: strict or fair
+    #[arg(long, value_name = "POLICY", value_enum)]
+    pub compute_policy: Option<ComputePolicy>,
+    /// Print what changed as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -55,6 +77,7 @@ pub fn run(ctx: &Context, args: &PartitionArgs) -> Result<()> {
     match &args.command {
         PartitionCommand::Create(a) => create(ctx, a),
         PartitionCommand::List(a) => list(ctx, a.json),
+        PartitionCommand::Update(a) => update(ctx, a),
         PartitionCommand::Remove(a) => remove(ctx, a),
     }
 }
@@ -92,11 +115,13 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         gpu_uuid: device.uuid.clone(),
         mem_bytes: bytes,
         compute_pct: args.compute,
+        compute_policy: args.compute_policy.unwrap_or(ctx.config.compute.policy),
         created_unix_ms: crate::commands::run::now_ms(),
     });
     std::fs::create_dir_all(&ctx.lib_dir).with_context(|| format!("creating {}", ctx.lib_dir.display()))?;
     parts.save(&store.partitions_path())?;
-    println!("created partition {}: {} of GPU {} ({}), compute {}%", args.name, format_size(bytes), device.index, device.name, args.compute);
+    let policy = args.compute_policy.unwrap_or(ctx.config.compute.policy);
+    println!("created partition {}: {} of GPU {} ({}), compute {}% {policy}", args.name, format_size(bytes), device.index, device.name, args.compute);
     Ok(())
 }
 
@@ -134,11 +159,92 @@ fn list(ctx: &Context, json: bool) -> Result<()> {
             p.gpu_index.to_string(),
             p.gpu_uuid.clone(),
             format_size(p.mem_bytes),
-            format!("{}%", p.compute_pct),
+            format!("{}% {}", p.compute_pct, p.compute_policy),
             if l.workloads.is_empty() { "—".into() } else { l.workloads.join(", ") },
         ]);
     }
     println!("{t}");
+    Ok(())
+}
+
+/// What `partition update --json` prints.
+#[derive(Serialize)]
+struct Updated {
+    name: String,
+    compute_pct: u32,
+    previous_compute_pct: u32,
+    compute_policy: ComputePolicy,
+    previous_compute_policy: ComputePolicy,
+    /// Whether the partition's vGPU exists (it has been used), so the change took effect live.
+    live: bool,
+    /// Ids of the workloads running in it now.
+    workloads: Vec<String>,
+}
+
+fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!("vgpu partition update must run as root (through sudo): it changes the share of running workloads");
+    }
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(&store, &lock);
+    let mut parts = Partitions::load(&store.partitions_path())?;
+    let Some(pos) = parts.partitions.iter().position(|p| p.name == args.name) else {
+        crate::usage!("no partition {:?} (see `vgpu partition list`)", args.name);
+    };
+    let before = parts.partitions[pos].clone();
+    // Open the live file first: a damaged one stops the update before anything changed.
+    let usage_path = store.vgpu_dir(&before.vgpu_id()).join(vgpu_abi::layout::USAGE_FILE);
+    let usage = if usage_path.exists() {
+        Some(vgpu_abi::usage::UsageFile::open(&usage_path).with_context(|| format!("partition {:?}", args.name))?)
+    } else {
+        None
+    };
+    let after = {
+        let p = &mut parts.partitions[pos];
+        p.compute_pct = args.compute.unwrap_or(p.compute_pct);
+        p.compute_policy = args.compute_policy.unwrap_or(p.compute_policy);
+        p.clone()
+    };
+    parts.save(&store.partitions_path())?;
+    if let Some(usage) = &usage {
+        crate::compute::apply_live(usage, None, LiveChange { compute_pct: args.compute, policy: args.compute_policy })?;
+    }
+    let (workloads, _) = store.workloads();
+    let mut ids = Vec::new();
+    for mut w in workloads.into_iter().filter(|w| w.partition.as_deref() == Some(args.name.as_str())) {
+        for g in &mut w.gpus {
+            g.compute_pct = after.compute_pct;
+        }
+        w.compute_policy = after.compute_policy;
+        store.write_workload(&w)?;
+        ids.push(w.id);
+    }
+    drop(lock);
+    let updated = Updated {
+        name: after.name.clone(),
+        compute_pct: after.compute_pct,
+        previous_compute_pct: before.compute_pct,
+        compute_policy: after.compute_policy,
+        previous_compute_policy: before.compute_policy,
+        live: usage.is_some(),
+        workloads: ids,
+    };
+    if args.json {
+        return print_json(&updated);
+    }
+    println!(
+        "updated partition {}: compute {}% {} (was {}% {}){}",
+        updated.name,
+        updated.compute_pct,
+        updated.compute_policy,
+        updated.previous_compute_pct,
+        updated.previous_compute_policy,
+        match updated.workloads.len() {
+            0 => String::new(),
+            n => format!("; {n} running workload(s) follow within one period"),
+        }
+    );
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use vgpu_abi::usage::{DeviceQuota, UsageFile};
 
 use crate::admission::{self, Device, MemSpec};
 use crate::cgroup::{Cgroup, Layout, Limits};
+use crate::compute::ComputePolicy;
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::GpuInfo;
@@ -33,8 +34,11 @@ pub struct RunArgs {
     /// Share of the GPU's compute, percent (1-100)
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops")]
     pub compute: Option<u32>,
+    /// How the compute share is applied: strict (never above it) or fair (a floor; idle GPU time is shared out) [default: the config's [compute] policy, else strict]
+    #[arg(long, value_name = "POLICY", value_enum)]
+    pub compute_policy: Option<ComputePolicy>,
     /// Run inside a partition (a persistent vGPU shared by all its workloads)
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "oversubscribe", "tflops"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"])]
     pub partition: Option<String>,
     /// Compute from the pool, in TFLOPS (whole blocks); lower-priority work may be suspended for it
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
@@ -262,6 +266,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         vgpu: id.clone(),
         partition: None,
         priority: request.priority.get(),
+        compute_policy: args.compute_policy.unwrap_or(ctx.config.compute.policy),
         pool_blocks: None,
         pool_env: Vec::new(),
         freq_sensitivity: args.freq_sensitivity,
@@ -330,6 +335,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         });
         workload.vgpu = p.vgpu_id();
         workload.partition = Some(p.name.clone());
+        workload.compute_policy = p.compute_policy;
     } else {
         let partitions = Partitions::load(&store.partitions_path())?;
         let chosen: Vec<String> = match request.gpu_range {
@@ -377,7 +383,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
     let own_vgpu = workload.partition.is_none();
     let result = (|| -> Result<Cgroup> {
         if !workload.gpus.is_empty() {
-            ensure_vgpu(&vgpu_dir, &workload)?;
+            ensure_vgpu(store, &vgpu_dir, &workload)?;
         }
         let cgroup = Cgroup::create(layout, &workload.cgroup).context("creating the workload's cgroup")?;
         if let Err(e) = cgroup.apply(&request.limits) {
@@ -449,9 +455,11 @@ fn select_gpus<'a>(devices: &'a [Device], wanted: &[String], workloads: &[Worklo
     Ok(out)
 }
 
-/// Create the vGPU directory and usage file (a partition's exists after its first use).
-fn ensure_vgpu(dir: &Path, w: &Workload) -> Result<()> {
+/// Create the vGPU directory and usage file (a partition's exists after its first use),
+/// and the board of each of its GPUs (a board that cannot be made is only a warning).
+fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
+    crate::compute::ensure_boards(&store.state_dir, w.gpus.iter().map(|g| g.uuid.as_str()));
     let usage_path = dir.join(USAGE_FILE);
     if w.partition.is_some() && usage_path.exists() {
         UsageFile::open(&usage_path).with_context(|| format!("opening {}", usage_path.display()))?;
@@ -467,7 +475,13 @@ fn ensure_vgpu(dir: &Path, w: &Workload) -> Result<()> {
     let quotas: Vec<DeviceQuota> = w
         .gpus
         .iter()
-        .map(|g| DeviceQuota { uuid: g.uuid.clone(), quota_bytes: g.mem_bytes, compute_pct: g.compute_pct, policy: vgpu_abi::compute::Policy::Strict, priority: w.priority.clamp(0, 100) as u32 })
+        .map(|g| DeviceQuota {
+            uuid: g.uuid.clone(),
+            quota_bytes: g.mem_bytes,
+            compute_pct: g.compute_pct,
+            policy: w.compute_policy.abi(),
+            priority: crate::compute::abi_priority(w.priority),
+        })
         .collect();
     UsageFile::create(&usage_path, &quotas).with_context(|| format!("creating {}", usage_path.display()))?;
     Ok(())

@@ -15,6 +15,9 @@ pub struct Partition {
     pub gpu_uuid: String,
     pub mem_bytes: u64,
     pub compute_pct: u32,
+    /// How the share is applied; files written before policies existed read as strict.
+    #[serde(default)]
+    pub compute_policy: crate::compute::ComputePolicy,
     pub created_unix_ms: u64,
 }
 
@@ -82,8 +85,22 @@ mod tests {
         let path = dir.path().join("partitions.json");
         let mut parts = Partitions::load(&path).unwrap();
         assert!(parts.partitions.is_empty());
-        parts.partitions.push(Partition { name: "a".into(), gpu_index: 0, gpu_uuid: "GPU-1".into(), mem_bytes: 1, compute_pct: 100, created_unix_ms: 0 });
+        parts.partitions.push(Partition { name: "a".into(), gpu_index: 0, gpu_uuid: "GPU-1".into(), mem_bytes: 1, compute_pct: 100, compute_policy: Default::default(), created_unix_ms: 0 });
         parts.save(&path).unwrap();
         assert_eq!(Partitions::load(&path).unwrap(), parts);
+    }
+
+    #[test]
+    fn files_without_a_policy_read_as_strict() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("partitions.json");
+        std::fs::write(
+            &path,
+            r#"{"format":1,"partitions":[{"name":"old","gpu_index":0,"gpu_uuid":"GPU-1","mem_bytes":1,"compute_pct":40,"created_unix_ms":0}]}"#,
+        )
+        .unwrap();
+        let parts = Partitions::load(&path).unwrap();
+        assert_eq!(parts.partitions[0].compute_policy, crate::compute::ComputePolicy::Strict);
+        assert_eq!(parts.partitions[0].compute_pct, 40);
     }
 }

@@ -69,6 +69,10 @@ pub struct Workload {
     pub vgpu: String,
     pub partition: Option<String>,
     pub priority: i32,
+    /// How its compute share is applied (`--compute-policy`, the partition's, or the
+    /// config's `[compute] policy`). Records written before policies existed read as strict.
+    #[serde(default)]
+    pub compute_policy: crate::compute::ComputePolicy,
     /// TFLOPS blocks held in the compute pool (`--tflops`), if any.
     pub pool_blocks: Option<u64>,
     /// Identity of declared pool devices (NPUs, FPGAs) handed to the workload.
@@ -152,6 +156,7 @@ mod tests {
             vgpu: "a1b2c3d4".into(),
             partition: None,
             priority: 0,
+            compute_policy: Default::default(),
             pool_blocks: None,
             pool_env: Vec::new(),
             freq_sensitivity: None,
@@ -175,6 +180,21 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let err = Workload::read(&path).unwrap_err().to_string();
         assert!(err.contains("format 9") && err.contains("w.json"), "{err}");
+    }
+
+    #[test]
+    fn records_without_a_policy_read_as_strict() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.json");
+        let mut w = sample();
+        w.compute_policy = crate::compute::ComputePolicy::Fair;
+        w.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"compute_policy\": \"fair\""), "{text}");
+        let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        value.as_object_mut().unwrap().remove("compute_policy");
+        std::fs::write(&path, value.to_string()).unwrap();
+        assert_eq!(Workload::read(&path).unwrap().compute_policy, crate::compute::ComputePolicy::Strict);
     }
 
     #[test]

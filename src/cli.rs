@@ -66,6 +66,8 @@ pub enum Command {
     Resume(crate::commands::control::IdArgs),
     /// Send a signal to every process of a workload
     Kill(crate::commands::control::KillArgs),
+    /// Change running workloads' compute share or policy, live
+    Update(crate::commands::update::UpdateArgs),
     /// Persistent named vGPUs shared by workloads
     Partition(crate::commands::partition::PartitionArgs),
     /// Carbon intensity, the clock plan, applying and undoing caps

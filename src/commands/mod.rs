@@ -9,6 +9,7 @@ pub mod partition;
 pub mod pool;
 pub mod ps;
 pub mod run;
+pub mod update;
 
 use anyhow::Result;
 
@@ -27,6 +28,7 @@ pub fn dispatch(ctx: &Context, command: &Command) -> Result<u8> {
         Command::Suspend(args) => done(control::suspend_or_resume(ctx, args, control::Action::Suspend)),
         Command::Resume(args) => done(control::suspend_or_resume(ctx, args, control::Action::Resume)),
         Command::Kill(args) => done(control::kill(ctx, args)),
+        Command::Update(args) => done(update::run(ctx, args)),
         Command::Partition(args) => done(partition::run(ctx, args)),
         Command::Carbon(args) => done(carbon::run(ctx, args)),
         Command::Pool(args) => done(pool::run(ctx, args)),

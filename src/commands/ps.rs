@@ -8,6 +8,7 @@ use vgpu_abi::layout::USAGE_FILE;
 use vgpu_abi::usage::UsageFile;
 
 use crate::cgroup::{Cgroup, Layout};
+use crate::compute::ComputePolicy;
 use crate::context::Context;
 use crate::output::{print_json, table};
 use crate::state::{Store, Workload};
@@ -29,6 +30,16 @@ struct Row {
     user: String,
     gpus: Vec<GpuRow>,
     partition: Option<String>,
+    /// Target compute share per GPU, percent (the highest of its GPUs' when they differ;
+    /// `gpus[].compute_pct` has each). None: no GPU yet.
+    compute_pct: Option<u32>,
+    compute_policy: ComputePolicy,
+    /// Share of one GPU's time the vGPU used over the last ~1 s window, percent (the
+    /// highest of its GPUs'); null when idle or unknown. A partition's figure is the whole
+    /// partition's.
+    compute_measured_pct: Option<f64>,
+    /// GPU time charged to the vGPU, summed over its GPUs, ns.
+    gpu_time_ns: u64,
     priority: i32,
     pool_blocks: Option<u64>,
     pids: Vec<u32>,
@@ -47,6 +58,10 @@ struct GpuRow {
     mem_used: Option<u64>,
     mem_quota: u64,
     compute_pct: u32,
+    compute_measured_pct: Option<f64>,
+    gpu_time_ns: u64,
+    /// Time the vGPU's launching threads waited for its compute budget on this GPU, ns.
+    throttled_ns: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -54,6 +69,8 @@ struct ProcRow {
     pid: u32,
     mem_used: Vec<u64>,
     mem_peak: Vec<u64>,
+    /// GPU time charged to this process, per device of the vGPU, ns.
+    gpu_time_ns: Vec<u64>,
 }
 
 pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
@@ -75,7 +92,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
         println!("No workloads running.");
         return Ok(());
     }
-    let mut t = table(["ID", "NAME", "USER", "GPU", "MEM used/quota", "COMPUTE", "PIDS", "STATE", "AGE", "COMMAND"]);
+    let mut t = table(["ID", "NAME", "USER", "GPU", "MEM used/quota", "COMPUTE", "MEASURED", "PIDS", "STATE", "AGE", "COMMAND"]);
     for r in &rows {
         let gpus: Vec<String> = r.gpus.iter().map(|g| g.index.to_string()).collect();
         let mem: Vec<String> = r
@@ -98,6 +115,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
             gpus.join(","),
             mem.join("\n"),
             compute_cell(r),
+            measured_cell(r),
             r.pids.len().to_string(),
             state,
             humantime::format_duration(std::time::Duration::from_secs(r.age_seconds)).to_string(),
@@ -105,15 +123,29 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
         ]);
         for p in r.processes.iter().flatten() {
             let mem: Vec<String> = p.mem_used.iter().zip(&p.mem_peak).map(|(u, pk)| format!("{} (peak {})", format_size(*u), format_size(*pk))).collect();
-            t.add_row([String::new(), format!("  pid {}", p.pid), String::new(), String::new(), mem.join("\n"), String::new(), String::new(), String::new(), String::new(), String::new()]);
+            let gpu_time: Vec<String> = p.gpu_time_ns.iter().map(|ns| format!("{:.3}s gpu", *ns as f64 / 1e9)).collect();
+            t.add_row([
+                String::new(),
+                format!("  pid {}", p.pid),
+                String::new(),
+                String::new(),
+                mem.join("\n"),
+                gpu_time.join("\n"),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
         }
     }
     println!("{t}");
     Ok(())
 }
 
+/// Target share and policy per GPU: `30% strict`.
 fn compute_cell(r: &Row) -> String {
-    let mut shares: Vec<String> = r.gpus.iter().map(|g| format!("{}%", g.compute_pct)).collect();
+    let mut shares: Vec<String> = r.gpus.iter().map(|g| format!("{}% {}", g.compute_pct, r.compute_policy)).collect();
     if let Some(blocks) = r.pool_blocks {
         shares.push(format!("{blocks} blocks"));
     }
@@ -124,20 +156,48 @@ fn compute_cell(r: &Row) -> String {
     }
 }
 
+/// Measured share per GPU over the last window: `28%`, `-` when idle.
+fn measured_cell(r: &Row) -> String {
+    let cells: Vec<String> = r.gpus.iter().map(|g| g.compute_measured_pct.map(|p| format!("{p:.0}%")).unwrap_or_else(|| "-".into())).collect();
+    if cells.is_empty() {
+        "-".into()
+    } else {
+        cells.join("\n")
+    }
+}
+
+/// Parts per million → percent with one decimal.
+fn ppm_to_pct(ppm: u64) -> f64 {
+    (ppm as f64 / 1000.0).round() / 10.0
+}
+
 fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
     let usage = UsageFile::open(&store.vgpu_dir(&w.vgpu).join(USAGE_FILE)).ok();
     let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
-    let gpus = w
+    // The usage file is what the shim enforces; the record is the fallback.
+    let gpus: Vec<GpuRow> = w
         .gpus
         .iter()
-        .map(|g| GpuRow {
-            index: g.index,
-            uuid: g.uuid.clone(),
-            mem_used: devices.iter().find(|d| d.uuid == g.uuid).map(|d| d.used_bytes),
-            mem_quota: g.mem_bytes,
-            compute_pct: g.compute_pct,
+        .map(|g| {
+            let live = devices.iter().find(|d| d.uuid == g.uuid);
+            GpuRow {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                mem_used: live.map(|d| d.used_bytes),
+                mem_quota: g.mem_bytes,
+                compute_pct: live.map(|d| d.compute_pct).unwrap_or(g.compute_pct),
+                compute_measured_pct: live.and_then(|d| d.measured_share_ppm).map(ppm_to_pct),
+                gpu_time_ns: live.map(|d| d.charged_ns).unwrap_or(0),
+                throttled_ns: live.map(|d| d.throttled_ns).unwrap_or(0),
+            }
         })
         .collect();
+    let compute_policy = w
+        .gpus
+        .first()
+        .and_then(|g| devices.iter().find(|d| d.uuid == g.uuid))
+        .map(|d| ComputePolicy::from_abi(d.policy))
+        .unwrap_or(w.compute_policy);
     let pids: Vec<u32> = layout
         .and_then(|l| Cgroup::open(l, &w.cgroup).ok())
         .and_then(|c| c.pids().ok())
@@ -150,7 +210,7 @@ fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
             .unwrap_or_default()
             .into_iter()
             .filter(|p| p.alive && pids.contains(&p.pid))
-            .map(|p| ProcRow { pid: p.pid, mem_used: p.used_bytes, mem_peak: p.peak_bytes })
+            .map(|p| ProcRow { pid: p.pid, mem_used: p.used_bytes, mem_peak: p.peak_bytes, gpu_time_ns: p.compute_ns })
             .collect()
     });
     let age = crate::commands::run::now_ms().saturating_sub(w.created_unix_ms) / 1000;
@@ -158,6 +218,10 @@ fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
         id: w.id.clone(),
         name: w.name.clone(),
         user: w.user.name.clone(),
+        compute_pct: gpus.iter().map(|g| g.compute_pct).max(),
+        compute_policy,
+        compute_measured_pct: gpus.iter().filter_map(|g| g.compute_measured_pct).reduce(f64::max),
+        gpu_time_ns: gpus.iter().map(|g| g.gpu_time_ns).sum(),
         gpus,
         partition: w.partition.clone(),
         priority: w.priority,
@@ -168,5 +232,18 @@ fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
         age_seconds: age,
         command: w.command.clone(),
         processes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measured_share_is_a_percent_with_one_decimal() {
+        assert_eq!(ppm_to_pct(280_000), 28.0);
+        assert_eq!(ppm_to_pct(1_000_000), 100.0);
+        assert_eq!(ppm_to_pct(123_456), 12.3);
+        assert_eq!(ppm_to_pct(0), 0.0);
     }
 }

@@ -15,6 +15,8 @@
 
 #[path = "fakegpu_probe/cuda.rs"]
 mod cuda;
+#[path = "fakegpu_probe/timeline.rs"]
+mod timeline;
 
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::process::ExitCode;
@@ -90,6 +92,37 @@ const PROBES: &[(&str, &str, fn())] = &[
         "init",
         "cross_process::bad_config_fails_cleanly_and_says_why",
         init,
+    ),
+    // timeline.rs
+    (
+        "events",
+        "timeline::events_are_stamped_from_the_queue",
+        timeline::events,
+    ),
+    (
+        "streams",
+        "timeline::streams_keep_their_own_order",
+        timeline::streams,
+    ),
+    (
+        "launch_paths",
+        "timeline::every_launch_path_takes_its_simulated_time",
+        timeline::launch_paths,
+    ),
+    (
+        "graphs",
+        "timeline::graphs_and_stream_capture",
+        timeline::graphs,
+    ),
+    (
+        "half_busy",
+        "timeline::nvml_utilization_is_exact",
+        timeline::half_busy,
+    ),
+    (
+        "queued_then_quiet",
+        "timeline::nvml_counts_queued_work_of_a_quiet_process",
+        timeline::queued_then_quiet,
     ),
     // quota_race.rs
     (

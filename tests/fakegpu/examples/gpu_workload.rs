@@ -90,9 +90,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
     };
     let mut rest = rest.iter();
     while let Some(flag) = rest.next() {
-        let value = rest
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value"))?;
+        let value = rest.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let number = || {
             value
                 .parse::<u64>()
@@ -144,7 +142,8 @@ impl Driver {
         let symbol = CString::new(name).map_err(|_| Failure(name, u32::MAX))?;
         let (mut pfn, mut status) = (std::ptr::null_mut(), 0);
         // SAFETY: a C string, writable out-pointers.
-        let code = unsafe { (self.get_proc)(symbol.as_ptr(), &mut pfn, CUDA_VERSION, 0, &mut status) };
+        let code =
+            unsafe { (self.get_proc)(symbol.as_ptr(), &mut pfn, CUDA_VERSION, 0, &mut status) };
         if code != 0 || pfn.is_null() {
             return Err(Failure(name, code.max(1)));
         }
@@ -156,14 +155,17 @@ impl Driver {
             return String::from("?");
         };
         // SAFETY: cuGetErrorName(CUresult, const char **).
-        let f: unsafe extern "C" fn(Cu, *mut *const c_char) -> Cu = unsafe { std::mem::transmute(pfn) };
+        let f: unsafe extern "C" fn(Cu, *mut *const c_char) -> Cu =
+            unsafe { std::mem::transmute(pfn) };
         let mut name = std::ptr::null();
         // SAFETY: a writable out-pointer; the driver hands back a static C string.
         if unsafe { f(code, &mut name) } != 0 || name.is_null() {
             return String::from("?");
         }
         // SAFETY: non-NULL, NUL-terminated, static.
-        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -189,10 +191,33 @@ macro_rules! call {
 }
 
 type LaunchKernel = unsafe extern "C" fn(
-    Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr, *mut Ptr,
+    Ptr,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    Ptr,
+    *mut Ptr,
+    *mut Ptr,
 ) -> Cu;
-type LaunchCooperative =
-    unsafe extern "C" fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr) -> Cu;
+type LaunchCooperative = unsafe extern "C" fn(
+    Ptr,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    Ptr,
+    *mut Ptr,
+) -> Cu;
+
+/// One iteration of a shape (its launches); returns the kernels it queued.
+type Step<'a> = Box<dyn FnMut(&mut Stats) -> Result<u64, Failure> + 'a>;
 
 /// What the timed loop measured.
 #[derive(Default)]
@@ -227,36 +252,100 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
     let init = proc_fn!(driver, "cuInit", unsafe extern "C" fn(c_uint) -> Cu);
     call!(init, 0);
     let mut dev: c_int = 0;
-    call!(proc_fn!(driver, "cuDeviceGet", unsafe extern "C" fn(*mut c_int, c_int) -> Cu), &mut dev, args.device);
+    call!(
+        proc_fn!(
+            driver,
+            "cuDeviceGet",
+            unsafe extern "C" fn(*mut c_int, c_int) -> Cu
+        ),
+        &mut dev,
+        args.device
+    );
     let mut sms: c_int = 0;
     call!(
-        proc_fn!(driver, "cuDeviceGetAttribute", unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Cu),
+        proc_fn!(
+            driver,
+            "cuDeviceGetAttribute",
+            unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Cu
+        ),
         &mut sms,
         ATTRIBUTE_SMS,
         dev
     );
     let grid = c_uint::try_from(sms).unwrap_or(1).max(1);
     let mut ctx: Ptr = std::ptr::null_mut();
-    call!(proc_fn!(driver, "cuDevicePrimaryCtxRetain", unsafe extern "C" fn(*mut Ptr, c_int) -> Cu), &mut ctx, dev);
-    call!(proc_fn!(driver, "cuCtxSetCurrent", unsafe extern "C" fn(Ptr) -> Cu), ctx);
-    let (mut module, mut function, mut stream): (Ptr, Ptr, Ptr) =
-        (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
-    let image = b"gpu_workload image\0";
-    call!(proc_fn!(driver, "cuModuleLoadData", unsafe extern "C" fn(*mut Ptr, *const c_void) -> Cu), &mut module, image.as_ptr().cast());
     call!(
-        proc_fn!(driver, "cuModuleGetFunction", unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> Cu),
+        proc_fn!(
+            driver,
+            "cuDevicePrimaryCtxRetain",
+            unsafe extern "C" fn(*mut Ptr, c_int) -> Cu
+        ),
+        &mut ctx,
+        dev
+    );
+    call!(
+        proc_fn!(driver, "cuCtxSetCurrent", unsafe extern "C" fn(Ptr) -> Cu),
+        ctx
+    );
+    let (mut module, mut function, mut stream): (Ptr, Ptr, Ptr) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    let image = b"gpu_workload image\0";
+    call!(
+        proc_fn!(
+            driver,
+            "cuModuleLoadData",
+            unsafe extern "C" fn(*mut Ptr, *const c_void) -> Cu
+        ),
+        &mut module,
+        image.as_ptr().cast()
+    );
+    call!(
+        proc_fn!(
+            driver,
+            "cuModuleGetFunction",
+            unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> Cu
+        ),
         &mut function,
         module,
         c"k".as_ptr()
     );
-    call!(proc_fn!(driver, "cuStreamCreate", unsafe extern "C" fn(*mut Ptr, c_uint) -> Cu), &mut stream, 0);
-    let sync = proc_fn!(driver, "cuStreamSynchronize", unsafe extern "C" fn(Ptr) -> Cu);
+    call!(
+        proc_fn!(
+            driver,
+            "cuStreamCreate",
+            unsafe extern "C" fn(*mut Ptr, c_uint) -> Cu
+        ),
+        &mut stream,
+        0
+    );
+    let sync = proc_fn!(
+        driver,
+        "cuStreamSynchronize",
+        unsafe extern "C" fn(Ptr) -> Cu
+    );
     let launch_kernel = proc_fn!(driver, "cuLaunchKernel", LaunchKernel);
     let null = std::ptr::null_mut();
     let launch = |stats: &mut Stats| -> Result<(), Failure> {
         let code = stats.timed(|| {
             // SAFETY: a function and stream of this context; no parameters.
-            unsafe { (launch_kernel.0)(function, grid, 1, 1, BLOCK_THREADS, 1, 1, 0, stream, null, null) }
+            unsafe {
+                (launch_kernel.0)(
+                    function,
+                    grid,
+                    1,
+                    1,
+                    BLOCK_THREADS,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    null,
+                    null,
+                )
+            }
         });
         if code != 0 {
             return Err(Failure(launch_kernel.1, code));
@@ -265,7 +354,7 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
     };
 
     // One iteration of the shape: launches, then a synchronize; returns the kernels it ran.
-    let mut step: Box<dyn FnMut(&mut Stats) -> Result<u64, Failure>> = match args.shape {
+    let mut step: Step = match args.shape {
         Shape::Sync => Box::new(|stats| {
             launch(stats)?;
             Ok(1)
@@ -280,7 +369,11 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
             })
         }
         Shape::Ex => {
-            let f = proc_fn!(driver, "cuLaunchKernelEx", unsafe extern "C" fn(*const CUlaunchConfig, Ptr, *mut Ptr, *mut Ptr) -> Cu);
+            let f = proc_fn!(
+                driver,
+                "cuLaunchKernelEx",
+                unsafe extern "C" fn(*const CUlaunchConfig, Ptr, *mut Ptr, *mut Ptr) -> Cu
+            );
             let config = CUlaunchConfig {
                 gridDimX: grid,
                 gridDimY: 1,
@@ -306,7 +399,9 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
             let f = proc_fn!(driver, "cuLaunchCooperativeKernel", LaunchCooperative);
             Box::new(move |stats| {
                 // SAFETY: a function and stream of this context; no parameters.
-                let code = stats.timed(|| unsafe { (f.0)(function, grid, 1, 1, BLOCK_THREADS, 1, 1, 0, stream, null) });
+                let code = stats.timed(|| unsafe {
+                    (f.0)(function, grid, 1, 1, BLOCK_THREADS, 1, 1, 0, stream, null)
+                });
                 if code != 0 {
                     return Err(Failure(f.1, code));
                 }
@@ -314,9 +409,17 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
             })
         }
         Shape::Legacy => {
-            let shape = proc_fn!(driver, "cuFuncSetBlockShape", unsafe extern "C" fn(Ptr, c_int, c_int, c_int) -> Cu);
+            let shape = proc_fn!(
+                driver,
+                "cuFuncSetBlockShape",
+                unsafe extern "C" fn(Ptr, c_int, c_int, c_int) -> Cu
+            );
             call!(shape, function, BLOCK_THREADS as c_int, 1, 1);
-            let f = proc_fn!(driver, "cuLaunchGridAsync", unsafe extern "C" fn(Ptr, c_int, c_int, Ptr) -> Cu);
+            let f = proc_fn!(
+                driver,
+                "cuLaunchGridAsync",
+                unsafe extern "C" fn(Ptr, c_int, c_int, Ptr) -> Cu
+            );
             let width = c_int::try_from(grid).unwrap_or(1);
             Box::new(move |stats| {
                 // SAFETY: a function with its block shape set, and a stream of this context.
@@ -329,10 +432,26 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
         }
         Shape::Graph => {
             let batch = args.batch.unwrap_or(20);
-            let begin = proc_fn!(driver, "cuStreamBeginCapture", unsafe extern "C" fn(Ptr, c_uint) -> Cu);
-            let end = proc_fn!(driver, "cuStreamEndCapture", unsafe extern "C" fn(Ptr, *mut Ptr) -> Cu);
-            let instantiate = proc_fn!(driver, "cuGraphInstantiate", unsafe extern "C" fn(*mut Ptr, Ptr, c_ulonglong) -> Cu);
-            let graph_launch = proc_fn!(driver, "cuGraphLaunch", unsafe extern "C" fn(Ptr, Ptr) -> Cu);
+            let begin = proc_fn!(
+                driver,
+                "cuStreamBeginCapture",
+                unsafe extern "C" fn(Ptr, c_uint) -> Cu
+            );
+            let end = proc_fn!(
+                driver,
+                "cuStreamEndCapture",
+                unsafe extern "C" fn(Ptr, *mut Ptr) -> Cu
+            );
+            let instantiate = proc_fn!(
+                driver,
+                "cuGraphInstantiate",
+                unsafe extern "C" fn(*mut Ptr, Ptr, c_ulonglong) -> Cu
+            );
+            let graph_launch = proc_fn!(
+                driver,
+                "cuGraphLaunch",
+                unsafe extern "C" fn(Ptr, Ptr) -> Cu
+            );
             call!(begin, stream, CAPTURE_GLOBAL);
             let mut capture_stats = Stats::default();
             for _ in 0..batch {
@@ -351,7 +470,11 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
             })
         }
         Shape::Multi => {
-            let f = proc_fn!(driver, "cuLaunchCooperativeKernelMultiDevice", unsafe extern "C" fn(*mut CUDA_LAUNCH_PARAMS, c_uint, c_uint) -> Cu);
+            let f = proc_fn!(
+                driver,
+                "cuLaunchCooperativeKernelMultiDevice",
+                unsafe extern "C" fn(*mut CUDA_LAUNCH_PARAMS, c_uint, c_uint) -> Cu
+            );
             Box::new(move |stats| {
                 let mut params = CUDA_LAUNCH_PARAMS {
                     function: function.cast(),
@@ -434,7 +557,10 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(Failure(call, code)) => {
-            eprintln!("gpu_workload: {call} failed: {code} ({})", driver.error_name(code));
+            eprintln!(
+                "gpu_workload: {call} failed: {code} ({})",
+                driver.error_name(code)
+            );
             ExitCode::from(1)
         }
     }

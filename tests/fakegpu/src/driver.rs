@@ -94,7 +94,11 @@ impl Device {
     /// Busy time of each process in `[from, to)`, in ns (processes with none are left out).
     pub fn process_busy_ns(&self, from: u64, to: u64) -> Vec<(u32, u64)> {
         let intervals = self.state.timeline_since(from);
-        let mut pids: Vec<u32> = intervals.iter().map(|b| b.pid).filter(|&p| p != 0).collect();
+        let mut pids: Vec<u32> = intervals
+            .iter()
+            .map(|b| b.pid)
+            .filter(|&p| p != 0)
+            .collect();
         pids.sort_unstable();
         pids.dedup();
         pids.into_iter()

@@ -150,7 +150,11 @@ pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
         "us" | "µs" => 1e3,
         "ms" => 1e6,
         "s" => 1e9,
-        other => return Err(format!("unknown unit `{other}` in `{text}` (ns, us, ms, s)")),
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}` (ns, us, ms, s)"
+            ))
+        }
     };
     let value: f64 = number
         .parse()
@@ -270,7 +274,11 @@ mod tests {
         assert_eq!(queue_start(10, 50, 70), 70);
         assert_eq!(busy_ns([], 0, 100), 0);
         assert_eq!(busy_ns([(10, 20), (15, 30), (50, 60)], 0, 100), 30);
-        assert_eq!(busy_ns([(50, 60), (10, 20), (15, 30)], 0, 100), 30, "any order");
+        assert_eq!(
+            busy_ns([(50, 60), (10, 20), (15, 30)], 0, 100),
+            30,
+            "any order"
+        );
         assert_eq!(busy_ns([(0, 1000)], 100, 200), 100, "clipped to the window");
         assert_eq!(busy_ns([(150, 1000)], 100, 200), 50, "future excluded");
         assert_eq!(busy_ns([(10, 20), (10, 20)], 0, 100), 10, "duplicates once");

@@ -346,11 +346,7 @@ impl DeviceState {
         }
         let bytes = slot.bytes.swap(0, SeqCst);
         self.unreserve(bytes);
-        for field in [
-            &slot.launches,
-            &slot.busy_until_ns,
-            &slot.last_launch_ns,
-        ] {
+        for field in [&slot.launches, &slot.busy_until_ns, &slot.last_launch_ns] {
             field.store(0, SeqCst);
         }
         slot.start_time.store(0, SeqCst);
@@ -776,9 +772,17 @@ mod tests {
             "the second waits for the first"
         );
         let other = s.record_launch(None, 1_000_200, 0, 100, 0);
-        assert_eq!(other, (1_001_000, 1_001_100), "another process queues behind");
+        assert_eq!(
+            other,
+            (1_001_000, 1_001_100),
+            "another process queues behind"
+        );
         let later = s.record_launch(Some(slot), 1_000_300, 5_000_000, 10, 0);
-        assert_eq!(later, (5_000_000, 5_000_010), "not before its stream is ready");
+        assert_eq!(
+            later,
+            (5_000_000, 5_000_010),
+            "not before its stream is ready"
+        );
         assert_eq!(s.busy_until_ns(), 5_000_010);
         assert_eq!(s.slot_busy_until(slot), 5_000_010);
         let pid = me().pid;

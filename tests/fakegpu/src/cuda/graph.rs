@@ -7,8 +7,8 @@
 use std::ffi::{c_char, c_uint, c_ulonglong};
 
 use cudarc::driver::sys::{
-    CUfunction, CUgraph, CUgraphExec, CUgraphInstantiateResult, CUgraphNode, CUresult, CUstream,
-    CUDA_GRAPH_INSTANTIATE_PARAMS, CUDA_KERNEL_NODE_PARAMS_v1, CUDA_KERNEL_NODE_PARAMS_v2,
+    CUDA_KERNEL_NODE_PARAMS_v1, CUDA_KERNEL_NODE_PARAMS_v2, CUfunction, CUgraph, CUgraphExec,
+    CUgraphInstantiateResult, CUgraphNode, CUresult, CUstream, CUDA_GRAPH_INSTANTIATE_PARAMS,
 };
 
 use super::launch::{out_handle, Kernel};

@@ -243,7 +243,18 @@ pub unsafe extern "C" fn cuLaunchKernel(
 ) -> CUresult {
     let grid = [grid_x, grid_y, grid_z];
     let block = [block_x, block_y, block_z];
-    entry(|| launch(Launch { f, grid, block, stream }, false, false))
+    entry(|| {
+        launch(
+            Launch {
+                f,
+                grid,
+                block,
+                stream,
+            },
+            false,
+            false,
+        )
+    })
 }
 
 /// NULL means the calling thread's per-thread default stream.
@@ -263,7 +274,18 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
 ) -> CUresult {
     let grid = [grid_x, grid_y, grid_z];
     let block = [block_x, block_y, block_z];
-    entry(|| launch(Launch { f, grid, block, stream }, true, false))
+    entry(|| {
+        launch(
+            Launch {
+                f,
+                grid,
+                block,
+                stream,
+            },
+            true,
+            false,
+        )
+    })
 }
 
 #[no_mangle]
@@ -281,7 +303,18 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel(
 ) -> CUresult {
     let grid = [grid_x, grid_y, grid_z];
     let block = [block_x, block_y, block_z];
-    entry(|| launch(Launch { f, grid, block, stream }, false, true))
+    entry(|| {
+        launch(
+            Launch {
+                f,
+                grid,
+                block,
+                stream,
+            },
+            false,
+            true,
+        )
+    })
 }
 
 #[no_mangle]
@@ -299,7 +332,18 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
 ) -> CUresult {
     let grid = [grid_x, grid_y, grid_z];
     let block = [block_x, block_y, block_z];
-    entry(|| launch(Launch { f, grid, block, stream }, true, true))
+    entry(|| {
+        launch(
+            Launch {
+                f,
+                grid,
+                block,
+                stream,
+            },
+            true,
+            true,
+        )
+    })
 }
 
 /// Launch attributes are ignored.
@@ -309,7 +353,16 @@ fn launch_kernel_ex(config: *const CUlaunchConfig, f: CUfunction, per_thread: bo
     let c = unsafe { ffi::read(config) }?;
     let grid = [c.gridDimX, c.gridDimY, c.gridDimZ];
     let block = [c.blockDimX, c.blockDimY, c.blockDimZ];
-    launch(Launch { f, grid, block, stream: c.hStream }, per_thread, false)
+    launch(
+        Launch {
+            f,
+            grid,
+            block,
+            stream: c.hStream,
+        },
+        per_thread,
+        false,
+    )
 }
 
 #[no_mangle]
@@ -413,7 +466,12 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
 
 /// Remember the block shape the legacy launches use.
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncSetBlockShape(f: CUfunction, x: c_int, y: c_int, z: c_int) -> CUresult {
+pub unsafe extern "C" fn cuFuncSetBlockShape(
+    f: CUfunction,
+    x: c_int,
+    y: c_int,
+    z: c_int,
+) -> CUresult {
     entry(|| {
         let shape = [x, y, z].map(|d| c_uint::try_from(d).unwrap_or(0));
         if shape.contains(&0) {

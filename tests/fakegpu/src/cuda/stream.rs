@@ -348,7 +348,10 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgrap
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult {
+pub unsafe extern "C" fn cuStreamEndCapture_ptsz(
+    stream: CUstream,
+    graph: *mut CUgraph,
+) -> CUresult {
     entry(|| end_capture(stream, graph, true))
 }
 
@@ -394,7 +397,11 @@ fn capture_info(stream: CUstream, per_thread: bool) -> CuResult<CaptureInfo> {
     })
 }
 
-fn is_capturing(stream: CUstream, status: *mut CUstreamCaptureStatus, per_thread: bool) -> CuResult {
+fn is_capturing(
+    stream: CUstream,
+    status: *mut CUstreamCaptureStatus,
+    per_thread: bool,
+) -> CuResult {
     let info = capture_info(stream, per_thread)?;
     // SAFETY: `status` is NULL or writable (driver API contract).
     Ok(unsafe { ffi::write(status, info.status) }?)
@@ -496,7 +503,14 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     count: *mut usize,
 ) -> CUresult {
     let edges = std::ptr::null_mut();
-    let out = InfoOut { status, id, graph, deps, edges, count };
+    let out = InfoOut {
+        status,
+        id,
+        graph,
+        deps,
+        edges,
+        count,
+    };
     entry(|| get_capture_info(stream, out, false))
 }
 
@@ -510,7 +524,14 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
     count: *mut usize,
 ) -> CUresult {
     let edges = std::ptr::null_mut();
-    let out = InfoOut { status, id, graph, deps, edges, count };
+    let out = InfoOut {
+        status,
+        id,
+        graph,
+        deps,
+        edges,
+        count,
+    };
     entry(|| get_capture_info(stream, out, true))
 }
 
@@ -525,7 +546,14 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
     edges: *mut *const CUgraphEdgeData,
     count: *mut usize,
 ) -> CUresult {
-    let out = InfoOut { status, id, graph, deps, edges, count };
+    let out = InfoOut {
+        status,
+        id,
+        graph,
+        deps,
+        edges,
+        count,
+    };
     entry(|| get_capture_info(stream, out, false))
 }
 
@@ -539,6 +567,13 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
     edges: *mut *const CUgraphEdgeData,
     count: *mut usize,
 ) -> CUresult {
-    let out = InfoOut { status, id, graph, deps, edges, count };
+    let out = InfoOut {
+        status,
+        id,
+        graph,
+        deps,
+        edges,
+        count,
+    };
     entry(|| get_capture_info(stream, out, true))
 }

@@ -1,0 +1,226 @@
+//! The simulated timeline: events, per-stream order in one device FIFO, every launch path's
+//! duration (`FAKEGPU_KERNELS`), graphs and stream capture, NVML utilization, and the
+//! `gpu_workload` example across processes. Client checks are the probes of
+//! `examples/fakegpu_probe/timeline.rs`; exact values come from events and from the shared
+//! state's timeline.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+
+use common::{field, run_ok, Fake};
+use fakegpu::state::Busy;
+
+const KERNELS: &str = "long=30ms,k=1ms";
+
+fn probe(fake: &Fake, name: &str) -> String {
+    run_ok(fake.probe(name).env("FAKEGPU_KERNELS", KERNELS))
+}
+
+#[test]
+fn events_are_stamped_from_the_queue() {
+    probe(&Fake::new(), "events");
+}
+
+#[test]
+fn streams_keep_their_own_order() {
+    probe(&Fake::new(), "streams");
+}
+
+#[test]
+fn every_launch_path_takes_its_simulated_time() {
+    probe(&Fake::new(), "launch_paths");
+}
+
+#[test]
+fn graphs_and_stream_capture() {
+    let fake = Fake::new();
+    probe(&fake, "graphs");
+    // Run: the two 33 ms graph launches and their two 30 ms fillers. Captured: nothing.
+    assert_eq!(fake.states()[0].launches(), 2 * (3 + 1));
+}
+
+#[test]
+fn bad_kernel_table_fails_cuinit_and_says_why() {
+    let fake = Fake::new();
+    let out = fake
+        .probe("init")
+        .env("FAKEGPU_KERNELS", "k=20parsecs")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr_text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        field(&stdout, "cu_init"),
+        "1",
+        "CUDA_ERROR_INVALID_VALUE; {stderr_text}"
+    );
+    assert_eq!(field(&stdout, "cu_init_again"), "1", "every time");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("FAKEGPU_KERNELS"))
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
+
+/// A process busy about half the time: NVML's device and process figures agree and are
+/// the real fraction, not just the last run.
+#[test]
+fn nvml_utilization_is_exact() {
+    let fake = Fake::new();
+    let out = probe(&fake, "half_busy");
+    let gpu: i64 = field(&out, "gpu").parse().unwrap();
+    let sm: i64 = field(&out, "sm").parse().unwrap();
+    assert!((gpu - sm).abs() <= 1, "device {gpu}% vs process {sm}%");
+    assert!((20..=55).contains(&sm), "5 ms on, about 5 ms off: {sm}%");
+}
+
+#[test]
+fn nvml_counts_queued_work_of_a_quiet_process() {
+    let fake = Fake::new();
+    let out = probe(&fake, "queued_then_quiet");
+    assert_eq!(field(&out, "sm"), "100");
+    assert_eq!(field(&out, "gpu"), "100");
+}
+
+// ----- gpu_workload -----
+
+/// `target/<profile>/examples/gpu_workload`, which `cargo test -p fakegpu` builds.
+fn workload_program() -> PathBuf {
+    let probe = common::probe_program();
+    let program = probe.with_file_name("gpu_workload");
+    assert!(
+        program.is_file(),
+        "{} is missing; build it with `cargo build -p fakegpu --example gpu_workload`",
+        program.display()
+    );
+    program
+}
+
+fn workload(fake: &Fake, args: &[&str]) -> Child {
+    fake.command(workload_program())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gpu_workload")
+}
+
+/// The JSON line of a finished workload: (pid, kernels, gpu_ns, windows).
+fn report(child: Child) -> (u32, u64, u64, Vec<u64>) {
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "gpu_workload: {}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    let number = |key: &str| -> u64 {
+        let rest = stdout
+            .split(&format!("\"{key}\":"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {key} in {stdout}"));
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let windows = stdout
+        .split("\"windows\":[")
+        .nth(1)
+        .and_then(|w| w.split(']').next())
+        .unwrap_or_default()
+        .split(',')
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    for key in ["seconds", "kernels_per_s", "launch_ns"] {
+        assert!(stdout.contains(&format!("\"{key}\":")), "{stdout}");
+    }
+    (pid, number("kernels"), number("gpu_ns"), windows)
+}
+
+/// Each of the three runs its own shape; none of their kernels overlap on the device, and
+/// each process's busy time in the shared timeline is exactly the kernels it reports.
+#[test]
+fn workloads_share_one_fifo_and_account_exactly() {
+    let fake = Fake::new();
+    let ready = |n: usize| fake.dir.path().join(format!("ready{n}"));
+    let shapes: [&[&str]; 7] = [
+        &["sync", "0.6", "--kernel-us", "200"],
+        &["storm", "0.6", "--kernel-us", "50", "--batch", "100"],
+        &["graph", "0.6", "--kernel-us", "30", "--batch", "7"],
+        &["ex", "0.6", "--kernel-us", "150"],
+        &["coop", "0.6", "--kernel-us", "120"],
+        &["legacy", "0.6", "--kernel-us", "80"],
+        &["multi", "0.6", "--kernel-us", "90"],
+    ];
+    let children: Vec<Child> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, args)| {
+            let path = ready(i);
+            let mut args = args.to_vec();
+            let path_str = path.to_str().unwrap().to_string();
+            args.extend(["--ready", &path_str]);
+            workload(&fake, &args)
+        })
+        .collect();
+    let reports: Vec<_> = children.into_iter().map(report).collect();
+    for i in 0..shapes.len() {
+        assert!(Path::new(&ready(i)).exists(), "--ready file {i}");
+    }
+    let state = &fake.states()[0];
+    let mut timeline: Vec<Busy> = state.timeline_since(0);
+    timeline.sort_by_key(|b| b.start_ns);
+    for pair in timeline.windows(2) {
+        assert!(
+            pair[1].start_ns >= pair[0].end_ns,
+            "overlapping kernels on one device: {:?}",
+            pair
+        );
+    }
+    let total: u64 = reports.iter().map(|r| r.1).sum();
+    assert_eq!(state.launches(), total);
+    for (args, (pid, kernels, gpu_ns, windows)) in shapes.iter().zip(&reports) {
+        assert!(*kernels > 0, "{args:?} ran nothing");
+        assert_eq!(windows.iter().sum::<u64>(), *kernels, "{args:?}");
+        let busy: u64 = timeline
+            .iter()
+            .filter(|b| b.pid == *pid)
+            .map(|b| b.end_ns - b.start_ns)
+            .sum();
+        assert_eq!(busy, *gpu_ns, "{args:?}: device time of pid {pid}");
+    }
+}
+
+#[test]
+fn workload_reports_driver_errors() {
+    let fake = Fake::new();
+    let out = fake
+        .command(workload_program())
+        .args(["sync", "0.1", "--device", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cuDeviceGet") && stderr.contains("CUDA_ERROR_INVALID_DEVICE"),
+        "{stderr}"
+    );
+    let usage = fake
+        .command(workload_program())
+        .arg("spin")
+        .output()
+        .unwrap();
+    assert_eq!(usage.status.code(), Some(2));
+}

@@ -293,3 +293,22 @@ fn ps_shows_the_measured_share_and_gpu_time() {
     assert_eq!(row(&sim, "busy")["compute_measured_pct"], serde_json::Value::Null);
     held.stop();
 }
+
+#[test]
+fn a_pool_workloads_share_follows_its_blocks_and_only_its_policy_updates() {
+    let sim = Sim::new(TWO_GPUS);
+    sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA A16-sim\" = 10\n");
+    let held = Held::start(&sim, "pooled", &["--tflops", "3", "--compute-policy", "fair", "--priority", "80"]);
+    let w = row(&sim, "pooled");
+    let id = w["id"].as_str().unwrap().to_string();
+    let usage = usage_of(&sim, &id);
+    // 3 of the GPU's 10 blocks: 30 %.
+    assert_eq!(shares(&usage), [(30, Policy::Fair)]);
+    assert_eq!(usage.devices()[0].priority, 80);
+    assert_eq!(w["compute_pct"], 30);
+    sim.vgpu(&["update", "pooled", "--compute", "50"]).assert().code(2).stderr(predicate::str::contains("pool blocks"));
+    assert_eq!(shares(&usage), [(30, Policy::Fair)]);
+    sim.vgpu(&["update", "pooled", "--compute-policy", "strict"]).assert().success();
+    assert_eq!(shares(&usage), [(30, Policy::Strict)]);
+    held.stop();
+}

@@ -13,6 +13,7 @@ Exit status: 0 success, 1 runtime failure, 2 usage error (bad flag, value or con
 
 Examples:
   sudo vgpu run --mem 4G --compute 30 -- python train.py
+  sudo vgpu update train --compute 60 --compute-policy fair
   vgpu --simulate devices            try vgpu on a machine without a GPU
   */15 * * * * root /usr/local/bin/vgpu carbon apply      (crontab)";
 

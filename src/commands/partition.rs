@@ -41,7 +41,7 @@ pub struct CreateArgs {
     /// Device memory: 4G, 512M, 1.5G or NN% of the device
     #[arg(long, value_name = "SIZE|PCT%")]
     pub mem: String,
-    /// Share of the GPU's compute, percent (1-100)
+    /// Share of the GPU's busy time, percent (1-100), for all the partition's workloads together
     #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub compute: u32,
     /// How the compute share is applied: strict or fair [default: the config's [compute] policy, else strict]

@@ -31,7 +31,7 @@ pub struct RunArgs {
     /// Device memory per selected GPU: 4G (=4GiB), 512M, 1.5G, or NN% of the device [default: the whole GPU; with --tflops, the same share as the compute]
     #[arg(long, value_name = "SIZE|PCT%")]
     pub mem: Option<String>,
-    /// Share of the GPU's compute, percent (1-100)
+    /// Share of each GPU's busy time, percent (1-100): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops")]
     pub compute: Option<u32>,
     /// How the compute share is applied: strict (never above it) or fair (a floor; idle GPU time is shared out) [default: the config's [compute] policy, else strict]

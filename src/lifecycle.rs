@@ -66,6 +66,8 @@ pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<
 }
 
 fn remove_dir(dir: &Path) -> Result<()> {
+    // Its slots on the GPUs' boards go first: the others stop counting it at once.
+    vgpu_abi::board::release_vgpu(dir);
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -86,6 +88,7 @@ fn remove_orphan_vgpus(store: &Store) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let owned = workloads.iter().any(|w| w.vgpu == name) || partitions.partitions.iter().any(|p| p.vgpu_id() == name);
         if !owned {
+            vgpu_abi::board::release_vgpu(&entry.path());
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

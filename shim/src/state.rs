@@ -96,6 +96,7 @@ unsafe extern "C" fn after_fork_in_child() {
         pools::unlock();
     }
     devices::reset_in_child();
+    crate::governor::compute::reset_in_child();
     // The parent's record stays mapped (leaked): the child just stops using it.
     RECORD.store(std::ptr::null_mut(), Ordering::Release);
     REGISTERING.store(false, Ordering::Release);

@@ -263,6 +263,7 @@ fn remove(ctx: &Context, args: &RemoveArgs) -> Result<()> {
     }
     let removed = parts.partitions.remove(pos);
     parts.save(&store.partitions_path())?;
+    vgpu_abi::board::release_vgpu(&store.vgpu_dir(&removed.vgpu_id()));
     let _ = std::fs::remove_dir_all(store.vgpu_dir(&removed.vgpu_id()));
     println!("removed partition {}", args.name);
     Ok(())

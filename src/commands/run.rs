@@ -400,6 +400,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         Ok(cgroup) => Ok(Started { workload, cgroup }),
         Err(e) => {
             if own_vgpu {
+                vgpu_abi::board::release_vgpu(&vgpu_dir);
                 let _ = std::fs::remove_dir_all(&vgpu_dir);
             }
             if pool_granted {

@@ -25,6 +25,23 @@ use crate::usage::LayoutError;
 
 /// A slot not written for this long is free to take (ns).
 pub const STALE_NS: u64 = 3_000_000_000;
+/// A vGPU whose processes have not published for this long is not competing for the GPU
+/// now (it stopped launching, or it is gone): others do not count it (ns).
+pub const ACTIVE_NS: u64 = 1_000_000_000;
+
+/// Give up every board slot of the vGPU in `vgpu_dir` (its workload ended; the directory is
+/// about to be removed). Best effort: a missing board or usage file has nothing to give up.
+pub fn release_vgpu(vgpu_dir: &Path) {
+    let Ok(usage) = crate::usage::UsageFile::open(&vgpu_dir.join(crate::layout::USAGE_FILE)) else {
+        return;
+    };
+    for device in 0..usage.device_count() {
+        let Some(path) = path_for_vgpu(vgpu_dir, usage.device_uuid(device)) else { continue };
+        if let Ok(board) = Board::open(&path) {
+            board.release_owner(owner_key(usage.created_unix_ns(), device));
+        }
+    }
+}
 
 /// Where the board of GPU `uuid` lives for the vGPU directory `vgpu_dir`
 /// (`<state>/vgpus/<id>` → `<state>/gpus/<uuid>`). `None` for a UUID that is not a plain
@@ -208,6 +225,13 @@ impl Board {
             .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Relaxed);
     }
 
+    /// Give up whichever slot `owner` holds.
+    pub fn release_owner(&self, owner: u64) {
+        for i in 0..BOARD_SLOTS {
+            self.release(i, owner);
+        }
+    }
+
     /// The live vGPUs on the board into `out`; returns how many, and where `me` (a slot
     /// index) is among them. No allocation.
     pub fn snapshot(&self, me: usize, now_mono: u64, out: &mut [Competitor; BOARD_SLOTS]) -> (usize, Option<usize>) {
@@ -218,7 +242,7 @@ impl Board {
             if slot.owner.load(Ordering::Acquire) == 0 {
                 continue;
             }
-            if now_mono.saturating_sub(slot.heartbeat_ns.load(Ordering::Acquire)) > STALE_NS {
+            if i != me && now_mono.saturating_sub(slot.heartbeat_ns.load(Ordering::Acquire)) > ACTIVE_NS {
                 continue;
             }
             if i == me {
@@ -288,13 +312,21 @@ mod tests {
         assert_eq!(out[me].share_ppm, 300_000);
         assert!(out[me].hungry);
         assert_eq!(out[..n].iter().map(|c| c.share_ppm).sum::<u64>(), PPM);
-        // 22 stops publishing: stale, invisible, and its slot can be taken.
+        // 22 stops publishing: after ACTIVE_NS it no longer competes; after STALE_NS its
+        // slot can be taken.
+        let idle = now + ACTIVE_NS + 1;
+        assert!(a.publish(sa, 11, fig(300_000), 0, idle));
+        let (n, _) = a.snapshot(sa, idle, &mut out);
+        assert_eq!(n, 1, "an inactive vGPU does not compete");
         let later = now + STALE_NS + 1;
         assert!(a.publish(sa, 11, fig(300_000), 0, later));
         let (n, _) = a.snapshot(sa, later, &mut out);
         assert_eq!(n, 1);
         let sc = a.claim(33, later).unwrap();
         assert!(!b.publish(sb, 22, fig(700_000), 0, later) || sc != sb);
+        // Released slots are free at once.
+        a.release_owner(11);
+        assert_eq!(a.claim(44, later), Some(sa.min(sb).min(sc).min(sa)), "the lowest free slot is taken first");
     }
 
     #[test]

@@ -339,6 +339,12 @@ impl UsageFile {
         self.device_count
     }
 
+    /// When `vgpu` created the file (Unix ns): with a device index, the vGPU's key on a
+    /// GPU's board.
+    pub fn created_unix_ns(&self) -> u64 {
+        self.header().created_unix_ns
+    }
+
     fn header(&self) -> &UsageHeader {
         // SAFETY: validated in open(); the non-atomic fields are immutable after creation.
         unsafe { self.map.at(0) }

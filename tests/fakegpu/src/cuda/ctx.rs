@@ -133,14 +133,30 @@ impl Process {
 }
 
 /// Sleep until `deadline` (ns since the epoch), outside the process lock.
+/// Block until `deadline` (ns, the timeline's clock), as a synchronize does. A real driver
+/// wakes a waiting thread within microseconds of the GPU finishing (spin, then yield); a
+/// plain sleep oversleeps by ~60–100 µs, which would leave the simulated GPU idle between a
+/// program's synchronize and its next launch far longer than a real one. So: sleep until
+/// [`SPIN_NS`] before the deadline, then yield until it.
 pub(crate) fn wait_until(deadline: u64) {
-    let now = now_ns();
-    if deadline > now {
-        std::thread::sleep(std::time::Duration::from_nanos(
-            (deadline - now).min(crate::model::MAX_KERNEL_NS),
-        ));
+    let limit = now_ns().saturating_add(crate::model::MAX_KERNEL_NS);
+    let deadline = deadline.min(limit);
+    loop {
+        let now = now_ns();
+        if now >= deadline {
+            return;
+        }
+        let left = deadline - now;
+        if left > SPIN_NS {
+            std::thread::sleep(std::time::Duration::from_nanos(left - SPIN_NS));
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
+
+/// How close to a deadline a waiting thread stops sleeping and yields instead.
+const SPIN_NS: u64 = 150_000;
 
 fn create_and_push(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult {
     if pctx.is_null() {

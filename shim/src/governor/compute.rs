@@ -21,9 +21,9 @@
 //! the events around one context's kernel also span the other contexts' slices (measured on
 //! an H100: two processes of 8192² bf16 matmuls, 1.63 ms each alone, 2.96 ms between
 //! events when both run). Charging that would hold every tenant far below its share. So
-//! each launch's charge is capped by the exclusive duration learned for its kernel and grid
-//! (a slowly rising minimum of what it measured: the GPU runs a given grid of a given
-//! kernel in about the same time whenever it has the GPU to itself).
+//! each kernel and grid has a learned exclusive duration (the GPU runs a given grid of a
+//! given kernel in about the same time whenever it has the GPU to itself), and a
+//! measurement far above it is charged the learned duration instead (see `learn`).
 //!
 //! **Allowance.** A vGPU's share applies as is in `strict` mode while the GPU is not
 //! oversubscribed. Otherwise (a `fair` vGPU, or shares on the GPU summing above 100 %),
@@ -92,9 +92,12 @@ const MAX_SLEEP_NS: u64 = 2_000_000;
 const BOARD_REFRESH_NS: u64 = 20_000_000;
 /// A vGPU that waited for its budget counts as wanting more for this long.
 const HUNGRY_NS: u64 = 300_000_000;
-/// How fast a learned exclusive duration may rise per measurement (1/RISE): a kernel that
-/// really got slower (lower clocks) is followed, contention is not.
-const RISE: u64 = 128;
+/// A measurement at most this much (percent) of the learned exclusive duration ran alone.
+const BAND_PCT: u64 = 115;
+/// Weight (1/AVERAGE) of a lone measurement in the learned exclusive duration.
+const AVERAGE: u64 = 8;
+/// How fast a learned exclusive duration rises per stretched measurement (1/RISE).
+const RISE: u64 = 256;
 /// Events kept for reuse per context.
 const EVENT_POOL: usize = 2 * MAX_IN_FLIGHT;
 
@@ -511,21 +514,31 @@ impl Governor {
         }
     }
 
-    /// Learn from one measurement of `key`; returns what to charge for it: the measurement,
-    /// capped by the learned exclusive duration (contention inflates what events see).
+    /// Learn from one measurement of `key`; returns what to charge for it.
+    ///
+    /// A measurement within [`BAND_PCT`] of the learned exclusive duration (or below it) is
+    /// the kernel running alone: it is charged as measured and averaged into the estimate.
+    /// One above the band was stretched by other contexts' time slices: it is charged the
+    /// estimate, and only nudges the estimate up ([`RISE`]), so that a kernel that really
+    /// got slower (lower clocks) is followed while contention is not. (A running minimum
+    /// would be simpler and wrong: on an H100 it sat 13 % below the mean of a matmul's
+    /// times, and every vGPU ran 13 % over its share.)
     fn learn(&mut self, key: u64, measured: u64) -> u64 {
         let entry = self.learned.entry(key).or_insert(Learned {
             exclusive_ns: measured,
             samples: 0,
         });
-        let rising = entry.exclusive_ns.saturating_add(entry.exclusive_ns / RISE + 1);
-        entry.exclusive_ns = measured.min(rising);
-        entry.samples = entry.samples.saturating_add(1);
-        let charged = if entry.samples >= 2 {
-            measured.min(entry.exclusive_ns)
-        } else {
+        let estimate = entry.exclusive_ns.max(1);
+        let charged = if entry.samples == 0 {
             measured
+        } else if u128::from(measured) * 100 <= u128::from(estimate) * u128::from(BAND_PCT) {
+            entry.exclusive_ns = estimate - estimate / AVERAGE + measured / AVERAGE;
+            measured
+        } else {
+            entry.exclusive_ns = estimate.saturating_add(estimate / RISE + 1);
+            estimate
         };
+        entry.samples = entry.samples.saturating_add(1);
         self.average_ns = if self.average_ns == 0 {
             charged
         } else {

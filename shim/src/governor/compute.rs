@@ -96,8 +96,12 @@ const HUNGRY_NS: u64 = 300_000_000;
 const BAND_PCT: u64 = 115;
 /// Weight (1/AVERAGE) of a lone measurement in the learned exclusive duration.
 const AVERAGE: u64 = 8;
-/// How fast a learned exclusive duration rises per stretched measurement (1/RISE).
-const RISE: u64 = 256;
+/// With no lone measurement for [`RISE_AFTER_NS`], the learned exclusive duration rises by
+/// 1/RISE at most every [`RISE_EVERY_NS`] (about ×1.4 a second): a kernel that really got
+/// slower is followed; contention, which leaves lone measurements now and then, is not.
+const RISE: u64 = 32;
+const RISE_AFTER_NS: u64 = 1_000_000_000;
+const RISE_EVERY_NS: u64 = 100_000_000;
 /// Events kept for reuse per context.
 const EVENT_POOL: usize = 2 * MAX_IN_FLIGHT;
 
@@ -192,9 +196,12 @@ struct ContextState {
 /// What has been learned about one kernel and grid.
 #[derive(Clone, Copy)]
 struct Learned {
-    /// Exclusive duration, ns (a slowly rising minimum of the measurements).
+    /// Exclusive duration, ns.
     exclusive_ns: u64,
     samples: u32,
+    /// Last lone (in-band) measurement, and last rise of the estimate (monotonic ns).
+    last_lone_ns: u64,
+    last_rise_ns: u64,
 }
 
 /// One device's view of the GPU's board.
@@ -498,7 +505,7 @@ impl Governor {
             return;
         }
         for (device, key, measured, _) in done {
-            let charged = self.learn(key, measured);
+            let charged = self.learn(key, measured, now);
             charges[device as usize] = charges[device as usize].saturating_add(charged);
         }
         let record = state::record(vgpu);
@@ -519,23 +526,30 @@ impl Governor {
     /// A measurement within [`BAND_PCT`] of the learned exclusive duration (or below it) is
     /// the kernel running alone: it is charged as measured and averaged into the estimate.
     /// One above the band was stretched by other contexts' time slices: it is charged the
-    /// estimate, and only nudges the estimate up ([`RISE`]), so that a kernel that really
-    /// got slower (lower clocks) is followed while contention is not. (A running minimum
-    /// would be simpler and wrong: on an H100 it sat 13 % below the mean of a matmul's
-    /// times, and every vGPU ran 13 % over its share.)
-    fn learn(&mut self, key: u64, measured: u64) -> u64 {
+    /// estimate; the estimate rises only after a second without lone measurements ([`RISE`]),
+    /// so a kernel that really got slower (lower clocks) is followed and contention is not.
+    /// (A running minimum would charge noisy kernels below their mean.)
+    fn learn(&mut self, key: u64, measured: u64, now: u64) -> u64 {
         let entry = self.learned.entry(key).or_insert(Learned {
             exclusive_ns: measured,
             samples: 0,
+            last_lone_ns: now,
+            last_rise_ns: now,
         });
         let estimate = entry.exclusive_ns.max(1);
         let charged = if entry.samples == 0 {
             measured
         } else if u128::from(measured) * 100 <= u128::from(estimate) * u128::from(BAND_PCT) {
             entry.exclusive_ns = estimate - estimate / AVERAGE + measured / AVERAGE;
+            entry.last_lone_ns = now;
             measured
         } else {
-            entry.exclusive_ns = estimate.saturating_add(estimate / RISE + 1);
+            // Stretched. Only when no lone measurement came for a while may the kernel
+            // really have become slower (lower clocks): then rise, a little at a time.
+            if now.saturating_sub(entry.last_lone_ns) > RISE_AFTER_NS && now.saturating_sub(entry.last_rise_ns) > RISE_EVERY_NS {
+                entry.exclusive_ns = estimate.saturating_add(estimate / RISE + 1);
+                entry.last_rise_ns = now;
+            }
             estimate
         };
         entry.samples = entry.samples.saturating_add(1);

@@ -9,7 +9,7 @@ pub use cudarc::driver::sys::{
     cuuint64_t, CUarray, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUgraphExec, CUlaunchConfig, CUmemAllocationProp, CUmemGenericAllocationHandle,
     CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUstream, CUDA_LAUNCH_PARAMS, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR,
 };
-pub use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t};
+pub use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlProcessUtilizationSample_t};
 
 /// `CUresult` as its raw value.
 pub type CuResult = u32;
@@ -29,6 +29,8 @@ pub const CU_STREAM_CAPTURE_STATUS_NONE: u32 =
     cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as u32;
 
 pub const NVML_SUCCESS: NvmlReturn = nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn =
+    nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn =
     nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND;
 

@@ -174,4 +174,7 @@ real_functions! { CUDA, CUDA_ERROR_NOT_FOUND;
 
 real_functions! { NVML, NVML_ERROR_FUNCTION_NOT_FOUND;
     fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> NvmlReturn;
+    fn nvmlInit_v2() -> NvmlReturn;
+    fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut nvmlDevice_t) -> NvmlReturn;
+    fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen_us: u64) -> NvmlReturn;
 }

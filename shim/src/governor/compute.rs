@@ -25,6 +25,9 @@
 //! given kernel in about the same time whenever it has the GPU to itself), and a
 //! measurement far above it is charged the learned duration instead (see `learn`).
 //!
+//! Under contention NVML's per-process utilization corrects what slips through on average
+//! (`meter`).
+//!
 //! **Allowance.** A vGPU's share applies as is in `strict` mode while the GPU is not
 //! oversubscribed. Otherwise (a `fair` vGPU, or shares on the GPU summing above 100 %),
 //! the GPU's board ([`vgpu_abi::board`]) tells what the other vGPUs want and use, and
@@ -273,6 +276,7 @@ fn governor() -> &'static SpinLock<Governor> {
 /// parent may have held its lock at the fork).
 pub fn reset_in_child() {
     GOVERNOR.store(std::ptr::null_mut(), Ordering::Release);
+    super::meter::reset_in_child();
 }
 
 // ---- the launch ---------------------------------------------------------------------------
@@ -296,6 +300,7 @@ fn prepare(vgpu: &'static Vgpu, items: &[(CUstream, Work)]) -> Tickets {
         if unsafe { real::cuCtxGetCurrent(&mut ctx) } != CUDA_SUCCESS || ctx.is_null() {
             continue;
         }
+        super::meter::ensure_started(vgpu);
         if let Some(ticket) = admit(vgpu, ctx, stream, device, work) {
             tickets.items[tickets.count] = Some(ticket);
             tickets.count += 1;
@@ -505,7 +510,7 @@ impl Governor {
             return;
         }
         for (device, key, measured, _) in done {
-            let charged = self.learn(key, measured, now);
+            let charged = super::meter::correct(device as usize, self.learn(key, measured, now));
             charges[device as usize] = charges[device as usize].saturating_add(charged);
         }
         let record = state::record(vgpu);

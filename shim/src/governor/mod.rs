@@ -6,3 +6,4 @@ pub mod arrays;
 pub mod compute;
 pub mod devices;
 pub mod memory;
+pub mod meter;

@@ -103,6 +103,8 @@ fn run(vgpu: &'static Vgpu) {
             })
         })
         .collect();
+    // `VGPU_DEBUG_METER=1`: one stderr line per device and second (for diagnosis on real GPUs).
+    let debug = std::env::var_os("VGPU_DEBUG_METER").is_some_and(|v| v == "1");
     let mut samples: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
     let mut last_us = now_unix_ns() / 1000;
     let mut last_mono = now_mono_ns();
@@ -116,8 +118,15 @@ fn run(vgpu: &'static Vgpu) {
             let raw = RAW_CHARGED[d].load(Ordering::Relaxed);
             let charged = raw.saturating_sub(m.last_raw);
             m.last_raw = raw;
-            let Some((mine_pct, others_pct)) = utilization(m.handle, pid, last_us, &mut samples) else { continue };
+            let found = utilization(m.handle, pid, last_us, &mut samples);
             let charged_pct = charged.saturating_mul(100) / wall;
+            if debug {
+                crate::log::vgpu_log!(
+                    "meter: device {d}: events charged {charged_pct}%, NVML (mine, others) {found:?}%, factor {} ppm",
+                    CORRECTION[d].load(Ordering::Relaxed)
+                );
+            }
+            let Some((mine_pct, others_pct)) = found else { continue };
             if others_pct < OTHERS_MIN_PCT || charged_pct < SELF_MIN_PCT {
                 // Alone (or idle): events are exact; drift back to no correction.
                 nudge(d, PPM);

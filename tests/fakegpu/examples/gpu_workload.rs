@@ -1,6 +1,7 @@
 //! A GPU workload for benchmarks and tests of compute limiters.
 //!
 //!     gpu_workload SHAPE SECONDS [--kernel-us N] [--batch N] [--device N] [--ready FILE]
+//!                  [--window-ms N] [--go FILE]
 //!
 //! It reaches the driver the way cudart does: `dlopen("libcuda.so.1")`, `dlsym` of
 //! `cuGetProcAddress_v2` only, and every other function through
@@ -20,6 +21,10 @@
 //! `{"kernels":N,"seconds":wall,"kernels_per_s":x,"windows":[kernels completed in each
 //! 1 s window],"launch_ns":mean ns inside one launch call,"gpu_ns":kernels × kernel time}`
 //! and exits 0. A driver error prints one line naming the call and the code, and exits 1.
+//!
+//! `--window-ms N` makes the `windows` N ms long instead of 1 s (for finer time series).
+//! `--go FILE`: once set up (and after writing `--ready`), wait until FILE exists before
+//! starting the clock, so that several workloads can start their timed loops together.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr, CString};
 use std::process::ExitCode;
@@ -56,10 +61,13 @@ struct Args {
     batch: Option<u64>,
     device: c_int,
     ready: Option<String>,
+    window_ms: u64,
+    go: Option<String>,
 }
 
 const USAGE: &str = "usage: gpu_workload sync|storm|ex|coop|legacy|graph|multi SECONDS \
-                     [--kernel-us N] [--batch N] [--device N] [--ready FILE]";
+                     [--kernel-us N] [--batch N] [--device N] [--ready FILE] \
+                     [--window-ms N] [--go FILE]";
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let [shape, seconds, rest @ ..] = args else {
@@ -87,6 +95,8 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         batch: None,
         device: 0,
         ready: None,
+        window_ms: 1000,
+        go: None,
     };
     let mut rest = rest.iter();
     while let Some(flag) = rest.next() {
@@ -107,6 +117,8 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                     .map_err(|_| format!("--device needs an ordinal, not `{value}`"))?
             }
             "--ready" => parsed.ready = Some(value.clone()),
+            "--window-ms" => parsed.window_ms = number()?,
+            "--go" => parsed.go = Some(value.clone()),
             other => return Err(format!("unknown option `{other}`")),
         }
     }
@@ -222,6 +234,7 @@ type Step<'a> = Box<dyn FnMut(&mut Stats) -> Result<u64, Failure> + 'a>;
 /// What the timed loop measured.
 #[derive(Default)]
 struct Stats {
+    window_ms: u64,
     kernels: u64,
     windows: Vec<u64>,
     launch_calls: u64,
@@ -240,7 +253,7 @@ impl Stats {
 
     fn completed(&mut self, kernels: u64, since_start: Duration) {
         self.kernels += kernels;
-        let window = since_start.as_secs() as usize;
+        let window = (since_start.as_millis() / u128::from(self.window_ms.max(1))) as usize;
         if self.windows.len() <= window {
             self.windows.resize(window + 1, 0);
         }
@@ -503,7 +516,15 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
             eprintln!("gpu_workload: cannot create {path}: {e}");
         }
     }
-    let mut stats = Stats::default();
+    if let Some(path) = &args.go {
+        while !std::path::Path::new(path).exists() {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+    let mut stats = Stats {
+        window_ms: args.window_ms,
+        ..Stats::default()
+    };
     let limit = Duration::from_secs_f64(args.seconds);
     let start = Instant::now();
     while start.elapsed() < limit {

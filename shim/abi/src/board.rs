@@ -177,9 +177,13 @@ impl Board {
     }
 
     /// The slot of `owner`, taking a free or stale one if it has none. `None` if the board
-    /// is full of live vGPUs.
+    /// is full of live vGPUs. Processes of one vGPU racing here may each take a slot; the
+    /// owner then keeps its lowest one and gives the others back (and [`Board::snapshot`]
+    /// counts an owner once meanwhile).
     pub fn claim(&self, owner: u64, now_mono: u64) -> Option<usize> {
-        if let Some(i) = (0..BOARD_SLOTS).find(|&i| self.slot(i).owner.load(Ordering::Acquire) == owner) {
+        let mine = |i: usize| self.slot(i).owner.load(Ordering::Acquire) == owner;
+        if let Some(i) = (0..BOARD_SLOTS).find(|&i| mine(i)) {
+            self.drop_duplicates(owner, i);
             return Some(i);
         }
         for i in 0..BOARD_SLOTS {
@@ -195,10 +199,20 @@ impl Board {
                 slot.heartbeat_ns.store(now_mono, Ordering::Release);
                 slot.hungry_until_ns.store(0, Ordering::Relaxed);
                 slot.usage_ppm.store(0, Ordering::Relaxed);
-                return Some(i);
+                // Another process of the vGPU may have taken a lower slot meanwhile.
+                let first = (0..BOARD_SLOTS).find(|&j| mine(j)).unwrap_or(i);
+                self.drop_duplicates(owner, first);
+                return Some(first);
             }
         }
         None
+    }
+
+    /// Give back every slot of `owner` but `keep`.
+    fn drop_duplicates(&self, owner: u64, keep: usize) {
+        for j in (0..BOARD_SLOTS).filter(|&j| j != keep) {
+            self.release(j, owner);
+        }
     }
 
     /// Publish `owner`'s figures in slot `index`; `false` if the slot was taken over (claim
@@ -237,17 +251,26 @@ impl Board {
     pub fn snapshot(&self, me: usize, now_mono: u64, out: &mut [Competitor; BOARD_SLOTS]) -> (usize, Option<usize>) {
         let mut n = 0;
         let mut mine = None;
+        let mut owners = [0u64; BOARD_SLOTS];
         for i in 0..BOARD_SLOTS {
             let slot = self.slot(i);
-            if slot.owner.load(Ordering::Acquire) == 0 {
+            let owner = slot.owner.load(Ordering::Acquire);
+            // An owner counts once, whatever a race left behind.
+            if owner == 0 || (owners[..n].contains(&owner) && i != me) {
                 continue;
             }
             if i != me && now_mono.saturating_sub(slot.heartbeat_ns.load(Ordering::Acquire)) > ACTIVE_NS {
                 continue;
             }
+            if let Some(k) = owners[..n].iter().position(|&o| o == owner) {
+                // `me` is a duplicate of an owner already listed: that entry is me.
+                mine = Some(k);
+                continue;
+            }
             if i == me {
                 mine = Some(n);
             }
+            owners[n] = owner;
             out[n] = Competitor {
                 share_ppm: u64::from(slot.share_ppm.load(Ordering::Relaxed)),
                 priority: slot.priority.load(Ordering::Relaxed),
@@ -327,6 +350,41 @@ mod tests {
         // Released slots are free at once.
         a.release_owner(11);
         assert_eq!(a.claim(44, later), Some(sa.min(sb).min(sc).min(sa)), "the lowest free slot is taken first");
+    }
+
+    #[test]
+    fn racing_processes_of_one_vgpu_count_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("GPU-r");
+        Board::ensure(&path).unwrap();
+        let board = Board::open(&path).unwrap();
+        let now = 10 * STALE_NS;
+        // What a race leaves: the same owner in two slots (as two CASes on free slots do).
+        for i in [3, 5] {
+            board.slot(i).owner.store(77, Ordering::SeqCst);
+            board.slot(i).heartbeat_ns.store(now, Ordering::SeqCst);
+            board.slot(i).share_ppm.store(800_000, Ordering::SeqCst);
+        }
+        let mut out = [fig(0); BOARD_SLOTS];
+        let (n, me) = board.snapshot(5, now, &mut out);
+        assert_eq!(n, 1, "one vGPU, one competitor");
+        assert_eq!(me, Some(0));
+        assert_eq!(crate::compute::allowance_ppm(&out[..n], 0), 800_000, "not halved by its own duplicate");
+        // The next claim keeps the lowest slot and gives the other back.
+        assert_eq!(board.claim(77, now), Some(3));
+        assert_eq!(board.slot(5).owner.load(Ordering::SeqCst), 0);
+        // Threads racing to claim end with one slot.
+        let board = std::sync::Arc::new(board);
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let b = board.clone();
+                std::thread::spawn(move || b.claim(99, now))
+            })
+            .collect();
+        let got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        board.claim(99, now);
+        let held = (0..BOARD_SLOTS).filter(|&i| board.slot(i).owner.load(Ordering::SeqCst) == 99).count();
+        assert_eq!(held, 1, "claims {got:?}");
     }
 
     #[test]

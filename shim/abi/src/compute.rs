@@ -172,9 +172,10 @@ pub const STARVATION_FLOOR_DIVISOR: u64 = 20;
 /// 1. Oversubscription (shares sum above the GPU): vGPUs are served in priority order;
 ///    each gets its share or what the higher priorities left, whichever is smaller, but
 ///    never less than 1/[`STARVATION_FLOOR_DIVISOR`] of its share.
-/// 2. `fair`: while `me` is hungry, GPU time the others leave (those not hungry use what
-///    they use; the hungry ones are granted theirs) is added to its grant, in proportion
-///    to the grants of the hungry `fair` vGPUs.
+/// 2. `fair`: while `me` is hungry, GPU time the others leave is added to its grant, in
+///    proportion to the grants of the hungry `fair` vGPUs. An active vGPU leaves nothing of
+///    its grant (it may be held below it by the GPU's queue rather than by its budget)
+///    unless it uses less than a quarter of it; then it keeps twice what it uses.
 /// 3. `strict` never goes above the share.
 pub fn allowance_ppm(all: &[Competitor], me: usize) -> u64 {
     let Some(mine) = all.get(me) else { return PPM };
@@ -208,18 +209,18 @@ pub fn allowance_ppm(all: &[Competitor], me: usize) -> u64 {
     if mine.policy == Policy::Strict || !mine.hungry {
         return my_grant;
     }
+    // What the others hold on to: an active vGPU keeps its grant (it may be held below it
+    // by the GPU's own queueing, not by its budget, and a floor is a floor), unless it uses
+    // less than a quarter of it (then twice what it uses).
     let mut used = 0u64;
     let mut hungry_fair = 0u64;
     for (i, c) in all.iter().enumerate() {
-        if c.hungry {
-            let g = grant(i);
-            used += g;
-            if c.policy == Policy::Fair {
-                hungry_fair += g;
-            }
-        } else {
-            used += c.usage_ppm.min(PPM);
+        let g = grant(i);
+        if c.hungry && c.policy == Policy::Fair {
+            hungry_fair += g;
         }
+        let light = !c.hungry && c.usage_ppm.saturating_mul(4) < g;
+        used += if light { g.min(c.usage_ppm.saturating_mul(2)) } else { g };
     }
     let spare = PPM.saturating_sub(used);
     let extra = (u128::from(spare) * u128::from(my_grant) / u128::from(hungry_fair.max(1))) as u64;

@@ -431,8 +431,11 @@ impl Governor {
     /// before it (the stream is still busy with it), `Some(Some(e))` for a fresh event
     /// recorded now (the stream is idle), `None` if no event could be had.
     fn start_event(&mut self, ctx: CUcontext, stream: CUstream) -> Option<Option<CUevent>> {
-        let tail = self.stream(ctx, stream).tail_end;
-        if let Some(tail) = tail {
+        let state = self.stream(ctx, stream);
+        // Everything queued on the stream was harvested: it is idle, no need to ask.
+        let known_idle = state.pending.is_empty();
+        let tail = state.tail_end;
+        if let Some(tail) = tail.filter(|_| !known_idle) {
             // SAFETY: an event this governor recorded and still owns.
             if unsafe { real::cuEventQuery(tail) } == CUDA_ERROR_NOT_READY {
                 return Some(None);

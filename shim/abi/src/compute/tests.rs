@@ -96,14 +96,18 @@ fn splits_and_priorities() {
     // Fair, both hungry at 30/70: exactly the shares (nothing spare).
     let both = [c(300_000, 50, Policy::Fair, true, 0), c(700_000, 50, Policy::Fair, true, 0)];
     assert_eq!(allowance_ppm(&both, 0), 300_000);
-    // Fair 20/30 hungry, 50 idle-ish using 10 %: the 40 % spare split 2:3.
+    // Fair 20/30 hungry, 50 light (using 10 %, keeps 20 %): the 30 % spare split 2:3.
     let three = [
         c(200_000, 50, Policy::Fair, true, 0),
         c(300_000, 50, Policy::Fair, true, 0),
         c(500_000, 50, Policy::Fair, false, 100_000),
     ];
-    assert_eq!(allowance_ppm(&three, 0), 200_000 + 160_000);
-    assert_eq!(allowance_ppm(&three, 1), 300_000 + 240_000);
+    assert_eq!(allowance_ppm(&three, 0), 200_000 + 120_000);
+    assert_eq!(allowance_ppm(&three, 1), 300_000 + 180_000);
+    // A 70 % tenant held to 50 % by the GPU's queue (not waiting, not light) keeps its
+    // floor: the hungry 30 % gets nothing extra.
+    let crowded = [c(300_000, 50, Policy::Fair, true, 500_000), c(700_000, 50, Policy::Fair, false, 500_000)];
+    assert_eq!(allowance_ppm(&crowded, 0), 300_000);
     // Oversubscribed 60 + 60: the higher priority gets its 60, the lower what is left.
     let over = [c(600_000, 90, Policy::Strict, true, 600_000), c(600_000, 10, Policy::Strict, true, 400_000)];
     assert_eq!(allowance_ppm(&over, 0), 600_000);

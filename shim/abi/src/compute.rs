@@ -158,9 +158,13 @@ pub struct Competitor {
     pub policy: Policy,
     /// It had to wait for its budget recently: it wants more than it gets.
     pub hungry: bool,
-    /// Its recent use of the GPU, ppm.
+    /// Its recent use of the GPU, ppm; [`USAGE_UNKNOWN`] before its first window closed
+    /// (then it counts as using its whole share).
     pub usage_ppm: u64,
 }
+
+/// `Competitor::usage_ppm` of a vGPU that has not measured a whole window yet.
+pub const USAGE_UNKNOWN: u64 = u64::MAX;
 
 /// Least allowance a vGPU keeps when higher priorities take the GPU: 1/20 of its share
 /// (nobody starves).

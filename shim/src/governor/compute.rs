@@ -606,7 +606,8 @@ impl Governor {
         }
         let Some(slot) = view.slot else { return base };
         let ledger = vgpu.usage.ledger(device);
-        let usage = arith::recent_share_ppm(ledger, now).unwrap_or(0);
+        let measured = arith::recent_share_ppm(ledger, now);
+        let usage = measured.unwrap_or(0);
         let policy = vgpu.usage.policy(device);
         // Using (nearly) all it is granted also means wanting more.
         let busy = usage + usage / 16 >= view.allowance_ppm.min(base);
@@ -617,7 +618,7 @@ impl Governor {
             priority: vgpu.usage.priority(device),
             policy,
             hungry: view.hungry_until_ns > now,
-            usage_ppm: usage,
+            usage_ppm: measured.unwrap_or(arith::USAGE_UNKNOWN),
         };
         if !board.publish(slot, view.owner, me, view.hungry_until_ns, now) {
             view.slot = None;

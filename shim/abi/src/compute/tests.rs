@@ -108,6 +108,9 @@ fn splits_and_priorities() {
     // floor: the hungry 30 % gets nothing extra.
     let crowded = [c(300_000, 50, Policy::Fair, true, 500_000), c(700_000, 50, Policy::Fair, false, 500_000)];
     assert_eq!(allowance_ppm(&crowded, 0), 300_000);
+    // One that has not measured a window yet keeps its whole share.
+    let fresh = [c(100_000, 50, Policy::Fair, true, 0), c(900_000, 50, Policy::Fair, false, USAGE_UNKNOWN)];
+    assert_eq!(allowance_ppm(&fresh, 0), 100_000);
     // Oversubscribed 60 + 60: the higher priority gets its 60, the lower what is left.
     let over = [c(600_000, 90, Policy::Strict, true, 600_000), c(600_000, 10, Policy::Strict, true, 400_000)];
     assert_eq!(allowance_ppm(&over, 0), 600_000);

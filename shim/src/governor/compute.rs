@@ -15,7 +15,9 @@
 //!    and grid measured before) fit the budget ([`vgpu_abi::compute::wait_ns`]); at most [`MAX_IN_FLIGHT`] launches
 //!    of a process are unmeasured at once.
 //! 4. **Measure**: the driver is called once; an end event is recorded after the launch
-//!    on its stream (and a start event before it, when the stream was idle).
+//!    on its stream (and a start event before it, when the stream was idle). Once a kernel
+//!    and grid's exclusive time is well established, only one launch in [`SAMPLE_EVERY`]
+//!    is measured; the others are charged that time as they are queued.
 //!
 //! **Contention.** When several contexts share a GPU, the GPU time-slices between them and
 //! the events around one context's kernel also span the other contexts' slices (measured on
@@ -95,6 +97,10 @@ const MAX_SLEEP_NS: u64 = 2_000_000;
 const BOARD_REFRESH_NS: u64 = 20_000_000;
 /// A vGPU that waited for its budget counts as wanting more for this long.
 const HUNGRY_NS: u64 = 300_000_000;
+/// A kernel and grid measured this often is charged its learned time between measurements…
+const SETTLED_SAMPLES: u32 = 16;
+/// …and measured once every this many launches.
+const SAMPLE_EVERY: u32 = 8;
 /// A measurement at most this much (percent) of the learned exclusive duration ran alone.
 const BAND_PCT: u64 = 115;
 /// Weight (1/AVERAGE) of a lone measurement in the learned exclusive duration.
@@ -165,6 +171,8 @@ struct Ticket {
     /// Recorded before the launch (the stream was idle), or `None` to chain from the end of
     /// the launch before it on the same stream.
     start: Option<CUevent>,
+    /// Measure it with events; otherwise it is charged its learned exclusive time.
+    measure: bool,
 }
 
 // ---- per-process state ------------------------------------------------------------------
@@ -187,6 +195,9 @@ struct StreamState {
     last_end: Option<CUevent>,
     /// End event of the last launch queued on this stream.
     tail_end: Option<CUevent>,
+    /// Launches charged by estimate were queued after `tail_end`: the next measured launch
+    /// must not chain from it (its span would include them).
+    unmeasured_after_tail: bool,
 }
 
 /// A context's event pool and streams.
@@ -202,6 +213,8 @@ struct Learned {
     /// Exclusive duration, ns.
     exclusive_ns: u64,
     samples: u32,
+    /// Launches charged by estimate since the last measured one.
+    since_measured: u32,
     /// Last lone (in-band) measurement, and last rise of the estimate (monotonic ns).
     last_lone_ns: u64,
     last_rise_ns: u64,
@@ -341,6 +354,17 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
                 ledger.throttled_ns.fetch_add(waited_ns, Ordering::Relaxed);
                 ledger.throttled_launches.fetch_add(1, Ordering::Relaxed);
             }
+            if !g.should_measure(key, now) {
+                return Some(Ticket {
+                    ctx,
+                    stream,
+                    device,
+                    key,
+                    estimate,
+                    start: None,
+                    measure: false,
+                });
+            }
             let start = g.start_event(ctx, stream)?;
             g.in_flight += 1;
             g.in_flight_ns[device] = g.in_flight_ns[device].saturating_add(estimate);
@@ -351,6 +375,7 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
                 key,
                 estimate,
                 start,
+                measure: true,
             });
         }
         g.boards[device].hungry_until_ns = now + HUNGRY_NS;
@@ -362,9 +387,16 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
 }
 
 /// After the driver call: record the end event, or give the reservation back.
-fn finish(_vgpu: &'static Vgpu, tickets: &Tickets, rc: CuResult) {
+fn finish(vgpu: &'static Vgpu, tickets: &Tickets, rc: CuResult) {
     let mut g = governor().lock();
     for t in tickets.items.iter().take(tickets.count).flatten() {
+        if !t.measure {
+            if rc == CUDA_SUCCESS {
+                g.stream(t.ctx, t.stream).unmeasured_after_tail = true;
+                g.charge(vgpu, t.device, super::meter::correct(t.device, t.estimate), now_mono_ns());
+            }
+            continue;
+        }
         if rc != CUDA_SUCCESS {
             g.cancel(t);
             continue;
@@ -432,10 +464,12 @@ impl Governor {
     /// recorded now (the stream is idle), `None` if no event could be had.
     fn start_event(&mut self, ctx: CUcontext, stream: CUstream) -> Option<Option<CUevent>> {
         let state = self.stream(ctx, stream);
-        // Everything queued on the stream was harvested: it is idle, no need to ask.
-        let known_idle = state.pending.is_empty();
+        // Everything queued on the stream was harvested: it is idle, no need to ask. After
+        // launches charged by estimate, never chain: the span would include them.
+        let fresh = state.pending.is_empty() || state.unmeasured_after_tail;
+        state.unmeasured_after_tail = false;
         let tail = state.tail_end;
-        if let Some(tail) = tail.filter(|_| !known_idle) {
+        if let Some(tail) = tail.filter(|_| !fresh) {
             // SAFETY: an event this governor recorded and still owns.
             if unsafe { real::cuEventQuery(tail) } == CUDA_ERROR_NOT_READY {
                 return Some(None);
@@ -516,17 +550,34 @@ impl Governor {
             let charged = super::meter::correct(device as usize, self.learn(key, measured, now));
             charges[device as usize] = charges[device as usize].saturating_add(charged);
         }
-        let record = state::record(vgpu);
         for (device, &ns) in charges.iter().enumerate().take(vgpu.usage.device_count()) {
-            if ns == 0 {
-                continue;
-            }
-            let share = self.share(vgpu, device);
-            arith::charge(vgpu.usage.ledger(device), ns, share, now);
-            if let Some(record) = record {
-                vgpu.usage.charge_process(record, device, ns);
+            if ns != 0 {
+                self.charge(vgpu, device, ns, now);
             }
         }
+    }
+
+    /// Charge `ns` of GPU time on `device` to the vGPU's ledger and this process's record.
+    fn charge(&self, vgpu: &'static Vgpu, device: usize, ns: u64, now: u64) {
+        arith::charge(vgpu.usage.ledger(device), ns, self.share(vgpu, device), now);
+        if let Some(record) = state::record(vgpu) {
+            vgpu.usage.charge_process(record, device, ns);
+        }
+    }
+
+    /// Whether a launch of `key` gets events. A kernel and grid whose exclusive time is
+    /// well established (at least [`SETTLED_SAMPLES`] measurements, a lone one in the last
+    /// second) is measured once every [`SAMPLE_EVERY`] launches and otherwise charged that
+    /// time when it is queued: two event records, a query and an elapsed-time call fewer.
+    fn should_measure(&mut self, key: u64, now: u64) -> bool {
+        let Some(l) = self.learned.get_mut(&key) else { return true };
+        let settled = l.samples >= SETTLED_SAMPLES && now.saturating_sub(l.last_lone_ns) <= RISE_AFTER_NS;
+        if !settled || l.since_measured + 1 >= SAMPLE_EVERY {
+            l.since_measured = 0;
+            return true;
+        }
+        l.since_measured += 1;
+        false
     }
 
     /// Learn from one measurement of `key`; returns what to charge for it.
@@ -541,6 +592,7 @@ impl Governor {
         let entry = self.learned.entry(key).or_insert(Learned {
             exclusive_ns: measured,
             samples: 0,
+            since_measured: 0,
             last_lone_ns: now,
             last_rise_ns: now,
         });

@@ -83,6 +83,18 @@ impl SharedMapping {
         unsafe { &*self.ptr.add(offset).cast::<T>() }
     }
 
+    /// [`SharedMapping::at`] without the checks, for hot paths whose offsets were validated
+    /// when the file was opened.
+    ///
+    /// # Safety
+    /// As [`SharedMapping::at`], and `offset` must be in bounds and aligned for `T`.
+    #[inline(always)]
+    pub unsafe fn at_unchecked<T>(&self, offset: usize) -> &T {
+        debug_assert!(offset + std::mem::size_of::<T>() <= self.len);
+        // SAFETY: the caller guarantees bounds, alignment and validity.
+        unsafe { &*self.ptr.add(offset).cast::<T>() }
+    }
+
     /// The mapped bytes, for writing a fresh file's immutable fields before it is published.
     ///
     /// # Safety

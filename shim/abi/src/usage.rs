@@ -377,6 +377,18 @@ impl UsageFile {
         self.record(index).compute_pct.load(Ordering::Relaxed).clamp(1, 100)
     }
 
+    /// Whether any device has a compute limit now (a share below 100 %). The launch hot
+    /// path: a load per device, no checks beyond those done when the file was opened.
+    #[inline(always)]
+    pub fn any_compute_limited(&self) -> bool {
+        (0..self.device_count).any(|i| {
+            // SAFETY: `i < device_count`, whose records open() validated to lie within the
+            // mapping at their (8-aligned) offsets; DeviceRecord is plain data and atomics.
+            let record: &DeviceRecord = unsafe { self.map.at_unchecked(device_offset(i)) };
+            record.compute_pct.load(Ordering::Relaxed) < 100
+        })
+    }
+
     /// Change the compute share of device `index` (1..=100) live: running processes follow
     /// at their next launch.
     pub fn set_compute_pct(&self, index: usize, pct: u32) -> io::Result<()> {

@@ -133,10 +133,20 @@ pub fn launch_many(items: &[(CUstream, Work)], call: impl FnOnce() -> CuResult) 
     }
 }
 
+/// Nothing to govern for a launch now: no vGPU, or no compute limit on any of its devices.
+/// The launch exports check this before anything else (`fast if` in `governed.rs`).
+#[inline(always)]
+pub fn unlimited() -> bool {
+    match config::mode() {
+        Mode::Enforce(vgpu) => !any_limited(vgpu),
+        _ => true,
+    }
+}
+
 /// Whether any device of the vGPU has a compute limit now (shares change live).
 #[inline(always)]
 fn any_limited(vgpu: &Vgpu) -> bool {
-    (0..vgpu.usage.device_count()).any(|d| vgpu.usage.compute_pct(d) < 100)
+    vgpu.usage.any_compute_limited()
 }
 
 #[inline(never)]

@@ -51,7 +51,7 @@ use crate::governed::ORDER;
 macro_rules! governed {
     (
         $( $library:ident, $missing:expr => {
-            $( fn $first:ident $(| $twin:ident)* ( $($args:tt)* ) -> $ret:ty => $hook:path; )*
+            $( fn $first:ident $(| $twin:ident)* ( $($args:tt)* ) -> $ret:ty => $hook:path $(, fast if $fast:path)?; )*
         } )*
     ) => {
         /// The real driver functions of the governed symbols (re-exported by `crate::real`).
@@ -72,7 +72,7 @@ macro_rules! governed {
         }
 
         $( $(
-            governed!(@export $first [$first $($twin)*] ($($args)*) -> $ret => $hook);
+            governed!(@export $first [$first $($twin)*] ($($args)*) -> $ret => $hook, [$($fast)?]);
         )* )*
 
         /// Every governed symbol, in declaration order.
@@ -99,30 +99,52 @@ macro_rules! governed {
         $( $crate::real::real_function!($library, $missing; $name $args -> $ret); )+
     };
 
-    (@export $first:ident [$($name:ident)+] $args:tt -> $ret:ty => $hook:path) => {
-        $( governed!(@one $first $name $args -> $ret => $hook); )+
+    (@export $first:ident [$($name:ident)+] $args:tt -> $ret:ty => $hook:path, []) => {
+        $( governed!(@one $first $name $args -> $ret => $hook, $crate::interpose::exports::never); )+
+    };
+    (@export $first:ident [$($name:ident)+] $args:tt -> $ret:ty => $hook:path, [$fast:path]) => {
+        $( governed!(@one $first $name $args -> $ret => $hook, $fast); )+
     };
 
-    (@one $first:ident $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $hook:path) => {
+    (@one $first:ident $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $hook:path, $fast:path) => {
         #[no_mangle]
         #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            $crate::guard::guard(
-                stringify!($name),
-                |call| {
-                    // SAFETY: the hook gets the program's arguments under the driver API's
-                    // contract, and the real function of this very symbol.
-                    unsafe { $hook(call, real::$name as sig::$first, $($arg),*) }
-                },
-                || {
-                    // SAFETY: the real function of this symbol, with the program's arguments.
-                    unsafe { real::$name($($arg),*) }
-                },
-            )
+            // `fast if PREDICATE`: when it holds (nothing to govern, e.g. a launch with no
+            // compute limit) the real function is called straight away: no guard, no hook,
+            // and (the governed path being a function of its own) no big stack frame.
+            if $fast() {
+                // SAFETY: the real function of this symbol, with the program's arguments.
+                return unsafe { real::$name($($arg),*) };
+            }
+            #[inline(never)]
+            #[allow(non_snake_case, clippy::too_many_arguments)]
+            unsafe fn governed($($arg: $ty),*) -> $ret {
+                $crate::guard::guard(
+                    stringify!($name),
+                    |call| {
+                        // SAFETY: the hook gets the program's arguments under the driver API's
+                        // contract, and the real function of this very symbol.
+                        unsafe { $hook(call, real::$name as sig::$first, $($arg),*) }
+                    },
+                    || {
+                        // SAFETY: the real function of this symbol, with the program's arguments.
+                        unsafe { real::$name($($arg),*) }
+                    },
+                )
+            }
+            // SAFETY: the same arguments, under the same contract.
+            unsafe { governed($($arg),*) }
         }
     };
 }
 pub(crate) use governed;
+
+/// The fast-path predicate of a governed function without one: never.
+#[inline(always)]
+pub const fn never() -> bool {
+    false
+}
 
 /// `a < b`, bytewise (a `const fn`).
 const fn less(a: &str, b: &str) -> bool {

@@ -1,9 +1,64 @@
 //! A shared, read-write memory mapping of a whole file: the only way the layouts of
 //! [`crate::layout`] are accessed, so that every update is an atomic on shared memory.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Why [`open_regular`] refused a path.
+#[derive(Debug)]
+pub enum OpenRegularError {
+    /// The open (or fstat) failed.
+    Io(io::Error),
+    /// The path names something other than a regular file (a FIFO, a symbolic link, a
+    /// directory, a socket, a device): what it is, in words.
+    NotRegular(&'static str),
+}
+
+/// Open a shared state file safely in a directory other users may write to: never through a
+/// symbolic link (`O_NOFOLLOW`), never blocking on a FIFO (`O_NONBLOCK`), never inherited by
+/// a child (`O_CLOEXEC`); then check, on the opened descriptor, that it is a regular file.
+/// Returns the file and its length. `O_NONBLOCK` has no effect on a regular file's reads
+/// or mappings. Slow paths only (open + fstat).
+pub fn open_regular(path: &Path, writable: bool) -> Result<(File, u64), OpenRegularError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => OpenRegularError::NotRegular("symbolic link"),
+            Some(libc::EISDIR) => OpenRegularError::NotRegular("directory"),
+            Some(libc::ENXIO) => OpenRegularError::NotRegular("socket or device"),
+            _ => OpenRegularError::Io(e),
+        })?;
+    let meta = file.metadata().map_err(OpenRegularError::Io)?;
+    if !meta.file_type().is_file() {
+        return Err(OpenRegularError::NotRegular(kind_name(&meta.file_type())));
+    }
+    Ok((file, meta.len()))
+}
+
+/// A file type in words, for reports.
+pub fn kind_name(kind: &std::fs::FileType) -> &'static str {
+    if kind.is_file() {
+        "regular file"
+    } else if kind.is_dir() {
+        "directory"
+    } else if kind.is_symlink() {
+        "symbolic link"
+    } else if kind.is_fifo() {
+        "FIFO"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "device"
+    } else {
+        "special file"
+    }
+}
 
 /// `MAP_SHARED` mapping of `len` bytes of a file, read-write or read-only. Unmapped on drop.
 pub struct SharedMapping {

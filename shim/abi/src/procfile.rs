@@ -2,7 +2,7 @@
 //! vGPU that reserved memory. The owner maps its file read-write and updates it with atomics
 //! (no lock); everyone else maps it read-only. See [`crate::layout::ProcHeader`].
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -52,13 +52,16 @@ impl ProcFile {
         let name = file_name(id);
         let tmp = procs_dir.join(format!(".{name}.tmp"));
         let path = procs_dir.join(&name);
+        // procs/ is writable by every user: whatever is at the temporary name (a leftover of
+        // ours, or a symlink or FIFO someone put there to make us write through it) is
+        // unlinked, and the file is created fresh, never through a link.
+        let _ = std::fs::remove_file(&tmp);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o644)
-            .custom_flags(libc::O_CLOEXEC)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(&tmp)?;
         // The umask may have removed read bits others need to audit the file.
         file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
@@ -109,8 +112,10 @@ impl ProcFile {
             path: path.to_path_buf(),
             source: e,
         };
-        let file = File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len() as usize;
+        // procs/ is writable by every user: never through a symlink, never blocking on a
+        // FIFO someone put there, and only a regular file is mapped.
+        let (file, len) = crate::mapping::open_regular(path, false).map_err(|e| LayoutError::from_open(path, e))?;
+        let len = len as usize;
         if len < std::mem::size_of::<ProcHeader>() {
             return Err(LayoutError::Truncated {
                 path: path.to_path_buf(),
@@ -227,8 +232,83 @@ impl ProcFile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Run `f` on a thread; fail (instead of hanging the test run) if it blocks.
+    pub(crate) fn without_blocking<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("{what} blocked"))
+    }
+
+    pub(crate) fn mkfifo(path: &Path) {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo {}", path.display());
+    }
+
+    #[test]
+    fn open_refuses_a_fifo_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("999999-1");
+        mkfifo(&path);
+        let p = path.clone();
+        let result = without_blocking("ProcFile::open of a FIFO", move || ProcFile::open(&p).map(|_| ()));
+        match result {
+            Err(LayoutError::NotRegular { path: named, kind }) => {
+                assert_eq!(named, path);
+                assert_eq!(kind, "FIFO");
+            }
+            other => panic!("expected NotRegular, got {other:?}"),
+        }
+        let msg = ProcFile::open(&path).err().unwrap().to_string();
+        assert!(msg.contains("999999-1") && msg.contains("FIFO"), "{msg}");
+    }
+
+    #[test]
+    fn open_does_not_follow_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        // A valid-looking target: following the link would map it.
+        let target = dir.path().join("target");
+        std::fs::write(&target, vec![0u8; 4096]).unwrap();
+        let link = dir.path().join("999999-1");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let l = link.clone();
+        let result = without_blocking("ProcFile::open of a symlink", move || ProcFile::open(&l).map(|_| ()));
+        assert!(
+            matches!(result, Err(LayoutError::NotRegular { kind: "symbolic link", .. })),
+            "{result:?}"
+        );
+        // A symlink to a FIFO: neither followed nor blocked on.
+        let fifo = dir.path().join("fifo");
+        mkfifo(&fifo);
+        let link2 = dir.path().join("999999-2");
+        std::os::unix::fs::symlink(&fifo, &link2).unwrap();
+        let result = without_blocking("ProcFile::open of a symlink to a FIFO", move || ProcFile::open(&link2).map(|_| ()));
+        assert!(matches!(result, Err(LayoutError::NotRegular { .. })), "{result:?}");
+        // A directory.
+        let sub = dir.path().join("999999-3");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(matches!(ProcFile::open(&sub), Err(LayoutError::NotRegular { kind: "directory", .. })));
+    }
+
+    #[test]
+    fn create_does_not_write_through_a_planted_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let id = ProcessId::current().unwrap();
+        let tmp = dir.path().join(format!(".{}.tmp", file_name(id)));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        let file = ProcFile::create(dir.path(), id, 1).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        assert_eq!(file.id(), id);
+        assert!(std::fs::symlink_metadata(file.path()).unwrap().file_type().is_file());
+    }
 
     #[test]
     fn names_round_trip() {

@@ -112,6 +112,25 @@ pub enum LayoutError {
     Version { path: PathBuf, found: u32 },
     Truncated { path: PathBuf, len: usize, expected: usize },
     Corrupt { path: PathBuf, reason: String },
+    /// Not a regular file (a FIFO, symbolic link, directory…): never opened through, never
+    /// read. `kind` says what it is.
+    NotRegular { path: PathBuf, kind: &'static str },
+}
+
+impl LayoutError {
+    /// [`crate::mapping::open_regular`]'s refusal, naming `path`.
+    pub(crate) fn from_open(path: &Path, e: crate::mapping::OpenRegularError) -> LayoutError {
+        match e {
+            crate::mapping::OpenRegularError::Io(source) => LayoutError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+            crate::mapping::OpenRegularError::NotRegular(kind) => LayoutError::NotRegular {
+                path: path.to_path_buf(),
+                kind,
+            },
+        }
+    }
 }
 
 impl fmt::Display for LayoutError {
@@ -131,6 +150,11 @@ impl fmt::Display for LayoutError {
                 path.display()
             ),
             LayoutError::Corrupt { path, reason } => write!(f, "{}: damaged vgpu state file: {reason}", path.display()),
+            LayoutError::NotRegular { path, kind } => write!(
+                f,
+                "{}: not a regular file (a {kind}); not opened",
+                path.display()
+            ),
         }
     }
 }
@@ -248,13 +272,9 @@ impl UsageFile {
             path: err_path(),
             source: e,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len() as usize;
+        // Never through a symlink, never blocking on a FIFO; a regular file or nothing.
+        let (file, len) = crate::mapping::open_regular(path, true).map_err(|e| LayoutError::from_open(path, e))?;
+        let len = len as usize;
         let header_size = std::mem::size_of::<UsageHeader>();
         if len < header_size {
             // Too short to hold a magic: either a foreign file or a truncated one.
@@ -621,11 +641,24 @@ impl UsageFile {
             let Some(id) = procfile::parse_file_name(name) else {
                 continue;
             };
+            // The entry's type from the directory (never follows a link, opens nothing):
+            // a record is always a regular file (created under a temporary name, renamed).
+            if let Ok(kind) = entry.file_type() {
+                if !kind.is_file() {
+                    not_a_record(&path, crate::mapping::kind_name(&kind), report);
+                    continue;
+                }
+            }
             if id.is_alive() {
                 continue;
             }
             let file = match ProcFile::open(&path) {
                 Ok(f) if f.id() == id && f.device_count() == self.device_count => f,
+                // Replaced between the listing and the open.
+                Err(LayoutError::NotRegular { kind, .. }) => {
+                    not_a_record(&path, kind, report);
+                    continue;
+                }
                 Ok(_) | Err(_) => {
                     // Its usage cannot be read: remove it once surely not being written, and
                     // let a reconcile recompute the totals from the live records.
@@ -761,6 +794,11 @@ impl UsageFile {
             .flatten()
             .filter_map(|e| {
                 let id = procfile::parse_file_name(e.file_name().to_str()?)?;
+                // Only regular files are records; others are reported by reclaim. (The type
+                // comes from the directory: nothing is opened or followed here.)
+                if !e.file_type().ok()?.is_file() {
+                    return None;
+                }
                 Some((id, e.path()))
             })
             .collect()
@@ -841,8 +879,36 @@ pub fn format_uuid(prefix: &str, bytes: &[u8; 16]) -> String {
     )
 }
 
+/// An entry of `procs/` named like a per-process file that is not a regular file (a FIFO,
+/// symbolic link, directory… that some user put there): never opened. Root removes it
+/// (unlink, or rmdir for an empty directory: nothing it points to or contains is touched);
+/// anyone else leaves it. Either way it is reported, named.
+fn not_a_record(path: &Path, kind: &str, report: &mut ReclaimReport) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let what = format!(
+        "{}: a {kind} named like a per-process file is not a record (not opened)",
+        path.display()
+    );
+    if !root {
+        report.errors.push(format!("{what}; skipped"));
+        return;
+    }
+    let removed = if kind == "directory" {
+        std::fs::remove_dir(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match removed {
+        Ok(()) => report.errors.push(format!("{what}; removed")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => report.errors.push(format!("{what}; cannot remove it: {e}")),
+    }
+}
+
+/// Whether the entry at `path` (not what a link points to) was last modified `age` ago.
 fn older_than(path: &Path, age: Duration) -> bool {
-    std::fs::metadata(path)
+    std::fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .map(|t| t.elapsed().map(|e| e >= age).unwrap_or(false))
         .unwrap_or(true)
@@ -850,3 +916,86 @@ fn older_than(path: &Path, age: Duration) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod safety_tests {
+    use super::*;
+    use crate::compute::Policy;
+    use crate::layout::USAGE_FILE;
+    use crate::procfile::tests::{mkfifo, without_blocking};
+
+    fn make(dir: &Path) -> PathBuf {
+        std::fs::create_dir(dir.join(PROCS_DIR)).unwrap();
+        let path = dir.join(USAGE_FILE);
+        UsageFile::create(
+            &path,
+            &[DeviceQuota {
+                uuid: "GPU-8f3c9a2e-1b7d-4c55-9e0a-3d2f6b1c7e90".into(),
+                quota_bytes: 1 << 30,
+                compute_pct: 100,
+                policy: Policy::Strict,
+                priority: 50,
+            }],
+        )
+        .unwrap();
+        path
+    }
+
+    #[test]
+    fn open_refuses_a_fifo_or_symlink_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = make(dir.path());
+        let fifo = dir.path().join("fifo-usage");
+        mkfifo(&fifo);
+        let f = fifo.clone();
+        let result = without_blocking("UsageFile::open of a FIFO", move || UsageFile::open(&f).map(|_| ()));
+        assert!(matches!(result, Err(LayoutError::NotRegular { kind: "FIFO", .. })), "{result:?}");
+        let link = dir.path().join("link-usage");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let l = link.clone();
+        let result = without_blocking("UsageFile::open of a symlink", move || UsageFile::open(&l).map(|_| ()));
+        assert!(
+            matches!(result, Err(LayoutError::NotRegular { kind: "symbolic link", .. })),
+            "{result:?}"
+        );
+        UsageFile::open(&real).unwrap();
+    }
+
+    #[test]
+    fn reclaim_and_listing_skip_fifos_symlinks_and_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let usage = UsageFile::open(&make(dir.path())).unwrap();
+        let procs = usage.procs_dir().to_path_buf();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"untouched").unwrap();
+        let me = ProcessId::current().unwrap();
+        let live_fifo = procs.join(procfile::file_name(me)); // named like a live process
+        mkfifo(&live_fifo);
+        mkfifo(&procs.join("999999-1"));
+        std::os::unix::fs::symlink(&target, procs.join("999998-1")).unwrap();
+        std::fs::create_dir(procs.join("999997-1")).unwrap();
+        let (report, listed) = without_blocking("reclaim over non-regular entries", move || {
+            let report = usage.reclaim_dead();
+            (report, usage.processes())
+        });
+        assert!(listed.is_empty(), "{listed:?}");
+        assert_eq!(report.processes, 0);
+        assert_eq!(std::fs::read(&target).unwrap(), b"untouched");
+        for name in ["999999-1", "999998-1", "999997-1", &procfile::file_name(me)] {
+            assert!(
+                report.errors.iter().any(|e| e.contains(name) && e.contains("not a record")),
+                "{name} not reported: {:?}",
+                report.errors
+            );
+        }
+        // SAFETY: no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        for name in ["999999-1", "999998-1", "999997-1"] {
+            assert_eq!(
+                std::fs::symlink_metadata(procs.join(name)).is_ok(),
+                !root,
+                "{name}: root removes non-regular entries, others leave them"
+            );
+        }
+    }
+}

@@ -4,8 +4,15 @@
 //! blank lines are skipped), or JSON, an array of `{"timestamp": …, "gco2_per_kwh": …}`.
 //! Timestamps as [`super::parse_timestamp`] reads them. The value in force is the one with
 //! the latest timestamp at or before now.
+//!
+//! Only a regular file is read, and at most [`MAX_FILE`] bytes of it: a FIFO, a device
+//! (`/dev/zero`), a directory or a symbolic link is refused before anything is read (the
+//! path is checked with lstat, then opened with O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC, so that
+//! neither a FIFO without a writer nor a swapped-in link can block or redirect the read).
 
-use std::path::PathBuf;
+use std::io::Read as _;
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -22,14 +29,75 @@ impl Source for File {
     }
 
     fn read(&self, now: DateTime<Utc>) -> Result<Reading, SourceError> {
-        let text = std::fs::read_to_string(&self.path)
-            .map_err(|source| SourceError::Read { path: self.path.clone(), source })?;
+        let text = read_capped(&self.path)?;
         let bad = |message: String| SourceError::BadFile { path: self.path.clone(), message };
         let series = parse_series(&text).map_err(bad)?;
         at(&series, now).ok_or_else(|| match series.iter().map(|r| r.timestamp).min() {
             Some(first) => bad(format!("no entry at or before now (the first is at {})", first.to_rfc3339())),
             None => bad("no entries".into()),
         })
+    }
+}
+
+/// The most of a time series file that is read: a year of 5-minute values as CSV.
+pub const MAX_FILE: u64 = 4 << 20;
+
+/// The text of the regular file at `path`, refusing anything else and anything over
+/// [`MAX_FILE`].
+fn read_capped(path: &Path) -> Result<String, SourceError> {
+    let read_err = |source| SourceError::Read { path: path.to_path_buf(), source };
+    let not_regular = |kind| SourceError::NotRegularFile { path: path.to_path_buf(), kind };
+    let too_large = || SourceError::FileTooLarge { path: path.to_path_buf(), cap: MAX_FILE };
+    // Refused before opening: opening a device or a FIFO can itself have effects.
+    let before = std::fs::symlink_metadata(path).map_err(read_err)?;
+    if !before.file_type().is_file() {
+        return Err(not_regular(kind(&before.file_type())));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => not_regular("a symbolic link"),
+            _ => read_err(e),
+        })?;
+    // And checked again on what was opened, in case the path was replaced in between.
+    let opened = file.metadata().map_err(read_err)?;
+    if !opened.file_type().is_file() {
+        return Err(not_regular(kind(&opened.file_type())));
+    }
+    if (opened.dev(), opened.ino()) != (before.dev(), before.ino()) {
+        return Err(read_err(std::io::Error::other("it was replaced while being opened")));
+    }
+    if opened.len() > MAX_FILE {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1).read_to_end(&mut bytes).map_err(read_err)?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(too_large()); // it grew after the check
+    }
+    String::from_utf8(bytes).map_err(|_| SourceError::BadFile {
+        path: path.to_path_buf(),
+        message: "not UTF-8 text".into(),
+    })
+}
+
+fn kind(t: &std::fs::FileType) -> &'static str {
+    if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
     }
 }
 
@@ -158,5 +226,30 @@ mod tests {
         }
         let missing = File { path: "/nonexistent/i.csv".into() }.read(Utc::now()).unwrap_err().to_string();
         assert!(missing.starts_with("cannot read /nonexistent/i.csv"), "{missing}");
+    }
+
+    #[test]
+    fn only_regular_files_up_to_the_cap_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |path: &Path| File { path: path.into() }.read(Utc::now()).unwrap_err().to_string();
+        let good = dir.path().join("good.csv");
+        std::fs::write(&good, "2020-01-01T00:00:00Z,300\n").unwrap();
+        assert_eq!(File { path: good.clone() }.read(Utc::now()).unwrap().g_per_kwh, 300.0);
+
+        let link = dir.path().join("link.csv");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        assert_eq!(err(&link), format!("{}: not a regular file but a symbolic link; the file source reads only regular files", link.display()));
+        assert!(err(dir.path()).contains("not a regular file but a directory"));
+        assert!(err(Path::new("/dev/null")).starts_with("/dev/null: not a regular file but a character device"));
+
+        let big = dir.path().join("big.csv");
+        std::fs::write(&big, vec![b'#'; (MAX_FILE + 1) as usize]).unwrap();
+        assert_eq!(err(&big), format!("{}: larger than 4 MiB, the cap on a file source", big.display()));
+        std::fs::write(&big, [b"2020-01-01T00:00:00Z,7\n".as_slice(), &vec![b'#'; (MAX_FILE - 23) as usize]].concat()).unwrap();
+        assert_eq!(File { path: big }.read(Utc::now()).unwrap().g_per_kwh, 7.0, "exactly the cap is read");
+
+        let binary = dir.path().join("bin.csv");
+        std::fs::write(&binary, [0xff, 0xfe]).unwrap();
+        assert!(err(&binary).ends_with("bin.csv: not UTF-8 text"));
     }
 }

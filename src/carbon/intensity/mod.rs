@@ -51,8 +51,12 @@ pub enum SourceError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{}: {message}", .path.display())]
     BadFile { path: PathBuf, message: String },
-    #[error("command `{command}`: {message}")]
-    Command { command: String, message: String },
+    #[error("{}: not a regular file but {kind}; the file source reads only regular files", .path.display())]
+    NotRegularFile { path: PathBuf, kind: &'static str },
+    #[error("{}: larger than {} MiB, the cap on a file source", .path.display(), .cap >> 20)]
+    FileTooLarge { path: PathBuf, cap: u64 },
+    #[error("command `{command}`: {error}")]
+    Command { command: String, error: command::CommandError },
     #[error("{name} gave {value} gCO2/kWh, which is not a non-negative number")]
     BadValue { name: String, value: f64 },
 }

@@ -364,20 +364,15 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
                 ledger.throttled_ns.fetch_add(waited_ns, Ordering::Relaxed);
                 ledger.throttled_launches.fetch_add(1, Ordering::Relaxed);
             }
-            if !g.should_measure(key, now) {
-                return Some(Ticket {
-                    ctx,
-                    stream,
-                    device,
-                    key,
-                    estimate,
-                    start: None,
-                    measure: false,
-                });
-            }
-            let start = g.start_event(ctx, stream)?;
-            g.in_flight += 1;
-            g.in_flight_ns[device] = g.in_flight_ns[device].saturating_add(estimate);
+            let measure = g.should_measure(key, now);
+            let start = if measure {
+                let start = g.start_event(ctx, stream)?;
+                g.in_flight += 1;
+                g.in_flight_ns[device] = g.in_flight_ns[device].saturating_add(estimate);
+                start
+            } else {
+                None
+            };
             return Some(Ticket {
                 ctx,
                 stream,
@@ -385,7 +380,7 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
                 key,
                 estimate,
                 start,
-                measure: true,
+                measure,
             });
         }
         g.boards[device].hungry_until_ns = now + HUNGRY_NS;

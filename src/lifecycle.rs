@@ -59,6 +59,7 @@ pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<
         }
     }
     if w.partition.is_none() {
+        anyhow::ensure!(crate::state::is_plain_name(&w.vgpu), "workload {}: vGPU {:?} is not a plain name", w.id, w.vgpu);
         remove_dir(&store.vgpu_dir(&w.vgpu))?;
     }
     store.remove_workload(&w.id)?;
@@ -85,7 +86,7 @@ fn remove_orphan_vgpus(store: &Store) {
     let partitions = Partitions::load(&store.partitions_path()).unwrap_or_default();
     let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
     for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(name) = vgpu_dir_name(&entry) else { continue };
         let owned = workloads.iter().any(|w| w.vgpu == name) || partitions.partitions.iter().any(|p| p.vgpu_id() == name);
         if !owned {
             vgpu_abi::board::release_vgpu(&entry.path());
@@ -98,18 +99,52 @@ fn remove_orphan_vgpus(store: &Store) {
 fn reclaim_dead_processes(store: &Store) {
     let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
     for entry in entries.flatten() {
-        reclaim_vgpu(store, &entry.file_name().to_string_lossy());
+        if let Some(name) = vgpu_dir_name(&entry) {
+            reclaim_vgpu(store, &name);
+        }
+    }
+}
+
+/// The name of an entry of `vgpus/` that is a vGPU directory: a plain name and a real
+/// directory (the entry's own type: a symlink is not followed). Anything else is reported
+/// and left alone.
+fn vgpu_dir_name(entry: &std::fs::DirEntry) -> Option<String> {
+    let path = entry.path();
+    let Some(name) = entry.file_name().to_str().filter(|n| crate::state::is_plain_name(n)).map(str::to_owned) else {
+        tracing::warn!("{}: not a plain name; skipped", path.display());
+        return None;
+    };
+    match entry.file_type() {
+        Ok(kind) if kind.is_dir() => Some(name),
+        Ok(kind) => {
+            tracing::warn!("{}: a {}, not a vGPU directory; skipped (not opened)", path.display(), vgpu_abi::mapping::kind_name(&kind));
+            None
+        }
+        Err(_) => None,
     }
 }
 
 /// Give back the device memory of the dead processes of one vGPU.
+/// The usage file is opened without following links or blocking on FIFOs, and so is every
+/// per-process file reclaim looks at; entries of `procs/` that are not regular files are
+/// removed (root) and reported here.
 pub fn reclaim_vgpu(store: &Store, vgpu: &str) {
+    if !crate::state::is_plain_name(vgpu) {
+        return;
+    }
     let path = store.vgpu_dir(vgpu).join(vgpu_abi::layout::USAGE_FILE);
-    if let Ok(usage) = UsageFile::open(&path) {
-        let report = usage.reclaim_dead();
-        if report.processes > 0 {
-            tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
+    match UsageFile::open(&path) {
+        Ok(usage) => {
+            let report = usage.reclaim_dead();
+            if report.processes > 0 {
+                tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
+            }
+            for line in &report.errors {
+                tracing::warn!("{line}");
+            }
         }
+        Err(e @ vgpu_abi::usage::LayoutError::NotRegular { .. }) => tracing::warn!("{e}"),
+        Err(_) => {}
     }
 }
 

@@ -21,6 +21,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateErr
     Ok(())
 }
 
+/// The most a record read from the store may hold.
+pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+
+/// Read a whole state file: never through a symlink, never blocking on a FIFO, a regular
+/// file only (checked on the opened descriptor), at most `max` bytes.
+pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, StateError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => StateError::NotRegular { path: path.to_path_buf(), kind: "symbolic link" },
+            _ => StateError::io(path, e),
+        })?;
+    let meta = file.metadata().map_err(|e| StateError::io(path, e))?;
+    if !meta.file_type().is_file() {
+        return Err(super::lock::not_regular(path, &meta.file_type()));
+    }
+    if meta.len() > max {
+        return Err(StateError::Damaged { path: path.to_path_buf(), message: format!("{} bytes (at most {max} expected)", meta.len()) });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| StateError::io(path, e))?;
+    Ok(bytes)
+}
+
 /// Serialise `value` as pretty JSON and write it atomically.
 pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
@@ -30,7 +58,7 @@ pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), Sta
 
 /// Read JSON; a parse failure is a `Damaged` error naming the file.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, StateError> {
-    let bytes = std::fs::read(path).map_err(|e| StateError::io(path, e))?;
+    let bytes = read_regular(path, MAX_RECORD_BYTES)?;
     serde_json::from_slice(&bytes).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })
 }
 
@@ -47,6 +75,21 @@ mod tests {
         let back: Vec<i32> = read_json(&path).unwrap();
         assert_eq!(back, vec![3]);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn fifos_and_symlinks_are_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.json");
+        write_json(&target, &vec![1]).unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = read_json::<Vec<i32>>(&link).unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        let fifo = dir.path().join("fifo.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = read_json::<Vec<i32>>(&fifo).unwrap_err().to_string();
+        assert!(err.contains("FIFO"), "{err}");
     }
 
     #[test]

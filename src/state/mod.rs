@@ -26,6 +26,35 @@ pub enum StateError {
     Io { path: PathBuf, #[source] source: std::io::Error },
     #[error("damaged state file {path}: {message}")]
     Damaged { path: PathBuf, message: String },
+    #[error("{path}: not a regular file (a {kind}); not opened")]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error("{}", busy_message(.path, .waited, .pid, .command))]
+    LockBusy { path: PathBuf, waited: std::time::Duration, pid: Option<u32>, command: Option<String> },
+}
+
+fn busy_message(path: &Path, waited: &std::time::Duration, pid: &Option<u32>, command: &Option<String>) -> String {
+    let holder = match (pid, command) {
+        (Some(pid), Some(cmd)) => format!("pid {pid} ({cmd})"),
+        (Some(pid), None) => format!("pid {pid} (its command cannot be read; it may have just exited)"),
+        (None, _) => "a process that has not written its pid yet".to_string(),
+    };
+    format!(
+        "the vgpu store is locked by {holder}; gave up after {} (lock {}, wait set by {})",
+        humantime::format_duration(*waited),
+        path.display(),
+        lock::TIMEOUT_ENV
+    )
+}
+
+/// Whether `name` is a plain file name: not empty, not `.` or `..`, no `/` and no NUL, at
+/// most 255 bytes, printable ASCII. Names read from directories and records must be, before
+/// they are joined to a path.
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.len() <= 255
+        && name.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
 }
 
 impl StateError {
@@ -94,6 +123,10 @@ impl Store {
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            if !entry.file_name().to_str().is_some_and(is_plain_name) {
+                bad.push(StateError::Damaged { path, message: "not a plain file name".into() });
                 continue;
             }
             match Workload::read(&path) {

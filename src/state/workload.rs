@@ -123,7 +123,14 @@ impl Workload {
                 message: format!("format {format} is not the format {WORKLOAD_FORMAT} this vgpu reads (written by another vgpu version)"),
             });
         }
-        serde_json::from_value(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })
+        let w: Workload = serde_json::from_value(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
+        // These are joined to paths (its vGPU directory, its cgroup, its record): plain names only.
+        for (field, name) in [("id", Some(&w.id)), ("vgpu", Some(&w.vgpu)), ("cgroup", Some(&w.cgroup)), ("partition", w.partition.as_ref())] {
+            if let Some(name) = name.filter(|n| !super::is_plain_name(n)) {
+                return Err(StateError::Damaged { path: path.to_path_buf(), message: format!("{field} {name:?} is not a plain name") });
+            }
+        }
+        Ok(w)
     }
 
     pub fn write(&self, path: &Path) -> Result<(), StateError> {

@@ -339,3 +339,107 @@ fn plan_only_looks() {
     assert_eq!(plan["intensity_source"]["source"], "uk-grid national");
     assert_eq!(files_below(&sim.path("lib")), before, "plan writes nothing, not even the remembered reading");
 }
+
+/// `vgpu carbon intensity --json`, killed (and the test failed) if it runs past `limit`: a
+/// source that hangs fails the test instead of hanging it.
+fn intensity_within(sim: &Sim, limit: Duration) -> std::process::Output {
+    sim.vgpu(&["carbon", "intensity", "--json"])
+        .timeout(limit)
+        .output()
+        .unwrap_or_else(|e| panic!("vgpu carbon intensity did not finish within {limit:?}: {e}"))
+}
+
+/// The pids of the live (not zombie) processes of process group `pgid`.
+fn live_members(pgid: u32) -> Vec<u32> {
+    let mut live = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // pid (comm) state ppid pgrp …; comm may hold spaces, so split after its ')'.
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+        if fields.get(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) && fields.first() != Some(&"Z") {
+            live.push(pid);
+        }
+    }
+    live
+}
+
+fn read_pid(path: &std::path::Path) -> u32 {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).trim().parse().unwrap()
+}
+
+#[test]
+fn command_with_a_lingering_child_gives_its_value_and_its_group_is_killed() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let dir = sim.path("cmd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display();
+    // The background child would write `ended` after 30 s; the shell exits at once.
+    sim.write_vgpu_config(&format!(
+        "[carbon]\nsource = \"command\"\ntimeout = \"1s\"\n\
+         command = '(sleep 30; echo natural > {d}/ended) & echo $! > {d}/bg.pid; echo $$ > {d}/sh.pid; echo 300'\n"
+    ));
+    let out = intensity_within(&sim, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["intensity"], 300.0);
+
+    // SIGKILL is delivered asynchronously: wait (boundedly) for the group to be gone.
+    let (group, bg) = (read_pid(&dir.join("sh.pid")), read_pid(&dir.join("bg.pid")));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !live_members(group).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(live_members(group), Vec::<u32>::new(), "the command's process group (background child {bg}) lives on");
+    assert!(!dir.join("ended").exists(), "the background child ran to its end instead of being killed");
+}
+
+#[test]
+fn command_printing_too_much_is_refused() {
+    let sim = sim_with("[carbon]\nsource = \"command\"\ntimeout = \"5s\"\ncommand = \"head -c 10485760 /dev/zero\"\n");
+    let err = failure(&sim, 1);
+    assert!(err.contains("printed more than 64 KiB, the cap on a command's output"), "{err}");
+}
+
+#[test]
+fn file_source_refuses_devices_fifos_and_large_files() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let one_line = |out: &std::process::Output| {
+        assert_eq!(out.status.code(), Some(1), "stdout: {}", String::from_utf8_lossy(&out.stdout));
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        err
+    };
+
+    sim.write_vgpu_config("[carbon]\nsource = \"file\"\npath = \"/dev/zero\"\n");
+    let err = one_line(&intensity_within(&sim, Duration::from_secs(20)));
+    assert!(err.contains("/dev/zero: not a regular file but a character device"), "{err}");
+
+    let fifo = sim.path("fifo.csv");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    sim.write_vgpu_config(&format!("[carbon]\nsource = \"file\"\npath = \"{}\"\n", fifo.display()));
+    let err = one_line(&intensity_within(&sim, Duration::from_secs(20)));
+    assert!(err.contains(&format!("{}: not a regular file but a FIFO", fifo.display())), "{err}");
+    // The library call too, on a thread: it must not block on the FIFO nobody writes.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        use vgpu::carbon::intensity::Source as _;
+        let _ = tx.send(vgpu::carbon::intensity::file::File { path }.read(chrono::Utc::now()).map_err(|e| e.to_string()));
+    });
+    let got = rx.recv_timeout(Duration::from_secs(20)).expect("reading a FIFO blocked");
+    assert!(got.unwrap_err().contains("not a regular file but a FIFO"));
+
+    let big = sim.path("big.csv");
+    let mut text = String::from("2020-01-01T00:00:00Z,180\n");
+    text.push_str(&"# padding\n".repeat(5 << 20 >> 4 << 1));
+    assert!(text.len() > 5 << 20);
+    std::fs::write(&big, &text).unwrap();
+    sim.write_vgpu_config(&format!("[carbon]\nsource = \"file\"\npath = \"{}\"\n", big.display()));
+    let err = one_line(&intensity_within(&sim, Duration::from_secs(20)));
+    assert!(err.contains(&format!("{}: larger than 4 MiB, the cap on a file source", big.display())), "{err}");
+
+    // A normal file still works.
+    std::fs::write(&big, "2020-01-01T00:00:00Z,180\n").unwrap();
+    assert_eq!(sim.json(&["carbon", "intensity", "--json"])["intensity"], 180.0);
+}

@@ -28,6 +28,18 @@ pub struct Config {
     /// `[compute]`: the default compute policy.
     pub compute: crate::compute::ComputeConfig,
     pub pool: crate::pool::config::PoolConfig,
+    /// `[policy]`: what a user who starts vgpu through sudo may do beyond the defaults.
+    pub policy: PolicyConfig,
+}
+
+/// `[policy]`. By default a user who runs `sudo vgpu run` gets a workload running as
+/// themselves only; root (without sudo) may name any user.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Users (`"alice"`) and groups (`"%gpuadmin"`) who, through sudo, may use
+    /// `vgpu run --user` to run a workload as another user (root included).
+    pub run_as_others: Vec<String>,
 }
 
 #[derive(Debug, Error)]
@@ -127,6 +139,15 @@ mod tests {
         assert!(err.contains("compute.policy") && err.contains("bogus") && err.contains("line 2"), "{err}");
         let err = Config::parse("[compute]\npolcy = \"fair\"\n").unwrap_err();
         assert!(err.contains("polcy"), "{err}");
+    }
+
+    #[test]
+    fn policy_lists_users_and_groups() {
+        assert!(Config::parse("").unwrap().policy.run_as_others.is_empty());
+        let config = Config::parse("[policy]\nrun_as_others = [\"alice\", \"%gpuadmin\"]\n").unwrap();
+        assert_eq!(config.policy.run_as_others, ["alice", "%gpuadmin"]);
+        let err = Config::parse("[policy]\nrun_as_other = []\n").unwrap_err();
+        assert!(err.contains("run_as_other"), "{err}");
     }
 
     #[test]

@@ -1,4 +1,9 @@
 //! Who a workload runs as: `--user USER[:GROUP]`, else the user who ran `sudo`, else root.
+//!
+//! Started through `sudo` by a user other than root (`SUDO_UID` set and not 0), `--user` may
+//! only name that user, and `:GROUP` only one of that user's groups: sudo rights to `vgpu run`
+//! are not rights to run as root (or anyone else). Root itself (no `SUDO_UID`, or 0) may name
+//! anyone, and so may the users and `%groups` listed in the config's `[policy] run_as_others`.
 
 use nix::unistd::{Gid, Group, Uid, User};
 
@@ -10,12 +15,29 @@ pub enum IdentityError {
     UnknownUser(String),
     #[error("unknown group {0:?}")]
     UnknownGroup(String),
+    #[error("SUDO_UID {0:?} is not a user id")]
+    BadSudoUid(String),
+    #[error("started through sudo by {caller}: a workload may run only as {caller}, not {wanted} (root, or a user listed in [policy] run_as_others, may name anyone)")]
+    OtherUser { caller: String, wanted: String },
+    #[error("started through sudo by {caller}: {caller} is not in group {group} (root, or a user listed in [policy] run_as_others, may name any group)")]
+    OtherGroup { caller: String, group: String },
     #[error("cannot read the user database: {0}")]
     Lookup(#[from] nix::Error),
 }
 
-/// Resolve the workload's user. `user_arg` is `--user`; `sudo_uid` is `$SUDO_UID`.
-pub fn resolve(user_arg: Option<&str>, sudo_uid: Option<&str>) -> Result<UserSpec, IdentityError> {
+/// Resolve the workload's user. `user_arg` is `--user`; `sudo_uid` is `$SUDO_UID`;
+/// `run_as_others` is `[policy] run_as_others` (user names and `%group` names).
+pub fn resolve(user_arg: Option<&str>, sudo_uid: Option<&str>, run_as_others: &[String]) -> Result<UserSpec, IdentityError> {
+    // An unreadable SUDO_UID fails closed (it never means root).
+    let sudo_uid = match sudo_uid.filter(|u| !u.is_empty()) {
+        Some(text) => Some(text.trim().parse::<u32>().map_err(|_| IdentityError::BadSudoUid(text.to_string()))?),
+        None => None,
+    };
+    // The unprivileged user who ran sudo, if any.
+    let caller = match sudo_uid {
+        Some(uid) if uid != 0 => Some(User::from_uid(Uid::from_raw(uid))?.ok_or_else(|| IdentityError::UnknownUser(uid.to_string()))?),
+        _ => None,
+    };
     match user_arg {
         Some(spec) => {
             let (user_part, group_part) = match spec.split_once(':') {
@@ -27,15 +49,43 @@ pub fn resolve(user_arg: Option<&str>, sudo_uid: Option<&str>) -> Result<UserSpe
                 Some(g) => lookup_group(g)?,
                 None => user.gid,
             };
-            spec_for(&user, gid)
+            let wanted = spec_for(&user, gid)?;
+            if let Some(caller) = &caller {
+                let own = spec_for(caller, caller.gid)?;
+                if !may_run_as_others(&own, run_as_others) {
+                    if wanted.uid != own.uid {
+                        return Err(IdentityError::OtherUser { caller: caller.name.clone(), wanted: user.name.clone() });
+                    }
+                    if !own.groups.contains(&wanted.gid) {
+                        let group = group_part.unwrap_or_default().to_string();
+                        return Err(IdentityError::OtherGroup { caller: caller.name.clone(), group });
+                    }
+                }
+            }
+            Ok(wanted)
         }
         None => {
             // Started through sudo: run as the invoking user.
-            let uid = sudo_uid.and_then(|u| u.parse::<u32>().ok()).unwrap_or(0);
-            let user = User::from_uid(Uid::from_raw(uid))?.ok_or_else(|| IdentityError::UnknownUser(uid.to_string()))?;
-            spec_for(&user, user.gid)
+            match caller {
+                Some(user) => spec_for(&user, user.gid),
+                None => {
+                    let root = User::from_uid(Uid::from_raw(0))?.ok_or_else(|| IdentityError::UnknownUser("0".into()))?;
+                    spec_for(&root, root.gid)
+                }
+            }
         }
     }
+}
+
+/// Whether `[policy] run_as_others` names `caller` or one of its groups (`%group`).
+fn may_run_as_others(caller: &UserSpec, run_as_others: &[String]) -> bool {
+    run_as_others.iter().any(|entry| match entry.strip_prefix('%') {
+        Some(group) => match Group::from_name(group) {
+            Ok(Some(g)) => caller.groups.contains(&g.gid.as_raw()),
+            _ => false,
+        },
+        None => *entry == caller.name,
+    })
 }
 
 fn lookup_user(name: &str) -> Result<User, IdentityError> {
@@ -83,21 +133,52 @@ mod tests {
 
     #[test]
     fn default_is_root_and_sudo_user_wins() {
-        let root = resolve(None, None).unwrap();
+        let root = resolve(None, None, &[]).unwrap();
         assert_eq!((root.uid, root.name.as_str()), (0, "root"));
         let nobody = User::from_name("nobody").unwrap().unwrap();
-        let via_sudo = resolve(None, Some(&nobody.uid.as_raw().to_string())).unwrap();
+        let via_sudo = resolve(None, Some(&nobody.uid.as_raw().to_string()), &[]).unwrap();
         assert_eq!(via_sudo.uid, nobody.uid.as_raw());
         assert_eq!(via_sudo.gid, nobody.gid.as_raw());
     }
 
     #[test]
     fn explicit_user_and_group() {
-        let spec = resolve(Some("nobody:root"), Some("0")).unwrap();
+        let spec = resolve(Some("nobody:root"), Some("0"), &[]).unwrap();
         assert_eq!(spec.name, "nobody");
         assert_eq!(spec.gid, 0);
         assert!(spec.groups.contains(&0));
-        assert!(matches!(resolve(Some("no-such-user-xyz"), None), Err(IdentityError::UnknownUser(_))));
-        assert!(matches!(resolve(Some("root:no-such-group-xyz"), None), Err(IdentityError::UnknownGroup(_))));
+        assert!(matches!(resolve(Some("no-such-user-xyz"), None, &[]), Err(IdentityError::UnknownUser(_))));
+        assert!(matches!(resolve(Some("root:no-such-group-xyz"), None, &[]), Err(IdentityError::UnknownGroup(_))));
+    }
+
+    #[test]
+    fn a_sudo_caller_may_name_only_itself_and_its_groups() {
+        let nobody = User::from_name("nobody").unwrap().unwrap();
+        let uid = nobody.uid.as_raw().to_string();
+        let sudo = Some(uid.as_str());
+        assert!(matches!(resolve(Some("root"), sudo, &[]), Err(IdentityError::OtherUser { .. })));
+        assert!(matches!(resolve(Some("0"), sudo, &[]), Err(IdentityError::OtherUser { .. })));
+        assert!(matches!(resolve(Some("nobody:root"), sudo, &[]), Err(IdentityError::OtherGroup { .. })));
+        assert_eq!(resolve(Some("nobody"), sudo, &[]).unwrap().uid, nobody.uid.as_raw());
+        assert_eq!(resolve(Some(&uid), sudo, &[]).unwrap().uid, nobody.uid.as_raw());
+        // Root without sudo, and root through sudo, may name anyone.
+        assert_eq!(resolve(Some("nobody"), None, &[]).unwrap().uid, nobody.uid.as_raw());
+        assert_eq!(resolve(Some("nobody"), Some("0"), &[]).unwrap().uid, nobody.uid.as_raw());
+        // An unreadable SUDO_UID never means root.
+        assert!(matches!(resolve(None, Some("nobody"), &[]), Err(IdentityError::BadSudoUid(_))));
+        // The message is one line naming both users.
+        let msg = resolve(Some("root"), sudo, &[]).unwrap_err().to_string();
+        assert!(msg.contains("nobody") && msg.contains("root") && !msg.contains('\n'), "{msg}");
+    }
+
+    #[test]
+    fn policy_grants_run_as_others_to_users_and_groups() {
+        let nobody = User::from_name("nobody").unwrap().unwrap();
+        let uid = nobody.uid.as_raw().to_string();
+        let sudo = Some(uid.as_str());
+        assert_eq!(resolve(Some("root"), sudo, &["nobody".into()]).unwrap().uid, 0);
+        let group = Group::from_gid(nobody.gid).unwrap().unwrap().name;
+        assert_eq!(resolve(Some("root"), sudo, &[format!("%{group}")]).unwrap().uid, 0);
+        assert!(resolve(Some("root"), sudo, &["someone-else".into(), "%no-such-group-xyz".into()]).is_err());
     }
 }

@@ -22,6 +22,35 @@ use crate::pooling::{self, pool_error};
 use crate::state::workload::{WorkloadState, WORKLOAD_FORMAT};
 use crate::state::{Partitions, Store, StoreLock, UserSpec, Workload, WorkloadGpu};
 
+/// How vgpu guards a variable the shim (or the simulated driver) depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShimVar {
+    /// vgpu alone sets it (or leaves it out): `--env` may not name it, and a value inherited
+    /// from vgpu's own environment never reaches the workload.
+    Owned,
+    /// A search list whose head vgpu sets: `--env K=V` (non-empty) and an inherited value only
+    /// come after it.
+    Appended,
+}
+
+/// The variables the shim and the simulated driver depend on: the one list. Neither `--env`
+/// nor vgpu's own environment can unset or replace them (see `workload_env`).
+pub const SHIM_ENV: &[(&str, ShimVar)] = &[
+    // The shim, always first; `--env LD_PRELOAD=extra.so` adds libraries after it.
+    ("LD_PRELOAD", ShimVar::Appended),
+    // With --simulate: the simulated driver's directory first; extra directories after it.
+    ("LD_LIBRARY_PATH", ShimVar::Appended),
+    // The vGPU's state: unset or empty would make the shim pass everything through.
+    ("VGPU_DIR", ShimVar::Owned),
+    // The shim's panic-injection test hook: a panic before the driver call falls back to the
+    // unguarded driver call, so it must never reach a workload.
+    ("VGPU_SHIM_TEST_PANIC", ShimVar::Owned),
+];
+
+fn shim_var(key: &str) -> Option<ShimVar> {
+    SHIM_ENV.iter().find(|(k, _)| *k == key).map(|(_, kind)| *kind)
+}
+
 #[derive(Debug, Args)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
@@ -67,10 +96,10 @@ pub struct RunArgs {
     /// Name of the workload (unique among running workloads)
     #[arg(long)]
     pub name: Option<String>,
-    /// Run as USER[:GROUP] [default: the user who ran sudo, else root]
+    /// Run as USER[:GROUP]; through sudo, only as the user who ran it (unless the config's [policy] run_as_others lists them) [default: the user who ran sudo, else root]
     #[arg(long, value_name = "USER[:GROUP]")]
     pub user: Option<String>,
-    /// Extra environment variable (repeatable)
+    /// Extra environment variable (repeatable); VGPU_DIR is refused, LD_PRELOAD and LD_LIBRARY_PATH only add after vgpu's own entries
     #[arg(long = "env", value_name = "K=V")]
     pub env: Vec<String>,
     /// Working directory of the workload
@@ -109,7 +138,7 @@ struct Request {
 }
 
 pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
-    let request = validate(args)?;
+    let request = validate(ctx, args)?;
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu run must run as root (through sudo, systemd or cron): it creates cgroups");
     }
@@ -130,7 +159,7 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
     Ok(code)
 }
 
-fn validate(args: &RunArgs) -> Result<Request> {
+fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
     let mem = args.mem.as_deref().map(MemSpec::parse).transpose().map_err(|e| UsageError::new(format!("--mem: {e}")))?;
     if let Some(cpus) = args.cpus {
         if !(cpus > 0.0 && cpus.is_finite()) {
@@ -156,7 +185,16 @@ fn validate(args: &RunArgs) -> Result<Request> {
     let mut env = Vec::new();
     for kv in &args.env {
         match kv.split_once('=') {
-            Some((k, v)) if !k.is_empty() => env.push((k.to_string(), v.to_string())),
+            Some((k, v)) if !k.is_empty() => {
+                match shim_var(k) {
+                    Some(ShimVar::Owned) => crate::usage!("--env {k}: vgpu sets {k} for the shim; it cannot be replaced or unset"),
+                    Some(ShimVar::Appended) if v.trim_matches([':', ' ']).is_empty() => {
+                        crate::usage!("--env {k}: cannot be unset; vgpu's own entry stays first and --env {k}=VALUE only adds after it")
+                    }
+                    _ => {}
+                }
+                env.push((k.to_string(), v.to_string()))
+            }
             _ => crate::usage!("--env expects K=V, got {kv:?}"),
         }
     }
@@ -188,7 +226,7 @@ fn validate(args: &RunArgs) -> Result<Request> {
     }
     let gpu_range = args.gpu_count.as_deref().map(parse_gpu_range).transpose().map_err(|e| UsageError::new(format!("--gpus: {e}")))?;
     let sudo_uid = std::env::var("SUDO_UID").ok();
-    let user = crate::identity::resolve(args.user.as_deref(), sudo_uid.as_deref()).map_err(|e| UsageError::new(format!("--user: {e}")))?;
+    let user = crate::identity::resolve(args.user.as_deref(), sudo_uid.as_deref(), &ctx.config.policy.run_as_others).map_err(|e| UsageError::new(format!("--user: {e}")))?;
     let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
     let program = &args.command[0];
     if resolve_program(program, path_var.as_deref(), args.cwd.as_deref()).is_none() {
@@ -514,38 +552,25 @@ fn start_and_supervise(ctx: &Context, store: &Store, _layout: &Layout, shim: &Pa
     Ok(crate::supervise::exit_code(status))
 }
 
-/// The child's environment: ours, plus the shim, the GPUs, the vGPU, the user's identity.
+/// The child's environment: ours, plus the GPUs, the vGPU, the user's identity, `--env`, and
+/// last the shim's variables ([`SHIM_ENV`]), so that nothing before can replace them.
 fn workload_env(ctx: &Context, store: &Store, shim: &Path, w: &Workload, request: &Request) -> Result<Vec<(OsString, OsString)>> {
-    let mut env: Vec<(OsString, OsString)> = std::env::vars_os().filter(|(k, _)| !k.to_string_lossy().starts_with("SUDO_")).collect();
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            !k.starts_with("SUDO_") && shim_var(&k).is_none()
+        })
+        .collect();
     let mut set = |k: &str, v: OsString| {
         env.retain(|(key, _)| key != k);
         env.push((k.into(), v));
     };
-    let preload = match std::env::var_os("LD_PRELOAD") {
-        Some(existing) if !existing.is_empty() => {
-            let mut v = shim.as_os_str().to_owned();
-            v.push(":");
-            v.push(existing);
-            v
-        }
-        _ => shim.as_os_str().to_owned(),
-    };
-    set("LD_PRELOAD", preload);
-    if let Some(dir) = ctx.driver_library_dir()? {
-        let mut v = dir.into_os_string();
-        if let Some(existing) = std::env::var_os("LD_LIBRARY_PATH").filter(|e| !e.is_empty()) {
-            v.push(":");
-            v.push(existing);
-        }
-        set("LD_LIBRARY_PATH", v);
-    }
     let uuids: Vec<&str> = w.gpus.iter().map(|g| g.uuid.as_str()).collect();
     set("CUDA_VISIBLE_DEVICES", uuids.join(",").into());
-    set("VGPU_DIR", store.vgpu_dir(&w.vgpu).into_os_string());
     set("VGPU_WORKLOAD_ID", w.id.clone().into());
     set("VGPU_WORKLOAD_NAME", w.name.clone().into());
     set("VGPU_NUM_GPUS", w.gpus.len().to_string().into());
-    for (k, v) in &w.pool_env {
+    for (k, v) in w.pool_env.iter().filter(|(k, _)| shim_var(k).is_none()) {
         set(k, v.into());
     }
     if request.user.uid != 0 || std::env::var_os("SUDO_UID").is_some() {
@@ -553,9 +578,36 @@ fn workload_env(ctx: &Context, store: &Store, shim: &Path, w: &Workload, request
         set("USER", request.user.name.clone().into());
         set("LOGNAME", request.user.name.clone().into());
     }
-    for (k, v) in &request.env {
+    for (k, v) in request.env.iter().filter(|(k, _)| shim_var(k).is_none()) {
         set(k, v.into());
     }
+    // The shim's variables. An Appended one: vgpu's head, then `--env`'s value (validated
+    // non-empty) or else the inherited one.
+    let extra = |k: &str| -> Option<OsString> {
+        match request.env.iter().rev().find(|(key, _)| key == k) {
+            Some((_, v)) => Some(v.into()),
+            None => std::env::var_os(k).filter(|v| !v.is_empty()),
+        }
+    };
+    let join = |head: OsString, tail: Option<OsString>| match tail {
+        Some(tail) => {
+            let mut v = head;
+            v.push(":");
+            v.push(tail);
+            v
+        }
+        None => head,
+    };
+    set("LD_PRELOAD", join(shim.as_os_str().to_owned(), extra("LD_PRELOAD")));
+    match ctx.driver_library_dir()? {
+        Some(dir) => set("LD_LIBRARY_PATH", join(dir.into_os_string(), extra("LD_LIBRARY_PATH"))),
+        None => {
+            if let Some(v) = extra("LD_LIBRARY_PATH") {
+                set("LD_LIBRARY_PATH", v);
+            }
+        }
+    }
+    set("VGPU_DIR", store.vgpu_dir(&w.vgpu).into_os_string());
     Ok(env)
 }
 

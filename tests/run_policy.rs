@@ -1,0 +1,126 @@
+//! `vgpu run`'s security rules, end to end (real cgroups as root, the simulated driver):
+//! `--env` cannot switch the shim off, and sudo rights to `vgpu run` are not rights to run as
+//! someone else.
+
+mod common;
+
+use common::{files_below, Sim};
+
+const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
+
+/// `vgpu --simulate ARGS…` as root itself: no sudo variables from the test's own environment.
+fn as_root(sim: &Sim, args: &[&str]) -> assert_cmd::Command {
+    let mut cmd = sim.vgpu(args);
+    cmd.env_remove("SUDO_UID").env_remove("SUDO_GID").env_remove("SUDO_USER").env_remove("SUDO_COMMAND");
+    cmd
+}
+
+/// `vgpu --simulate ARGS…` as if `sudo vgpu …` had been run by `nobody`.
+fn as_sudo_nobody(sim: &Sim, args: &[&str]) -> assert_cmd::Command {
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let mut cmd = sim.vgpu(args);
+    cmd.env("SUDO_UID", nobody.uid.to_string()).env("SUDO_GID", nobody.gid.to_string()).env("SUDO_USER", "nobody");
+    cmd
+}
+
+/// Asserts the refusal: exit 2, one line naming `needle`, the workload never ran, and no file
+/// (workload record, vGPU, pool entry; cgroups are named after recorded ids) was left behind.
+fn assert_refused(sim: &Sim, mut cmd: assert_cmd::Command, marker: &std::path::Path, needle: &str) {
+    let before = files_below(sim.dir.path());
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "not one line: {stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not named: {stderr}");
+    assert!(!marker.exists(), "the workload ran");
+    assert_eq!(files_below(sim.dir.path()), before, "a refused run left files behind");
+}
+
+fn touch(marker: &std::path::Path) -> String {
+    format!("touch {}", marker.display())
+}
+
+#[test]
+fn env_cannot_replace_or_unset_the_shims_variables() {
+    let sim = Sim::new(GPU16);
+    let marker = sim.path("ran");
+    let script = touch(&marker);
+    for (kv, needle) in [
+        ("VGPU_DIR=/tmp/x", "VGPU_DIR"),
+        ("VGPU_DIR=", "VGPU_DIR"),
+        ("LD_PRELOAD=", "LD_PRELOAD"),
+        ("LD_PRELOAD=:", "LD_PRELOAD"),
+        ("LD_LIBRARY_PATH=", "LD_LIBRARY_PATH"),
+        ("VGPU_SHIM_TEST_PANIC=cuMemAlloc_v2:before_driver", "VGPU_SHIM_TEST_PANIC"),
+    ] {
+        let cmd = as_root(&sim, &["run", "--mem", "1G", "--env", kv, "--", "sh", "-c", &script]);
+        assert_refused(&sim, cmd, &marker, needle);
+    }
+}
+
+#[test]
+fn env_ld_preload_is_added_after_the_shim() {
+    let sim = Sim::new(GPU16);
+    let out = as_root(&sim, &["run", "--mem", "1G", "--env", "LD_PRELOAD=/some/extra.so", "--env", "LD_LIBRARY_PATH=/some/libs", "--env", "FOO=bar",
+        "--", "sh", "-c", "echo \"PRELOAD=$LD_PRELOAD\"; echo \"LIBS=$LD_LIBRARY_PATH\"; echo \"DIR=$VGPU_DIR\"; echo \"FOO=$FOO\""])
+    .env("VGPU_SHIM_TEST_PANIC", "cuMemAlloc_v2:before_driver")
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let value = |key: &str| stdout.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_else(|| panic!("no {key}: {stdout}")).to_string();
+    let preload = value("PRELOAD");
+    let entries: Vec<&str> = preload.split(':').collect();
+    assert_eq!(entries.len(), 2, "{preload}");
+    assert!(entries[0].ends_with("/libvgpu.so"), "the shim is not first: {preload}");
+    assert_eq!(entries[1], "/some/extra.so");
+    // The simulated driver's directory stays first too.
+    let libs = value("LIBS");
+    assert!(libs.ends_with(":/some/libs") && libs.len() > ":/some/libs".len(), "{libs}");
+    assert!(value("DIR").contains("/vgpus/"), "{stdout}");
+    assert_eq!(value("FOO"), "bar");
+    // Inherited from vgpu's own environment, the shim's test hook never reaches the workload.
+    let out = as_root(&sim, &["run", "--mem", "1G", "--", "sh", "-c", "echo \"PANIC=${VGPU_SHIM_TEST_PANIC-unset}\""])
+        .env("VGPU_SHIM_TEST_PANIC", "cuMemAlloc_v2:before_driver")
+        .env("VGPU_DIR", "/tmp/inherited")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("PANIC=unset"), "{stdout}");
+}
+
+#[test]
+fn a_sudo_user_cannot_run_as_someone_else() {
+    let sim = Sim::new(GPU16);
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    std::fs::set_permissions(sim.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let marker = sim.path("ran");
+    let script = touch(&marker);
+    let cmd = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--user", "root", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "nobody");
+    let cmd = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--user", "0", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "--user");
+    let cmd = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--user", "nobody:root", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "group root");
+
+    // Without --user (or naming themselves) the workload runs as the caller.
+    for args in [&["run", "--mem", "1G", "--", "id", "-u"][..], &["run", "--mem", "1G", "--user", "nobody", "--", "id", "-u"][..]] {
+        let out = as_sudo_nobody(&sim, args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), nobody.uid.to_string());
+    }
+    // Root itself may name anyone.
+    let out = as_root(&sim, &["run", "--mem", "1G", "--user", "nobody", "--", "id", "-u"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), nobody.uid.to_string());
+}
+
+#[test]
+fn policy_run_as_others_lets_a_sudo_user_name_another_user() {
+    let sim = Sim::new(GPU16);
+    sim.write_vgpu_config("[policy]\nrun_as_others = [\"nobody\"]\n");
+    let out = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--user", "root", "--", "id", "-u"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+}

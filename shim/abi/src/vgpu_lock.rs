@@ -56,10 +56,11 @@ impl VgpuLock {
             // async-signal-safe as a post-fork child handler must be.
             unsafe { pthread_atfork(None, None, Some(close_inherited_lock_in_child)) };
         });
+        // Never through a symlink, never blocking on a FIFO (the flags cost no system call).
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_CLOEXEC)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(usage_path)?;
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_micros(20);

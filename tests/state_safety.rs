@@ -118,8 +118,8 @@ fn a_symlink_in_procs_is_not_followed() {
     let out = vgpu_guarded(&sim, &["ps", "-a"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "ps: {stderr}");
-    assert!(stderr.contains("999998-1") && stderr.contains("symbolic link"), "{stderr}");
     assert_eq!(watch.opens(), 0, "the symlink's target was opened");
+    assert!(stderr.contains("999998-1") && stderr.contains("symbolic link"), "reported, named: {stderr}");
     assert_eq!(std::fs::read("/etc/passwd").unwrap(), passwd_before);
     assert_eq!(std::fs::read(&target).unwrap(), vec![0u8; 8192]);
     assert!(std::fs::symlink_metadata(&to_passwd).is_err(), "root removes the link itself");

@@ -12,7 +12,7 @@
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -84,9 +84,21 @@ impl Board {
             return Ok(());
         }
         let dir = path.parent().unwrap_or(Path::new("."));
-        if !dir.exists() {
-            std::fs::create_dir_all(dir)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+        match std::fs::symlink_metadata(dir) {
+            Ok(meta) if meta.file_type().is_dir() => {}
+            Ok(meta) => {
+                return Err(io::Error::other(format!(
+                    "{} is a {}, not a directory",
+                    dir.display(),
+                    crate::mapping::kind_name(&meta.file_type())
+                )))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::fs::DirBuilder::new().mode(0o755).create(dir)?;
+                // The umask may have narrowed it; the mode is the one intended, whatever it is.
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+            }
+            Err(e) => return Err(e),
         }
         let mut bytes = vec![0u8; board_file_size()];
         let header = BoardHeader {
@@ -126,26 +138,19 @@ impl Board {
     /// Map the board at `path` read-write (never following a symlink, never blocking on a
     /// FIFO) and check its layout.
     pub fn open(path: &Path) -> Result<Board, LayoutError> {
-        let io_err = |e| LayoutError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io_err)?;
-        let meta = file.metadata().map_err(io_err)?;
+        let (file, len) = crate::mapping::open_regular(path, true).map_err(|e| LayoutError::from_open(path, e))?;
         let expected = board_file_size();
-        if !meta.is_file() || meta.len() as usize != expected {
+        if len as usize != expected {
             return Err(LayoutError::Truncated {
                 path: path.to_path_buf(),
-                len: meta.len() as usize,
+                len: len as usize,
                 expected,
             });
         }
-        let map = SharedMapping::new(&file, expected, true).map_err(io_err)?;
+        let map = SharedMapping::new(&file, expected, true).map_err(|e| LayoutError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
         // SAFETY: BoardHeader is plain data valid for any bytes, at page-aligned offset 0.
         let header: &BoardHeader = unsafe { map.at(0) };
         if header.magic != BOARD_MAGIC {

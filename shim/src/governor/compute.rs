@@ -302,6 +302,16 @@ pub fn reset_in_child() {
     super::meter::reset_in_child();
 }
 
+/// Keep `e` in a context's pool for reuse, or destroy it when the pool is full.
+fn give_back(pool: &mut Vec<CUevent>, e: CUevent) {
+    if pool.len() < EVENT_POOL {
+        pool.push(e);
+    } else {
+        // SAFETY: an event this governor created and no longer uses.
+        unsafe { real::cuEventDestroy_v2(e) };
+    }
+}
+
 // ---- the launch ---------------------------------------------------------------------------
 
 fn prepare(vgpu: &'static Vgpu, items: &[(CUstream, Work)]) -> Tickets {
@@ -455,13 +465,7 @@ impl Governor {
     }
 
     fn recycle(&mut self, ctx: CUcontext, e: CUevent) {
-        let state = self.contexts.entry(ctx as u64).or_default();
-        if state.free_events.len() < EVENT_POOL {
-            state.free_events.push(e);
-        } else {
-            // SAFETY: an event this governor created and no longer uses.
-            unsafe { real::cuEventDestroy_v2(e) };
-        }
+        give_back(&mut self.contexts.entry(ctx as u64).or_default().free_events, e);
     }
 
     /// The start event of a launch into `stream`: `Some(None)` to chain from the launch
@@ -504,12 +508,10 @@ impl Governor {
 
     /// Charge every launch whose end event has completed (never waits).
     fn harvest(&mut self, vgpu: &'static Vgpu, now: u64) {
-        let mut charges: [u64; MAX_DEVICES] = [0; MAX_DEVICES];
-        let mut any = false;
-        let mut done: Vec<(u64, u64, u64, u64)> = Vec::new(); // (ctx, key, measured, n)
-        let mut recycled: Vec<(u64, CUevent)> = Vec::new();
-        for (&ctx, cstate) in self.contexts.iter_mut() {
-            for stream in cstate.streams.values_mut() {
+        let mut done: Vec<(usize, u64, u64)> = Vec::new(); // (device, key, measured)
+        for cstate in self.contexts.values_mut() {
+            let ContextState { free_events, streams } = cstate;
+            for stream in streams.values_mut() {
                 while let Some(front) = stream.pending.front() {
                     // SAFETY: an event this governor recorded and owns.
                     let q = unsafe { real::cuEventQuery(front.end) };
@@ -527,33 +529,24 @@ impl Governor {
                         _ => p.estimate,
                     };
                     if let Some(s) = p.start {
-                        recycled.push((ctx, s));
+                        give_back(free_events, s);
                     }
                     if let Some(old) = stream.last_end.replace(p.end) {
-                        recycled.push((ctx, old));
+                        give_back(free_events, old);
                     }
                     self.in_flight = self.in_flight.saturating_sub(1);
                     self.in_flight_ns[p.device] = self.in_flight_ns[p.device].saturating_sub(p.estimate);
-                    done.push((p.device as u64, p.key, measured, 1));
-                    any = true;
+                    done.push((p.device, p.key, measured));
                 }
             }
         }
-        for (ctx, e) in recycled {
-            let state = self.contexts.entry(ctx).or_default();
-            if state.free_events.len() < EVENT_POOL {
-                state.free_events.push(e);
-            } else {
-                // SAFETY: an event this governor created and no longer uses.
-                unsafe { real::cuEventDestroy_v2(e) };
-            }
-        }
-        if !any {
+        if done.is_empty() {
             return;
         }
-        for (device, key, measured, _) in done {
-            let charged = super::meter::correct(device as usize, self.learn(key, measured, now));
-            charges[device as usize] = charges[device as usize].saturating_add(charged);
+        let mut charges: [u64; MAX_DEVICES] = [0; MAX_DEVICES];
+        for (device, key, measured) in done {
+            let charged = super::meter::correct(device, self.learn(key, measured, now));
+            charges[device] = charges[device].saturating_add(charged);
         }
         for (device, &ns) in charges.iter().enumerate().take(vgpu.usage.device_count()) {
             if ns != 0 {

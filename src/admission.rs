@@ -159,7 +159,7 @@ mod tests {
     }
 
     fn partition(name: &str, uuid: &str, gib: u64) -> Partition {
-        Partition { name: name.into(), gpu_index: 0, gpu_uuid: uuid.into(), mem_bytes: gib * GIB, compute_pct: 100, compute_policy: Default::default(), created_unix_ms: 0 }
+        Partition { name: name.into(), gpu_index: 0, gpu_uuid: uuid.into(), mem_bytes: gib * GIB, compute_pct: 100, compute_policy: Default::default(), created_unix_ms: 0, user: None, group: None }
     }
 
     #[test]

@@ -101,12 +101,15 @@ pub fn apply_live(usage: &UsageFile, uuids: Option<&[&str]>, change: LiveChange)
             .map(|u| usage.find_device_str(u).with_context(|| format!("{}: no device {u}", usage.path().display())))
             .collect::<Result<_>>()?,
     };
+    if !usage.limits_writable() {
+        anyhow::bail!("{}: only root can change a vGPU's limits", usage.path().display());
+    }
     for i in indices {
         if let Some(pct) = change.compute_pct {
             usage.set_compute_pct(i, pct).with_context(|| format!("{}", usage.path().display()))?;
         }
         if let Some(policy) = change.policy {
-            usage.set_policy(i, policy.abi());
+            usage.set_policy(i, policy.abi()).with_context(|| format!("{}", usage.path().display()))?;
         }
     }
     Ok(())

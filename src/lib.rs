@@ -1,5 +1,6 @@
 //! vgpu as a library: everything the `vgpu` binary does, in modules the tests can reach.
 
+pub mod access;
 pub mod admission;
 pub mod carbon;
 pub mod cgroup;

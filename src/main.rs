@@ -8,6 +8,10 @@ use vgpu::context::Context;
 use vgpu::error::{exit_code_for, UsageError};
 
 fn main() -> ExitCode {
+    // Files and directories get explicit modes where they are made; a known umask makes sure
+    // nothing vgpu creates can ever be wider than asked, whatever started it (cron: 000).
+    // SAFETY: umask only swaps the process's file-creation mask; no thread runs yet.
+    unsafe { libc::umask(0o022) };
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet);
     match run(cli) {

@@ -50,6 +50,12 @@ pub struct CreateArgs {
     /// Allow the GPU's memory to be over-committed
     #[arg(long)]
     pub oversubscribe: bool,
+    /// The user whose workloads may use it (and write its counters) [default: root only]
+    #[arg(long, value_name = "USER", conflicts_with = "group")]
+    pub user: Option<String>,
+    /// The group whose members' workloads may use it
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -97,6 +103,7 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         .collect();
     let device = admission::find_device(&devices, &args.gpu).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
     let bytes = mem.bytes_of(device.memory);
+    crate::access::check_partition_owner(args.user.as_deref(), args.group.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
 
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
@@ -117,6 +124,8 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         compute_pct: args.compute,
         compute_policy: args.compute_policy.unwrap_or(ctx.config.compute.policy),
         created_unix_ms: crate::commands::run::now_ms(),
+        user: args.user.clone(),
+        group: args.group.clone(),
     });
     std::fs::create_dir_all(&ctx.lib_dir).with_context(|| format!("creating {}", ctx.lib_dir.display()))?;
     parts.save(&store.partitions_path())?;

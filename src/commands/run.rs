@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use vgpu_abi::layout::{PROCS_DIR, USAGE_FILE};
+use vgpu_abi::layout::USAGE_FILE;
 use vgpu_abi::process::ProcessId;
 use vgpu_abi::size::parse_size;
 use vgpu_abi::usage::{DeviceQuota, UsageFile};
@@ -316,6 +316,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         created_unix_ms: now_ms(),
     };
     let mut pool_granted = false;
+    let mut partition_used: Option<crate::state::Partition> = None;
 
     if let Some(ask) = &request.pool {
         let mut pool = pooling::current(ctx, store, gpus)?;
@@ -374,6 +375,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         workload.vgpu = p.vgpu_id();
         workload.partition = Some(p.name.clone());
         workload.compute_policy = p.compute_policy;
+        partition_used = Some(p.clone());
     } else {
         let partitions = Partitions::load(&store.partitions_path())?;
         let chosen: Vec<String> = match request.gpu_range {
@@ -416,12 +418,24 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         }
     }
 
+    // Who may write the vGPU's counters, and whether this workload may use the partition.
+    let tenant = match crate::access::tenant_for(&workload, partition_used.as_ref()) {
+        Ok(tenant) => tenant,
+        Err(e) => {
+            if pool_granted {
+                let _ = pooling::release(store, &lock, &id);
+                let _ = store.remove_workload(&id);
+            }
+            return Err(UsageError::new(e.to_string()).into());
+        }
+    };
+
     // Create, rolling back on failure.
     let vgpu_dir = store.vgpu_dir(&workload.vgpu);
     let own_vgpu = workload.partition.is_none();
     let result = (|| -> Result<Cgroup> {
         if !workload.gpus.is_empty() {
-            ensure_vgpu(store, &vgpu_dir, &workload)?;
+            ensure_vgpu(store, &vgpu_dir, &workload, tenant)?;
         }
         let cgroup = Cgroup::create(layout, &workload.cgroup).context("creating the workload's cgroup")?;
         if let Err(e) = cgroup.apply(&request.limits) {
@@ -494,23 +508,17 @@ fn select_gpus<'a>(devices: &'a [Device], wanted: &[String], workloads: &[Worklo
     Ok(out)
 }
 
-/// Create the vGPU directory and usage file (a partition's exists after its first use),
-/// and the board of each of its GPUs (a board that cannot be made is only a warning).
-fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+/// Create the vGPU directory, its limits and usage files and `procs/`, owned as the
+/// README's table says ([`crate::access`]) — a partition's exist after its first use — and
+/// the board of each of its GPUs (a board that cannot be made is only a warning).
+fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload, tenant: vgpu_abi::usage::Tenant) -> Result<()> {
     crate::compute::ensure_boards(&store.state_dir, w.gpus.iter().map(|g| g.uuid.as_str()));
     let usage_path = dir.join(USAGE_FILE);
-    if w.partition.is_some() && usage_path.exists() {
+    if w.partition.is_some() && std::fs::symlink_metadata(&usage_path).is_ok() {
         UsageFile::open(&usage_path).with_context(|| format!("opening {}", usage_path.display()))?;
         return Ok(());
     }
-    let procs = dir.join(PROCS_DIR);
-    std::fs::create_dir_all(&procs).with_context(|| format!("creating {}", procs.display()))?;
-    // Workloads may run as any user and must record their usage. Not sticky: a process of
-    // one user must be able to remove the record of another user's dead process when it
-    // reclaims its memory (records hold counters only; the usage file is the authority).
-    std::fs::set_permissions(&procs, std::fs::Permissions::from_mode(0o777)).with_context(|| format!("chmod {}", procs.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).with_context(|| format!("chmod {}", dir.display()))?;
+    crate::access::vgpu_dirs(dir, tenant)?;
     let quotas: Vec<DeviceQuota> = w
         .gpus
         .iter()
@@ -522,7 +530,7 @@ fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload) -> Result<()> {
             priority: crate::compute::abi_priority(w.priority),
         })
         .collect();
-    UsageFile::create(&usage_path, &quotas).with_context(|| format!("creating {}", usage_path.display()))?;
+    UsageFile::create_for(&usage_path, &quotas, tenant).with_context(|| format!("creating {}", usage_path.display()))?;
     Ok(())
 }
 

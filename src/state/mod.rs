@@ -7,6 +7,7 @@
 //! `vgpu` never leaves the store locked.
 
 pub mod atomic;
+pub mod dirs;
 
 pub mod lock;
 pub mod partition;
@@ -28,6 +29,8 @@ pub enum StateError {
     Damaged { path: PathBuf, message: String },
     #[error("{path}: not a regular file (a {kind}); not opened")]
     NotRegular { path: PathBuf, kind: &'static str },
+    #[error("refusing the vgpu directory {path}: {reason} (fix: {fix})")]
+    UnsafeDir { path: PathBuf, reason: String, fix: String },
     #[error("{}", busy_message(.path, .waited, .pid, .command))]
     LockBusy { path: PathBuf, waited: std::time::Duration, pid: Option<u32>, command: Option<String> },
 }
@@ -96,10 +99,12 @@ impl Store {
         self.lib_dir.join("partitions.json")
     }
 
-    /// Create the directories (mode 0755; vGPU directories are made per vGPU).
+    /// Create the directories unless they exist (mode 0755, whatever the umask; vGPU
+    /// directories are made per vGPU) and check them all, and every directory above them,
+    /// like sshd's `StrictModes` ([`dirs::check_dir`]): owned by root, writable by nobody else.
     pub fn ensure_dirs(&self) -> Result<(), StateError> {
-        for dir in [self.state_dir.clone(), self.workloads_dir(), self.vgpus_dir()] {
-            std::fs::create_dir_all(&dir).map_err(|e| StateError::io(&dir, e))?;
+        for dir in [&self.state_dir, &self.workloads_dir(), &self.vgpus_dir(), &self.lib_dir] {
+            dirs::ensure_dir(dir, dirs::DIR_MODE)?;
         }
         Ok(())
     }

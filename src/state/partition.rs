@@ -19,6 +19,13 @@ pub struct Partition {
     #[serde(default)]
     pub compute_policy: crate::compute::ComputePolicy,
     pub created_unix_ms: u64,
+    /// Who may run workloads in it and write its vGPU's counters: one user
+    /// (`partition create --user`) …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// … or the members of one group (`--group`). Neither: root's only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl Partition {
@@ -85,7 +92,7 @@ mod tests {
         let path = dir.path().join("partitions.json");
         let mut parts = Partitions::load(&path).unwrap();
         assert!(parts.partitions.is_empty());
-        parts.partitions.push(Partition { name: "a".into(), gpu_index: 0, gpu_uuid: "GPU-1".into(), mem_bytes: 1, compute_pct: 100, compute_policy: Default::default(), created_unix_ms: 0 });
+        parts.partitions.push(Partition { name: "a".into(), gpu_index: 0, gpu_uuid: "GPU-1".into(), mem_bytes: 1, compute_pct: 100, compute_policy: Default::default(), created_unix_ms: 0, user: None, group: None });
         parts.save(&path).unwrap();
         assert_eq!(Partitions::load(&path).unwrap(), parts);
     }

@@ -130,6 +130,23 @@ impl Workload {
                 return Err(StateError::Damaged { path: path.to_path_buf(), message: format!("{field} {name:?} is not a plain name") });
             }
         }
+        // And they must be the ones vgpu gives a workload: a forged record cannot point its
+        // clean-up at another workload's cgroup or vGPU, or at a partition's.
+        let damaged = |message: String| StateError::Damaged { path: path.to_path_buf(), message };
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        if w.id != stem {
+            return Err(damaged(format!("id {:?} is not its file's name {stem:?}", w.id)));
+        }
+        if w.cgroup != w.id {
+            return Err(damaged(format!("cgroup {:?} is not its id {:?}", w.cgroup, w.id)));
+        }
+        let own_vgpu = match &w.partition {
+            None => w.id.clone(),
+            Some(p) => format!("p-{p}"),
+        };
+        if w.vgpu != own_vgpu {
+            return Err(damaged(format!("vGPU {:?} is not {own_vgpu:?}", w.vgpu)));
+        }
         Ok(w)
     }
 
@@ -179,20 +196,20 @@ mod tests {
     #[test]
     fn round_trip_and_format_check() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.json");
+        let path = dir.path().join("a1b2c3d4.json");
         let w = sample();
         w.write(&path).unwrap();
         assert_eq!(Workload::read(&path).unwrap(), w);
         let text = std::fs::read_to_string(&path).unwrap().replace("\"format\": 1", "\"format\": 9");
         std::fs::write(&path, text).unwrap();
         let err = Workload::read(&path).unwrap_err().to_string();
-        assert!(err.contains("format 9") && err.contains("w.json"), "{err}");
+        assert!(err.contains("format 9") && err.contains("a1b2c3d4.json"), "{err}");
     }
 
     #[test]
     fn records_without_a_policy_read_as_strict() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.json");
+        let path = dir.path().join("a1b2c3d4.json");
         let mut w = sample();
         w.compute_policy = crate::compute::ComputePolicy::Fair;
         w.write(&path).unwrap();
@@ -202,6 +219,28 @@ mod tests {
         value.as_object_mut().unwrap().remove("compute_policy");
         std::fs::write(&path, value.to_string()).unwrap();
         assert_eq!(Workload::read(&path).unwrap().compute_policy, crate::compute::ComputePolicy::Strict);
+    }
+
+    #[test]
+    fn forged_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a1b2c3d4.json");
+        let forge = |edit: &dyn Fn(&mut Workload)| {
+            let mut w = sample();
+            edit(&mut w);
+            w.write(&path).unwrap();
+            Workload::read(&path).unwrap_err().to_string()
+        };
+        assert!(forge(&|w| w.vgpu = "../../../etc".into()).contains("not a plain name"));
+        assert!(forge(&|w| w.vgpu = "other".into()).contains("vGPU \"other\""));
+        assert!(forge(&|w| w.vgpu = "p-svc".into()).contains("is not \"a1b2c3d4\""));
+        assert!(forge(&|w| w.cgroup = "victim".into()).contains("cgroup"));
+        assert!(forge(&|w| w.id = "deadbeef".into()).contains("file's name"));
+        let mut w = sample();
+        w.partition = Some("svc".into());
+        w.vgpu = "p-svc".into();
+        w.write(&path).unwrap();
+        assert_eq!(Workload::read(&path).unwrap(), w);
     }
 
     #[test]

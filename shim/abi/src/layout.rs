@@ -3,7 +3,11 @@
 //! layout is the machine's native byte order and alignment (the files never leave the host).
 //!
 //! ```text
-//! $VGPU_DIR/usage                    one per vGPU (UsageHeader, then device_count × DeviceRecord)
+//! $VGPU_DIR/limits                   one per vGPU, root's (0644): the same layout as `usage`
+//!                                    with LIMITS_MAGIC; only its limit fields mean anything
+//! $VGPU_DIR/usage                    one per vGPU, the workload user's (0600, or 0660 for a
+//!                                    group's partition): UsageHeader, then device_count ×
+//!                                    DeviceRecord; only its counters mean anything
 //! $VGPU_DIR/procs/<pid>-<start>      one per process that allocated (ProcHeader, then
 //!                                    device_count × ProcDeviceRecord)
 //! <state>/gpus/<uuid>                one per physical GPU that vGPUs use (BoardHeader, then
@@ -21,16 +25,22 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Version of both files' layouts. A build reads exactly this version.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Version of every file's layout. A build reads exactly this version.
+/// 3: the limits moved out of the tenant-writable `usage` file into root's `limits` file.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// `usage` file magic.
 pub const USAGE_MAGIC: [u8; 8] = *b"VGPUUSE\0";
+/// `limits` file magic.
+pub const LIMITS_MAGIC: [u8; 8] = *b"VGPULIM\0";
 /// Per-process file magic.
 pub const PROC_MAGIC: [u8; 8] = *b"VGPUPRC\0";
 
 /// File name of the usage file inside a vGPU directory.
 pub const USAGE_FILE: &str = "usage";
+/// File name of the limits file inside a vGPU directory: the quota and compute share,
+/// written only by root (`vgpu`), read (mapped read-only) by the shim.
+pub const LIMITS_FILE: &str = "limits";
 /// Directory of the per-process files inside a vGPU directory.
 pub const PROCS_DIR: &str = "procs";
 /// `board` file magic.
@@ -72,12 +82,16 @@ pub struct UsageHeader {
     pub reserved: [u64; 1],
 }
 
-/// One device of the vGPU: 192 bytes.
+/// One device of the vGPU: 192 bytes. The `limits` file and the `usage` file hold the same
+/// records; the limit fields (`quota_bytes`, `compute_pct`, `compute_policy`, `priority`)
+/// are read from `limits` only (zero in `usage`, where the workload's user could rewrite
+/// them), the counters and the ledger from `usage` only (zero in `limits`). `uuid` is in
+/// both and must agree.
 #[repr(C)]
 pub struct DeviceRecord {
     /// The device UUID as NVML prints it (`GPU-…` or `MIG-…`), NUL-padded.
     pub uuid: [u8; MAX_UUID_LEN + 1],
-    /// The memory quota in bytes. Fixed at creation.
+    /// The memory quota in bytes (limit). Fixed at creation.
     pub quota_bytes: u64,
     /// Bytes reserved by all processes of the vGPU: the shared counter. Changed only by the
     /// compare-and-swap loop of the reserve protocol, by releases, by reclaim and reconcile.

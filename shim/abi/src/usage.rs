@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use crate::compute::Policy;
 use crate::layout::{
-    now_mono_ns, now_unix_ns, raise_peak, usage_file_size, ComputeLedger, DeviceRecord, UsageHeader, LAYOUT_VERSION, MAX_DEVICES, MAX_UUID_LEN,
-    PROCS_DIR, USAGE_MAGIC,
+    now_mono_ns, now_unix_ns, raise_peak, usage_file_size, ComputeLedger, DeviceRecord, UsageHeader, LAYOUT_VERSION, LIMITS_FILE,
+    LIMITS_MAGIC, MAX_DEVICES, MAX_UUID_LEN, PROCS_DIR, USAGE_MAGIC,
 };
 use crate::mapping::SharedMapping;
 use crate::process::ProcessId;
@@ -175,19 +175,71 @@ pub struct OverQuota {
     pub used_bytes: u64,
 }
 
-/// A mapped usage file.
+/// Who may write a vGPU's shared counters (its `usage` file and `procs/`): the workload's
+/// user, and for a partition shared by a group, that group. Nobody else; and the limits
+/// (the `limits` file) only root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenant {
+    pub uid: u32,
+    pub gid: u32,
+    /// The group may write too (a partition shared by a group).
+    pub group_writable: bool,
+}
+
+impl Tenant {
+    /// The calling process's effective user and group, not group-writable.
+    pub fn current() -> Tenant {
+        // SAFETY: geteuid/getegid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        Tenant { uid, gid, group_writable: false }
+    }
+
+    /// Mode of the files the tenant writes: 0600, or 0660 for a group.
+    pub fn file_mode(&self) -> u32 {
+        if self.group_writable {
+            0o660
+        } else {
+            0o600
+        }
+    }
+
+    /// Mode of the directories the tenant creates files in (`procs/`): 0700, or 0770.
+    pub fn dir_mode(&self) -> u32 {
+        if self.group_writable {
+            0o770
+        } else {
+            0o700
+        }
+    }
+}
+
+/// Mode of a vGPU's `limits` file (root's; everybody reads it).
+pub const LIMITS_MODE: u32 = 0o644;
+
+/// A mapped usage file, with its vGPU's limits beside it.
 pub struct UsageFile {
     path: PathBuf,
     procs_dir: PathBuf,
+    /// `usage`: the counters, read-write.
     map: SharedMapping,
+    /// `limits`: read-write for root, read-only for everybody else (the shim of a workload
+    /// that does not run as root).
+    limits: SharedMapping,
     device_count: usize,
 }
 
 impl UsageFile {
-    /// Write a fresh usage file at `path` (temporary + rename: readers never see a partial
-    /// file), mode 0666 so that workloads running as any user can update it. The directory
-    /// (and its `procs/`) must exist.
+    /// Write a fresh vGPU's `limits` and `usage` files (`path` is the usage file; the limits
+    /// go beside it), owned by the caller: [`UsageFile::create_for`] with [`Tenant::current`].
     pub fn create(path: &Path, devices: &[DeviceQuota]) -> io::Result<()> {
+        UsageFile::create_for(path, devices, Tenant::current())
+    }
+
+    /// Write a fresh vGPU's files (each through a temporary + rename: readers never see a
+    /// partial file): `limits` beside `path`, owned by the caller (root) with mode 0644, then
+    /// the `usage` file at `path`, owned by `tenant` with its [`Tenant::file_mode`]. The
+    /// directory (and its `procs/`) must exist and be writable only by root.
+    pub fn create_for(path: &Path, devices: &[DeviceQuota], tenant: Tenant) -> io::Result<()> {
         let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
         if devices.is_empty() || devices.len() > MAX_DEVICES {
             return Err(invalid(format!(
@@ -195,21 +247,7 @@ impl UsageFile {
                 devices.len()
             )));
         }
-        let mut bytes = vec![0u8; usage_file_size(devices.len())];
-        let header = UsageHeader {
-            magic: USAGE_MAGIC,
-            version: LAYOUT_VERSION,
-            header_size: std::mem::size_of::<UsageHeader>() as u32,
-            device_count: devices.len() as u32,
-            device_record_size: std::mem::size_of::<DeviceRecord>() as u32,
-            file_size: bytes.len() as u64,
-            created_unix_ns: now_unix_ns(),
-            reclaimer: AtomicU64::new(0),
-            needs_reconcile: AtomicU64::new(0),
-            reserved: [0],
-        };
-        put(&mut bytes, 0, &header);
-        for (i, dev) in devices.iter().enumerate() {
+        for dev in devices {
             if dev.uuid.is_empty() || dev.uuid.len() > MAX_UUID_LEN || !dev.uuid.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(invalid(format!(
                     "device UUID {:?} is not 1..={MAX_UUID_LEN} printable ASCII characters",
@@ -222,128 +260,82 @@ impl UsageFile {
                     dev.compute_pct, dev.uuid
                 )));
             }
-            let mut uuid = [0u8; MAX_UUID_LEN + 1];
-            uuid[..dev.uuid.len()].copy_from_slice(dev.uuid.as_bytes());
-            let record = DeviceRecord {
-                uuid,
-                quota_bytes: dev.quota_bytes,
-                used_bytes: AtomicU64::new(0),
-                peak_bytes: AtomicU64::new(0),
-                compute_pct: AtomicU32::new(dev.compute_pct),
-                compute_policy: AtomicU32::new(dev.policy.code()),
-                priority: AtomicU32::new(dev.priority.min(100)),
-                _pad: 0,
-                ledger: ComputeLedger::default(),
-                reserved: Default::default(),
-            };
-            put(&mut bytes, device_offset(i), &record);
         }
+        let created = now_unix_ns();
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(
-            ".{}.{}.tmp",
-            path.file_name().and_then(|n| n.to_str()).unwrap_or("usage"),
-            std::process::id()
-        ));
-        let write = || -> io::Result<()> {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o666)
-                .open(&tmp)?;
-            file.set_permissions(std::fs::Permissions::from_mode(0o666))?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, path)
-        };
-        write().inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
+        let limits = layout_bytes(LIMITS_MAGIC, created, devices, true);
+        write_new(&dir.join(LIMITS_FILE), &limits, None, LIMITS_MODE)?;
+        let usage = layout_bytes(USAGE_MAGIC, created, devices, false);
+        write_new(path, &usage, Some((tenant.uid, tenant.gid)), tenant.file_mode())
     }
 
-    /// Map the usage file at `path` read-write and check its layout. Its per-process files
-    /// are in `procs/` beside it.
+    /// Map the usage file at `path` read-write and its vGPU's `limits` beside it (read-write
+    /// when the caller may write it, i.e. root; else read-only), and check both layouts and
+    /// that they describe the same devices. Its per-process files are in `procs/` beside it.
     pub fn open(path: &Path) -> Result<UsageFile, LayoutError> {
-        let err_path = || path.to_path_buf();
-        let io_err = |e| LayoutError::Io {
-            path: err_path(),
-            source: e,
+        let (map, device_count) = map_layout(path, USAGE_MAGIC, "vgpu usage file", true)?;
+        let limits_path = path.parent().unwrap_or(Path::new(".")).join(LIMITS_FILE);
+        let (limits, limits_count) = match map_layout(&limits_path, LIMITS_MAGIC, "vgpu limits file", true) {
+            Err(LayoutError::Io { source, .. }) if source.kind() == io::ErrorKind::PermissionDenied => {
+                map_layout(&limits_path, LIMITS_MAGIC, "vgpu limits file", false)?
+            }
+            other => other?,
         };
-        // Never through a symlink, never blocking on a FIFO; a regular file or nothing.
-        let (file, len) = crate::mapping::open_regular(path, true).map_err(|e| LayoutError::from_open(path, e))?;
-        let len = len as usize;
-        let header_size = std::mem::size_of::<UsageHeader>();
-        if len < header_size {
-            // Too short to hold a magic: either a foreign file or a truncated one.
-            return Err(LayoutError::Truncated {
-                path: err_path(),
-                len,
-                expected: header_size,
-            });
-        }
-        let map = SharedMapping::new(&file, len, true).map_err(io_err)?;
-        // SAFETY: UsageHeader is plain data valid for any bytes, at page-aligned offset 0.
-        let header: &UsageHeader = unsafe { map.at(0) };
-        if header.magic != USAGE_MAGIC {
-            return Err(LayoutError::BadMagic {
-                path: err_path(),
-                what: "vgpu usage file",
-            });
-        }
-        if header.version != LAYOUT_VERSION {
-            return Err(LayoutError::Version {
-                path: err_path(),
-                found: header.version,
-            });
-        }
         let corrupt = |reason: String| LayoutError::Corrupt {
-            path: err_path(),
+            path: path.to_path_buf(),
             reason,
         };
-        if header.header_size as usize != header_size
-            || header.device_record_size as usize != std::mem::size_of::<DeviceRecord>()
-        {
+        if limits_count != device_count {
             return Err(corrupt(format!(
-                "record sizes {}/{} (expected {header_size}/{})",
-                header.header_size,
-                header.device_record_size,
-                std::mem::size_of::<DeviceRecord>()
+                "{device_count} devices, but {} has {limits_count}",
+                limits_path.display()
             )));
-        }
-        let device_count = header.device_count as usize;
-        if device_count == 0 || device_count > MAX_DEVICES {
-            return Err(corrupt(format!(
-                "device count {device_count} (allowed 1..={MAX_DEVICES})"
-            )));
-        }
-        let expected = usage_file_size(device_count);
-        if len != expected || header.file_size != expected as u64 {
-            return Err(LayoutError::Truncated {
-                path: err_path(),
-                len,
-                expected,
-            });
         }
         let usage = UsageFile {
             path: path.to_path_buf(),
             procs_dir: path.parent().unwrap_or(Path::new(".")).join(PROCS_DIR),
             map,
+            limits,
             device_count,
         };
         for i in 0..device_count {
-            let record = usage.record(i);
-            if uuid_str(&record.uuid).is_none() {
-                return Err(corrupt(format!("device {i} has no valid UUID")));
+            let Some(uuid) = uuid_str(&usage.limit(i).uuid) else {
+                return Err(LayoutError::Corrupt {
+                    path: limits_path,
+                    reason: format!("device {i} has no valid UUID"),
+                });
+            };
+            if uuid_str(&usage.record(i).uuid) != Some(uuid) {
+                return Err(corrupt(format!("device {i} is not {uuid} as in {}", limits_path.display())));
             }
-            let pct = record.compute_pct.load(Ordering::Relaxed);
+            let pct = usage.limit(i).compute_pct.load(Ordering::Relaxed);
             if !(1..=100).contains(&pct) {
-                return Err(corrupt(format!("device {i} compute share {pct}")));
+                return Err(LayoutError::Corrupt {
+                    path: limits_path,
+                    reason: format!("device {i} compute share {pct}"),
+                });
             }
         }
         Ok(usage)
+    }
+
+    /// Whether this process may change the limits (it mapped `limits` read-write: root).
+    pub fn limits_writable(&self) -> bool {
+        self.limits.is_writable()
+    }
+
+    fn check_limits_writable(&self) -> io::Result<()> {
+        if self.limits.is_writable() {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{}: the limits are root's", self.path.display()),
+            ))
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -370,6 +362,7 @@ impl UsageFile {
         unsafe { self.map.at(0) }
     }
 
+    /// Device `index`'s counters (in `usage`).
     fn record(&self, index: usize) -> &DeviceRecord {
         assert!(index < self.device_count, "device index {index} out of range");
         // SAFETY: in range of the validated length; DeviceRecord is plain data and atomics,
@@ -377,13 +370,21 @@ impl UsageFile {
         unsafe { self.map.at(device_offset(index)) }
     }
 
+    /// Device `index`'s limits (in `limits`). Through a read-only mapping: only loads.
+    fn limit(&self, index: usize) -> &DeviceRecord {
+        assert!(index < self.device_count, "device index {index} out of range");
+        // SAFETY: as record(); `limits` was validated with the same device count. Stores go
+        // only through the setters, which check that the mapping is writable.
+        unsafe { self.limits.at(device_offset(index)) }
+    }
+
     /// The UUID of device `index` as stored (`GPU-…`). No allocation.
     pub fn device_uuid(&self, index: usize) -> &str {
-        uuid_str(&self.record(index).uuid).unwrap_or("")
+        uuid_str(&self.limit(index).uuid).unwrap_or("")
     }
 
     pub fn quota_bytes(&self, index: usize) -> u64 {
-        self.record(index).quota_bytes
+        self.limit(index).quota_bytes
     }
 
     pub fn used_bytes(&self, index: usize) -> u64 {
@@ -394,7 +395,7 @@ impl UsageFile {
     /// damaged or hostile write left are clamped.
     #[inline]
     pub fn compute_pct(&self, index: usize) -> u32 {
-        self.record(index).compute_pct.load(Ordering::Relaxed).clamp(1, 100)
+        self.limit(index).compute_pct.load(Ordering::Relaxed).clamp(1, 100)
     }
 
     /// Whether any device has a compute limit now (a share below 100 %). The launch hot
@@ -404,37 +405,44 @@ impl UsageFile {
         (0..self.device_count).any(|i| {
             // SAFETY: `i < device_count`, whose records open() validated to lie within the
             // mapping at their (8-aligned) offsets; DeviceRecord is plain data and atomics.
-            let record: &DeviceRecord = unsafe { self.map.at_unchecked(device_offset(i)) };
+            let record: &DeviceRecord = unsafe { self.limits.at_unchecked(device_offset(i)) };
             record.compute_pct.load(Ordering::Relaxed) < 100
         })
     }
 
     /// Change the compute share of device `index` (1..=100) live: running processes follow
-    /// at their next launch.
+    /// at their next launch. Root only (the limits file).
     pub fn set_compute_pct(&self, index: usize, pct: u32) -> io::Result<()> {
         if !(1..=100).contains(&pct) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("compute share {pct} is not 1..=100")));
         }
-        self.record(index).compute_pct.store(pct, Ordering::SeqCst);
+        self.check_limits_writable()?;
+        self.limit(index).compute_pct.store(pct, Ordering::SeqCst);
         Ok(())
     }
 
     #[inline]
     pub fn policy(&self, index: usize) -> Policy {
-        Policy::from_code(self.record(index).compute_policy.load(Ordering::Relaxed))
+        Policy::from_code(self.limit(index).compute_policy.load(Ordering::Relaxed))
     }
 
-    pub fn set_policy(&self, index: usize, policy: Policy) {
-        self.record(index).compute_policy.store(policy.code(), Ordering::SeqCst);
+    /// Change the policy of device `index` live. Root only (the limits file).
+    pub fn set_policy(&self, index: usize, policy: Policy) -> io::Result<()> {
+        self.check_limits_writable()?;
+        self.limit(index).compute_policy.store(policy.code(), Ordering::SeqCst);
+        Ok(())
     }
 
     #[inline]
     pub fn priority(&self, index: usize) -> u32 {
-        self.record(index).priority.load(Ordering::Relaxed).min(100)
+        self.limit(index).priority.load(Ordering::Relaxed).min(100)
     }
 
-    pub fn set_priority(&self, index: usize, priority: u32) {
-        self.record(index).priority.store(priority.min(100), Ordering::SeqCst);
+    /// Change the priority of device `index` live. Root only (the limits file).
+    pub fn set_priority(&self, index: usize, priority: u32) -> io::Result<()> {
+        self.check_limits_writable()?;
+        self.limit(index).priority.store(priority.min(100), Ordering::SeqCst);
+        Ok(())
     }
 
     /// The vGPU's GPU-time ledger on device `index` (shared by all its processes).
@@ -471,7 +479,7 @@ impl UsageFile {
                 let r = self.record(i);
                 DeviceUsage {
                     uuid: self.device_uuid(i).to_string(),
-                    quota_bytes: r.quota_bytes,
+                    quota_bytes: self.quota_bytes(i),
                     used_bytes: r.used_bytes.load(Ordering::SeqCst),
                     peak_bytes: r.peak_bytes.load(Ordering::SeqCst),
                     compute_pct: self.compute_pct(i),
@@ -524,14 +532,15 @@ impl UsageFile {
     pub fn try_reserve(&self, proc: &ProcFile, dev: usize, bytes: u64) -> Result<(), OverQuota> {
         debug_assert!(proc.is_writable());
         let total = self.record(dev);
+        let quota = self.limit(dev).quota_bytes;
         let mine = proc.device(dev);
         let header = proc.header();
         header.ops_begun.fetch_add(1, Ordering::SeqCst);
         let mut current = total.used_bytes.load(Ordering::SeqCst);
         let result = loop {
-            let Some(next) = current.checked_add(bytes).filter(|&n| n <= total.quota_bytes) else {
+            let Some(next) = current.checked_add(bytes).filter(|&n| n <= quota) else {
                 break Err(OverQuota {
-                    quota_bytes: total.quota_bytes,
+                    quota_bytes: quota,
                     used_bytes: current,
                 });
             };
@@ -813,6 +822,136 @@ impl UsageFile {
     pub fn needs_reconcile(&self) -> bool {
         self.header().needs_reconcile.load(Ordering::SeqCst) != 0
     }
+}
+
+/// A `limits` (`limits = true`: the limit fields set, counters zero) or `usage` (the
+/// counters zero, limit fields zero) file's bytes.
+fn layout_bytes(magic: [u8; 8], created_unix_ns: u64, devices: &[DeviceQuota], limits: bool) -> Vec<u8> {
+    let mut bytes = vec![0u8; usage_file_size(devices.len())];
+    let header = UsageHeader {
+        magic,
+        version: LAYOUT_VERSION,
+        header_size: std::mem::size_of::<UsageHeader>() as u32,
+        device_count: devices.len() as u32,
+        device_record_size: std::mem::size_of::<DeviceRecord>() as u32,
+        file_size: bytes.len() as u64,
+        created_unix_ns,
+        reclaimer: AtomicU64::new(0),
+        needs_reconcile: AtomicU64::new(0),
+        reserved: [0],
+    };
+    put(&mut bytes, 0, &header);
+    for (i, dev) in devices.iter().enumerate() {
+        let mut uuid = [0u8; MAX_UUID_LEN + 1];
+        let len = dev.uuid.len().min(MAX_UUID_LEN);
+        uuid[..len].copy_from_slice(&dev.uuid.as_bytes()[..len]);
+        let limit = |v: u32| if limits { v } else { 0 };
+        let record = DeviceRecord {
+            uuid,
+            quota_bytes: if limits { dev.quota_bytes } else { 0 },
+            used_bytes: AtomicU64::new(0),
+            peak_bytes: AtomicU64::new(0),
+            compute_pct: AtomicU32::new(limit(dev.compute_pct)),
+            compute_policy: AtomicU32::new(limit(dev.policy.code())),
+            priority: AtomicU32::new(limit(dev.priority.min(100))),
+            _pad: 0,
+            ledger: ComputeLedger::default(),
+            reserved: Default::default(),
+        };
+        put(&mut bytes, device_offset(i), &record);
+    }
+    bytes
+}
+
+/// Write `bytes` as a new file at `path`: a temporary beside it (created exclusively, never
+/// through a link), owned by `owner` when given, with exactly `mode` (not the umask's),
+/// synced, then renamed over `path`.
+fn write_new(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>, mode: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("usage"),
+        std::process::id()
+    ));
+    // A leftover of a dead creator with our pid (never a link: removed, not followed).
+    let _ = std::fs::remove_file(&tmp);
+    let write = || -> io::Result<()> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        if let Some((uid, gid)) = owner {
+            // SAFETY: a valid open descriptor; fchown touches no memory of ours.
+            if unsafe { libc::fchown(file.as_raw_fd(), uid, gid) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // After the chown (which clears set-id bits) and whatever the umask was.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Open `path` (never through a link, never blocking) and map it, checking the common
+/// header of `usage` and `limits` files (`magic`) and the length its device count implies.
+fn map_layout(path: &Path, magic: [u8; 8], what: &'static str, writable: bool) -> Result<(SharedMapping, usize), LayoutError> {
+    let err_path = || path.to_path_buf();
+    let (file, len) = crate::mapping::open_regular(path, writable).map_err(|e| LayoutError::from_open(path, e))?;
+    let len = len as usize;
+    let header_size = std::mem::size_of::<UsageHeader>();
+    if len < header_size {
+        // Too short to hold a magic: either a foreign file or a truncated one.
+        return Err(LayoutError::Truncated {
+            path: err_path(),
+            len,
+            expected: header_size,
+        });
+    }
+    let map = SharedMapping::new(&file, len, writable).map_err(|e| LayoutError::Io { path: err_path(), source: e })?;
+    // SAFETY: UsageHeader is plain data valid for any bytes, at page-aligned offset 0.
+    let header: &UsageHeader = unsafe { map.at(0) };
+    if header.magic != magic {
+        return Err(LayoutError::BadMagic { path: err_path(), what });
+    }
+    if header.version != LAYOUT_VERSION {
+        return Err(LayoutError::Version {
+            path: err_path(),
+            found: header.version,
+        });
+    }
+    let corrupt = |reason: String| LayoutError::Corrupt { path: err_path(), reason };
+    if header.header_size as usize != header_size || header.device_record_size as usize != std::mem::size_of::<DeviceRecord>() {
+        return Err(corrupt(format!(
+            "record sizes {}/{} (expected {header_size}/{})",
+            header.header_size,
+            header.device_record_size,
+            std::mem::size_of::<DeviceRecord>()
+        )));
+    }
+    let device_count = header.device_count as usize;
+    if device_count == 0 || device_count > MAX_DEVICES {
+        return Err(corrupt(format!("device count {device_count} (allowed 1..={MAX_DEVICES})")));
+    }
+    let expected = usage_file_size(device_count);
+    if len != expected || header.file_size != expected as u64 {
+        return Err(LayoutError::Truncated {
+            path: err_path(),
+            len,
+            expected,
+        });
+    }
+    Ok((map, device_count))
 }
 
 fn device_offset(index: usize) -> usize {

@@ -68,8 +68,9 @@ fn create_then_open_reads_back_the_devices() {
         }
     );
     assert_eq!(devices[1].quota_bytes, GIB);
-    let mode = std::fs::metadata(v.usage.path()).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o666);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(v.usage.path()), 0o600, "the usage file is the tenant's alone");
+    assert_eq!(mode(&v.usage.path().with_file_name(crate::layout::LIMITS_FILE)), 0o644, "the limits are root's");
     assert!(v.usage.processes().is_empty());
 }
 
@@ -121,9 +122,22 @@ fn open_names_what_is_wrong() {
     assert!(err(&magic).contains("not a vgpu usage file"));
     assert!(err(&good[..good.len() - 8]).contains("damaged"));
     assert!(err(b"short").contains("damaged"));
-    let mut pct = good.clone();
+    // The limits are checked in their own file.
+    let limits = path.with_file_name(crate::layout::LIMITS_FILE);
+    let good_limits = std::fs::read(&limits).unwrap();
+    let mut pct = good_limits.clone();
     pct[64 + 88..64 + 92].copy_from_slice(&0u32.to_ne_bytes());
-    assert!(err(&pct).contains("compute share"));
+    std::fs::write(&path, &good).unwrap();
+    std::fs::write(&limits, &pct).unwrap();
+    let msg = UsageFile::open(&path).err().expect("must be refused").to_string();
+    assert!(msg.contains("compute share") && msg.contains("limits"), "{msg}");
+    let mut other = good_limits.clone();
+    other[0..8].copy_from_slice(crate::layout::USAGE_MAGIC.as_slice());
+    std::fs::write(&limits, &other).unwrap();
+    assert!(UsageFile::open(&path).err().unwrap().to_string().contains("not a vgpu limits file"));
+    std::fs::remove_file(&limits).unwrap();
+    assert!(UsageFile::open(&path).is_err(), "no limits, no vGPU");
+    std::fs::write(&limits, &good_limits).unwrap();
     std::fs::remove_file(&path).unwrap();
     assert!(UsageFile::open(&path)
         .err()
@@ -458,4 +472,27 @@ fn uuids_match_by_their_bytes() {
     assert_eq!(v.usage.find_device(&[7; 16]), None);
     assert_eq!(parse_uuid_bytes("GPU-123"), None);
     assert_eq!(parse_uuid_bytes("GPU-zz112233-4455-6677-8899-aabbccddeeff"), None);
+}
+
+#[test]
+fn the_quota_and_shares_come_from_the_limits_file_only() {
+    let v = vgpu(&[GIB]);
+    let path = v.usage.path().to_path_buf();
+    // A tenant rewrites the limit fields of its own usage file: nothing changes.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[64 + 64..64 + 72].copy_from_slice(&(8 * GIB).to_ne_bytes());
+    bytes[64 + 88..64 + 92].copy_from_slice(&100u32.to_ne_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let usage = UsageFile::open(&path).unwrap();
+    assert_eq!(usage.quota_bytes(0), GIB);
+    let proc = usage.register(crate::process::ProcessId::current().unwrap()).unwrap();
+    assert!(usage.try_reserve(&proc, 0, 2 * GIB).is_err(), "the quota is the limits file's");
+    assert!(usage.try_reserve(&proc, 0, GIB).is_ok());
+    // Root changes them in the limits file; every opener sees it.
+    usage.set_compute_pct(0, 40).unwrap();
+    assert_eq!(UsageFile::open(&path).unwrap().compute_pct(0), 40);
+    let limits = std::fs::read(path.with_file_name(crate::layout::LIMITS_FILE)).unwrap();
+    assert_eq!(u32::from_ne_bytes(limits[64 + 88..64 + 92].try_into().unwrap()), 40);
+    let counters = std::fs::read(&path).unwrap();
+    assert_eq!(u64::from_ne_bytes(counters[64 + 72..64 + 80].try_into().unwrap()), GIB, "used_bytes is counted in usage");
 }

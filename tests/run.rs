@@ -170,7 +170,8 @@ fn privileges_drop_to_the_sudo_user() {
     let sim = Sim::new(GPU16);
     let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
     let out_file = sim.path("owned");
-    std::fs::set_permissions(sim.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    // Sticky, like /tmp: nobody may write there, and the store below it is still safe.
+    std::fs::set_permissions(sim.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
     sim.vgpu(&["run", "--mem", "1G", "--", "sh", "-c", &format!("id -u > {}; echo $HOME >> {}", out_file.display(), out_file.display())])
         .env("SUDO_UID", nobody.uid.to_string())
         .env("SUDO_USER", "nobody")

@@ -1,5 +1,6 @@
-//! The state directory against other local users: a FIFO or symlink put in a vGPU's
-//! world-writable `procs/` hangs nothing and is never followed; the store lock is never
+//! The state directory against a hostile tenant: a FIFO or symlink a workload's user puts in
+//! its own vGPU's `procs/` (the one directory of the store it may write; no other user can:
+//! tests/tenant_isolation.rs) hangs no root command and is never followed; the store lock is never
 //! waited for forever and names its holder. Runs as root (like tests/run.rs).
 
 mod common;
@@ -50,11 +51,11 @@ fn as_nobody(argv: &[&str]) {
     assert!(out.status.success(), "{argv:?} as nobody: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Start a workload and return its vGPU's `procs/` directory, made reachable by other users
+/// Start a workload as nobody and return its vGPU's `procs/` directory, made reachable
 /// (the test's temporary directory is 0700).
 fn running_workload(sim: &Sim) -> (std::process::Child, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
-    let child = sim.spawn(&["run", "--mem", "1G", "--name", "victim", "--", "sleep", "120"]);
+    let child = sim.spawn(&["run", "--user", "nobody", "--mem", "1G", "--name", "victim", "--", "sleep", "120"]);
     wait_for("the workload to run", || {
         let out = sim.vgpu(&["ps", "--json"]).output().unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
@@ -64,7 +65,8 @@ fn running_workload(sim: &Sim) -> (std::process::Child, PathBuf) {
     let vgpus: Vec<PathBuf> = std::fs::read_dir(sim.path("run/vgpus")).unwrap().flatten().map(|e| e.path()).collect();
     assert_eq!(vgpus.len(), 1, "{vgpus:?}");
     let procs = vgpus[0].join("procs");
-    assert_eq!(std::fs::metadata(&procs).unwrap().mode() & 0o777, 0o777, "procs/ is world-writable (the premise)");
+    let meta = std::fs::metadata(&procs).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (65534, 0o700), "procs/ is the tenant's (the premise)");
     (child, procs)
 }
 

@@ -14,6 +14,11 @@ fn main() -> ExitCode {
     unsafe { libc::umask(0o022) };
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet);
+    // A tenant can shrink its own usage file under our mapping: that must not kill root's
+    // command (see vgpu_abi::mapping::truncation_guard).
+    if let Err(e) = vgpu_abi::mapping::truncation_guard::install() {
+        tracing::warn!("cannot install the SIGBUS guard: {e}");
+    }
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {

@@ -98,6 +98,7 @@ impl SharedMapping {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        truncation_guard::register(ptr as usize, len);
         Ok(SharedMapping {
             ptr: ptr.cast(),
             len,
@@ -164,9 +165,141 @@ impl SharedMapping {
 
 impl Drop for SharedMapping {
     fn drop(&mut self) {
+        truncation_guard::unregister(self.ptr as usize);
         // SAFETY: ptr/len are exactly what mmap returned; no reference outlives self.
         unsafe {
             libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+/// Survive a file being shrunk under a mapping (`vgpu` only; never the shim, which must not
+/// touch the host program's signal handlers).
+///
+/// A vGPU's `usage` and per-process files belong to its tenant, who can `ftruncate` them at
+/// any moment, including between `vgpu`'s size check and its next access: the access would
+/// then raise SIGBUS and kill a root command (`vgpu ps`, a reconcile) — a way for one tenant
+/// to break `vgpu` for everybody. With the guard installed, a SIGBUS inside a live
+/// [`SharedMapping`] replaces the faulting page with a private zero page and the access is
+/// retried: the command reads zeros (and its writes to that page are lost), goes on, and
+/// the file is found damaged by the next open. A SIGBUS anywhere else is not ours: the
+/// default action is restored and the fault repeats.
+pub mod truncation_guard {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    const SLOTS: usize = 1024;
+    static INSTALLED: AtomicBool = AtomicBool::new(false);
+    static STARTS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static LENS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static REPLACED: AtomicUsize = AtomicUsize::new(0);
+
+    /// Install the handler (idempotent). Mappings made before stay unguarded.
+    pub fn install() -> std::io::Result<()> {
+        if INSTALLED.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        // SAFETY: a zeroed sigaction is valid; the handler only uses async-signal-safe
+        // operations (atomics, mmap, sigaction) and the struct lives across the call.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_sigbus as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+            libc::sigemptyset(&mut action.sa_mask);
+            if libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()) != 0 {
+                INSTALLED.store(false, Ordering::SeqCst);
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Pages replaced so far (tests, reports).
+    pub fn pages_replaced() -> usize {
+        REPLACED.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn register(start: usize, len: usize) {
+        if !INSTALLED.load(Ordering::Relaxed) {
+            return;
+        }
+        for i in 0..SLOTS {
+            if STARTS[i].load(Ordering::Relaxed) == 0 {
+                LENS[i].store(len, Ordering::SeqCst);
+                if STARTS[i].compare_exchange(0, start, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+                    return;
+                }
+            }
+        }
+        // Full: this mapping is unguarded (a fault in it is fatal, as without the guard).
+    }
+
+    pub(super) fn unregister(start: usize) {
+        if !INSTALLED.load(Ordering::Relaxed) {
+            return;
+        }
+        for slot in &STARTS {
+            if slot.compare_exchange(start, 0, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+        // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+        let addr = unsafe { (*info).si_addr() } as usize;
+        // SAFETY: sysconf is async-signal-safe.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let ours = (0..SLOTS).any(|i| {
+            let start = STARTS[i].load(Ordering::SeqCst);
+            start != 0 && addr >= start && addr < start + LENS[i].load(Ordering::SeqCst)
+        });
+        if ours {
+            let base = addr & !(page - 1);
+            // SAFETY: `base` lies inside one of our live mappings; replacing one of its pages
+            // with a private zero page changes no memory anything else owns.
+            let p = unsafe {
+                libc::mmap(
+                    base as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                REPLACED.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+        }
+        // Not ours (or the page could not be replaced): the default action, on the re-fault.
+        // SAFETY: restoring SIG_DFL with a zeroed sigaction is valid and async-signal-safe.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::io::Write;
+
+        #[test]
+        fn a_file_shrunk_under_a_guarded_mapping_reads_as_zeros() {
+            super::install().unwrap();
+            let mut file = tempfile::tempfile().unwrap();
+            file.write_all(&[7u8; 8192]).unwrap();
+            let map = crate::mapping::SharedMapping::new(&file, 8192, true).unwrap();
+            // SAFETY: u64 at an aligned, in-bounds offset; no other reference.
+            let before: u64 = unsafe { *map.at::<u64>(4096) };
+            assert_eq!(before, u64::from_ne_bytes([7; 8]));
+            file.set_len(0).unwrap();
+            let replaced = super::pages_replaced();
+            // SAFETY: as above; the page is now beyond the file's end.
+            let after: u64 = unsafe { std::ptr::read_volatile(map.at::<u64>(4096)) };
+            assert_eq!(after, 0);
+            assert!(super::pages_replaced() > replaced);
         }
     }
 }

@@ -351,3 +351,24 @@ fn workloads_recorded_by_vgpu_run_are_planned_by_name() {
     assert!(gpu(&plan, 0)["workload"].is_null());
     assert_eq!(gpu(&plan, 1)["clock_mhz"], 1980, "a generous budget: full clock");
 }
+
+#[test]
+fn a_held_apply_lock_fails_in_time_naming_its_holder() {
+    let sim = Sim::new(&[H100]);
+    sim.write_vgpu_config("");
+    devices(&sim);
+    sim.json(&["carbon", "apply", "--json", "--intensity", "400", "--budget", "100"]);
+    // An apply that hangs (a stuck NVML call) holds the lock: the timer's next run must not
+    // queue behind it forever.
+    let lock_path = sim.path("run/carbon-applied.lock");
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&lock_path).unwrap();
+    let held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).unwrap();
+    std::fs::write(&lock_path, format!("{}\n", std::process::id())).unwrap();
+    let out = sim.vgpu(&["carbon", "apply", "--intensity", "400", "--budget", "100"]).env("VGPU_LOCK_TIMEOUT_MS", "300").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(&format!("pid {}", std::process::id())) && stderr.contains("carbon-applied.lock"), "{stderr}");
+    drop(held);
+    sim.json(&["carbon", "apply", "--json", "--intensity", "400", "--budget", "100"]);
+}

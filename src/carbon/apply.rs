@@ -328,6 +328,9 @@ pub enum ApplyError {
     Model(#[from] ModelError),
     #[error("GPU {0}: NVML reports no power limits; set [carbon] power_max_w")]
     NoPower(u32),
+    /// Another `apply` or `reset` held the lock past the deadline (named in the message).
+    #[error(transparent)]
+    Busy(#[from] crate::state::StateError),
 }
 
 /// `<state_dir>/carbon-applied.json`: the caps vgpu set, by GPU UUID.
@@ -355,19 +358,27 @@ impl AppliedStore {
         }
     }
 
-    /// Serialise appliers (the timer and a person at the same moment): an exclusive `flock`
-    /// beside the file, dropped with the guard or by the kernel when the holder dies. `None`
-    /// when the lock file cannot be made (e.g. not root: nothing will be written anyway).
-    pub fn lock(&self) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    /// Serialise appliers (the timer and a person at the same moment): the store's kind of
+    /// lock ([`crate::state::StoreLock`]: an exclusive `flock` beside the file, mode 0600,
+    /// never opened through a link, dropped by the kernel when the holder dies) and like it
+    /// never waited for forever: past the deadline, an error naming the holder's pid and
+    /// command. `None` when the lock file cannot be made (e.g. not root: nothing will be
+    /// written anyway).
+    pub fn lock(&self) -> Result<Option<crate::state::StoreLock>, crate::state::StateError> {
         let path = self.path.with_extension("lock");
-        let file = std::fs::create_dir_all(path.parent()?)
-            .and_then(|()| std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path));
-        match file {
-            Ok(file) => nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).ok(),
-            Err(e) => {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Err(e) = std::fs::create_dir_all(dir) {
                 tracing::debug!("no lock {}: {e}", path.display());
-                None
+                return Ok(None);
             }
+        }
+        match crate::state::StoreLock::acquire(&path) {
+            Ok(lock) => Ok(Some(lock)),
+            Err(crate::state::StateError::Io { source, .. }) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                tracing::debug!("no lock {}: {source}", path.display());
+                Ok(None)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -455,8 +466,8 @@ pub fn apply_plan(
     devices: &[Device],
     plan: &Plan,
     store: &AppliedStore,
-) -> (Vec<GpuOutcome>, Option<ApplyError>) {
-    let _lock = store.lock();
+) -> Result<(Vec<GpuOutcome>, Option<ApplyError>), ApplyError> {
+    let _lock = store.lock()?;
     let before = store.load();
     let mut records = before.clone();
     let mut outcomes = Vec::new();
@@ -474,12 +485,12 @@ pub fn apply_plan(
         outcomes.push(outcome(gpu, dev, run));
     }
     let saved = if records == before { None } else { store.save(&records).err() };
-    (outcomes, saved)
+    Ok((outcomes, saved))
 }
 
 /// Undo every cap: unlock clocks, restore default power limits, forget the records.
-pub fn reset_all(nvml: &Nvml, devices: &[Device], store: &AppliedStore) -> (Vec<GpuOutcome>, Option<ApplyError>) {
-    let _lock = store.lock();
+pub fn reset_all(nvml: &Nvml, devices: &[Device], store: &AppliedStore) -> Result<(Vec<GpuOutcome>, Option<ApplyError>), ApplyError> {
+    let _lock = store.lock()?;
     let mut records = store.load();
     let before = records.clone();
     let mut outcomes = Vec::new();
@@ -509,7 +520,7 @@ pub fn reset_all(nvml: &Nvml, devices: &[Device], store: &AppliedStore) -> (Vec<
         });
     }
     let saved = if records == before { None } else { store.save(&records).err() };
-    (outcomes, saved)
+    Ok((outcomes, saved))
 }
 
 fn outcome(gpu: &GpuPlan, dev: &Device, run: Execution) -> GpuOutcome {

@@ -294,7 +294,7 @@ fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let intensity = current_intensity(ctx, args.intensity, true)?;
     let plan = make_plan(ctx, &devices, &intensity, budget)?;
     let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
-    let (outcomes, save_error) = apply::apply_plan(&nvml, &devices, &plan, &store);
+    let (outcomes, save_error) = apply::apply_plan(&nvml, &devices, &plan, &store)?;
     let decision = Decision {
         time: Utc::now(),
         action: Action::Apply,
@@ -316,7 +316,7 @@ fn reset(ctx: &Context, args: &ResetArgs) -> Result<()> {
     let nvml = open_nvml(ctx)?;
     let devices = devices(ctx, &nvml)?;
     let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
-    let (outcomes, save_error) = apply::reset_all(&nvml, &devices, &store);
+    let (outcomes, save_error) = apply::reset_all(&nvml, &devices, &store)?;
     let decision = Decision {
         time: Utc::now(),
         action: Action::Reset,

@@ -127,7 +127,6 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         user: args.user.clone(),
         group: args.group.clone(),
     });
-    std::fs::create_dir_all(&ctx.lib_dir).with_context(|| format!("creating {}", ctx.lib_dir.display()))?;
     parts.save(&store.partitions_path())?;
     let policy = args.compute_policy.unwrap_or(ctx.config.compute.policy);
     println!("created partition {}: {} of GPU {} ({}), compute {}% {policy}", args.name, format_size(bytes), device.index, device.name, args.compute);
@@ -160,7 +159,7 @@ fn list(ctx: &Context, json: bool) -> Result<()> {
         println!("No partitions.");
         return Ok(());
     }
-    let mut t = table(["NAME", "GPU", "UUID", "MEMORY", "COMPUTE", "WORKLOADS"]);
+    let mut t = table(["NAME", "GPU", "UUID", "MEMORY", "COMPUTE", "FOR", "WORKLOADS"]);
     for l in &listed {
         let p = l.partition;
         t.add_row([
@@ -169,6 +168,11 @@ fn list(ctx: &Context, json: bool) -> Result<()> {
             p.gpu_uuid.clone(),
             format_size(p.mem_bytes),
             format!("{}% {}", p.compute_pct, p.compute_policy),
+            match (&p.user, &p.group) {
+                (Some(user), _) => user.clone(),
+                (None, Some(group)) => format!("%{group}"),
+                (None, None) => "root".into(),
+            },
             if l.workloads.is_empty() { "—".into() } else { l.workloads.join(", ") },
         ]);
     }

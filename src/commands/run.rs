@@ -515,8 +515,19 @@ fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload, tenant: vgpu_abi::usage:
     crate::compute::ensure_boards(&store.state_dir, w.gpus.iter().map(|g| g.uuid.as_str()));
     let usage_path = dir.join(USAGE_FILE);
     if w.partition.is_some() && std::fs::symlink_metadata(&usage_path).is_ok() {
-        UsageFile::open(&usage_path).with_context(|| format!("opening {}", usage_path.display()))?;
-        return Ok(());
+        match UsageFile::open(&usage_path) {
+            Ok(_) => return Ok(()),
+            // Made by an older vgpu and used by no workload now: nothing in it counts any more.
+            Err(vgpu_abi::usage::LayoutError::Version { found, .. })
+                if found < vgpu_abi::layout::LAYOUT_VERSION
+                    && !store.workloads().0.iter().any(|o| o.id != w.id && o.partition == w.partition) =>
+            {
+                tracing::info!("{}: made by an older vgpu (layout {found}); made again", dir.display());
+                vgpu_abi::board::release_vgpu(dir);
+                std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+            }
+            Err(e) => return Err(e).with_context(|| format!("opening {}", usage_path.display())),
+        }
     }
     crate::access::vgpu_dirs(dir, tenant)?;
     let quotas: Vec<DeviceQuota> = w

@@ -42,9 +42,9 @@ fn busy_message(path: &Path, waited: &std::time::Duration, pid: &Option<u32>, co
         (None, _) => "a process that has not written its pid yet".to_string(),
     };
     format!(
-        "the vgpu store is locked by {holder}; gave up after {} (lock {}, wait set by {})",
-        humantime::format_duration(*waited),
+        "{} is held by {holder}; gave up after {} (wait set by {})",
         path.display(),
+        humantime::format_duration(*waited),
         lock::TIMEOUT_ENV
     )
 }

@@ -221,7 +221,7 @@ fn applied_store_round_trips_and_survives_damage() {
 fn the_store_lock_is_exclusive() {
     let dir = tempfile::tempdir().unwrap();
     let store = AppliedStore::new(dir.path().join(APPLIED_FILE));
-    let held = store.lock().expect("lock");
+    let held = store.lock().expect("lock").expect("root makes the lock file");
     let file = std::fs::File::open(dir.path().join("carbon-applied.lock")).unwrap();
     assert!(nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err(), "held elsewhere");
     drop(held);

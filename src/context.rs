@@ -19,6 +19,26 @@ pub struct Context {
     pub simulate: bool,
 }
 
+/// `path` with the links of its existing part resolved (`/var/run/vgpu` → `/run/vgpu`), so
+/// that every path vgpu builds below it can be opened with no link in any component
+/// (`vgpu_abi::mapping::open_no_links`). The part that does not exist yet is kept as given.
+fn resolved(path: &Path) -> PathBuf {
+    let mut existing = path;
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(existing) {
+            return rest.iter().rev().fold(real, |p, name| p.join(name));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                existing = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
 impl Context {
     /// Resolve settings; flags (already merged with their environment variables by clap)
     /// win over the config file.
@@ -30,7 +50,7 @@ impl Context {
             .or_else(|| config.lib_dir.clone())
             .unwrap_or_else(|| PathBuf::from(DEFAULT_LIB_DIR));
         let simulate = simulate || config.simulate;
-        Context { config, state_dir, lib_dir, simulate }
+        Context { config, state_dir: resolved(&state_dir), lib_dir: resolved(&lib_dir), simulate }
     }
 
     /// NVML, or `None` when the host has no NVIDIA driver. In simulation mode the bundled
@@ -64,5 +84,18 @@ impl Context {
 
     pub fn lib_path(&self, name: impl AsRef<Path>) -> PathBuf {
         self.lib_dir.join(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn links_in_the_existing_part_are_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = std::fs::canonicalize(dir.path()).unwrap().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("run")).unwrap();
+        assert_eq!(super::resolved(&dir.path().join("run/vgpu/x")), real.join("vgpu/x"));
+        assert_eq!(super::resolved(&dir.path().join("run")), real);
     }
 }

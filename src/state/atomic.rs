@@ -28,12 +28,7 @@ pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 /// file only (checked on the opened descriptor), at most `max` bytes.
 pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, StateError> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
+    let file = vgpu_abi::mapping::open_no_links(path, false).map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => StateError::NotRegular { path: path.to_path_buf(), kind: "symbolic link" },
             _ => StateError::io(path, e),
         })?;

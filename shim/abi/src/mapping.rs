@@ -23,12 +23,7 @@ pub enum OpenRegularError {
 /// Returns the file and its length. `O_NONBLOCK` has no effect on a regular file's reads
 /// or mappings. Slow paths only (open + fstat).
 pub fn open_regular(path: &Path, writable: bool) -> Result<(File, u64), OpenRegularError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(writable)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
+    let file = open_no_links(path, writable).map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => OpenRegularError::NotRegular("symbolic link"),
             Some(libc::EISDIR) => OpenRegularError::NotRegular("directory"),
             Some(libc::ENXIO) => OpenRegularError::NotRegular("socket or device"),
@@ -39,6 +34,49 @@ pub fn open_regular(path: &Path, writable: bool) -> Result<(File, u64), OpenRegu
         return Err(OpenRegularError::NotRegular(kind_name(&meta.file_type())));
     }
     Ok((file, meta.len()))
+}
+
+/// Open `path` for reading (and writing) without following a symbolic link in *any* of its
+/// components (`openat2` with `RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`), never
+/// blocking on a FIFO, never inherited. The state directory's own path is resolved once by
+/// `vgpu` (so `/var/run/vgpu` works), every name below it is vgpu's: a link anywhere there
+/// was planted and is refused (`ELOOP`). On kernels without `openat2` (before 5.6), the last
+/// component is still guarded by `O_NOFOLLOW` (and the directories above it are root's).
+pub fn open_no_links(path: &Path, writable: bool) -> io::Result<File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let access = if writable { libc::O_RDWR } else { libc::O_RDONLY };
+    let flags = access | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: open_how is plain integers; all-zero is valid, then every field is set.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.mode = 0;
+    how.resolve = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: a NUL-terminated path and a fully initialised open_how of the size passed; the
+    // returned descriptor is checked and then owned by the File.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: a fresh descriptor nothing else owns.
+        return Ok(unsafe { File::from_raw_fd(fd as i32) });
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::ENOSYS) {
+        return Err(err);
+    }
+    OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
 }
 
 /// A file type in words, for reports.
@@ -284,6 +322,21 @@ pub mod truncation_guard {
     #[cfg(test)]
     mod tests {
         use std::io::Write;
+
+        #[test]
+        fn no_link_is_followed_in_any_component() {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir(dir.path().join("real")).unwrap();
+            std::fs::write(dir.path().join("real/usage"), b"x").unwrap();
+            std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("link")).unwrap();
+            assert!(crate::mapping::open_no_links(&dir.path().join("real/usage"), false).is_ok());
+            let err = crate::mapping::open_no_links(&dir.path().join("link/usage"), false).unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "a linked directory on the way is refused");
+            assert!(matches!(
+                crate::mapping::open_regular(&dir.path().join("link/usage"), true),
+                Err(crate::mapping::OpenRegularError::NotRegular("symbolic link"))
+            ));
+        }
 
         #[test]
         fn a_file_shrunk_under_a_guarded_mapping_reads_as_zeros() {

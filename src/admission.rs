@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use vgpu_abi::size::{format_size, parse_size};
 
-use crate::state::{Partition, Workload};
+use crate::state::{DamagedRecord, Partition, Workload};
 
 /// A device as admission sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +106,22 @@ pub fn check_fits(device: &Device, bytes: u64, workloads: &[Workload], partition
     Err(msg)
 }
 
+/// Refuse any memory on `device` while a damaged workload record may hold some there: what
+/// it reserved is unknown, and a damaged record must never free its reservation. The
+/// message names the file and how to clear it.
+pub fn check_not_blocked(device: &Device, damaged: &[DamagedRecord]) -> Result<(), String> {
+    let Some(d) = damaged.iter().find(|d| d.may_hold(&device.uuid)) else { return Ok(()) };
+    let cgroup = d.id.as_deref().map(|id| format!(" (in cgroup vgpu/{id})")).unwrap_or_default();
+    Err(format!(
+        "GPU {} is blocked: the workload record {} is damaged ({}), so the memory it reserves {} is unknown; \
+         `sudo vgpu doctor --repair` removes it once no process is left in its workload{cgroup}",
+        device.index,
+        d.path.display(),
+        d.problem,
+        if d.gpus.is_some() { "there" } else { "on any GPU" },
+    ))
+}
+
 /// Find a device by index or UUID (a unique UUID prefix is enough).
 pub fn find_device<'a>(devices: &'a [Device], query: &str) -> Result<&'a Device, String> {
     if let Ok(index) = query.parse::<u32>() {
@@ -187,6 +203,24 @@ mod tests {
         assert!(check_fits(&d, 4 * GIB, &ws, &[]).is_ok());
         let err = check_fits(&d, 5 * GIB, &ws, &[]).unwrap_err();
         assert!(err.contains("workload a (ida) 12 GiB") && err.contains("4 GiB unreserved"), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_record_blocks_its_gpus_or_all() {
+        let damaged = |gpus: Option<Vec<String>>| DamagedRecord {
+            path: "/run/vgpu/workloads/ab.json".into(),
+            id: Some("ab".into()),
+            problem: "EOF".into(),
+            gpus,
+            supervisor: None,
+        };
+        let known = [damaged(Some(vec!["GPU-0".into()]))];
+        let err = check_not_blocked(&dev(0, 16), &known).unwrap_err();
+        assert!(err.contains("/run/vgpu/workloads/ab.json") && err.contains("vgpu doctor --repair") && err.contains("vgpu/ab"), "{err}");
+        assert!(check_not_blocked(&dev(1, 16), &known).is_ok());
+        let unknown = [damaged(None)];
+        assert!(check_not_blocked(&dev(1, 16), &unknown).unwrap_err().contains("on any GPU"));
+        assert!(check_not_blocked(&dev(1, 16), &[]).is_ok());
     }
 
     #[test]

@@ -55,8 +55,8 @@ pub struct Cli {
 pub enum Command {
     /// List GPUs: memory, clocks, power, utilization, processes
     Devices(JsonArgs),
-    /// Check the host: driver, cgroups, shim, permissions, MPS/MIG
-    Doctor(JsonArgs),
+    /// Check the host: driver, cgroups, shim, permissions, state files, MPS/MIG; --repair removes damaged state files
+    Doctor(crate::commands::doctor::DoctorArgs),
     /// Run a command in a vGPU: cgroup, quota shim, signals, exit code, clean-up
     Run(Box<crate::commands::run::RunArgs>),
     /// List workloads with their quotas and usage

@@ -17,5 +17,6 @@ pub mod output;
 pub mod paths;
 pub mod pool;
 pub mod pooling;
+pub mod repair;
 pub mod state;
 pub mod supervise;

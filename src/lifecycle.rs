@@ -30,7 +30,11 @@ pub fn reconcile(store: &Store, lock: &StoreLock) -> Reconciled {
         if w.supervisor_alive() {
             continue;
         }
-        match teardown(store, &w, layout.as_ref()).and_then(|()| crate::pooling::release(store, lock, &w.id)) {
+        // Only a workload of the pool touches its state: a damaged pool.json blocks pool
+        // operations, not the clean-up of the others.
+        let in_pool = w.pool_blocks.is_some() || w.state == crate::state::WorkloadState::Waiting;
+        let released = |()| if in_pool { crate::pooling::release(store, lock, &w.id) } else { Ok(()) };
+        match teardown(store, &w, layout.as_ref()).and_then(released) {
             Ok(()) => {
                 eprintln!("vgpu: cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid);
                 out.cleaned.push(w);
@@ -66,7 +70,7 @@ pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<
     Ok(())
 }
 
-fn remove_dir(dir: &Path) -> Result<()> {
+pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
     // Its slots on the GPUs' boards go first: the others stop counting it at once.
     vgpu_abi::board::release_vgpu(dir);
     match std::fs::remove_dir_all(dir) {
@@ -77,17 +81,22 @@ fn remove_dir(dir: &Path) -> Result<()> {
 }
 
 /// vGPU directories that belong to no workload and no partition: left by a `vgpu run`
-/// killed between creating the vGPU and recording the workload.
+/// killed between creating the vGPU and recording the workload. A damaged record may own
+/// the vGPU named like itself (vgpu names a workload's record and own vGPU after its id):
+/// that one is kept. When the records cannot be listed at all, every vGPU is kept.
 fn remove_orphan_vgpus(store: &Store) {
     let (workloads, damaged) = store.workloads();
-    if !damaged.is_empty() {
-        return; // a damaged record might own one of them: leave them alone
+    let damaged = crate::state::damaged::damaged_records(&damaged);
+    if damaged.iter().any(|d| d.path == store.workloads_dir()) {
+        return;
     }
     let partitions = Partitions::load(&store.partitions_path()).unwrap_or_default();
     let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
     for entry in entries.flatten() {
         let Some(name) = vgpu_dir_name(&entry) else { continue };
-        let owned = workloads.iter().any(|w| w.vgpu == name) || partitions.partitions.iter().any(|p| p.vgpu_id() == name);
+        let owned = workloads.iter().any(|w| w.vgpu == name)
+            || partitions.partitions.iter().any(|p| p.vgpu_id() == name)
+            || damaged.iter().any(|d| d.id.as_deref() == Some(name.as_str()));
         if !owned {
             vgpu_abi::board::release_vgpu(&entry.path());
             let _ = std::fs::remove_dir_all(entry.path());

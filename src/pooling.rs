@@ -8,7 +8,7 @@ use crate::cgroup::{Cgroup, Layout};
 use crate::context::Context;
 use crate::gpu::GpuInfo;
 use crate::pool::{Inventory, NvmlGpu, Plan, Pool, PoolError};
-use crate::state::{atomic, Store, StoreLock, WorkloadState};
+use crate::state::{atomic, StateError, Store, StoreLock, WorkloadState};
 
 pub const POOL_FILE: &str = "pool.json";
 
@@ -21,14 +21,26 @@ pub fn pool_error(e: PoolError) -> anyhow::Error {
     }
 }
 
-/// The stored pool, if any workload ever used it.
+/// The stored pool, if any workload ever used it. A damaged `pool.json` fails every pool
+/// operation (and only those) with one line naming the file and the fix.
 pub fn load(store: &Store) -> Result<Option<Pool>> {
+    match read(store) {
+        Ok(pool) => Ok(pool),
+        Err(e @ (StateError::Damaged { .. } | StateError::NotRegular { .. })) => Err(anyhow::anyhow!(
+            "{e}; pool operations (`vgpu run --tflops`, `vgpu pool`) are refused until `sudo vgpu doctor --repair` \
+             sets it aside, which it does once no workload holds pool blocks"
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The stored pool, typed: `Damaged`/`NotRegular` when `pool.json` cannot be used.
+pub fn read(store: &Store) -> Result<Option<Pool>, StateError> {
     let path = store.state_dir.join(POOL_FILE);
-    if !path.exists() {
+    if std::fs::symlink_metadata(&path).is_err() {
         return Ok(None);
     }
-    let pool: Pool = atomic::read_json(&path)?;
-    Ok(Some(pool))
+    atomic::read_json(&path).map(Some)
 }
 
 pub fn save(store: &Store, pool: &Pool) -> Result<()> {
@@ -129,7 +141,12 @@ pub fn release(store: &Store, lock: &StoreLock, id: &str) -> Result<()> {
 /// Drop pool entries whose workload record is gone (a `vgpu run` killed while waiting, or
 /// between the pool and the record), then settle.
 pub fn release_orphans(store: &Store, lock: &StoreLock) -> Result<()> {
-    let Some(pool) = load(store)? else { return Ok(()) };
+    // A damaged pool.json is left for the pool operations to report (and `doctor --repair`).
+    let pool = match read(store) {
+        Ok(Some(pool)) => pool,
+        Ok(None) | Err(StateError::Damaged { .. } | StateError::NotRegular { .. }) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
     let (workloads, damaged) = store.workloads();
     if !damaged.is_empty() {
         return Ok(());

@@ -298,14 +298,19 @@ fn two_workloads_of_one_partition_share_its_quota() {
 }
 
 #[test]
-fn a_damaged_state_file_is_named_and_blocks_nothing() {
+fn a_damaged_state_file_is_named_and_blocks_only_admission() {
     let sim = Sim::new(GPU16);
-    std::fs::create_dir_all(sim.path("run/workloads")).unwrap();
+    sim.vgpu(&["ps"]).assert().success(); // the store, made by vgpu (the directories' modes are checked)
     std::fs::write(sim.path("run/workloads/deadbeef.json"), b"{ this is not json").unwrap();
     sim.vgpu(&["ps"]).assert().success().stderr(predicate::str::contains("deadbeef.json").and(predicate::str::contains("damaged")));
-    sim.vgpu(&["run", "--mem", "1G", "--", "true"]).assert().success();
+    // Its reservation is unknown: memory admission is refused until `vgpu doctor --repair`
+    // removes it (tests/damaged_state.rs); everything else works.
+    sim.vgpu(&["run", "--mem", "1G", "--", "true"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("deadbeef.json").and(predicate::str::contains("vgpu doctor --repair")));
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
-    cmd.args(["--simulate", "run", "--mem", "1G", "--name", "alive", "--", "sleep", "30"]);
+    cmd.args(["--simulate", "run", "--mem", "1G", "--oversubscribe", "--name", "alive", "--", "sleep", "30"]);
     for (k, v) in sim.env() {
         cmd.env(k, v);
     }

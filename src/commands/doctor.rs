@@ -7,10 +7,22 @@ use std::process::Command;
 use anyhow::Result;
 use serde::Serialize;
 
+use clap::Args;
+
 use crate::cgroup::{Controller, Layout};
-use crate::cli::JsonArgs;
 use crate::context::Context;
 use crate::gpu::Nvml;
+use crate::state::{StateError, Store};
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print JSON instead of lines
+    #[arg(long)]
+    pub json: bool,
+    /// Instead of checking, remove damaged workload records (once no process is left in their cgroup) and set a damaged pool.json aside (once no workload holds pool blocks); says what it removed and what it left, and why (root)
+    #[arg(long)]
+    pub repair: bool,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -51,7 +63,10 @@ struct Report {
     checks: Vec<Check>,
 }
 
-pub fn run(ctx: &Context, args: &JsonArgs) -> Result<()> {
+pub fn run(ctx: &Context, args: &DoctorArgs) -> Result<()> {
+    if args.repair {
+        return repair(ctx, args.json);
+    }
     let checks = all_checks(ctx);
     let ok = checks.iter().all(|c| c.status != Status::Fail);
     if args.json {
@@ -76,6 +91,37 @@ pub fn run(ctx: &Context, args: &JsonArgs) -> Result<()> {
     }
 }
 
+/// `vgpu doctor --repair`: exit 1 when something damaged was left.
+fn repair(ctx: &Context, json: bool) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!("vgpu doctor --repair must run as root: it removes cgroups and state files");
+    }
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(&store, &lock);
+    let report = crate::repair::repair(&store, &lock);
+    drop(lock);
+    if json {
+        crate::output::print_json(&report)?;
+    } else {
+        for r in &report.removed {
+            let also = if r.also.is_empty() { String::new() } else { format!(" with {}", r.also.join(", ")) };
+            println!("removed {} ({}){also}", r.path.display(), r.problem);
+        }
+        for l in &report.left {
+            println!("left {} ({}): {}", l.path.display(), l.problem, l.reason);
+        }
+        if report.removed.is_empty() && report.left.is_empty() {
+            println!("no damaged state files");
+        }
+    }
+    if report.left.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("{} damaged state file(s) left; see above why", report.left.len())
+    }
+}
+
 pub fn all_checks(ctx: &Context) -> Vec<Check> {
     let mut checks = Vec::new();
     let nvml = check_nvml(ctx, &mut checks);
@@ -83,6 +129,7 @@ pub fn all_checks(ctx: &Context) -> Vec<Check> {
     check_cgroups(&mut checks);
     checks.push(check_shim(ctx));
     checks.push(check_state_dir(&ctx.state_dir));
+    checks.push(check_state_files(ctx));
     checks.push(check_root());
     checks.push(check_mps());
     if let Some(nvml) = &nvml {
@@ -203,6 +250,26 @@ fn check_state_dir(dir: &Path) -> Check {
         Check::ok("state directory", detail)
     } else {
         Check::fail("state directory", format!("{} is not writable", existing.display()), "run as root or pick --state-dir")
+    }
+}
+
+/// Damaged workload records and a damaged pool.json (read without the store lock: a
+/// report, nothing is changed).
+fn check_state_files(ctx: &Context) -> Check {
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let (workloads, errors) = store.workloads();
+    let mut damaged: Vec<String> = crate::state::damaged::damaged_records(&errors).iter().map(|d| d.path.display().to_string()).collect();
+    if let Err(StateError::Damaged { path, .. } | StateError::NotRegular { path, .. }) = crate::pooling::read(&store) {
+        damaged.push(path.display().to_string());
+    }
+    if damaged.is_empty() {
+        Check::ok("state files", format!("{} workload record(s), none damaged", workloads.len()))
+    } else {
+        Check::fail(
+            "state files",
+            format!("damaged: {}", damaged.join(", ")),
+            "sudo vgpu doctor --repair (removes them once nothing uses what they held)",
+        )
     }
 }
 

@@ -112,9 +112,12 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
     if parts.get(&args.name).is_some() {
         crate::usage!("partition {:?} already exists", args.name);
     }
-    let (workloads, _) = store.workloads();
+    let (workloads, damaged) = store.workloads();
     if !args.oversubscribe {
-        admission::check_fits(device, bytes, &workloads, &parts.partitions).map_err(anyhow::Error::msg)?;
+        // A damaged record's reservation is unknown: its GPUs admit nothing more.
+        admission::check_not_blocked(device, &crate::state::damaged::damaged_records(&damaged))
+            .and_then(|()| admission::check_fits(device, bytes, &workloads, &parts.partitions))
+            .map_err(anyhow::Error::msg)?;
     }
     parts.partitions.push(Partition {
         name: args.name.clone(),

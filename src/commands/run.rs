@@ -284,7 +284,8 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         .collect();
     let mut lock = store.lock()?;
     crate::lifecycle::reconcile(store, &lock);
-    let (workloads, _) = store.workloads();
+    let (workloads, damaged) = store.workloads();
+    let damaged = crate::state::damaged::damaged_records(&damaged);
 
     if let Some(name) = &args.name {
         if workloads.iter().any(|w| &w.name == name) {
@@ -292,7 +293,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         }
     }
     let supervisor = ProcessId::current().context("cannot read this process's start time from /proc")?;
-    let id = new_id(&workloads);
+    let id = new_id(&workloads, &damaged);
     let name = args.name.clone().unwrap_or_else(|| default_name(&request.argv[0], &id));
     let mut workload = Workload {
         format: WORKLOAD_FORMAT,
@@ -388,7 +389,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
                 .collect(),
             None => args.gpus.clone(),
         };
-        for device in select_gpus(&devices, &chosen, &workloads, &partitions.partitions)? {
+        for device in select_gpus(&devices, &chosen, &workloads, &partitions.partitions, &damaged)? {
             let bytes = request.mem.map(|m| m.bytes_of(device.memory)).unwrap_or(device.memory);
             workload.gpus.push(WorkloadGpu {
                 index: device.index,
@@ -402,12 +403,15 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
 
     // Memory admission for every GPU slice of a vGPU of its own.
     if workload.partition.is_none() && !args.oversubscribe {
-        let (others, _) = store.workloads();
+        let (others, damaged) = store.workloads();
+        let damaged = crate::state::damaged::damaged_records(&damaged);
         let others: Vec<Workload> = others.into_iter().filter(|w| w.id != id).collect();
         let partitions = Partitions::load(&store.partitions_path())?;
         for g in &workload.gpus {
             if let Some(device) = devices.iter().find(|d| d.uuid == g.uuid) {
-                if let Err(msg) = admission::check_fits(device, g.mem_bytes, &others, &partitions.partitions) {
+                let fits = admission::check_not_blocked(device, &damaged)
+                    .and_then(|()| admission::check_fits(device, g.mem_bytes, &others, &partitions.partitions));
+                if let Err(msg) = fits {
                     if pool_granted {
                         let _ = pooling::release(store, &lock, &id);
                         let _ = store.remove_workload(&id);
@@ -489,12 +493,23 @@ fn wait_for_blocks(store: &Store, id: &str, limit: Option<Duration>) -> Result<S
     }
 }
 
-fn select_gpus<'a>(devices: &'a [Device], wanted: &[String], workloads: &[Workload], partitions: &[crate::state::Partition]) -> Result<Vec<&'a Device>> {
+fn select_gpus<'a>(
+    devices: &'a [Device],
+    wanted: &[String],
+    workloads: &[Workload],
+    partitions: &[crate::state::Partition],
+    damaged: &[crate::state::DamagedRecord],
+) -> Result<Vec<&'a Device>> {
     if devices.is_empty() {
         anyhow::bail!("the NVIDIA driver reports no GPU");
     }
     if wanted.is_empty() {
-        let device = admission::pick_default(devices, workloads, partitions).context("no GPU")?;
+        // A GPU a damaged record may hold memory on is picked only when every GPU is (and
+        // admission then refuses it, naming the record).
+        let open: Vec<Device> = devices.iter().filter(|d| admission::check_not_blocked(d, damaged).is_ok()).cloned().collect();
+        let candidates = if open.is_empty() { devices } else { &open[..] };
+        let pick = admission::pick_default(candidates, workloads, partitions).context("no GPU")?;
+        let device = devices.iter().find(|d| d.index == pick.index).context("no GPU")?;
         return Ok(vec![device]);
     }
     let mut out: Vec<&Device> = Vec::new();
@@ -635,10 +650,15 @@ fn finish(store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
     let lock = store.lock()?;
     crate::lifecycle::teardown(store, w, Some(layout))?;
     crate::lifecycle::reclaim_vgpu(store, &w.vgpu);
-    pooling::release(store, &lock, &w.id)
+    // Only a workload that holds pool blocks touches the pool's state (a damaged pool.json
+    // must not fail the others).
+    if w.pool_blocks.is_some() {
+        pooling::release(store, &lock, &w.id)?;
+    }
+    Ok(())
 }
 
-fn new_id(existing: &[Workload]) -> String {
+fn new_id(existing: &[Workload], damaged: &[crate::state::DamagedRecord]) -> String {
     loop {
         let mut bytes = [0u8; 4];
         if getrandom(&mut bytes).is_err() {
@@ -646,7 +666,8 @@ fn new_id(existing: &[Workload]) -> String {
             bytes = (t as u32).to_le_bytes();
         }
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        if !existing.iter().any(|w| w.id == id) {
+        // Never the id of a damaged record: its file would be overwritten.
+        if !existing.iter().any(|w| w.id == id) && !damaged.iter().any(|d| d.id.as_deref() == Some(id.as_str())) {
             return id;
         }
     }

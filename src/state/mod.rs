@@ -9,10 +9,12 @@
 pub mod atomic;
 pub mod dirs;
 
+pub mod damaged;
 pub mod lock;
 pub mod partition;
 pub mod workload;
 
+pub use damaged::DamagedRecord;
 pub use lock::StoreLock;
 pub use partition::{Partition, Partitions};
 pub use workload::{UserSpec, Workload, WorkloadGpu, WorkloadState};

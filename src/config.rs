@@ -61,12 +61,25 @@ impl Config {
             }
             Err(source) => return Err(ConfigError::Read { path: path.to_path_buf(), source }),
         };
-        Config::parse(&text).map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })
+        Config::parse(&text)
+            .and_then(|config| config.validate().map(|()| config))
+            .map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })
     }
 
-    /// Parse config text; the error is one line naming the key.
+    /// Parse config text; the error is one line naming the key. Values each table checks only
+    /// as a whole (a carbon source without its keys, a `gamma` out of range) are checked by
+    /// [`Config::validate`].
     pub fn parse(text: &str) -> Result<Config, String> {
         toml::from_str(text).map_err(|e| one_line(text, &e))
+    }
+
+    /// Check every table, the same way for every command: [`Config::load`] calls it, so a
+    /// value `vgpu carbon plan` would refuse (`gamma = nan`) is refused by `vgpu ps` and
+    /// `vgpu run` too. The error is one line naming the table and key.
+    pub fn validate(&self) -> Result<(), String> {
+        self.carbon.validate().map_err(|e| e.to_string())?;
+        self.pool.validate().map_err(|e| e.to_string())?;
+        Ok(())
     }
 }
 
@@ -148,6 +161,19 @@ mod tests {
         assert_eq!(config.policy.run_as_others, ["alice", "%gpuadmin"]);
         let err = Config::parse("[policy]\nrun_as_other = []\n").unwrap_err();
         assert!(err.contains("run_as_other"), "{err}");
+    }
+
+    #[test]
+    fn load_validates_every_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        for (text, needle) in [("[carbon]\ngamma = nan\n", "[carbon] gamma"), ("[carbon]\nsource = \"static\"\n", "[carbon] value")] {
+            std::fs::write(&path, text).unwrap();
+            let err = Config::load(&path, true).unwrap_err().to_string();
+            assert!(err.contains(needle) && err.contains("config.toml") && !err.contains('\n'), "{err}");
+        }
+        std::fs::write(&path, "[carbon]\ngamma = 2.5\n").unwrap();
+        Config::load(&path, true).unwrap();
     }
 
     #[test]

@@ -44,3 +44,40 @@ pub fn exit_code_for(err: &anyhow::Error) -> u8 {
         EXIT_FAILURE
     }
 }
+
+/// clap's rendered parse error on one line: its `error:` line, and its tip if it gives one
+/// (`unexpected argument '-1' found; tip: to pass '-1' as a value, use '-- -1'`); the usage
+/// and "For more information" lines are left out.
+pub fn one_line_clap_error(rendered: &str) -> String {
+    // The first paragraph is the message (a list of missing arguments continues it).
+    let mut paragraphs = rendered.split("\n\n");
+    let first: Vec<&str> = paragraphs.next().unwrap_or_default().lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let first = first.join(" ");
+    let mut out = first.strip_prefix("error:").unwrap_or(&first).trim().to_string();
+    if out.is_empty() {
+        out.push_str("invalid command line");
+    }
+    for tip in paragraphs.flat_map(str::lines).map(str::trim).filter(|l| l.starts_with("tip:")) {
+        out.push_str("; ");
+        out.push_str(tip);
+    }
+    if !out.contains("--help") {
+        out.push_str(" (see --help)");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_errors_become_one_line() {
+        let rendered = "error: unexpected argument '-1' found\n\n  tip: to pass '-1' as a value, use '-- -1'\n\nUsage: vgpu run [OPTIONS] <CMD>...\n\nFor more information, try '--help'.\n";
+        assert_eq!(one_line_clap_error(rendered), "unexpected argument '-1' found; tip: to pass '-1' as a value, use '-- -1' (see --help)");
+        let rendered = "error: invalid value '0' for '--compute <PCT>': 0 is not in 1..=100\n\nFor more information, try '--help'.\n";
+        assert_eq!(one_line_clap_error(rendered), "invalid value '0' for '--compute <PCT>': 0 is not in 1..=100 (see --help)");
+        let rendered = "error: the following required arguments were not provided:\n  <CMD>...\n\nUsage: vgpu run [OPTIONS] <CMD>...\n\nFor more information, try '--help'.\n";
+        assert_eq!(one_line_clap_error(rendered), "the following required arguments were not provided: <CMD>... (see --help)");
+    }
+}

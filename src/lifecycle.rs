@@ -157,6 +157,33 @@ pub fn reclaim_vgpu(store: &Store, vgpu: &str) {
     }
 }
 
+/// A terminating signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) was sent to the processes of
+/// workload `id`: a frozen process acts on it only once thawed, so if its cgroup is frozen
+/// (suspended by hand or preempted) thaw it now and record it as running. Its pool blocks
+/// stay as the pool recorded them until it exits. Takes the store lock. Returns whether it
+/// thawed anything.
+pub fn wake_to_terminate(store: &Store, id: &str, cgroup: &str) -> Result<bool> {
+    let _lock = store.lock()?;
+    let Some(layout) = Layout::detect() else { return Ok(false) };
+    let cgroup = match Cgroup::open(&layout, cgroup) {
+        Ok(cgroup) => cgroup,
+        Err(crate::cgroup::CgroupError::NotFound { .. }) => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("opening the cgroup of {id}")),
+    };
+    if cgroup.state().with_context(|| format!("reading the freezer state of {id}"))? == crate::cgroup::FreezerState::Thawed {
+        return Ok(false);
+    }
+    cgroup.thaw().with_context(|| format!("resuming {id}"))?;
+    if let Ok(mut record) = Workload::read(&store.workload_path(id)) {
+        if record.state == crate::state::WorkloadState::Suspended {
+            record.state = crate::state::WorkloadState::Running;
+            record.suspended_reason = None;
+            store.write_workload(&record)?;
+        }
+    }
+    Ok(true)
+}
+
 /// Find one workload by unique id prefix or name.
 pub fn find<'a>(workloads: &'a [Workload], query: &str) -> Result<&'a Workload> {
     let matches: Vec<&Workload> = workloads.iter().filter(|w| w.matches(query)).collect();

@@ -1,5 +1,6 @@
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::Parser;
 
 use vgpu::cli::Cli;
@@ -12,7 +13,10 @@ fn main() -> ExitCode {
     // nothing vgpu creates can ever be wider than asked, whatever started it (cron: 000).
     // SAFETY: umask only swaps the process's file-creation mask; no thread runs yet.
     unsafe { libc::umask(0o022) };
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e),
+    };
     init_logging(cli.verbose, cli.quiet);
     // A tenant can shrink its own usage file under our mapping: that must not kill root's
     // command (see vgpu_abi::mapping::truncation_guard).
@@ -25,6 +29,19 @@ fn main() -> ExitCode {
             // One line: the error and its causes, outermost first.
             eprintln!("vgpu: error: {err:#}");
             ExitCode::from(exit_code_for(&err))
+        }
+    }
+}
+
+/// Help and version go to stdout as clap writes them (exit 0), and so does the help shown
+/// for a missing subcommand (exit 2). Every other parse error is one line, like vgpu's own
+/// usage errors, and exit 2.
+fn clap_error(e: clap::Error) -> ExitCode {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+        _ => {
+            eprintln!("vgpu: error: {}", vgpu::error::one_line_clap_error(&e.render().to_string()));
+            ExitCode::from(vgpu::error::EXIT_USAGE)
         }
     }
 }

@@ -20,6 +20,10 @@ use crate::state::UserSpec;
 /// The signals `vgpu run` relays to its workload.
 pub const FORWARDED: [i32; 7] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH];
 
+/// The relayed signals that ask the workload to end: a suspended (frozen) workload is thawed
+/// after one of them is relayed, so that it acts on it now (see `wait_relaying_signals`).
+pub const TERMINATING: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];
+
 /// Everything needed to start the child.
 pub struct Launch {
     pub argv: Vec<String>,
@@ -80,19 +84,25 @@ pub fn spawn(launch: Launch) -> io::Result<Child> {
 /// to the whole foreground process group (Ctrl-C, Ctrl-\, window resize) already reach
 /// the child, which shares our process group, so only signals sent to `vgpu run` itself
 /// (by `kill`, systemd, cron) are relayed.
-pub fn wait_relaying_signals(child: &mut Child) -> io::Result<ExitStatus> {
+///
+/// After every [`TERMINATING`] signal (relayed, or delivered by the terminal directly),
+/// `after_terminating` runs on the relay thread: `vgpu run` thaws a suspended workload there,
+/// since a frozen process acts on a signal only once it runs again.
+pub fn wait_relaying_signals(child: &mut Child, after_terminating: impl Fn(i32) + Send + 'static) -> io::Result<ExitStatus> {
     let pidfd = pidfd_open(child.id())?;
     let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)?;
     let handle = signals.handle();
     let relay = std::thread::spawn(move || {
         for origin in signals.forever() {
             let from_terminal = matches!(origin.cause, Cause::Kernel);
-            if from_terminal && origin.signal != SIGHUP {
-                continue;
+            if !from_terminal || origin.signal == SIGHUP {
+                tracing::debug!("relaying signal {} to the workload", origin.signal);
+                // A pidfd cannot reach a later process that reused the pid.
+                let _ = pidfd_send_signal(&pidfd, origin.signal);
             }
-            tracing::debug!("relaying signal {} to the workload", origin.signal);
-            // A pidfd cannot reach a later process that reused the pid.
-            let _ = pidfd_send_signal(&pidfd, origin.signal);
+            if TERMINATING.contains(&origin.signal) {
+                after_terminating(origin.signal);
+            }
         }
     });
     let status = child.wait();

@@ -309,7 +309,7 @@ fn override_needs_no_source_and_bad_values_are_usage_errors() {
 
     let out = sim.vgpu(&["carbon", "intensity", "--intensity=-4"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--intensity must be a non-negative number"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--intensity must be a carbon intensity from 0 to 5000"));
 
     for (config, key) in [
         ("[carbon]\nbudget_g_per_hour = -1\n", "[carbon] budget_g_per_hour: must be a non-negative number, got -1"),

@@ -7,7 +7,8 @@ const SHIPPED: &str = include_str!("../examples/config.toml");
 
 #[test]
 fn shipped_config_parses_as_is() {
-    Config::parse(SHIPPED).expect("examples/config.toml as shipped");
+    let config = Config::parse(SHIPPED).expect("examples/config.toml as shipped");
+    config.validate().expect("examples/config.toml as shipped validates");
 }
 
 #[test]

@@ -108,6 +108,20 @@ fn bad(key: &'static str, message: impl Into<String>) -> CarbonConfigError {
     CarbonConfigError { key, message: message.into() }
 }
 
+/// The highest grid carbon intensity vgpu believes, gCO2/kWh. The dirtiest grids average
+/// about 1000 (lignite and oil plants emit up to about 1300 per kWh they produce); five
+/// times the worst plant leaves room for any real reading and refuses typos like `1e308`.
+pub const MAX_INTENSITY: f64 = 5000.0;
+
+/// A plausible grid carbon intensity: finite, from 0 to [`MAX_INTENSITY`] gCO2/kWh.
+pub fn check_intensity(key: &'static str, value: f64) -> Result<f64, CarbonConfigError> {
+    if value.is_finite() && (0.0..=MAX_INTENSITY).contains(&value) {
+        Ok(value)
+    } else {
+        Err(bad(key, format!("must be a carbon intensity from 0 to {MAX_INTENSITY} gCO2/kWh, got {value}")))
+    }
+}
+
 /// A non-negative, finite number: intensities and budgets.
 pub fn check_non_negative(key: &'static str, value: f64) -> Result<f64, CarbonConfigError> {
     if value.is_finite() && value >= 0.0 {
@@ -126,10 +140,10 @@ impl CarbonConfig {
     /// Check every value and that the chosen source has the keys it needs.
     pub fn validate(&self) -> Result<(), CarbonConfigError> {
         if let Some(v) = self.value {
-            check_non_negative("value", v)?;
+            check_intensity("value", v)?;
         }
         if let Some(v) = self.fallback {
-            check_non_negative("fallback", v)?;
+            check_intensity("fallback", v)?;
         }
         if let Some(v) = self.budget_g_per_hour {
             check_non_negative("budget_g_per_hour", v)?;
@@ -278,6 +292,9 @@ mod tests {
             ("budget_g_per_hour = -5", "budget_g_per_hour"),
             ("value = -1", "value"),
             ("fallback = -1", "fallback"),
+            ("value = 1e308", "value"),
+            ("fallback = 5001", "fallback"),
+            ("value = nan", "value"),
             ("max_age = \"soon\"", "max_age"),
             ("timeout = \"0s\"", "timeout"),
             ("gamma = 0.5", "gamma"),

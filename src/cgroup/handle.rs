@@ -237,6 +237,12 @@ impl Cgroup {
         self.imp.stats()
     }
 
+    /// Processes the kernel's OOM killer killed in the cgroup so far (`None`: not counted
+    /// here). Read it before [`Cgroup::remove`].
+    pub fn oom_kills(&self) -> Result<Option<u64>> {
+        self.imp.oom_kills()
+    }
+
     /// Sends `signal` to every process; returns how many were signalled. For SIGKILL it
     /// then thaws the cgroup if frozen (a task frozen by the v1 freezer cannot die; sending
     /// first means none runs user code again) and signals again until the cgroup is empty,

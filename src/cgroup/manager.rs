@@ -14,6 +14,12 @@ use super::layout::Controller;
 /// The CFS period vgpu uses for CPU limits, in microseconds (the kernel's default).
 pub const CPU_PERIOD_US: u64 = 100_000;
 
+/// The smallest `--memory` (host memory limit) vgpu accepts: below it no program that loads
+/// a CUDA driver starts, and the limit counts every process of the workload (page cache
+/// included). A smaller value is a typo (`--memory 1` is one byte), refused before anything
+/// is created.
+pub const MIN_MEMORY_BYTES: u64 = 16 << 20;
+
 /// The kernel refuses a CFS quota below 1 ms.
 const MIN_CPU_QUOTA_US: u64 = 1_000;
 
@@ -141,6 +147,11 @@ pub(crate) trait Manager: fmt::Debug + Send + Sync {
     fn state(&self) -> Result<FreezerState>;
 
     fn stats(&self) -> Result<Stats>;
+
+    /// How many processes the kernel's OOM killer killed in the cgroup (v1
+    /// `memory.oom_control`, v2 `memory.events`: `oom_kill`); `None` without a memory
+    /// controller or on kernels that do not count them.
+    fn oom_kills(&self) -> Result<Option<u64>>;
 
     /// The `cgroup.procs` file of every hierarchy.
     fn procs_files(&self) -> Vec<PathBuf> {

@@ -20,4 +20,4 @@ mod fake;
 pub use error::CgroupError;
 pub use handle::{Cgroup, DEFAULT_TIMEOUT, PARENT};
 pub use layout::{Controller, Layout, Mode};
-pub use manager::{CgroupSpec, FreezerState, Limits, Stats, CPU_PERIOD_US};
+pub use manager::{CgroupSpec, FreezerState, Limits, Stats, CPU_PERIOD_US, MIN_MEMORY_BYTES};

@@ -185,6 +185,15 @@ impl Manager for V1Cgroup {
             pids: counter(Controller::Pids, "pids.current")?,
         })
     }
+
+    fn oom_kills(&self) -> Result<Option<u64>> {
+        let Some(memory) = self.dirs.get(&Controller::Memory) else { return Ok(None) };
+        let path = memory.join("memory.oom_control");
+        match fs::read_opt(&path)? {
+            Some(text) => fs::keyed_u64(&path, &text, "oom_kill"),
+            None => Ok(None),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -292,6 +301,20 @@ mod tests {
             assert_eq!(fake.read(&format!("{sub}/vgpu/job1/cgroup.procs")), "777", "{sub}");
         }
         assert_eq!(cg.procs_files().len(), 5);
+    }
+
+    #[test]
+    fn oom_kills_come_from_oom_control() {
+        let fake = FakeV1::new(&["cpu", "memory", "pids", "freezer"]);
+        let cg = V1Cgroup::create(&fake.mounts(), "job1").unwrap();
+        fake.kernel_populate("job1");
+        stdfs::write(fake.root().join("memory/vgpu/job1/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n").unwrap();
+        assert_eq!(cg.oom_kills().unwrap(), Some(2));
+        // Kernels before 4.13 do not count them.
+        stdfs::write(fake.root().join("memory/vgpu/job1/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\n").unwrap();
+        assert_eq!(cg.oom_kills().unwrap(), None);
+        let no_memory = V1Cgroup::create(&FakeV1::new(&["cpu"]).mounts(), "job2").unwrap();
+        assert_eq!(no_memory.oom_kills().unwrap(), None);
     }
 
     #[test]

@@ -147,6 +147,14 @@ impl Manager for V2Cgroup {
             pids: fs::read_u64_opt(&self.file("pids.current"))?,
         })
     }
+
+    fn oom_kills(&self) -> Result<Option<u64>> {
+        let path = self.file("memory.events");
+        match fs::read_opt(&path)? {
+            Some(text) => fs::keyed_u64(&path, &text, "oom_kill"),
+            None => Ok(None),
+        }
+    }
 }
 
 /// Enables in `dir/cgroup.subtree_control` each wanted controller that `dir` has and has
@@ -317,6 +325,16 @@ mod tests {
             stats,
             Stats { memory_bytes: Some(8192), memory_peak_bytes: None, cpu_usage_ns: Some(1_500_000), pids: Some(3) }
         );
+    }
+
+    #[test]
+    fn oom_kills_come_from_memory_events() {
+        let fake = FakeV2::new(&["cpu", "memory"]);
+        let cg = V2Cgroup::create(fake.root(), "job1").unwrap();
+        fake.kernel_populate("vgpu/job1");
+        assert_eq!(cg.oom_kills().unwrap(), None);
+        stdfs::write(fake.root().join("vgpu/job1/memory.events"), "low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n").unwrap();
+        assert_eq!(cg.oom_kills().unwrap(), Some(1));
     }
 
     #[test]

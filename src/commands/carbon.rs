@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::carbon::apply::{self, AppliedStore, Device, GpuOutcome, APPLIED_FILE};
-use crate::carbon::config::{check_non_negative, CarbonConfig};
+use crate::carbon::config::{check_intensity, CarbonConfig, MAX_INTENSITY};
 use crate::carbon::intensity::cache::{Cache, CACHE_FILE};
 use crate::carbon::intensity::{self, Intensity, Policy, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
@@ -44,7 +44,7 @@ pub struct IntensityArgs {
     #[arg(long)]
     pub json: bool,
     /// Use this intensity (gCO2/kWh) instead of asking the configured source
-    #[arg(long, value_name = "G")]
+    #[arg(long, value_name = "G", allow_negative_numbers = true)]
     pub intensity: Option<f64>,
 }
 
@@ -54,10 +54,10 @@ pub struct PlanArgs {
     #[arg(long)]
     pub json: bool,
     /// Use this intensity (gCO2/kWh) instead of asking the configured source
-    #[arg(long, value_name = "G")]
+    #[arg(long, value_name = "G", allow_negative_numbers = true)]
     pub intensity: Option<f64>,
     /// Carbon budget for all GPUs, gCO2 per hour [default: the config's budget_g_per_hour]
-    #[arg(long, value_name = "G_PER_H")]
+    #[arg(long, value_name = "G_PER_H", allow_negative_numbers = true)]
     pub budget: Option<f64>,
 }
 
@@ -87,8 +87,8 @@ fn tunables(config: &CarbonConfig) -> Result<Tunables> {
 fn current_intensity(ctx: &Context, given: Option<f64>, remember: bool) -> Result<Intensity> {
     let now = Utc::now();
     if let Some(value) = given {
-        let value = check_non_negative("--intensity", value).map_err(|_| {
-            UsageError::new(format!("--intensity must be a non-negative number of gCO2/kWh, got {value}"))
+        let value = check_intensity("--intensity", value).map_err(|_| {
+            UsageError::new(format!("--intensity must be a carbon intensity from 0 to {MAX_INTENSITY} gCO2/kWh, got {value}"))
         })?;
         return Ok(Intensity::overridden(value, now));
     }

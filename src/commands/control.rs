@@ -85,11 +85,12 @@ pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
     let cgroup = Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))?;
     let count = cgroup.kill(signal).with_context(|| format!("signalling the processes of {}", w.id))?;
-    // A stopped (suspended) process acts on most signals only once it runs again.
-    if w.state == WorkloadState::Suspended && matches!(signal, Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP) {
-        println!("note: {} is suspended; it will act on {signal} when resumed", w.id);
-    }
     println!("sent {signal} to {count} process(es) of {} ({})", w.name, w.id);
+    // A frozen process acts on a signal only once it runs again: one that asks it to end
+    // thaws it (as `vgpu run` does when it relays one).
+    if crate::supervise::TERMINATING.contains(&(signal as i32)) && crate::lifecycle::wake_to_terminate(&store, &w.id, &w.cgroup)? {
+        println!("{} ({}) was suspended: resumed so that it acts on {signal}", w.name, w.id);
+    }
     Ok(())
 }
 

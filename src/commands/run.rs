@@ -55,13 +55,13 @@ fn shim_var(key: &str) -> Option<ShimVar> {
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
     /// GPU to use, by index or UUID (repeatable) [default: the GPU with the most unreserved memory]
-    #[arg(long = "gpu", value_name = "INDEX|UUID", conflicts_with = "tflops")]
+    #[arg(long = "gpu", value_name = "INDEX|UUID", conflicts_with = "tflops", allow_hyphen_values = true)]
     pub gpus: Vec<String>,
     /// Device memory per selected GPU: 4G (=4GiB), 512M, 1.5G, or NN% of the device [default: the whole GPU; with --tflops, the same share as the compute]
-    #[arg(long, value_name = "SIZE|PCT%")]
+    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
     pub mem: Option<String>,
     /// Share of each GPU's busy time, percent (1-100): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops")]
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops", allow_negative_numbers = true)]
     pub compute: Option<u32>,
     /// How the compute share is applied: strict (never above it) or fair (a floor; idle GPU time is shared out) [default: the config's [compute] policy, else strict]
     #[arg(long, value_name = "POLICY", value_enum)]
@@ -79,19 +79,19 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops")]
     pub wait: Option<String>,
     /// Number of whole GPUs, or a range MIN-MAX the carbon planner chooses from (stage 1)
-    #[arg(long = "gpus", value_name = "N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"])]
+    #[arg(long = "gpus", value_name = "N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"], allow_hyphen_values = true)]
     pub gpu_count: Option<String>,
     /// How much the workload's speed depends on the GPU clock, 0 to 1 (carbon planner) [default: 1]
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub freq_sensitivity: Option<f64>,
     /// Host CPUs (fractional, e.g. 1.5)
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub cpus: Option<f64>,
-    /// Host memory limit (e.g. 8G)
-    #[arg(long, value_name = "SIZE")]
+    /// Host memory limit, at least 16M (e.g. 8G); an OOM kill is reported on stderr
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     pub memory: Option<String>,
     /// Maximum number of processes
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub pids: Option<u64>,
     /// Name of the workload (unique among running workloads)
     #[arg(long)]
@@ -168,12 +168,18 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
     }
     let memory = match &args.memory {
         Some(text) => match parse_size(text) {
-            Ok(0) => crate::usage!("--memory must be above zero"),
+            Ok(bytes) if bytes < crate::cgroup::MIN_MEMORY_BYTES => crate::usage!(
+                "--memory {text} is too small: a workload's host memory limit must be at least {} (sizes are bytes unless suffixed, e.g. 512M, 8G)",
+                vgpu_abi::size::format_size(crate::cgroup::MIN_MEMORY_BYTES)
+            ),
             Ok(bytes) => Some(bytes),
             Err(e) => crate::usage!("--memory: {e}"),
         },
         None => None,
     };
+    if let Some(gpu) = args.gpus.iter().find(|g| g.trim().is_empty()) {
+        crate::usage!("--gpu {gpu:?}: give a GPU index or UUID (see `vgpu devices`)");
+    }
     if args.pids == Some(0) {
         crate::usage!("--pids must be at least 1");
     }
@@ -582,8 +588,36 @@ fn start_and_supervise(ctx: &Context, store: &Store, _layout: &Layout, shim: &Pa
         }
         store.write_workload(&record)?;
     }
-    let status = crate::supervise::wait_relaying_signals(&mut child).context("waiting for the workload")?;
+    let wake = {
+        let (store, id, name, cgroup) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone());
+        move |signal: i32| match crate::lifecycle::wake_to_terminate(&store, &id, &cgroup) {
+            Ok(true) => eprintln!("vgpu: {name} ({id}) was suspended: resumed so that it acts on signal {signal}"),
+            Ok(false) => {}
+            Err(e) => eprintln!("vgpu: warning: cannot resume suspended {name} ({id}) to deliver signal {signal}: {e:#}"),
+        }
+    };
+    let status = crate::supervise::wait_relaying_signals(&mut child, wake).context("waiting for the workload")?;
+    explain_oom_kills(&started.cgroup, w, request);
     Ok(crate::supervise::exit_code(status))
+}
+
+/// Say, in one line on stderr, when the kernel's OOM killer killed processes of the
+/// workload (read from its cgroup before it is removed): otherwise a workload that hit its
+/// `--memory` limit just dies with 137.
+fn explain_oom_kills(cgroup: &Cgroup, w: &Workload, request: &Request) {
+    let kills = match cgroup.oom_kills() {
+        Ok(Some(n)) if n > 0 => n,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::debug!("cannot read the OOM events of {}: {e}", w.id);
+            return;
+        }
+    };
+    let limit = match request.limits.memory {
+        Some(bytes) => format!("it reached its host memory limit (--memory {})", vgpu_abi::size::format_size(bytes)),
+        None => "the host ran out of memory".to_string(),
+    };
+    eprintln!("vgpu: the kernel's OOM killer killed {kills} process(es) of {} ({}): {limit}", w.name, w.id);
 }
 
 /// The child's environment: ours, plus the GPUs, the vGPU, the user's identity, `--env`, and

@@ -24,7 +24,7 @@ pub struct UpdateArgs {
     #[arg(required = true, value_name = "ID")]
     pub ids: Vec<String>,
     /// New share of each of its GPUs' compute, percent (1-100)
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true)]
     pub compute: Option<u32>,
     /// New policy: strict (never above the share) or fair (a floor; idle GPU time is shared out)
     #[arg(long, value_name = "POLICY", value_enum)]

@@ -30,6 +30,14 @@ use super::kind::DeviceKind;
 
 pub const DEFAULT_BLOCK_TFLOPS: f64 = 1.0;
 
+/// The smallest block: 1 GFLOPS. Smaller blocks only make the block map (and `vgpu pool`)
+/// enormous; a device's block count is its TFLOPS / block_tflops.
+pub const MIN_BLOCK_TFLOPS: f64 = 0.001;
+
+/// The largest block: 10 000 TFLOPS, several times the largest accelerator; a block larger
+/// than every device would make the pool empty.
+pub const MAX_BLOCK_TFLOPS: f64 = 10_000.0;
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(try_from = "RawPoolConfig")]
 pub struct PoolConfig {
@@ -90,8 +98,9 @@ pub enum TflopsSource {
 impl PoolConfig {
     /// Check every value; parsing does this already, call it for a config built in code.
     pub fn validate(&self) -> Result<(), PoolError> {
-        positive(self.block_tflops)
-            .ok_or_else(|| PoolError::InvalidConfigTflops { key: "block_tflops".into(), value: self.block_tflops })?;
+        if !(self.block_tflops.is_finite() && (MIN_BLOCK_TFLOPS..=MAX_BLOCK_TFLOPS).contains(&self.block_tflops)) {
+            return Err(PoolError::InvalidBlockTflops { value: self.block_tflops });
+        }
         for (table, map) in [("tflops", &self.tflops), ("uuid_tflops", &self.uuid_tflops)] {
             for (key, &value) in map {
                 positive(value)
@@ -238,6 +247,9 @@ mod tests {
             ("[pool]\nblock_tflops = 0.0\n", "block_tflops"),
             ("[pool]\nblock_tflops = -1.0\n", "block_tflops"),
             ("[pool]\nblock_tflops = nan\n", "block_tflops"),
+            ("[pool]\nblock_tflops = 1e-300\n", "block_tflops"),
+            ("[pool]\nblock_tflops = 0.0009\n", "block_tflops"),
+            ("[pool]\nblock_tflops = 1e6\n", "block_tflops"),
             ("[pool.tflops]\n\"NVIDIA L4\" = 0\n", "NVIDIA L4"),
             ("[pool.uuid_tflops]\n\"GPU-1\" = -3\n", "GPU-1"),
             ("[[pool.device]]\nkind = \"tpu\"\nname = \"x\"\ntflops = 1\n", "unknown device kind"),

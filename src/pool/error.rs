@@ -36,6 +36,9 @@ pub enum PoolError {
     #[error("[pool] {key}: must be a positive number of TFLOPS, got {value}")]
     InvalidConfigTflops { key: String, value: f64 },
 
+    #[error("[pool] block_tflops: must be from {min} to {max} TFLOPS, got {value}", min = super::config::MIN_BLOCK_TFLOPS, max = super::config::MAX_BLOCK_TFLOPS)]
+    InvalidBlockTflops { value: f64 },
+
     #[error("pool device {0:?} is declared twice in the config: give each [[pool.device]] a distinct name or id")]
     DuplicateDevice(String),
 
@@ -76,6 +79,7 @@ impl PoolError {
                 | PoolError::DeviceWithoutTflops { .. }
                 | PoolError::InvalidDeviceTflops { .. }
                 | PoolError::InvalidConfigTflops { .. }
+                | PoolError::InvalidBlockTflops { .. }
                 | PoolError::DuplicateDevice(_)
                 | PoolError::UnknownGpuModel { .. }
                 | PoolError::TooLarge { .. }

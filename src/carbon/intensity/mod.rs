@@ -57,7 +57,7 @@ pub enum SourceError {
     FileTooLarge { path: PathBuf, cap: u64 },
     #[error("command `{command}`: {error}")]
     Command { command: String, error: command::CommandError },
-    #[error("{name} gave {value} gCO2/kWh, which is not a non-negative number")]
+    #[error("{name} gave {value} gCO2/kWh, which is not a carbon intensity from 0 to {max}", max = crate::carbon::config::MAX_INTENSITY)]
     BadValue { name: String, value: f64 },
 }
 
@@ -223,7 +223,7 @@ fn round_secs(d: Duration) -> Duration {
 }
 
 fn check_value(name: &str, reading: Reading) -> Result<Reading, SourceError> {
-    if reading.g_per_kwh.is_finite() && reading.g_per_kwh >= 0.0 {
+    if crate::carbon::config::check_intensity("intensity", reading.g_per_kwh).is_ok() {
         Ok(reading)
     } else {
         Err(SourceError::BadValue { name: name.to_string(), value: reading.g_per_kwh })

@@ -3,6 +3,7 @@
 //! A missing file means defaults. An unknown key or a bad value is an error that names the
 //! key and the file (serde's `deny_unknown_fields` plus toml's span-aware messages).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -32,14 +33,61 @@ pub struct Config {
     pub policy: PolicyConfig,
 }
 
-/// `[policy]`. By default a user who runs `sudo vgpu run` gets a workload running as
-/// themselves only; root (without sudo) may name any user.
+/// `[policy]`: what a user who runs vgpu through sudo may do. By default a workload runs as
+/// themselves only, at priority 50 at most, without `--oversubscribe`; root (without sudo,
+/// or through its own sudo) may do anything. Grants only add: the most generous of the
+/// top-level values, the user's table and their groups' tables applies (see `crate::policy`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// Users (`"alice"`) and groups (`"%gpuadmin"`) who, through sudo, may use
     /// `vgpu run --user` to run a workload as another user (root included).
     pub run_as_others: Vec<String>,
+    /// The highest `--priority` any user may ask for through sudo [default: 50, the default
+    /// priority].
+    pub max_priority: Option<i64>,
+    /// Users and `%group`s who may use `--oversubscribe` (`vgpu run`, `partition create`)
+    /// through sudo.
+    pub oversubscribe: Vec<String>,
+    /// `[policy.users.NAME]`: grants to one user.
+    pub users: BTreeMap<String, PolicyGrant>,
+    /// `[policy.groups.NAME]`: grants to every member of a group.
+    pub groups: BTreeMap<String, PolicyGrant>,
+}
+
+/// `[policy.users.NAME]` or `[policy.groups.NAME]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyGrant {
+    /// The highest `--priority` they may ask for.
+    pub max_priority: Option<i64>,
+    /// Whether they may use `--oversubscribe`.
+    pub oversubscribe: bool,
+}
+
+impl PolicyConfig {
+    /// Priorities are 0–100, names are not empty.
+    pub fn validate(&self) -> Result<(), String> {
+        let priorities = std::iter::once(("[policy] max_priority".to_string(), self.max_priority))
+            .chain(self.users.iter().map(|(n, g)| (format!("[policy.users.{n}] max_priority"), g.max_priority)))
+            .chain(self.groups.iter().map(|(n, g)| (format!("[policy.groups.{n}] max_priority"), g.max_priority)));
+        for (key, value) in priorities {
+            if let Some(p) = value.filter(|p| crate::pool::Priority::new(*p).is_err()) {
+                return Err(format!("{key}: must be a priority from 0 to 100, got {p}"));
+            }
+        }
+        for (key, list) in [("run_as_others", &self.run_as_others), ("oversubscribe", &self.oversubscribe)] {
+            if let Some(bad) = list.iter().find(|e| e.trim_start_matches('%').trim().is_empty()) {
+                return Err(format!("[policy] {key}: {bad:?} is not a user or %group name"));
+            }
+        }
+        for (table, names) in [("users", &self.users), ("groups", &self.groups)] {
+            if let Some(bad) = names.keys().find(|n| n.trim().is_empty()) {
+                return Err(format!("[policy.{table}]: {bad:?} is not a name"));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Error)]
@@ -79,6 +127,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.carbon.validate().map_err(|e| e.to_string())?;
         self.pool.validate().map_err(|e| e.to_string())?;
+        self.policy.validate()?;
         Ok(())
     }
 }
@@ -161,6 +210,30 @@ mod tests {
         assert_eq!(config.policy.run_as_others, ["alice", "%gpuadmin"]);
         let err = Config::parse("[policy]\nrun_as_other = []\n").unwrap_err();
         assert!(err.contains("run_as_other"), "{err}");
+    }
+
+    #[test]
+    fn policy_grants_parse_and_are_checked() {
+        let config = Config::parse(
+            "[policy]\nmax_priority = 40\noversubscribe = [\"%gpuadmin\"]\n[policy.users.alice]\nmax_priority = 80\noversubscribe = true\n[policy.groups.ops]\nmax_priority = 100\n",
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let policy = config.policy;
+        assert_eq!(policy.max_priority, Some(40));
+        assert_eq!(policy.oversubscribe, ["%gpuadmin"]);
+        assert_eq!(policy.users["alice"], PolicyGrant { max_priority: Some(80), oversubscribe: true });
+        assert_eq!(policy.groups["ops"], PolicyGrant { max_priority: Some(100), oversubscribe: false });
+        for (text, needle) in [
+            ("[policy]\nmax_priority = 101\n", "[policy] max_priority"),
+            ("[policy.users.bob]\nmax_priority = -1\n", "[policy.users.bob] max_priority"),
+            ("[policy]\noversubscribe = [\"%\"]\n", "oversubscribe"),
+        ] {
+            let err = Config::parse(text).unwrap().validate().unwrap_err();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        let err = Config::parse("[policy.users.bob]\nmax_prio = 1\n").unwrap_err();
+        assert!(err.contains("max_prio"), "{err}");
     }
 
     #[test]

@@ -28,16 +28,7 @@ pub enum IdentityError {
 /// Resolve the workload's user. `user_arg` is `--user`; `sudo_uid` is `$SUDO_UID`;
 /// `run_as_others` is `[policy] run_as_others` (user names and `%group` names).
 pub fn resolve(user_arg: Option<&str>, sudo_uid: Option<&str>, run_as_others: &[String]) -> Result<UserSpec, IdentityError> {
-    // An unreadable SUDO_UID fails closed (it never means root).
-    let sudo_uid = match sudo_uid.filter(|u| !u.is_empty()) {
-        Some(text) => Some(text.trim().parse::<u32>().map_err(|_| IdentityError::BadSudoUid(text.to_string()))?),
-        None => None,
-    };
-    // The unprivileged user who ran sudo, if any.
-    let caller = match sudo_uid {
-        Some(uid) if uid != 0 => Some(User::from_uid(Uid::from_raw(uid))?.ok_or_else(|| IdentityError::UnknownUser(uid.to_string()))?),
-        _ => None,
-    };
+    let caller = caller_user(sudo_uid)?;
     match user_arg {
         Some(spec) => {
             let (user_part, group_part) = match spec.split_once(':') {
@@ -77,8 +68,27 @@ pub fn resolve(user_arg: Option<&str>, sudo_uid: Option<&str>, run_as_others: &[
     }
 }
 
-/// Whether `[policy] run_as_others` names `caller` or one of its groups (`%group`).
-fn may_run_as_others(caller: &UserSpec, run_as_others: &[String]) -> bool {
+/// The unprivileged user who ran sudo (`sudo_uid` is `$SUDO_UID`, set and not 0), with their
+/// groups; `None` for root (no sudo, or root's own sudo). What `[policy]` restricts.
+pub fn sudo_caller(sudo_uid: Option<&str>) -> Result<Option<UserSpec>, IdentityError> {
+    caller_user(sudo_uid)?.map(|user| spec_for(&user, user.gid)).transpose()
+}
+
+fn caller_user(sudo_uid: Option<&str>) -> Result<Option<User>, IdentityError> {
+    // An unreadable SUDO_UID fails closed (it never means root).
+    let sudo_uid = match sudo_uid.filter(|u| !u.is_empty()) {
+        Some(text) => Some(text.trim().parse::<u32>().map_err(|_| IdentityError::BadSudoUid(text.to_string()))?),
+        None => None,
+    };
+    match sudo_uid {
+        Some(uid) if uid != 0 => Ok(Some(User::from_uid(Uid::from_raw(uid))?.ok_or_else(|| IdentityError::UnknownUser(uid.to_string()))?)),
+        _ => Ok(None),
+    }
+}
+
+/// Whether a `[policy]` list of users and `%group`s (`run_as_others`, `oversubscribe`) names
+/// `caller` or one of its groups.
+pub(crate) fn may_run_as_others(caller: &UserSpec, run_as_others: &[String]) -> bool {
     run_as_others.iter().any(|entry| match entry.strip_prefix('%') {
         Some(group) => match Group::from_name(group) {
             Ok(Some(g)) => caller.groups.contains(&g.gid.as_raw()),

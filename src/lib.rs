@@ -15,6 +15,7 @@ pub mod identity;
 pub mod lifecycle;
 pub mod output;
 pub mod paths;
+pub mod policy;
 pub mod pool;
 pub mod pooling;
 pub mod repair;

@@ -124,3 +124,52 @@ fn policy_run_as_others_lets_a_sudo_user_name_another_user() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
 }
+
+#[test]
+fn a_sudo_user_gets_no_priority_or_oversubscription_beyond_the_policy() {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(sim.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let marker = sim.path("ran");
+    let script = touch(&marker);
+    // The default policy: priority 50 at most, no oversubscription.
+    let cmd = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--priority", "51", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "--priority 51 is above 50");
+    let cmd = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--oversubscribe", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "--oversubscribe is not granted to nobody");
+    let cmd = as_sudo_nobody(&sim, &["run", "--tflops", "1", "--priority", "100", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "--priority 100");
+    let cmd = as_sudo_nobody(&sim, &["partition", "create", "p", "--gpu", "0", "--mem", "1G", "--oversubscribe"]);
+    assert_refused(&sim, cmd, &marker, "--oversubscribe");
+    // Within it, and root, run.
+    for args in [&["run", "--mem", "1G", "--priority", "50", "--", "true"][..], &["run", "--mem", "1G", "--priority", "0", "--", "true"][..]] {
+        let out = as_sudo_nobody(&sim, args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    as_root(&sim, &["run", "--mem", "16G", "--priority", "100", "--oversubscribe", "--", "true"]).assert().success();
+}
+
+#[test]
+fn policy_grants_priority_and_oversubscription_to_users_and_groups() {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(sim.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let marker = sim.path("ran");
+    let script = touch(&marker);
+    sim.write_vgpu_config("[policy]\nmax_priority = 40\n\n[policy.users.nobody]\nmax_priority = 80\noversubscribe = true\n");
+    let out = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--priority", "80", "--oversubscribe", "--", "true"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cmd = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--priority", "81", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "--priority 81 is above 80");
+
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let group = nix::unistd::Group::from_gid(nobody.gid).unwrap().unwrap().name;
+    sim.write_vgpu_config(&format!("[policy]\noversubscribe = [\"%{group}\"]\n\n[policy.groups.{group}]\nmax_priority = 90\n"));
+    let out = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--priority", "90", "--oversubscribe", "--", "true"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cmd = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--priority", "91", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "--priority 91 is above 90");
+
+    // A bad grant is refused at load, for every command.
+    sim.write_vgpu_config("[policy.users.nobody]\nmax_priority = 101\n");
+    let cmd = as_root(&sim, &["run", "--mem", "1G", "--", "sh", "-c", &script]);
+    assert_refused(&sim, cmd, &marker, "[policy.users.nobody] max_priority");
+}

@@ -47,7 +47,7 @@ pub struct CreateArgs {
     /// How the compute share is applied: strict or fair [default: the config's [compute] policy, else strict]
     #[arg(long, value_name = "POLICY", value_enum)]
     pub compute_policy: Option<ComputePolicy>,
-    /// Allow the GPU's memory to be over-committed
+    /// Allow the GPU's memory to be over-committed; through sudo, only if the config's [policy] grants it
     #[arg(long)]
     pub oversubscribe: bool,
     /// The user whose workloads may use it (and write its counters) [default: root only]
@@ -93,6 +93,11 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         crate::usage!("invalid partition name {:?}: use letters, digits, '-', '_' and '.' (at most 64)", args.name);
     }
     let mem = MemSpec::parse(&args.mem).map_err(|e| UsageError::new(format!("--mem: {e}")))?;
+    if args.oversubscribe {
+        let sudo_uid = std::env::var("SUDO_UID").ok();
+        let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
+        crate::policy::check_oversubscribe(&ctx.config.policy, caller.as_ref()).map_err(|e| UsageError::new(e.to_string()))?;
+    }
     let Some(nvml) = ctx.nvml()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };

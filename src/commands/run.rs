@@ -105,10 +105,10 @@ pub struct RunArgs {
     /// Working directory of the workload
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<PathBuf>,
-    /// Priority, 0-100 (higher wins in the compute pool) [default: 50]
+    /// Priority, 0-100 (higher wins in the compute pool); through sudo, at most what the config's [policy] grants the caller [default: 50, or that maximum if lower]
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub priority: Option<String>,
-    /// Admit even when the GPU's memory is already fully reserved
+    /// Admit even when the GPU's memory is already fully reserved; through sudo, only if the config's [policy] grants it
     #[arg(long)]
     pub oversubscribe: bool,
     /// The command and its arguments
@@ -209,10 +209,7 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
             crate::usage!("--cwd {}: no such directory", cwd.display());
         }
     }
-    let priority = match &args.priority {
-        Some(text) => text.parse::<Priority>().map_err(pool_error)?,
-        None => Priority::DEFAULT,
-    };
+    let asked_priority = args.priority.as_deref().map(str::parse::<Priority>).transpose().map_err(pool_error)?;
     let pool = match &args.tflops {
         Some(text) => Some(PoolAsk {
             tflops: crate::pool::parse_tflops(text).map_err(pool_error)?,
@@ -233,6 +230,10 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
     let gpu_range = args.gpu_count.as_deref().map(parse_gpu_range).transpose().map_err(|e| UsageError::new(format!("--gpus: {e}")))?;
     let sudo_uid = std::env::var("SUDO_UID").ok();
     let user = crate::identity::resolve(args.user.as_deref(), sudo_uid.as_deref(), &ctx.config.policy.run_as_others).map_err(|e| UsageError::new(format!("--user: {e}")))?;
+    // Through sudo, priorities and oversubscription only as far as [policy] grants the caller.
+    let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
+    let priority = crate::policy::check_run(&ctx.config.policy, caller.as_ref(), asked_priority, args.oversubscribe)
+        .map_err(|e| UsageError::new(e.to_string()))?;
     let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
     let program = &args.command[0];
     if resolve_program(program, path_var.as_deref(), args.cwd.as_deref()).is_none() {

@@ -23,11 +23,13 @@ pub(crate) fn read(path: &Path) -> Result<String> {
     fs::read_to_string(path).map_err(|e| io_error("read", path, e))
 }
 
-/// `None` when the file does not exist.
+/// `None` when the file does not exist, or belongs to a cgroup that is being removed (the
+/// kernel answers ENODEV between a concurrent `rmdir` and the directory's disappearance: a
+/// `vgpu kill` racing the workload's own clean-up saw it).
 pub(crate) fn read_opt(path: &Path) -> Result<Option<String>> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
         Err(e) => Err(io_error("read", path, e)),
     }
 }

@@ -161,6 +161,13 @@ fn umask_000_changes_no_mode_and_unsafe_directories_are_refused() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("writable by others (mode 0777)") && stderr.contains("chmod go-w"), "{stderr}");
+    // … and `vgpu doctor` says so, with the fix.
+    let out = sim.vgpu(&["doctor", "--json"]).output().unwrap();
+    let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = checks.as_array().into_iter().flatten().chain(checks["checks"].as_array().into_iter().flatten()).find(|c| c["name"] == "state directory").cloned();
+    let check = check.unwrap_or_else(|| panic!("no state directory check: {checks}"));
+    assert_eq!(check["status"], "fail", "{check}");
+    assert!(check["detail"].as_str().unwrap().contains("writable by others"), "{check}");
 }
 
 /// A partition names who may use it: its user, or its group's members (and root).

@@ -128,7 +128,8 @@ pub fn all_checks(ctx: &Context) -> Vec<Check> {
     checks.push(check_cuda(ctx));
     check_cgroups(&mut checks);
     checks.push(check_shim(ctx));
-    checks.push(check_state_dir(&ctx.state_dir));
+    checks.push(check_state_dir("state directory", &ctx.state_dir));
+    checks.push(check_state_dir("library directory", &ctx.lib_dir));
     checks.push(check_state_files(ctx));
     checks.push(check_root());
     checks.push(check_mps());
@@ -239,17 +240,24 @@ fn check_shim(ctx: &Context) -> Check {
     }
 }
 
-fn check_state_dir(dir: &Path) -> Check {
+fn check_state_dir(name: &str, dir: &Path) -> Check {
     let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    // Owned by root and writable by nobody else, up to `/` (what every command checks).
+    if let Err(e) = crate::state::dirs::check_dir(existing) {
+        return match e {
+            crate::state::StateError::UnsafeDir { reason, fix, .. } => Check::fail(name, reason, fix),
+            other => Check::fail(name, other.to_string(), "check the path"),
+        };
+    }
     if writable(existing) {
         let detail = if existing == dir {
             format!("{} writable", dir.display())
         } else {
             format!("{} will be created (under {})", dir.display(), existing.display())
         };
-        Check::ok("state directory", detail)
+        Check::ok(name, detail)
     } else {
-        Check::fail("state directory", format!("{} is not writable", existing.display()), "run as root or pick --state-dir")
+        Check::fail(name, format!("{} is not writable", existing.display()), "run as root or pick --state-dir")
     }
 }
 

@@ -1,10 +1,10 @@
 //! The CLI's side of the compute governor: the `[compute]` config table, the policy names
-//! users type, the GPU boards the CLI creates, and changing a vGPU's share live.
+//! users type, the GPU board slots the CLI creates, and changing a vGPU's share live.
 //!
 //! The shim enforces the share (`shim/src/governor/compute.rs`); the CLI only writes the
-//! share, the policy and the priority into the vGPU's usage file and creates the board of
-//! every GPU a vGPU uses (`<state>/gpus/<uuid>`), through which the vGPUs sharing a GPU see
-//! each other. The shim re-reads the share on every launch, so a change is followed within
+//! share, the policy and the priority into the vGPU's usage file and creates the vGPU's
+//! slot on the board of every GPU it uses (`<state>/gpus/<uuid>/<vgpu-id>`, owned by the
+//! vGPU's user), through which the vGPUs sharing a GPU see each other. The shim re-reads the share on every launch, so a change is followed within
 //! one governor period.
 //!
 //! The compute pool (`--tflops`) fixes a workload's per-GPU share when it is admitted
@@ -69,17 +69,19 @@ pub fn abi_priority(priority: i32) -> u32 {
     priority.clamp(0, 100) as u32
 }
 
-/// Create the board of every GPU in `uuids` under `state_dir` unless it is there. A board
-/// that cannot be made is a warning, not a failure: the vGPUs on that GPU then each keep
-/// exactly their own share (no work-conserving, no priority order).
-pub fn ensure_boards<'a>(state_dir: &Path, uuids: impl IntoIterator<Item = &'a str>) {
+/// Give the vGPU `vgpu_id` its slot on the board of every GPU in `uuids` under `state_dir`
+/// (`<state>/gpus/<uuid>/<vgpu_id>`, owned by `owner` (uid, gid), mode 0644, or 0664 when
+/// `group_writable`), unless it has one. A slot that cannot be made is a warning, not a
+/// failure: that vGPU then keeps exactly its own share on that GPU (no work-conserving, no
+/// priority order), and the others do not see it.
+pub fn ensure_slots<'a>(state_dir: &Path, vgpu_id: &str, uuids: impl IntoIterator<Item = &'a str>, owner: (u32, u32), group_writable: bool) {
     for uuid in uuids {
-        let Some(path) = vgpu_abi::board::path_in_state(state_dir, uuid) else {
-            tracing::warn!("no compute board for GPU {uuid:?}: its UUID is not a plain file name; its vGPUs keep their own shares");
-            continue;
-        };
-        if let Err(e) = vgpu_abi::board::Board::ensure(&path) {
-            tracing::warn!("cannot create the compute board {}: {e}; vGPUs on GPU {uuid} keep their own shares", path.display());
+        match vgpu_abi::board::ensure_slot(state_dir, uuid, vgpu_id, owner, group_writable) {
+            Ok(done) if done.replaced_old_board => {
+                tracing::info!("replaced the compute board file of GPU {uuid} left by an earlier vgpu with a directory of per-vGPU slots");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("no compute board slot for vGPU {vgpu_id} on GPU {uuid}: {e}; it keeps its own share there"),
         }
     }
 }
@@ -151,18 +153,26 @@ mod tests {
     }
 
     #[test]
-    fn boards_are_created_shared_and_kept() {
-        use std::os::unix::fs::PermissionsExt;
+    fn slots_are_created_per_vgpu_owned_and_kept() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let dir = tempfile::tempdir().unwrap();
-        ensure_boards(dir.path(), ["GPU-1234", "../evil"]);
-        let path = dir.path().join(vgpu_abi::layout::BOARDS_DIR).join("GPU-1234");
-        let meta = std::fs::metadata(&path).unwrap();
-        assert_eq!(meta.permissions().mode() & 0o777, 0o666);
-        assert!(vgpu_abi::board::Board::open(&path).is_ok());
+        let old = dir.path().join(vgpu_abi::layout::BOARDS_DIR).join("GPU-1234");
+        std::fs::create_dir_all(old.parent().unwrap()).unwrap();
+        std::fs::write(&old, [0u8; 64]).unwrap(); // an earlier vgpu's board file
+        // SAFETY: getuid and getgid cannot fail.
+        let me = unsafe { (libc::getuid(), libc::getgid()) };
+        ensure_slots(dir.path(), "3f2a", ["GPU-1234", "../evil"], me, false);
+        assert!(std::fs::symlink_metadata(&old).unwrap().is_dir(), "the old board file became a directory");
+        assert_eq!(std::fs::metadata(&old).unwrap().permissions().mode() & 0o7777, 0o755);
+        let slot = old.join("3f2a");
+        let meta = std::fs::metadata(&slot).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o644);
+        assert_eq!((meta.uid(), meta.gid()), me);
         assert_eq!(std::fs::read_dir(dir.path().join(vgpu_abi::layout::BOARDS_DIR)).unwrap().count(), 1);
-        // A board that is there is left alone (same inode).
-        use std::os::unix::fs::MetadataExt;
-        ensure_boards(dir.path(), ["GPU-1234"]);
-        assert_eq!(std::fs::metadata(&path).unwrap().ino(), meta.ino());
+        // A slot that is there is left alone (same inode); a group's is group-writable.
+        ensure_slots(dir.path(), "3f2a", ["GPU-1234"], me, false);
+        assert_eq!(std::fs::metadata(&slot).unwrap().ino(), meta.ino());
+        ensure_slots(dir.path(), "p-team", ["GPU-1234"], me, true);
+        assert_eq!(std::fs::metadata(old.join("p-team")).unwrap().permissions().mode() & 0o7777, 0o664);
     }
 }

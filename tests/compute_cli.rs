@@ -1,8 +1,8 @@
 //! The CLI's side of the compute governor, end to end through the real binary on the
 //! simulated driver (as root, real cgroups): `--compute-policy` and `[compute] policy`
-//! reach the vGPU's usage file, the GPU's board is created, `vgpu update` and `vgpu
-//! partition update` change a running vGPU's share live, and `vgpu ps` shows the target
-//! and the measured share.
+//! reach the vGPU's usage file, the vGPU's slot on the GPU's board is created, `vgpu
+//! update` and `vgpu partition update` change a running vGPU's share live, and `vgpu ps`
+//! shows the target and the measured share.
 
 mod common;
 
@@ -78,11 +78,16 @@ fn run_puts_share_policy_and_priority_in_the_usage_file_and_makes_the_board() {
     let uuid = w["gpus"][0]["uuid"].as_str().unwrap();
     assert_eq!(devices[0].uuid, uuid);
 
-    // The board of GPU 1, shared by every user; none for GPU 0, which no vGPU uses.
+    // The vGPU's slot on the board of GPU 1 (a root-owned directory), its own to write and
+    // everybody's to read; none for GPU 0, which no vGPU uses.
     let board = sim.path(&format!("run/gpus/{uuid}"));
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&board).unwrap().permissions().mode() & 0o777, 0o666);
-    assert!(vgpu_abi::board::Board::open(&board).is_ok());
+    assert!(std::fs::symlink_metadata(&board).unwrap().is_dir());
+    assert_eq!(std::fs::metadata(&board).unwrap().permissions().mode() & 0o7777, 0o755);
+    let slot = board.join(id);
+    assert_eq!(std::fs::metadata(&slot).unwrap().permissions().mode() & 0o7777, 0o644);
+    assert!(vgpu_abi::board::Board::open(&sim.path(&format!("run/vgpus/{id}")), uuid).is_ok());
+    assert_eq!(std::fs::read_dir(&board).unwrap().count(), 1);
     assert_eq!(std::fs::read_dir(sim.path("run/gpus")).unwrap().count(), 1);
 
     // ps and the record say the same.
@@ -223,7 +228,10 @@ fn partition_update_changes_the_definition_and_the_live_vgpu() {
     // Its first workload creates the vGPU with the new definition, and the GPU's board.
     let held = Held::start(&sim, "server", &["--partition", "svc"]);
     let uuid = list[0]["gpu_uuid"].as_str().unwrap();
-    assert!(vgpu_abi::board::Board::open(&sim.path(&format!("run/gpus/{uuid}"))).is_ok());
+    assert!(vgpu_abi::board::Board::open(&sim.path("run/vgpus/p-svc"), uuid).is_ok());
+    use std::os::unix::fs::PermissionsExt;
+    let slot = sim.path(&format!("run/gpus/{uuid}/p-svc"));
+    assert_eq!(std::fs::metadata(&slot).unwrap().permissions().mode() & 0o7777, 0o664, "a partition's slot is its group's");
     let usage = usage_of(&sim, "p-svc");
     assert_eq!(shares(&usage), [(40, Policy::Fair)]);
     let w = row(&sim, "server");

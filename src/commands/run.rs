@@ -532,9 +532,10 @@ fn select_gpus<'a>(
 
 /// Create the vGPU directory, its limits and usage files and `procs/`, owned as the
 /// README's table says ([`crate::access`]) — a partition's exist after its first use — and
-/// the board of each of its GPUs (a board that cannot be made is only a warning).
+/// its slot on the board of each of its GPUs, the tenant's (one that cannot be made is only
+/// a warning).
 fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload, tenant: vgpu_abi::usage::Tenant) -> Result<()> {
-    crate::compute::ensure_boards(&store.state_dir, w.gpus.iter().map(|g| g.uuid.as_str()));
+    crate::compute::ensure_slots(&store.state_dir, &w.vgpu, w.gpus.iter().map(|g| g.uuid.as_str()), (tenant.uid, tenant.gid), tenant.group_writable);
     let usage_path = dir.join(USAGE_FILE);
     if w.partition.is_some() && std::fs::symlink_metadata(&usage_path).is_ok() {
         match UsageFile::open(&usage_path) {
@@ -545,7 +546,7 @@ fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload, tenant: vgpu_abi::usage:
                     && !store.workloads().0.iter().any(|o| o.id != w.id && o.partition == w.partition) =>
             {
                 tracing::info!("{}: made by an older vgpu (layout {found}); made again", dir.display());
-                vgpu_abi::board::release_vgpu(dir);
+                // Not its board slots: they were made (again) just above, for the same vGPU.
                 std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
             }
             Err(e) => return Err(e).with_context(|| format!("opening {}", usage_path.display())),

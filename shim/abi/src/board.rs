@@ -1,291 +1,522 @@
-//! A GPU's board: one small shared file per physical GPU (`<state>/gpus/<uuid>`) where every
-//! vGPU using the GPU publishes its share, priority, policy, whether it wants more, and
-//! how much it uses. The compute governor of each vGPU reads the board to turn its share
-//! into an allowance ([`crate::compute::allowance_ppm`]): work-conserving in `fair` mode,
-//! priority order when the GPU is oversubscribed.
+//! A GPU's board: how the vGPUs sharing one physical GPU see each other's compute demand.
 //!
-//! The `vgpu` CLI creates the board when it first gives a vGPU part of the GPU; the shim
-//! only maps it. Slots are taken by compare-and-swap on `owner` (a vGPU's key); a slot
-//! whose heartbeat is older than [`STALE_NS`] belongs to a vGPU that stopped launching and
-//! may be taken over. A missing or damaged board only means "no competitors known": each
-//! vGPU then keeps exactly its own share.
+//! `<state>/gpus/<uuid>/` is a directory (owned by root, mode 0755) holding one small slot
+//! file per vGPU using the GPU, `<state>/gpus/<uuid>/<vgpu-id>` ([`BoardHeader`] + one
+//! [`BoardSlot`], [`slot_file_size`] bytes), where `<vgpu-id>` is the name of the vGPU's
+//! directory (`<state>/vgpus/<vgpu-id>`). The `vgpu` CLI creates the slot file when it
+//! creates the vGPU, owned by the vGPU's user, mode 0644 (0664 for a partition shared by a
+//! group): only the vGPU's own processes can write it, everybody can read it, and nobody
+//! but root can add, replace or remove files in the directory.
+//!
+//! The shim of a vGPU maps only its own slot file read-write and publishes its share,
+//! priority, policy, whether it wants more and how much it uses there ([`Board::publish`]).
+//! It reads the other vGPUs' slot files with `pread`, never through a mapping (a file its
+//! owner can truncate must never be mapped by anybody else: the mapping would fault), and
+//! turns what they show into [`Competitor`]s ([`Board::snapshot`]) for
+//! [`crate::compute::allowance_ppm`]: work-conserving in `fair` mode, priority order when
+//! the GPU is oversubscribed. A slot not published for [`ACTIVE_NS`] is not competing; one
+//! that is short, has another magic or layout version, or is not a regular file is
+//! ignored. The directory is listed again at most every [`RELIST_NS`] to find vGPUs that
+//! came or went; between listings a refresh is one `pread` per other vGPU and allocates
+//! nothing.
+//!
+//! A missing or damaged own slot only means "no competitors known": the vGPU then keeps
+//! exactly its own share. A tenant can damage only its own slot (then it is ignored by the
+//! others) and can only lie about its own figures.
+//!
+//! When `vgpu` removes a vGPU it unlinks its slot files ([`release_vgpu`]).
 
-use std::fs::OpenOptions;
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::mem::{offset_of, size_of};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use crate::compute::{Competitor, Policy};
 use crate::layout::{
-    board_file_size, now_unix_ns, BoardHeader, BoardSlot, BOARDS_DIR, BOARD_MAGIC, BOARD_SLOTS, LAYOUT_VERSION,
+    now_unix_ns, slot_file_size, BoardHeader, BoardSlot, BOARDS_DIR, BOARD_MAGIC, BOARD_SLOTS, LAYOUT_VERSION,
 };
 use crate::mapping::SharedMapping;
 use crate::usage::LayoutError;
 
-/// A slot not written for this long is free to take (ns).
-pub const STALE_NS: u64 = 3_000_000_000;
 /// A vGPU whose processes have not published for this long is not competing for the GPU
 /// now (it stopped launching, or it is gone): others do not count it (ns).
 pub const ACTIVE_NS: u64 = 1_000_000_000;
+/// How often a [`Board`] lists the GPU's directory again for vGPUs that came or went (ns).
+pub const RELIST_NS: u64 = 1_000_000_000;
+/// Most competitors a [`Board::snapshot`] yields: the vGPU itself and [`BOARD_SLOTS`] others.
+pub const MAX_COMPETITORS: usize = BOARD_SLOTS + 1;
 
-/// Give up every board slot of the vGPU in `vgpu_dir` (its workload ended; the directory is
-/// about to be removed). Best effort: a missing board or usage file has nothing to give up.
-pub fn release_vgpu(vgpu_dir: &Path) {
-    let Ok(usage) = crate::usage::UsageFile::open(&vgpu_dir.join(crate::layout::USAGE_FILE)) else {
-        return;
+/// Mode of the per-GPU directories (and of `<state>/gpus`): only root adds or removes slots.
+const DIR_MODE: u32 = 0o755;
+
+/// Whether `name` may name a slot file: non-empty, not `.` or `..`, no `/`, printable ASCII
+/// (no space), at most 255 bytes. (The CLI's `state::is_plain_name`, on bytes.)
+pub fn is_plain_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name != b"."
+        && name != b".."
+        && name.len() <= 255
+        && name.iter().all(|&b| b.is_ascii_graphic() && b != b'/')
+}
+
+/// A vGPU id that names a slot: plain, and not hidden (temporary files start with a dot).
+fn is_slot_name(name: &[u8]) -> bool {
+    is_plain_name(name) && name[0] != b'.'
+}
+
+fn is_uuid(uuid: &str) -> bool {
+    !uuid.is_empty()
+        && uuid.len() <= crate::layout::MAX_UUID_LEN
+        && uuid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// `<state>/gpus/<uuid>`, the directory of GPU `uuid`'s slot files, if `uuid` is a safe
+/// file name.
+pub fn dir_in_state(state_dir: &Path, uuid: &str) -> Option<PathBuf> {
+    is_uuid(uuid).then(|| state_dir.join(BOARDS_DIR).join(uuid))
+}
+
+/// The state directory and the vGPU id of the vGPU directory `vgpu_dir`
+/// (`<state>/vgpus/<id>`), if its name is a plain name.
+fn split_vgpu_dir(vgpu_dir: &Path) -> Option<(&Path, &OsStr)> {
+    let id = vgpu_dir.file_name()?;
+    let state = vgpu_dir.parent()?.parent()?;
+    is_slot_name(id.as_bytes()).then_some((state, id))
+}
+
+/// Where the vGPU in `vgpu_dir` (`<state>/vgpus/<id>`) publishes on GPU `uuid`:
+/// `<state>/gpus/<uuid>/<id>`. `None` for a UUID or id that is not a plain file name.
+pub fn slot_path_for_vgpu(vgpu_dir: &Path, uuid: &str) -> Option<PathBuf> {
+    let (state, id) = split_vgpu_dir(vgpu_dir)?;
+    Some(dir_in_state(state, uuid)?.join(id))
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LayoutError + '_ {
+    move |source| LayoutError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+// ---- the CLI's side: creating and removing slots ------------------------------------------
+
+/// What [`ensure_slot`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ensured {
+    /// The slot file was created (it was missing or damaged); otherwise a valid one was
+    /// left as it was.
+    pub created: bool,
+    /// `<state>/gpus/<uuid>` was a board file of an earlier vgpu (one shared file per GPU),
+    /// replaced by the directory.
+    pub replaced_old_board: bool,
+}
+
+/// Make sure the vGPU `vgpu_id` has its slot file on GPU `uuid`:
+/// `<state>/gpus/<uuid>/<vgpu_id>`, owned by `owner` (uid, gid), mode 0644 (0664 when
+/// `group_writable`). The directories are created (mode 0755, owned by this process) unless
+/// there; a board file of an earlier version in place of the GPU's directory is removed.
+/// Nothing is followed through a symbolic link; a directory owned by another user or
+/// writable by others is refused. A valid slot file already there is left alone; a damaged
+/// one is replaced. The file is written whole before it appears (temporary + rename).
+pub fn ensure_slot(
+    state_dir: &Path,
+    uuid: &str,
+    vgpu_id: &str,
+    owner: (u32, u32),
+    group_writable: bool,
+) -> Result<Ensured, LayoutError> {
+    let gpu_dir = dir_in_state(state_dir, uuid).ok_or_else(|| LayoutError::Unsafe {
+        path: state_dir.join(BOARDS_DIR),
+        reason: format!("GPU UUID {uuid:?} is not a plain file name"),
+    })?;
+    if !is_slot_name(vgpu_id.as_bytes()) {
+        return Err(LayoutError::Unsafe {
+            path: gpu_dir,
+            reason: format!("vGPU id {vgpu_id:?} is not a plain file name"),
+        });
+    }
+    ensure_dir(&state_dir.join(BOARDS_DIR))?;
+    let mut ensured = Ensured {
+        created: false,
+        replaced_old_board: false,
     };
-    for device in 0..usage.device_count() {
-        let Some(path) = path_for_vgpu(vgpu_dir, usage.device_uuid(device)) else { continue };
-        if let Ok(board) = Board::open(&path) {
-            board.release_owner(owner_key(usage.created_unix_ns(), device));
+    if let Ok(meta) = std::fs::symlink_metadata(&gpu_dir) {
+        if meta.file_type().is_file() {
+            // One shared board file per GPU, from an earlier vgpu: every vGPU could write it.
+            std::fs::remove_file(&gpu_dir).map_err(io_err(&gpu_dir))?;
+            ensured.replaced_old_board = true;
+        }
+    }
+    ensure_dir(&gpu_dir)?;
+    let path = gpu_dir.join(vgpu_id);
+    if read_header(&path).is_ok() {
+        return Ok(ensured);
+    }
+    create_slot(&gpu_dir, &path, owner, if group_writable { 0o664 } else { 0o644 })?;
+    ensured.created = true;
+    Ok(ensured)
+}
+
+/// Create the directory `path` (mode [`DIR_MODE`], owned by this process) unless it is
+/// there; either way check, on the opened directory, that it is a real directory owned by
+/// this process and set its mode (never trusting the umask).
+fn ensure_dir(path: &Path) -> Result<(), LayoutError> {
+    let created = match std::fs::DirBuilder::new().mode(DIR_MODE).create(path) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => LayoutError::Unsafe {
+                path: path.to_path_buf(),
+                reason: match std::fs::symlink_metadata(path) {
+                    Ok(meta) => format!("a {}, not a directory", crate::mapping::kind_name(&meta.file_type())),
+                    Err(_) => "not a directory".to_string(),
+                },
+            },
+            _ => io_err(path)(e),
+        })?;
+    let meta = dir.metadata().map_err(io_err(path))?;
+    // SAFETY: geteuid and getegid cannot fail and touch no memory.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if meta.uid() != euid {
+        return Err(LayoutError::Unsafe {
+            path: path.to_path_buf(),
+            reason: format!("owned by uid {}, not by uid {euid} (remove it)", meta.uid()),
+        });
+    }
+    if created {
+        // Not the group a set-group-ID parent would hand down: the owner is the one intended.
+        std::os::unix::fs::fchown(&dir, Some(euid), Some(egid)).map_err(io_err(path))?;
+    }
+    if meta.mode() & 0o7777 != DIR_MODE || created {
+        dir.set_permissions(std::fs::Permissions::from_mode(DIR_MODE))
+            .map_err(io_err(path))?;
+    }
+    Ok(())
+}
+
+/// Write a fresh slot file at `path` (in `dir`): temporary file, owner, mode, content, rename.
+fn create_slot(dir: &Path, path: &Path, owner: (u32, u32), mode: u32) -> Result<(), LayoutError> {
+    let mut bytes = vec![0u8; slot_file_size()];
+    let header = BoardHeader {
+        magic: BOARD_MAGIC,
+        version: LAYOUT_VERSION,
+        slot_count: 1,
+        created_unix_ns: now_unix_ns(),
+        reserved: [0; 5],
+    };
+    // SAFETY: BoardHeader is repr(C) plain data without padding (64 bytes, asserted in
+    // layout.rs); the slice covers exactly it and lives no longer than `header`.
+    let raw = unsafe { std::slice::from_raw_parts((&header as *const BoardHeader).cast::<u8>(), size_of::<BoardHeader>()) };
+    bytes[..raw.len()].copy_from_slice(raw);
+    let name = path.file_name().map(OsStr::to_string_lossy).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let write = || -> io::Result<()> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        std::os::unix::fs::fchown(&file, Some(owner.0), Some(owner.1))?;
+        // After the chown (which may clear bits), and whatever the umask took away.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_err(path)(e)
+    })
+}
+
+/// Remove the slot file of the vGPU in `vgpu_dir` (`<state>/vgpus/<id>`) on every GPU it
+/// uses (its workload ended; the directory is about to be removed): the others stop
+/// counting it at once. The GPUs are those of its usage file; without a readable one, every
+/// GPU directory is looked at. Best effort: a missing slot has nothing to give up.
+pub fn release_vgpu(vgpu_dir: &Path) {
+    let Some((state, id)) = split_vgpu_dir(vgpu_dir) else { return };
+    match crate::usage::UsageFile::open(&vgpu_dir.join(crate::layout::USAGE_FILE)) {
+        Ok(usage) => {
+            for device in 0..usage.device_count() {
+                if let Some(dir) = dir_in_state(state, usage.device_uuid(device)) {
+                    remove_slot(&dir, id);
+                }
+            }
+        }
+        Err(_) => {
+            let Ok(entries) = std::fs::read_dir(state.join(BOARDS_DIR)) else { return };
+            for entry in entries.flatten() {
+                if is_uuid(&entry.file_name().to_string_lossy()) {
+                    remove_slot(&entry.path(), id);
+                }
+            }
         }
     }
 }
 
-/// Where the board of GPU `uuid` lives for the vGPU directory `vgpu_dir`
-/// (`<state>/vgpus/<id>` → `<state>/gpus/<uuid>`). `None` for a UUID that is not a plain
-/// file name.
-pub fn path_for_vgpu(vgpu_dir: &Path, uuid: &str) -> Option<PathBuf> {
-    let state = vgpu_dir.parent()?.parent()?;
-    path_in_state(state, uuid)
-}
-
-/// `<state>/gpus/<uuid>`, if `uuid` is a safe file name.
-pub fn path_in_state(state_dir: &Path, uuid: &str) -> Option<PathBuf> {
-    let safe = !uuid.is_empty()
-        && uuid.len() <= crate::layout::MAX_UUID_LEN
-        && uuid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    safe.then(|| state_dir.join(BOARDS_DIR).join(uuid))
-}
-
-/// The key a vGPU's processes share: derived from its usage file's creation time and
-/// the device's index in it (never 0).
-pub fn owner_key(usage_created_unix_ns: u64, device_index: usize) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in usage_created_unix_ns.to_le_bytes().into_iter().chain((device_index as u64).to_le_bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+/// Unlink `<gpu_dir>/<id>` if `gpu_dir` is a real directory (not a symbolic link, not an
+/// old board file). `unlink` never follows a link in the last component.
+fn remove_slot(gpu_dir: &Path, id: &OsStr) {
+    if std::fs::symlink_metadata(gpu_dir).is_ok_and(|m| m.file_type().is_dir()) {
+        let _ = std::fs::remove_file(gpu_dir.join(id));
     }
-    h.max(1)
 }
 
-/// A mapped board.
+// ---- reading a slot file ------------------------------------------------------------------
+
+/// A slot file's bytes as one `pread` returns them (one byte more than a slot file has).
+struct Image([u8; slot_file_size() + 1]);
+
+impl Image {
+    const fn new() -> Image {
+        Image([0; slot_file_size() + 1])
+    }
+
+    fn u32_at(&self, offset: usize) -> u32 {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&self.0[offset..offset + 4]);
+        u32::from_ne_bytes(b)
+    }
+
+    fn u64_at(&self, offset: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[offset..offset + 8]);
+        u64::from_ne_bytes(b)
+    }
+
+    fn slot_u32(&self, field: usize) -> u32 {
+        self.u32_at(size_of::<BoardHeader>() + field)
+    }
+
+    fn slot_u64(&self, field: usize) -> u64 {
+        self.u64_at(size_of::<BoardHeader>() + field)
+    }
+
+    /// Read the slot file `file` whole: `false` unless it is exactly [`slot_file_size`]
+    /// bytes long with the board magic, this layout version and one slot. One `pread`, no
+    /// allocation.
+    fn read(&mut self, file: &File) -> bool {
+        // One byte more than the file has: a longer file is as foreign as a shorter one.
+        matches!(file.read_at(&mut self.0, 0), Ok(n) if n == slot_file_size())
+            && self.0[offset_of!(BoardHeader, magic)..][..BOARD_MAGIC.len()] == BOARD_MAGIC
+            && self.u32_at(offset_of!(BoardHeader, version)) == LAYOUT_VERSION
+            && self.u32_at(offset_of!(BoardHeader, slot_count)) == 1
+    }
+
+    /// The slot's figures, if it was published within [`ACTIVE_NS`] of `now_mono`.
+    fn competitor(&self, now_mono: u64) -> Option<Competitor> {
+        let heartbeat = self.slot_u64(offset_of!(BoardSlot, heartbeat_ns));
+        // Never published (0), long ago, or impossibly far ahead (garbage): not competing.
+        if heartbeat == 0 || now_mono.saturating_sub(heartbeat) > ACTIVE_NS || heartbeat.saturating_sub(now_mono) > ACTIVE_NS {
+            return None;
+        }
+        Some(Competitor {
+            share_ppm: u64::from(self.slot_u32(offset_of!(BoardSlot, share_ppm))),
+            priority: self.slot_u32(offset_of!(BoardSlot, priority)),
+            policy: Policy::from_code(self.slot_u32(offset_of!(BoardSlot, policy))),
+            hungry: self.slot_u64(offset_of!(BoardSlot, hungry_until_ns)) > now_mono,
+            usage_ppm: self.slot_u64(offset_of!(BoardSlot, usage_ppm)),
+        })
+    }
+}
+
+/// Open the slot file at `path` read-only (never through a symbolic link, never blocking on
+/// a FIFO) and check its header.
+fn read_header(path: &Path) -> Result<File, LayoutError> {
+    let (file, _) = crate::mapping::open_regular(path, false).map_err(|e| LayoutError::from_open(path, e))?;
+    let mut image = Image::new();
+    if image.read(&file) {
+        Ok(file)
+    } else {
+        Err(LayoutError::Corrupt {
+            path: path.to_path_buf(),
+            reason: format!("not a vgpu board slot of layout version {LAYOUT_VERSION} ({} bytes)", slot_file_size()),
+        })
+    }
+}
+
+// ---- the shim's side ----------------------------------------------------------------------
+
+/// Another vGPU's slot file, open read-only.
+struct Other {
+    name: OsString,
+    dev: u64,
+    ino: u64,
+    file: File,
+}
+
+/// One vGPU's view of a GPU's board: its own slot, mapped read-write, and the other
+/// vGPUs' slot files, open read-only.
 pub struct Board {
-    map: SharedMapping,
+    own: SharedMapping,
+    dir: PathBuf,
+    own_name: OsString,
+    others: Vec<Other>,
+    next_list_ns: u64,
+    relist_ns: u64,
 }
 
 impl Board {
-    /// Create the board at `path` unless a valid one is there (temporary + rename; mode
-    /// 0666 so that workloads of any user can publish, like the usage file). The parent
-    /// directory is created with mode 0755.
-    pub fn ensure(path: &Path) -> io::Result<()> {
-        if Board::open(path).is_ok() {
-            return Ok(());
+    /// The board of GPU `uuid` for the vGPU in `vgpu_dir` (`<state>/vgpus/<id>`): maps its
+    /// slot file `<state>/gpus/<uuid>/<id>` read-write. The others are found at the first
+    /// [`Board::snapshot`].
+    pub fn open(vgpu_dir: &Path, uuid: &str) -> Result<Board, LayoutError> {
+        let (state, id) = split_vgpu_dir(vgpu_dir).ok_or_else(|| LayoutError::Unsafe {
+            path: vgpu_dir.to_path_buf(),
+            reason: "not a vGPU directory with a plain name".to_string(),
+        })?;
+        let dir = dir_in_state(state, uuid).ok_or_else(|| LayoutError::Unsafe {
+            path: state.join(BOARDS_DIR),
+            reason: format!("GPU UUID {uuid:?} is not a plain file name"),
+        })?;
+        Board::open_in(&dir, id)
+    }
+
+    /// The board whose directory is `dir`, for the vGPU whose slot file is `dir/<own_name>`.
+    pub fn open_in(dir: &Path, own_name: &OsStr) -> Result<Board, LayoutError> {
+        let path = dir.join(own_name);
+        if !is_slot_name(own_name.as_bytes()) {
+            return Err(LayoutError::Unsafe {
+                path,
+                reason: "not a plain file name".to_string(),
+            });
         }
-        let dir = path.parent().unwrap_or(Path::new("."));
-        match std::fs::symlink_metadata(dir) {
-            Ok(meta) if meta.file_type().is_dir() => {}
-            Ok(meta) => {
-                return Err(io::Error::other(format!(
-                    "{} is a {}, not a directory",
-                    dir.display(),
-                    crate::mapping::kind_name(&meta.file_type())
-                )))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                std::fs::DirBuilder::new().mode(0o755).create(dir)?;
-                // The umask may have narrowed it; the mode is the one intended, whatever it is.
-                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-            }
-            Err(e) => return Err(e),
+        let (file, len) = crate::mapping::open_regular(&path, true).map_err(|e| LayoutError::from_open(&path, e))?;
+        if len as usize != slot_file_size() {
+            return Err(LayoutError::Truncated {
+                path,
+                len: len as usize,
+                expected: slot_file_size(),
+            });
         }
-        let mut bytes = vec![0u8; board_file_size()];
-        let header = BoardHeader {
-            magic: BOARD_MAGIC,
-            version: LAYOUT_VERSION,
-            slot_count: BOARD_SLOTS as u32,
-            created_unix_ns: now_unix_ns(),
-            reserved: [0; 5],
-        };
-        // SAFETY: BoardHeader is repr(C) plain data; the buffer holds at least its size.
-        let raw = unsafe {
-            std::slice::from_raw_parts((&header as *const BoardHeader).cast::<u8>(), std::mem::size_of::<BoardHeader>())
-        };
-        bytes[..raw.len()].copy_from_slice(raw);
-        let tmp = dir.join(format!(
-            ".{}.{}.tmp",
-            path.file_name().and_then(|n| n.to_str()).unwrap_or("board"),
-            std::process::id()
-        ));
-        let write = || -> io::Result<()> {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o666)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)?;
-            file.set_permissions(std::fs::Permissions::from_mode(0o666))?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, path)
-        };
-        write().inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
+        let mut image = Image::new();
+        if !image.read(&file) {
+            return Err(if image.0[..BOARD_MAGIC.len()] != BOARD_MAGIC {
+                LayoutError::BadMagic {
+                    path,
+                    what: "vgpu GPU board slot",
+                }
+            } else if image.u32_at(offset_of!(BoardHeader, version)) != LAYOUT_VERSION {
+                LayoutError::Version {
+                    path,
+                    found: image.u32_at(offset_of!(BoardHeader, version)),
+                }
+            } else {
+                LayoutError::Corrupt {
+                    path,
+                    reason: "not one slot".to_string(),
+                }
+            });
+        }
+        let own = SharedMapping::new(&file, slot_file_size(), true).map_err(io_err(&path))?;
+        Ok(Board {
+            own,
+            dir: dir.to_path_buf(),
+            own_name: own_name.to_os_string(),
+            others: Vec::with_capacity(BOARD_SLOTS),
+            next_list_ns: 0,
+            relist_ns: RELIST_NS,
         })
     }
 
-    /// Map the board at `path` read-write (never following a symlink, never blocking on a
-    /// FIFO) and check its layout.
-    pub fn open(path: &Path) -> Result<Board, LayoutError> {
-        let (file, len) = crate::mapping::open_regular(path, true).map_err(|e| LayoutError::from_open(path, e))?;
-        let expected = board_file_size();
-        if len as usize != expected {
-            return Err(LayoutError::Truncated {
-                path: path.to_path_buf(),
-                len: len as usize,
-                expected,
-            });
-        }
-        let map = SharedMapping::new(&file, expected, true).map_err(|e| LayoutError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
-        // SAFETY: BoardHeader is plain data valid for any bytes, at page-aligned offset 0.
-        let header: &BoardHeader = unsafe { map.at(0) };
-        if header.magic != BOARD_MAGIC {
-            return Err(LayoutError::BadMagic {
-                path: path.to_path_buf(),
-                what: "vgpu GPU board",
-            });
-        }
-        if header.version != LAYOUT_VERSION {
-            return Err(LayoutError::Version {
-                path: path.to_path_buf(),
-                found: header.version,
-            });
-        }
-        if header.slot_count as usize != BOARD_SLOTS {
-            return Err(LayoutError::Corrupt {
-                path: path.to_path_buf(),
-                reason: format!("{} slots (expected {BOARD_SLOTS})", header.slot_count),
-            });
-        }
-        Ok(Board { map })
+    /// List the directory again at most every `ns` instead of [`RELIST_NS`] (tests).
+    pub fn set_relist_interval(&mut self, ns: u64) {
+        self.relist_ns = ns;
     }
 
-    fn slot(&self, index: usize) -> &BoardSlot {
-        assert!(index < BOARD_SLOTS);
-        let offset = std::mem::size_of::<BoardHeader>() + index * std::mem::size_of::<BoardSlot>();
-        // SAFETY: in range of the validated length; BoardSlot is atomics and padding.
-        unsafe { self.map.at(offset) }
+    fn slot(&self) -> &BoardSlot {
+        // SAFETY: the mapping is slot_file_size() bytes (checked at open); the slot follows
+        // the 64-byte header, 8-aligned; BoardSlot is atomics and padding, valid for any bytes.
+        unsafe { self.own.at(size_of::<BoardHeader>()) }
     }
 
-    /// The slot of `owner`, taking a free or stale one if it has none. `None` if the board
-    /// is full of live vGPUs. Processes of one vGPU racing here may each take a slot; the
-    /// owner then keeps its lowest one and gives the others back (and [`Board::snapshot`]
-    /// counts an owner once meanwhile).
-    pub fn claim(&self, owner: u64, now_mono: u64) -> Option<usize> {
-        let mine = |i: usize| self.slot(i).owner.load(Ordering::Acquire) == owner;
-        if let Some(i) = (0..BOARD_SLOTS).find(|&i| mine(i)) {
-            self.drop_duplicates(owner, i);
-            return Some(i);
-        }
-        for i in 0..BOARD_SLOTS {
-            let slot = self.slot(i);
-            let current = slot.owner.load(Ordering::Acquire);
-            let stale = now_mono.saturating_sub(slot.heartbeat_ns.load(Ordering::Acquire)) > STALE_NS;
-            if (current == 0 || stale)
-                && slot
-                    .owner
-                    .compare_exchange(current, owner, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
-                slot.heartbeat_ns.store(now_mono, Ordering::Release);
-                slot.hungry_until_ns.store(0, Ordering::Relaxed);
-                slot.usage_ppm.store(0, Ordering::Relaxed);
-                // Another process of the vGPU may have taken a lower slot meanwhile.
-                let first = (0..BOARD_SLOTS).find(|&j| mine(j)).unwrap_or(i);
-                self.drop_duplicates(owner, first);
-                return Some(first);
-            }
-        }
-        None
-    }
-
-    /// Give back every slot of `owner` but `keep`.
-    fn drop_duplicates(&self, owner: u64, keep: usize) {
-        for j in (0..BOARD_SLOTS).filter(|&j| j != keep) {
-            self.release(j, owner);
-        }
-    }
-
-    /// Publish `owner`'s figures in slot `index`; `false` if the slot was taken over (claim
-    /// again).
-    pub fn publish(&self, index: usize, owner: u64, figures: Competitor, hungry_until: u64, now_mono: u64) -> bool {
-        let slot = self.slot(index);
-        if slot.owner.load(Ordering::Acquire) != owner {
-            return false;
-        }
+    /// Publish this vGPU's figures (every process of the vGPU writes the same slot: the
+    /// latest figures win, `hungry_until` only grows).
+    pub fn publish(&self, figures: Competitor, hungry_until: u64, now_mono: u64) {
+        let slot = self.slot();
         slot.share_ppm.store(figures.share_ppm.min(u64::from(u32::MAX)) as u32, Ordering::Relaxed);
         slot.priority.store(figures.priority, Ordering::Relaxed);
         slot.policy.store(figures.policy.code(), Ordering::Relaxed);
         slot.usage_ppm.store(figures.usage_ppm, Ordering::Relaxed);
         slot.hungry_until_ns.fetch_max(hungry_until, Ordering::Relaxed);
         slot.heartbeat_ns.store(now_mono, Ordering::Release);
-        true
     }
 
-    /// Give the slot up (the last process of the vGPU leaves, or a test cleans up).
-    pub fn release(&self, index: usize, owner: u64) {
-        let _ = self
-            .slot(index)
-            .owner
-            .compare_exchange(owner, 0, Ordering::AcqRel, Ordering::Relaxed);
-    }
-
-    /// Give up whichever slot `owner` holds.
-    pub fn release_owner(&self, owner: u64) {
-        for i in 0..BOARD_SLOTS {
-            self.release(i, owner);
+    /// The vGPUs competing for the GPU into `out`: `me` first (index 0), then every other
+    /// vGPU that published within [`ACTIVE_NS`] of `now_mono`. Returns how many. Lists the
+    /// directory again when [`RELIST_NS`] has passed (that may allocate); otherwise one
+    /// `pread` per other vGPU and no allocation.
+    pub fn snapshot(&mut self, me: Competitor, now_mono: u64, out: &mut [Competitor; MAX_COMPETITORS]) -> usize {
+        if now_mono >= self.next_list_ns {
+            self.next_list_ns = now_mono.saturating_add(self.relist_ns);
+            self.relist();
         }
+        out[0] = me;
+        let mut n = 1;
+        let mut image = Image::new();
+        for other in &self.others {
+            if n == MAX_COMPETITORS {
+                break;
+            }
+            if !image.read(&other.file) {
+                continue;
+            }
+            if let Some(c) = image.competitor(now_mono) {
+                out[n] = c;
+                n += 1;
+            }
+        }
+        n
     }
 
-    /// The live vGPUs on the board into `out`; returns how many, and where `me` (a slot
-    /// index) is among them. No allocation.
-    pub fn snapshot(&self, me: usize, now_mono: u64, out: &mut [Competitor; BOARD_SLOTS]) -> (usize, Option<usize>) {
-        let mut n = 0;
-        let mut mine = None;
-        let mut owners = [0u64; BOARD_SLOTS];
-        for i in 0..BOARD_SLOTS {
-            let slot = self.slot(i);
-            let owner = slot.owner.load(Ordering::Acquire);
-            // An owner counts once, whatever a race left behind.
-            if owner == 0 || (owners[..n].contains(&owner) && i != me) {
+    /// List the GPU's directory: keep the files already open that are still there (same
+    /// inode), open the new ones, forget the gone ones. At most [`BOARD_SLOTS`] others.
+    fn relist(&mut self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            self.others.clear();
+            return;
+        };
+        let mut kept: Vec<Other> = Vec::with_capacity(BOARD_SLOTS);
+        for entry in entries.flatten() {
+            if kept.len() == BOARD_SLOTS {
+                break;
+            }
+            let name = entry.file_name();
+            if !is_slot_name(name.as_bytes()) || name == self.own_name {
                 continue;
             }
-            if i != me && now_mono.saturating_sub(slot.heartbeat_ns.load(Ordering::Acquire)) > ACTIVE_NS {
+            let path = entry.path();
+            // Its own type, not its target's: a symbolic link is never followed.
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            if !meta.file_type().is_file() {
                 continue;
             }
-            if let Some(k) = owners[..n].iter().position(|&o| o == owner) {
-                // `me` is a duplicate of an owner already listed: that entry is me.
-                mine = Some(k);
+            if let Some(i) = self.others.iter().position(|o| o.name == name && o.dev == meta.dev() && o.ino == meta.ino()) {
+                kept.push(self.others.swap_remove(i));
                 continue;
             }
-            if i == me {
-                mine = Some(n);
-            }
-            owners[n] = owner;
-            out[n] = Competitor {
-                share_ppm: u64::from(slot.share_ppm.load(Ordering::Relaxed)),
-                priority: slot.priority.load(Ordering::Relaxed),
-                policy: Policy::from_code(slot.policy.load(Ordering::Relaxed)),
-                hungry: slot.hungry_until_ns.load(Ordering::Relaxed) > now_mono,
-                usage_ppm: slot.usage_ppm.load(Ordering::Relaxed),
-            };
-            n += 1;
+            // Regular file checked again on the descriptor (it may have been replaced).
+            let Ok((file, _)) = crate::mapping::open_regular(&path, false) else { continue };
+            let Ok(meta) = file.metadata() else { continue };
+            kept.push(Other {
+                name,
+                dev: meta.dev(),
+                ino: meta.ino(),
+                file,
+            });
         }
-        (n, mine)
+        self.others = kept;
     }
 }
 
@@ -304,104 +535,338 @@ mod tests {
         }
     }
 
+    fn me() -> (u32, u32) {
+        // SAFETY: getuid and getgid cannot fail and touch no memory.
+        unsafe { (libc::getuid(), libc::getgid()) }
+    }
+
+    /// A state directory with `<state>/vgpus/<id>` for each id and their slots on GPU-x.
+    fn state_with(ids: &[&str]) -> (tempfile::TempDir, Vec<PathBuf>) {
+        let state = tempfile::tempdir().unwrap();
+        let dirs = ids
+            .iter()
+            .map(|id| {
+                let dir = state.path().join("vgpus").join(id);
+                std::fs::create_dir_all(&dir).unwrap();
+                let e = ensure_slot(state.path(), "GPU-x", id, me(), false).unwrap();
+                assert!(e.created && !e.replaced_old_board);
+                dir
+            })
+            .collect();
+        (state, dirs)
+    }
+
+    fn gpu_dir(state: &tempfile::TempDir) -> PathBuf {
+        state.path().join(BOARDS_DIR).join("GPU-x")
+    }
+
+    /// A valid slot file's bytes, published at `heartbeat` with share `share`.
+    fn slot_bytes(heartbeat: u64, share: u32) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        create_slot(dir.path(), &dir.path().join("s"), me(), 0o644).unwrap();
+        let mut bytes = std::fs::read(dir.path().join("s")).unwrap();
+        let base = size_of::<BoardHeader>();
+        bytes[base + offset_of!(BoardSlot, heartbeat_ns)..][..8].copy_from_slice(&heartbeat.to_ne_bytes());
+        bytes[base + offset_of!(BoardSlot, share_ppm)..][..4].copy_from_slice(&share.to_ne_bytes());
+        bytes
+    }
+
     #[test]
     fn paths_are_validated() {
         let vgpu = Path::new("/run/vgpu/vgpus/abc");
         assert_eq!(
-            path_for_vgpu(vgpu, "GPU-1234").unwrap(),
-            PathBuf::from("/run/vgpu/gpus/GPU-1234")
+            slot_path_for_vgpu(vgpu, "GPU-1234").unwrap(),
+            PathBuf::from("/run/vgpu/gpus/GPU-1234/abc")
         );
-        assert!(path_for_vgpu(vgpu, "../etc").is_none());
-        assert!(path_for_vgpu(vgpu, "a/b").is_none());
-        assert!(path_for_vgpu(vgpu, "").is_none());
-    }
-
-    #[test]
-    fn claim_publish_snapshot_and_stale_takeover() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(BOARDS_DIR).join("GPU-x");
-        Board::ensure(&path).unwrap();
-        Board::ensure(&path).unwrap(); // idempotent
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o666);
-        let a = Board::open(&path).unwrap();
-        let b = Board::open(&path).unwrap();
-        let now = 10 * STALE_NS;
-        let sa = a.claim(11, now).unwrap();
-        assert_eq!(b.claim(11, now), Some(sa), "one slot per owner");
-        let sb = b.claim(22, now).unwrap();
-        assert_ne!(sa, sb);
-        assert!(a.publish(sa, 11, fig(300_000), now + 5, now));
-        assert!(b.publish(sb, 22, fig(700_000), 0, now));
-        let mut out = [fig(0); BOARD_SLOTS];
-        let (n, me) = a.snapshot(sa, now + 1, &mut out);
-        assert_eq!(n, 2);
-        let me = me.unwrap();
-        assert_eq!(out[me].share_ppm, 300_000);
-        assert!(out[me].hungry);
-        assert_eq!(out[..n].iter().map(|c| c.share_ppm).sum::<u64>(), PPM);
-        // 22 stops publishing: after ACTIVE_NS it no longer competes; after STALE_NS its
-        // slot can be taken.
-        let idle = now + ACTIVE_NS + 1;
-        assert!(a.publish(sa, 11, fig(300_000), 0, idle));
-        let (n, _) = a.snapshot(sa, idle, &mut out);
-        assert_eq!(n, 1, "an inactive vGPU does not compete");
-        let later = now + STALE_NS + 1;
-        assert!(a.publish(sa, 11, fig(300_000), 0, later));
-        let (n, _) = a.snapshot(sa, later, &mut out);
-        assert_eq!(n, 1);
-        let sc = a.claim(33, later).unwrap();
-        assert!(!b.publish(sb, 22, fig(700_000), 0, later) || sc != sb);
-        // Released slots are free at once.
-        a.release_owner(11);
-        assert_eq!(a.claim(44, later), Some(sa.min(sb).min(sc).min(sa)), "the lowest free slot is taken first");
-    }
-
-    #[test]
-    fn racing_processes_of_one_vgpu_count_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("GPU-r");
-        Board::ensure(&path).unwrap();
-        let board = Board::open(&path).unwrap();
-        let now = 10 * STALE_NS;
-        // What a race leaves: the same owner in two slots (as two CASes on free slots do).
-        for i in [3, 5] {
-            board.slot(i).owner.store(77, Ordering::SeqCst);
-            board.slot(i).heartbeat_ns.store(now, Ordering::SeqCst);
-            board.slot(i).share_ppm.store(800_000, Ordering::SeqCst);
+        assert!(slot_path_for_vgpu(vgpu, "../etc").is_none());
+        assert!(slot_path_for_vgpu(vgpu, "a/b").is_none());
+        assert!(slot_path_for_vgpu(vgpu, "").is_none());
+        assert!(slot_path_for_vgpu(Path::new("/run/vgpu/vgpus/.."), "GPU-1").is_none());
+        assert!(slot_path_for_vgpu(Path::new("/run/vgpu/vgpus/.hidden"), "GPU-1").is_none());
+        for bad in [&b""[..], b".", b"..", b"a/b", b"a b", b"a\n", &[b'a'; 256]] {
+            assert!(!is_plain_name(bad), "{bad:?}");
         }
-        let mut out = [fig(0); BOARD_SLOTS];
-        let (n, me) = board.snapshot(5, now, &mut out);
-        assert_eq!(n, 1, "one vGPU, one competitor");
-        assert_eq!(me, Some(0));
-        assert_eq!(crate::compute::allowance_ppm(&out[..n], 0), 800_000, "not halved by its own duplicate");
-        // The next claim keeps the lowest slot and gives the other back.
-        assert_eq!(board.claim(77, now), Some(3));
-        assert_eq!(board.slot(5).owner.load(Ordering::SeqCst), 0);
-        // Threads racing to claim end with one slot.
-        let board = std::sync::Arc::new(board);
-        let handles: Vec<_> = (0..8)
-            .map(|_| {
-                let b = board.clone();
-                std::thread::spawn(move || b.claim(99, now))
-            })
-            .collect();
-        let got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        board.claim(99, now);
-        let held = (0..BOARD_SLOTS).filter(|&i| board.slot(i).owner.load(Ordering::SeqCst) == 99).count();
-        assert_eq!(held, 1, "claims {got:?}");
+        assert!(is_plain_name(b"p-svc") && is_plain_name(&[b'a'; 255]));
+        let state = tempfile::tempdir().unwrap();
+        assert!(ensure_slot(state.path(), "../evil", "a", me(), false).is_err());
+        assert!(ensure_slot(state.path(), "GPU-x", "../a", me(), false).is_err());
+        assert!(ensure_slot(state.path(), "GPU-x", ".a", me(), false).is_err());
+        assert!(!state.path().join("evil").exists() && !state.path().join(BOARDS_DIR).join("a").exists());
     }
 
     #[test]
-    fn a_foreign_file_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("GPU-y");
-        std::fs::write(&path, vec![0u8; board_file_size()]).unwrap();
-        assert!(matches!(Board::open(&path), Err(LayoutError::BadMagic { .. })));
+    fn slots_are_one_file_per_vgpu_with_explicit_modes() {
+        let (state, _) = state_with(&["a"]);
+        let dir = gpu_dir(&state);
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        assert!(std::fs::symlink_metadata(&dir).unwrap().is_dir());
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(mode(&state.path().join(BOARDS_DIR)), 0o755);
+        assert_eq!(mode(&dir.join("a")), 0o644);
+        assert_eq!(std::fs::metadata(dir.join("a")).unwrap().len() as usize, slot_file_size());
+        assert_eq!(std::fs::metadata(dir.join("a")).unwrap().uid(), me().0);
+        // Idempotent: a valid slot is left alone (same inode); a group's slot is 0664.
+        let ino = std::fs::metadata(dir.join("a")).unwrap().ino();
+        let e = ensure_slot(state.path(), "GPU-x", "a", me(), false).unwrap();
+        assert!(!e.created);
+        assert_eq!(std::fs::metadata(dir.join("a")).unwrap().ino(), ino);
+        ensure_slot(state.path(), "GPU-x", "p-team", me(), true).unwrap();
+        assert_eq!(mode(&dir.join("p-team")), 0o664);
+        // A damaged slot is replaced; no temporary file is left behind.
+        std::fs::write(dir.join("a"), b"junk").unwrap();
+        assert!(ensure_slot(state.path(), "GPU-x", "a", me(), false).unwrap().created);
+        assert!(read_header(&dir.join("a")).is_ok());
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        // The owner is the one given, not the creator (root can give it away).
+        if me().0 == 0 {
+            ensure_slot(state.path(), "GPU-x", "n", (65534, 65534), false).unwrap();
+            let meta = std::fs::metadata(dir.join("n")).unwrap();
+            assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o7777), (65534, 65534, 0o644));
+        }
+    }
+
+    #[test]
+    fn an_old_board_file_is_replaced_and_links_are_refused() {
+        let state = tempfile::tempdir().unwrap();
+        let gpus = state.path().join(BOARDS_DIR);
+        std::fs::create_dir(&gpus).unwrap();
+        std::fs::write(gpus.join("GPU-old"), vec![0u8; 4160]).unwrap();
+        let e = ensure_slot(state.path(), "GPU-old", "a", me(), false).unwrap();
+        assert!(e.replaced_old_board && e.created);
+        assert!(std::fs::symlink_metadata(gpus.join("GPU-old")).unwrap().is_dir());
+        // A symbolic link in place of the GPU's directory is not followed, nor replaced.
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), gpus.join("GPU-link")).unwrap();
+        let err = ensure_slot(state.path(), "GPU-link", "a", me(), false).unwrap_err();
+        assert!(matches!(err, LayoutError::Unsafe { .. }), "{err}");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+        // A slot name that is a symbolic link is replaced, its target untouched.
+        let target = elsewhere.path().join("t");
+        std::fs::write(&target, b"keep").unwrap();
+        std::os::unix::fs::symlink(&target, gpus.join("GPU-old").join("b")).unwrap();
+        assert!(ensure_slot(state.path(), "GPU-old", "b", me(), false).unwrap().created);
+        assert!(std::fs::symlink_metadata(gpus.join("GPU-old").join("b")).unwrap().is_file());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn publish_and_snapshot_across_two_slot_files() {
+        let (_state, dirs) = state_with(&["a", "b"]);
+        let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
+        let mut b = Board::open(&dirs[1], "GPU-x").unwrap();
+        let now = 10 * ACTIVE_NS;
+        let mut mine = fig(300_000);
+        mine.hungry = true;
+        a.publish(mine, now + 5, now);
+        b.publish(fig(700_000), 0, now);
+        let mut out = [fig(0); MAX_COMPETITORS];
+        let n = a.snapshot(mine, now + 1, &mut out);
+        assert_eq!(n, 2, "itself and b");
+        assert_eq!(out[0].share_ppm, 300_000);
+        assert!(out[0].hungry);
+        assert_eq!(out[1].share_ppm, 700_000);
+        assert!(!out[1].hungry);
+        assert_eq!(out[..n].iter().map(|c| c.share_ppm).sum::<u64>(), PPM);
+        // b sees a as a publishes it, hungry until now + 5.
+        let n = b.snapshot(fig(700_000), now + 1, &mut out);
+        assert_eq!(n, 2);
+        assert_eq!((out[1].share_ppm, out[1].hungry, out[1].policy), (300_000, true, Policy::Fair));
+        // Several processes of one vGPU write one slot: hungry_until only grows.
+        let a2 = Board::open(&dirs[0], "GPU-x").unwrap();
+        a2.publish(fig(300_000), 0, now + 2);
+        b.snapshot(fig(700_000), now + 3, &mut out);
+        assert!(out[1].hungry, "a later publish without hunger does not end a's");
+        // The mapping is shared with the file.
+        let bytes = std::fs::read(slot_path_for_vgpu(&dirs[0], "GPU-x").unwrap()).unwrap();
+        let hb = size_of::<BoardHeader>() + offset_of!(BoardSlot, heartbeat_ns);
+        assert_eq!(u64::from_ne_bytes(bytes[hb..hb + 8].try_into().unwrap()), now + 2);
+    }
+
+    #[test]
+    fn a_vgpu_that_stopped_publishing_does_not_compete() {
+        let (_state, dirs) = state_with(&["a", "b"]);
+        let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
+        let b = Board::open(&dirs[1], "GPU-x").unwrap();
+        let now = 10 * ACTIVE_NS;
+        b.publish(fig(700_000), 0, now);
+        let mut out = [fig(0); MAX_COMPETITORS];
+        assert_eq!(a.snapshot(fig(300_000), now + ACTIVE_NS, &mut out), 2);
+        assert_eq!(a.snapshot(fig(300_000), now + ACTIVE_NS + 1, &mut out), 1, "b is stale");
+        // A heartbeat far in the future is garbage, not "active forever".
+        b.publish(fig(700_000), 0, now + 100 * ACTIVE_NS);
+        assert_eq!(a.snapshot(fig(300_000), now + 2 * ACTIVE_NS, &mut out), 1);
+        // Never published: not competing.
+        let (_s, dirs) = state_with(&["c", "d"]);
+        let mut c = Board::open(&dirs[0], "GPU-x").unwrap();
+        assert_eq!(c.snapshot(fig(1), now, &mut out), 1);
+    }
+
+    /// `snapshot` on another thread, failing the test if it does not return within 10 s.
+    fn snapshot_in_time(board: Board, now: u64) -> (Board, usize, [Competitor; MAX_COMPETITORS]) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut board = board;
+            let mut out = [fig(0); MAX_COMPETITORS];
+            let n = board.snapshot(fig(1), now, &mut out);
+            let _ = tx.send((board, n, out));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("snapshot blocked")
+    }
+
+    #[test]
+    fn damaged_foreign_and_special_slots_are_ignored_without_blocking() {
+        let (state, dirs) = state_with(&["a", "b"]);
+        let dir = gpu_dir(&state);
+        let now = 10 * ACTIVE_NS;
+        let b = Board::open(&dirs[1], "GPU-x").unwrap();
+        b.publish(fig(200_000), 0, now);
+        let good = slot_bytes(now, 100_000);
+        // Short, long, garbage, another version, several slots: all published "now".
+        std::fs::write(dir.join("short"), &good[..good.len() - 1]).unwrap();
+        let mut long = good.clone();
+        long.push(0);
+        std::fs::write(dir.join("long"), &long).unwrap();
+        let mut garbage = good.clone();
+        garbage[..8].copy_from_slice(b"NOTABRD\0");
+        std::fs::write(dir.join("garbage"), &garbage).unwrap();
+        let mut version = good.clone();
+        version[offset_of!(BoardHeader, version)..][..4].copy_from_slice(&(LAYOUT_VERSION + 1).to_ne_bytes());
+        std::fs::write(dir.join("version"), &version).unwrap();
+        let mut slots = good.clone();
+        slots[offset_of!(BoardHeader, slot_count)..][..4].copy_from_slice(&2u32.to_ne_bytes());
+        std::fs::write(dir.join("slots"), &slots).unwrap();
+        // A symbolic link to a valid, active slot file; a FIFO; a directory.
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("valid"), &good).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("valid"), dir.join("link")).unwrap();
+        let fifo = std::ffi::CString::new(dir.join("fifo").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        std::fs::create_dir(dir.join("subdir")).unwrap();
+        // A valid one, to be sure the others are not ignored for another reason.
+        std::fs::write(dir.join("valid"), &good).unwrap();
+
+        let a = Board::open(&dirs[0], "GPU-x").unwrap();
+        let (a, n, out) = snapshot_in_time(a, now);
+        let mut shares: Vec<u64> = out[1..n].iter().map(|c| c.share_ppm).collect();
+        shares.sort();
+        assert_eq!(shares, [100_000, 200_000], "only b and valid count");
+
+        // b's owner truncates its slot file, then fills it with garbage: a reader that had
+        // mapped it would fault; a pread sees a short or foreign file and ignores it.
+        let b_path = dir.join("b");
+        let file = OpenOptions::new().write(true).open(&b_path).unwrap();
+        file.set_len(0).unwrap();
+        let (a, n, _) = snapshot_in_time(a, now);
+        assert_eq!(n, 2, "truncated b is ignored");
+        file.set_len(slot_file_size() as u64).unwrap();
+        let (a, n, _) = snapshot_in_time(a, now);
+        assert_eq!(n, 2, "zeroed b is ignored");
+        // Restored whole, b counts again (the same open file).
+        file.write_all_at(&slot_bytes(now, 200_000), 0).unwrap();
+        let (_a, n, _) = snapshot_in_time(a, now);
+        assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn vgpus_that_come_and_go_are_seen_after_the_relist_interval() {
+        let (state, dirs) = state_with(&["a"]);
+        let dir = gpu_dir(&state);
+        let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
+        a.set_relist_interval(50_000_000);
+        let t0 = 10 * ACTIVE_NS;
+        let mut out = [fig(0); MAX_COMPETITORS];
+        assert_eq!(a.snapshot(fig(1), t0, &mut out), 1);
+        // c arrives and publishes: not listed yet.
+        let c_dir = state.path().join("vgpus").join("c");
+        std::fs::create_dir_all(&c_dir).unwrap();
+        ensure_slot(state.path(), "GPU-x", "c", me(), false).unwrap();
+        let c = Board::open(&c_dir, "GPU-x").unwrap();
+        c.publish(fig(400_000), 0, t0 + 10_000_000);
+        assert_eq!(a.snapshot(fig(1), t0 + 10_000_000, &mut out), 1, "not listed again yet");
+        assert_eq!(a.snapshot(fig(1), t0 + 50_000_000, &mut out), 2, "found at the next listing");
+        assert_eq!(out[1].share_ppm, 400_000);
+        // c's slot is removed (its vGPU is gone) and made again (a new vGPU of that name):
+        // the old file, still open, is forgotten; the new one is read.
+        std::fs::remove_file(dir.join("c")).unwrap();
+        ensure_slot(state.path(), "GPU-x", "c", me(), false).unwrap();
+        let c2 = Board::open(&c_dir, "GPU-x").unwrap();
+        c2.publish(fig(600_000), 0, t0 + 60_000_000);
+        c.publish(fig(400_000), 0, t0 + 60_000_000);
+        assert_eq!(a.snapshot(fig(1), t0 + 60_000_000, &mut out), 2);
+        assert_eq!(out[1].share_ppm, 400_000, "the open file until the next listing");
+        assert_eq!(a.snapshot(fig(1), t0 + 100_000_000, &mut out), 2);
+        assert_eq!(out[1].share_ppm, 600_000, "the new file after it");
+        // Removed for good: gone at the next listing, though its old file is still fresh.
+        std::fs::remove_file(dir.join("c")).unwrap();
+        c.publish(fig(400_000), 0, t0 + 150_000_000);
+        c2.publish(fig(600_000), 0, t0 + 150_000_000);
+        assert_eq!(a.snapshot(fig(1), t0 + 150_000_000, &mut out), 1);
+    }
+
+    #[test]
+    fn at_most_board_slots_others_are_read() {
+        let (state, dirs) = state_with(&["a"]);
+        let dir = gpu_dir(&state);
+        let now = 10 * ACTIVE_NS;
+        let good = slot_bytes(now, 1000);
+        for i in 0..BOARD_SLOTS + 5 {
+            std::fs::write(dir.join(format!("v{i}")), &good).unwrap();
+        }
+        let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
+        let mut out = [fig(0); MAX_COMPETITORS];
+        assert_eq!(a.snapshot(fig(1), now, &mut out), MAX_COMPETITORS);
+    }
+
+    #[test]
+    fn release_removes_the_vgpus_slots_only() {
+        let (state, dirs) = state_with(&["a", "b"]);
+        let quota = |uuid: &str| crate::usage::DeviceQuota {
+            uuid: uuid.into(),
+            quota_bytes: 1 << 30,
+            compute_pct: 30,
+            policy: Policy::Fair,
+            priority: 50,
+        };
+        std::fs::create_dir_all(dirs[0].join(crate::layout::PROCS_DIR)).unwrap();
+        crate::usage::UsageFile::create(&dirs[0].join(crate::layout::USAGE_FILE), &[quota("GPU-x"), quota("GPU-y")]).unwrap();
+        ensure_slot(state.path(), "GPU-y", "a", me(), false).unwrap();
+        ensure_slot(state.path(), "GPU-z", "a", me(), false).unwrap();
+        release_vgpu(&dirs[0]);
+        let gpus = state.path().join(BOARDS_DIR);
+        assert!(!gpus.join("GPU-x/a").exists() && !gpus.join("GPU-y/a").exists());
+        assert!(gpus.join("GPU-z/a").exists(), "not a GPU of its usage file");
+        assert!(gpus.join("GPU-x/b").exists(), "another vGPU's slot stays");
+        // Without a usage file, every GPU's directory is looked at.
+        release_vgpu(&dirs[1]);
+        assert!(!gpus.join("GPU-x/b").exists());
+        std::fs::create_dir_all(state.path().join("vgpus/z")).unwrap();
+        std::fs::rename(gpus.join("GPU-z/a"), gpus.join("GPU-z/z")).unwrap();
+        release_vgpu(&state.path().join("vgpus/z"));
+        assert!(!gpus.join("GPU-z/z").exists());
+        // A GPU directory that is a symbolic link is not followed.
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("q"), b"keep").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), gpus.join("GPU-w")).unwrap();
+        std::fs::create_dir_all(state.path().join("vgpus/q")).unwrap();
+        release_vgpu(&state.path().join("vgpus/q"));
+        assert!(elsewhere.path().join("q").exists());
+    }
+
+    #[test]
+    fn an_own_slot_that_is_foreign_is_refused() {
+        let (state, dirs) = state_with(&["a"]);
+        let path = gpu_dir(&state).join("a");
+        std::fs::write(&path, vec![0u8; slot_file_size()]).unwrap();
+        assert!(matches!(Board::open(&dirs[0], "GPU-x"), Err(LayoutError::BadMagic { .. })));
         std::fs::write(&path, b"short").unwrap();
-        assert!(Board::open(&path).is_err());
-        let link = dir.path().join("GPU-z");
-        std::os::unix::fs::symlink(&path, &link).unwrap();
-        assert!(Board::open(&link).is_err(), "symlinks are not followed");
+        assert!(matches!(Board::open(&dirs[0], "GPU-x"), Err(LayoutError::Truncated { .. })));
+        std::fs::remove_file(&path).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("t"), slot_bytes(1, 1)).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("t"), &path).unwrap();
+        assert!(matches!(Board::open(&dirs[0], "GPU-x"), Err(LayoutError::NotRegular { .. })), "symlinks are not followed");
     }
 }

@@ -10,9 +10,12 @@
 //!                                    DeviceRecord; only its counters mean anything
 //! $VGPU_DIR/procs/<pid>-<start>      one per process that allocated (ProcHeader, then
 //!                                    device_count × ProcDeviceRecord)
-//! <state>/gpus/<uuid>                one per physical GPU that vGPUs use (BoardHeader, then
-//!                                    BOARD_SLOTS × BoardSlot): how the vGPUs sharing the GPU
-//!                                    see each other's compute demand (crate::board)
+//! <state>/gpus/<uuid>/               one directory per physical GPU that vGPUs use (root, 0755)
+//! <state>/gpus/<uuid>/<vgpu-id>      one per vGPU using the GPU (BoardHeader, then one
+//!                                    BoardSlot), owned by the vGPU's user, 0644: how the
+//!                                    vGPUs sharing the GPU see each other's compute demand
+//!                                    (crate::board). Only its own vGPU maps it; the others
+//!                                    read it with pread
 //! ```
 //!
 //! `<start>` is the process start time in clock ticks since boot (`/proc/PID/stat` field 22),
@@ -43,11 +46,12 @@ pub const USAGE_FILE: &str = "usage";
 pub const LIMITS_FILE: &str = "limits";
 /// Directory of the per-process files inside a vGPU directory.
 pub const PROCS_DIR: &str = "procs";
-/// `board` file magic.
+/// Board slot file magic.
 pub const BOARD_MAGIC: [u8; 8] = *b"VGPUBRD\0";
-/// Directory of the per-GPU boards, beside the vGPUs' directory (`<state>/gpus`).
+/// Directory of the per-GPU boards (a directory of slot files each), beside the vGPUs'
+/// directory (`<state>/gpus`).
 pub const BOARDS_DIR: &str = "gpus";
-/// vGPUs one GPU's board can hold at once.
+/// Most other vGPUs on a GPU that one vGPU takes into account.
 pub const BOARD_SLOTS: usize = 64;
 
 /// Most devices one vGPU can span.
@@ -170,14 +174,14 @@ pub struct ProcDeviceRecord {
     pub reserved: AtomicU64,
 }
 
-/// Head of a GPU's board file: 64 bytes.
+/// Head of a vGPU's slot file on a GPU's board: 64 bytes.
 #[repr(C)]
 pub struct BoardHeader {
     /// [`BOARD_MAGIC`].
     pub magic: [u8; 8],
     /// [`LAYOUT_VERSION`].
     pub version: u32,
-    /// [`BOARD_SLOTS`].
+    /// Slots that follow: 1.
     pub slot_count: u32,
     /// When `vgpu` created the file (Unix time, ns).
     pub created_unix_ns: u64,
@@ -185,13 +189,14 @@ pub struct BoardHeader {
 }
 
 /// One vGPU's public compute figures on a GPU's board: 64 bytes. Written by the vGPU's
-/// processes, read by every vGPU on the GPU to decide fair shares and priority.
+/// processes (through a mapping of its own slot file), read by every vGPU on the GPU (with
+/// `pread`) to decide fair shares and priority.
 #[repr(C)]
 pub struct BoardSlot {
-    /// Which vGPU holds the slot ([`crate::board::owner_key`]); 0 = free.
+    /// Unused (0): the file is the vGPU's slot.
     pub owner: AtomicU64,
-    /// Last time a process of the vGPU wrote the slot (monotonic ns). A slot not written
-    /// for [`crate::board::STALE_NS`] is free to take.
+    /// Last time a process of the vGPU wrote the slot (monotonic ns); 0 = never. A slot not
+    /// written for [`crate::board::ACTIVE_NS`] is not competing.
     pub heartbeat_ns: AtomicU64,
     /// The vGPU's share (parts per million), priority, and policy code.
     pub share_ppm: AtomicU32,
@@ -262,7 +267,7 @@ pub fn now_mono_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// Length of a board file.
-pub const fn board_file_size() -> usize {
-    std::mem::size_of::<BoardHeader>() + BOARD_SLOTS * std::mem::size_of::<BoardSlot>()
+/// Length of a board slot file: 128 bytes.
+pub const fn slot_file_size() -> usize {
+    std::mem::size_of::<BoardHeader>() + std::mem::size_of::<BoardSlot>()
 }

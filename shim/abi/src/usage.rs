@@ -115,6 +115,9 @@ pub enum LayoutError {
     /// Not a regular file (a FIFO, symbolic link, directory…): never opened through, never
     /// read. `kind` says what it is.
     NotRegular { path: PathBuf, kind: &'static str },
+    /// A path vgpu will not use as it is: a name that is not plain, a directory owned by
+    /// another user, a symbolic link where a directory belongs. `reason` says which.
+    Unsafe { path: PathBuf, reason: String },
 }
 
 impl LayoutError {
@@ -155,6 +158,7 @@ impl fmt::Display for LayoutError {
                 "{}: not a regular file (a {kind}); not opened",
                 path.display()
             ),
+            LayoutError::Unsafe { path, reason } => write!(f, "{}: {reason}; not used", path.display()),
         }
     }
 }

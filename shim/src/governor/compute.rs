@@ -41,9 +41,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::Duration;
 
-use vgpu_abi::board::{self, Board};
+use vgpu_abi::board::{Board, MAX_COMPETITORS};
 use vgpu_abi::compute::{self as arith, Competitor, Policy, PPM};
-use vgpu_abi::layout::{now_mono_ns, BOARD_SLOTS, MAX_DEVICES};
+use vgpu_abi::layout::{now_mono_ns, MAX_DEVICES};
 
 use super::devices::{self, Target};
 use crate::config::{self, Mode, Vgpu};
@@ -93,7 +93,7 @@ impl Work {
 pub const MAX_IN_FLIGHT: usize = 256;
 /// Longest single sleep of a waiting launch before it looks at the ledger again.
 const MAX_SLEEP_NS: u64 = 2_000_000;
-/// How often a process re-reads the GPU's board and publishes on it.
+/// How often a process publishes on the GPU's board and re-reads the other vGPUs' slots.
 const BOARD_REFRESH_NS: u64 = 20_000_000;
 /// A vGPU that waited for its budget counts as wanting more for this long.
 const HUNGRY_NS: u64 = 300_000_000;
@@ -233,8 +233,6 @@ struct Learned {
 /// One device's view of the GPU's board.
 struct BoardView {
     board: Option<Board>,
-    slot: Option<usize>,
-    owner: u64,
     next_refresh_ns: u64,
     next_open_ns: u64,
     allowance_ppm: u64,
@@ -245,8 +243,6 @@ impl BoardView {
     const fn new() -> BoardView {
         BoardView {
             board: None,
-            slot: None,
-            owner: 0,
             next_refresh_ns: 0,
             next_open_ns: 0,
             allowance_ppm: PPM,
@@ -644,17 +640,15 @@ impl Governor {
         view.next_refresh_ns = now + BOARD_REFRESH_NS;
         view.allowance_ppm = base;
         if view.board.is_none() && now >= view.next_open_ns {
+            // Its own slot file, made by `vgpu` with the vGPU; missing or damaged: keep the share.
             view.next_open_ns = now + 5_000_000_000;
-            let dir = vgpu.usage.path().parent().map(std::path::Path::to_path_buf);
-            let path = dir.and_then(|d| board::path_for_vgpu(&d, vgpu.usage.device_uuid(device)));
-            view.board = path.and_then(|p| Board::open(&p).ok());
-            view.owner = board::owner_key(vgpu.usage.created_unix_ns(), device);
+            view.board = vgpu
+                .usage
+                .path()
+                .parent()
+                .and_then(|dir| Board::open(dir, vgpu.usage.device_uuid(device)).ok());
         }
-        let Some(board) = &view.board else { return base };
-        if view.slot.is_none() {
-            view.slot = board.claim(view.owner, now);
-        }
-        let Some(slot) = view.slot else { return base };
+        let Some(board) = &mut view.board else { return base };
         let ledger = vgpu.usage.ledger(device);
         let measured = arith::recent_share_ppm(ledger, now);
         let usage = measured.unwrap_or(0);
@@ -670,15 +664,11 @@ impl Governor {
             hungry: view.hungry_until_ns > now,
             usage_ppm: measured.unwrap_or(arith::USAGE_UNKNOWN),
         };
-        if !board.publish(slot, view.owner, me, view.hungry_until_ns, now) {
-            view.slot = None;
-            return base;
-        }
-        let mut all = [me; BOARD_SLOTS];
-        let (n, mine) = board.snapshot(slot, now, &mut all);
-        let Some(mine) = mine else { return base };
-        all[mine] = me;
-        view.allowance_ppm = arith::allowance_ppm(&all[..n], mine).max(1);
+        board.publish(me, view.hungry_until_ns, now);
+        // Itself first, then the other vGPUs that published within a second (read, never mapped).
+        let mut all = [me; MAX_COMPETITORS];
+        let n = board.snapshot(me, now, &mut all);
+        view.allowance_ppm = arith::allowance_ppm(&all[..n], 0).max(1);
         view.allowance_ppm
     }
 }

@@ -83,8 +83,10 @@ pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
 /// vGPU directories that belong to no workload and no partition: left by a `vgpu run`
 /// killed between creating the vGPU and recording the workload. A damaged record may own
 /// the vGPU named like itself (vgpu names a workload's record and own vGPU after its id):
-/// that one is kept. When the records cannot be listed at all, every vGPU is kept.
+/// that one is kept. When the records cannot be listed at all, every vGPU is kept. Board
+/// slots whose vGPU directory is gone are removed first.
 fn remove_orphan_vgpus(store: &Store) {
+    vgpu_abi::board::remove_orphan_slots(&store.state_dir, &store.vgpus_dir());
     let (workloads, damaged) = store.workloads();
     let damaged = crate::state::damaged::damaged_records(&damaged);
     if damaged.iter().any(|d| d.path == store.workloads_dir()) {

@@ -265,6 +265,28 @@ pub fn release_vgpu(vgpu_dir: &Path) {
     }
 }
 
+/// Remove every slot file under `<state>/gpus/` whose vGPU directory `<vgpus_dir>/<id>` is
+/// gone (a `vgpu run` killed between making the slot and the vGPU): such a slot never
+/// competes, but it would take a place among the [`BOARD_SLOTS`] others that are read. Call
+/// with the store lock held (slots are made under it). Best effort.
+pub fn remove_orphan_slots(state_dir: &Path, vgpus_dir: &Path) {
+    let Ok(gpus) = std::fs::read_dir(state_dir.join(BOARDS_DIR)) else { return };
+    for gpu in gpus.flatten() {
+        if !is_uuid(&gpu.file_name().to_string_lossy()) || !gpu.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let Ok(slots) = std::fs::read_dir(gpu.path()) else { continue };
+        for slot in slots.flatten() {
+            let id = slot.file_name();
+            if is_slot_name(id.as_bytes())
+                && matches!(std::fs::symlink_metadata(vgpus_dir.join(&id)), Err(e) if e.kind() == io::ErrorKind::NotFound)
+            {
+                remove_slot(&gpu.path(), &id);
+            }
+        }
+    }
+}
+
 /// Unlink `<gpu_dir>/<id>` if `gpu_dir` is a real directory (not a symbolic link, not an
 /// old board file). `unlink` never follows a link in the last component.
 fn remove_slot(gpu_dir: &Path, id: &OsStr) {
@@ -853,6 +875,22 @@ mod tests {
         std::fs::create_dir_all(state.path().join("vgpus/q")).unwrap();
         release_vgpu(&state.path().join("vgpus/q"));
         assert!(elsewhere.path().join("q").exists());
+    }
+
+    #[test]
+    fn orphan_slots_are_removed() {
+        let (state, _dirs) = state_with(&["a", "b"]);
+        ensure_slot(state.path(), "GPU-y", "gone", me(), false).unwrap();
+        ensure_slot(state.path(), "GPU-x", "gone", me(), false).unwrap();
+        remove_orphan_slots(state.path(), &state.path().join("vgpus"));
+        assert_eq!(names(&gpu_dir(&state)), ["a", "b"]);
+        assert!(names(&state.path().join(BOARDS_DIR).join("GPU-y")).is_empty());
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! The shim enforces the share (`shim/src/governor/compute.rs`); the CLI only writes the
 //! share, the policy and the priority into the vGPU's usage file and creates the vGPU's
 //! slot on the board of every GPU it uses (`<state>/gpus/<uuid>/<vgpu-id>`, owned by the
-//! vGPU's user), through which the vGPUs sharing a GPU see each other. The shim re-reads the share on every launch, so a change is followed within
-//! one governor period.
+//! vGPU's user), through which the vGPUs sharing a GPU see each other. The shim re-reads
+//! the share on every launch, so a change is followed within one governor period.
 //!
 //! The compute pool (`--tflops`) fixes a workload's per-GPU share when it is admitted
 //! (blocks held on the GPU / blocks of the GPU): preemption suspends the whole workload and

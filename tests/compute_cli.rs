@@ -231,7 +231,8 @@ fn partition_update_changes_the_definition_and_the_live_vgpu() {
     assert!(vgpu_abi::board::Board::open(&sim.path("run/vgpus/p-svc"), uuid).is_ok());
     use std::os::unix::fs::PermissionsExt;
     let slot = sim.path(&format!("run/gpus/{uuid}/p-svc"));
-    assert_eq!(std::fs::metadata(&slot).unwrap().permissions().mode() & 0o7777, 0o664, "a partition's slot is its group's");
+    // A partition with no --user or --group is root's: so is its slot (a group's is 0664).
+    assert_eq!(std::fs::metadata(&slot).unwrap().permissions().mode() & 0o7777, 0o644, "a root-only partition's slot");
     let usage = usage_of(&sim, "p-svc");
     assert_eq!(shares(&usage), [(40, Policy::Fair)]);
     let w = row(&sim, "server");

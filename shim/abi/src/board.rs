@@ -14,7 +14,10 @@
 //! owner can truncate must never be mapped by anybody else: the mapping would fault), and
 //! turns what they show into [`Competitor`]s ([`Board::snapshot`]) for
 //! [`crate::compute::allowance_ppm`]: work-conserving in `fair` mode, priority order when
-//! the GPU is oversubscribed. A slot not published for [`ACTIVE_NS`] is not competing; one
+//! the GPU is oversubscribed. What a vGPU is entitled to (its share, policy and priority) is
+//! read from its root-owned `limits` file (`<state>/vgpus/<vgpu-id>/limits`), never from
+//! the slot its tenant writes; the slot only tells whether and how much it wants (its
+//! heartbeat, hunger and use). A slot not published for [`ACTIVE_NS`] is not competing; one
 //! that is short, has another magic or layout version, or is not a regular file is
 //! ignored. The directory is listed again at most every [`RELIST_NS`] to find vGPUs that
 //! came or went; between listings a refresh is one `pread` per other vGPU and allocates
@@ -22,7 +25,8 @@
 //!
 //! A missing or damaged own slot only means "no competitors known": the vGPU then keeps
 //! exactly its own share. A tenant can damage only its own slot (then it is ignored by the
-//! others) and can only lie about its own figures.
+//! others) and can only lie about its own demand, never about its entitlement. Another vGPU
+//! without a valid limits file with a record of this GPU is ignored too.
 //!
 //! When `vgpu` removes a vGPU it unlinks its slot files ([`release_vgpu`]).
 
@@ -37,7 +41,8 @@ use std::sync::atomic::Ordering;
 
 use crate::compute::{Competitor, Policy};
 use crate::layout::{
-    now_unix_ns, slot_file_size, BoardHeader, BoardSlot, BOARDS_DIR, BOARD_MAGIC, BOARD_SLOTS, LAYOUT_VERSION,
+    now_unix_ns, slot_file_size, usage_file_size, BoardHeader, BoardSlot, DeviceRecord, UsageHeader, BOARDS_DIR, BOARD_MAGIC,
+    BOARD_SLOTS, LAYOUT_VERSION, LIMITS_FILE, LIMITS_MAGIC, MAX_DEVICES, MAX_UUID_LEN,
 };
 use crate::mapping::SharedMapping;
 use crate::usage::LayoutError;
@@ -370,12 +375,81 @@ fn read_header(path: &Path) -> Result<File, LayoutError> {
 
 // ---- the shim's side ----------------------------------------------------------------------
 
-/// Another vGPU's slot file, open read-only.
+/// Another vGPU's slot file, open read-only, and where its limits on this GPU are.
 struct Other {
     name: OsString,
     dev: u64,
     ino: u64,
     file: File,
+    limits: Option<Limits>,
+}
+
+/// Another vGPU's record of this GPU in its root-owned `limits` file: what it is entitled
+/// to, which its tenant cannot change.
+struct Limits {
+    file: File,
+    /// Offset of its [`DeviceRecord`] for this GPU.
+    record: u64,
+}
+
+fn ne_u32(bytes: &[u8], offset: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&bytes[offset..offset + 4]);
+    u32::from_ne_bytes(b)
+}
+
+impl Limits {
+    /// The record of GPU `uuid` in the limits file of the vGPU directory `vgpu_dir`. `None`:
+    /// no such file (never through a link, never a FIFO), not a limits file of this layout,
+    /// or no record of this GPU. Slow path (the relisting): open, fstat, a few `pread`s.
+    fn find(vgpu_dir: &Path, uuid: &[u8]) -> Option<Limits> {
+        let (file, len) = crate::mapping::open_regular(&vgpu_dir.join(LIMITS_FILE), false).ok()?;
+        let mut head = [0u8; size_of::<UsageHeader>()];
+        if file.read_at(&mut head, 0).ok()? != head.len() || head[..LIMITS_MAGIC.len()] != LIMITS_MAGIC {
+            return None;
+        }
+        let count = ne_u32(&head, offset_of!(UsageHeader, device_count)) as usize;
+        let valid = ne_u32(&head, offset_of!(UsageHeader, version)) == LAYOUT_VERSION
+            && ne_u32(&head, offset_of!(UsageHeader, header_size)) as usize == size_of::<UsageHeader>()
+            && ne_u32(&head, offset_of!(UsageHeader, device_record_size)) as usize == size_of::<DeviceRecord>()
+            && (1..=MAX_DEVICES).contains(&count)
+            && len == usage_file_size(count) as u64;
+        if !valid {
+            return None;
+        }
+        for i in 0..count {
+            let record = (size_of::<UsageHeader>() + i * size_of::<DeviceRecord>()) as u64;
+            let mut id = [0u8; MAX_UUID_LEN + 1];
+            if file.read_at(&mut id, record + offset_of!(DeviceRecord, uuid) as u64).ok()? != id.len() {
+                return None;
+            }
+            let end = id.iter().position(|&b| b == 0).unwrap_or(id.len());
+            if id[..end] == *uuid {
+                return Some(Limits { file, record });
+            }
+        }
+        None
+    }
+
+    /// Its share (ppm), policy and priority on this GPU now (`vgpu update` changes them
+    /// live). One `pread`, no allocation.
+    fn figures(&self) -> Option<(u64, Policy, u32)> {
+        const FROM: usize = offset_of!(DeviceRecord, compute_pct);
+        const LEN: usize = offset_of!(DeviceRecord, priority) + 4 - FROM;
+        let mut b = [0u8; LEN];
+        if self.file.read_at(&mut b, self.record + FROM as u64).ok()? != LEN {
+            return None;
+        }
+        let pct = ne_u32(&b, 0);
+        if !(1..=100).contains(&pct) {
+            return None;
+        }
+        Some((
+            crate::compute::pct_to_ppm(pct),
+            Policy::from_code(ne_u32(&b, offset_of!(DeviceRecord, compute_policy) - FROM)),
+            ne_u32(&b, offset_of!(DeviceRecord, priority) - FROM),
+        ))
+    }
 }
 
 /// One vGPU's view of a GPU's board: its own slot, mapped read-write, and the other
@@ -383,6 +457,9 @@ struct Other {
 pub struct Board {
     own: SharedMapping,
     dir: PathBuf,
+    /// `<state>/vgpus`, where the others' limits files are.
+    vgpus_dir: PathBuf,
+    uuid: String,
     own_name: OsString,
     others: Vec<Other>,
     next_list_ns: u64,
@@ -402,18 +479,8 @@ impl Board {
             path: state.join(BOARDS_DIR),
             reason: format!("GPU UUID {uuid:?} is not a plain file name"),
         })?;
-        Board::open_in(&dir, id)
-    }
-
-    /// The board whose directory is `dir`, for the vGPU whose slot file is `dir/<own_name>`.
-    pub fn open_in(dir: &Path, own_name: &OsStr) -> Result<Board, LayoutError> {
-        let path = dir.join(own_name);
-        if !is_slot_name(own_name.as_bytes()) {
-            return Err(LayoutError::Unsafe {
-                path,
-                reason: "not a plain file name".to_string(),
-            });
-        }
+        let vgpus_dir = vgpu_dir.parent().unwrap_or(state).to_path_buf();
+        let path = dir.join(id);
         let (file, len) = crate::mapping::open_regular(&path, true).map_err(|e| LayoutError::from_open(&path, e))?;
         if len as usize != slot_file_size() {
             return Err(LayoutError::Truncated {
@@ -444,8 +511,10 @@ impl Board {
         let own = SharedMapping::new(&file, slot_file_size(), true).map_err(io_err(&path))?;
         Ok(Board {
             own,
-            dir: dir.to_path_buf(),
-            own_name: own_name.to_os_string(),
+            dir,
+            vgpus_dir,
+            uuid: uuid.to_string(),
+            own_name: id.to_os_string(),
             others: Vec::with_capacity(BOARD_SLOTS),
             next_list_ns: 0,
             relist_ns: RELIST_NS,
@@ -476,9 +545,10 @@ impl Board {
     }
 
     /// The vGPUs competing for the GPU into `out`: `me` first (index 0), then every other
-    /// vGPU that published within [`ACTIVE_NS`] of `now_mono`. Returns how many. Lists the
-    /// directory again when [`RELIST_NS`] has passed (that may allocate); otherwise one
-    /// `pread` per other vGPU and no allocation.
+    /// vGPU that published within [`ACTIVE_NS`] of `now_mono`, with the share, policy and
+    /// priority of its limits file. Returns how many. Lists the directory again when
+    /// [`RELIST_NS`] has passed (that may allocate); otherwise two `pread`s per other vGPU
+    /// and no allocation.
     pub fn snapshot(&mut self, me: Competitor, now_mono: u64, out: &mut [Competitor; MAX_COMPETITORS]) -> usize {
         if now_mono >= self.next_list_ns {
             self.next_list_ns = now_mono.saturating_add(self.relist_ns);
@@ -491,19 +561,23 @@ impl Board {
             if n == MAX_COMPETITORS {
                 break;
             }
+            let Some(limits) = &other.limits else { continue };
             if !image.read(&other.file) {
                 continue;
             }
-            if let Some(c) = image.competitor(now_mono) {
-                out[n] = c;
-                n += 1;
-            }
+            let Some(mut c) = image.competitor(now_mono) else { continue };
+            // What it is entitled to: root's word, not its tenant's.
+            let Some((share_ppm, policy, priority)) = limits.figures() else { continue };
+            (c.share_ppm, c.policy, c.priority) = (share_ppm, policy, priority);
+            out[n] = c;
+            n += 1;
         }
         n
     }
 
     /// List the GPU's directory: keep the files already open that are still there (same
-    /// inode), open the new ones, forget the gone ones. At most [`BOARD_SLOTS`] others.
+    /// inode), open the new ones, forget the gone ones; find each one's limits again (its
+    /// vGPU may have been made again). At most [`BOARD_SLOTS`] others.
     fn relist(&mut self) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             self.others.clear();
@@ -524,8 +598,11 @@ impl Board {
             if !meta.file_type().is_file() {
                 continue;
             }
+            let limits = Limits::find(&self.vgpus_dir.join(&name), self.uuid.as_bytes());
             if let Some(i) = self.others.iter().position(|o| o.name == name && o.dev == meta.dev() && o.ino == meta.ino()) {
-                kept.push(self.others.swap_remove(i));
+                let mut other = self.others.swap_remove(i);
+                other.limits = limits;
+                kept.push(other);
                 continue;
             }
             // Regular file checked again on the descriptor (it may have been replaced).
@@ -536,6 +613,7 @@ impl Board {
                 dev: meta.dev(),
                 ino: meta.ino(),
                 file,
+                limits,
             });
         }
         self.others = kept;
@@ -562,14 +640,32 @@ mod tests {
         unsafe { (libc::getuid(), libc::getgid()) }
     }
 
-    /// A state directory with `<state>/vgpus/<id>` for each id and their slots on GPU-x.
-    fn state_with(ids: &[&str]) -> (tempfile::TempDir, Vec<PathBuf>) {
+    /// `<state>/vgpus/<id>` with its limits and usage files: a share of `pct` % (fair,
+    /// priority 50) on each GPU of `gpus`.
+    fn make_vgpu(state: &Path, id: &str, gpus: &[(&str, u32)]) -> PathBuf {
+        let dir = state.join("vgpus").join(id);
+        std::fs::create_dir_all(dir.join(crate::layout::PROCS_DIR)).unwrap();
+        let quotas: Vec<_> = gpus
+            .iter()
+            .map(|&(uuid, pct)| crate::usage::DeviceQuota {
+                uuid: uuid.into(),
+                quota_bytes: 1 << 30,
+                compute_pct: pct,
+                policy: Policy::Fair,
+                priority: 50,
+            })
+            .collect();
+        crate::usage::UsageFile::create(&dir.join(crate::layout::USAGE_FILE), &quotas).unwrap();
+        dir
+    }
+
+    /// A state directory with a vGPU for each (id, share %) on GPU-x, and their slots there.
+    fn state_with(ids: &[(&str, u32)]) -> (tempfile::TempDir, Vec<PathBuf>) {
         let state = tempfile::tempdir().unwrap();
         let dirs = ids
             .iter()
-            .map(|id| {
-                let dir = state.path().join("vgpus").join(id);
-                std::fs::create_dir_all(&dir).unwrap();
+            .map(|&(id, pct)| {
+                let dir = make_vgpu(state.path(), id, &[("GPU-x", pct)]);
                 let e = ensure_slot(state.path(), "GPU-x", id, me(), false).unwrap();
                 assert!(e.created && !e.replaced_old_board);
                 dir
@@ -618,7 +714,7 @@ mod tests {
 
     #[test]
     fn slots_are_one_file_per_vgpu_with_explicit_modes() {
-        let (state, _) = state_with(&["a"]);
+        let (state, _) = state_with(&[("a", 30)]);
         let dir = gpu_dir(&state);
         let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
         assert!(std::fs::symlink_metadata(&dir).unwrap().is_dir());
@@ -675,7 +771,7 @@ mod tests {
 
     #[test]
     fn publish_and_snapshot_across_two_slot_files() {
-        let (_state, dirs) = state_with(&["a", "b"]);
+        let (_state, dirs) = state_with(&[("a", 30), ("b", 70)]);
         let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
         let mut b = Board::open(&dirs[1], "GPU-x").unwrap();
         let now = 10 * ACTIVE_NS;
@@ -700,6 +796,22 @@ mod tests {
         a2.publish(fig(300_000), 0, now + 2);
         b.snapshot(fig(700_000), now + 3, &mut out);
         assert!(out[1].hungry, "a later publish without hunger does not end a's");
+        // What a vGPU is entitled to comes from its limits (root's), not from its slot: b
+        // claiming the whole GPU at top priority, strict, changes nothing a sees but b's demand.
+        b.publish(
+            Competitor {
+                share_ppm: PPM,
+                priority: 100,
+                policy: Policy::Strict,
+                hungry: true,
+                usage_ppm: 5,
+            },
+            now + 10,
+            now + 3,
+        );
+        a.snapshot(mine, now + 4, &mut out);
+        assert_eq!((out[1].share_ppm, out[1].priority, out[1].policy), (700_000, 50, Policy::Fair));
+        assert_eq!((out[1].hungry, out[1].usage_ppm), (true, 5));
         // The mapping is shared with the file.
         let bytes = std::fs::read(slot_path_for_vgpu(&dirs[0], "GPU-x").unwrap()).unwrap();
         let hb = size_of::<BoardHeader>() + offset_of!(BoardSlot, heartbeat_ns);
@@ -708,7 +820,7 @@ mod tests {
 
     #[test]
     fn a_vgpu_that_stopped_publishing_does_not_compete() {
-        let (_state, dirs) = state_with(&["a", "b"]);
+        let (_state, dirs) = state_with(&[("a", 30), ("b", 70)]);
         let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
         let b = Board::open(&dirs[1], "GPU-x").unwrap();
         let now = 10 * ACTIVE_NS;
@@ -720,7 +832,7 @@ mod tests {
         b.publish(fig(700_000), 0, now + 100 * ACTIVE_NS);
         assert_eq!(a.snapshot(fig(300_000), now + 2 * ACTIVE_NS, &mut out), 1);
         // Never published: not competing.
-        let (_s, dirs) = state_with(&["c", "d"]);
+        let (_s, dirs) = state_with(&[("c", 30), ("d", 70)]);
         let mut c = Board::open(&dirs[0], "GPU-x").unwrap();
         assert_eq!(c.snapshot(fig(1), now, &mut out), 1);
     }
@@ -739,12 +851,16 @@ mod tests {
 
     #[test]
     fn damaged_foreign_and_special_slots_are_ignored_without_blocking() {
-        let (state, dirs) = state_with(&["a", "b"]);
+        let (state, dirs) = state_with(&[("a", 30), ("b", 70)]);
         let dir = gpu_dir(&state);
         let now = 10 * ACTIVE_NS;
         let b = Board::open(&dirs[1], "GPU-x").unwrap();
         b.publish(fig(200_000), 0, now);
         let good = slot_bytes(now, 100_000);
+        // Every name below is a vGPU with valid limits (10 % on GPU-x): only its slot is bad.
+        for name in ["short", "long", "garbage", "version", "slots", "link", "fifo", "subdir", "valid"] {
+            make_vgpu(state.path(), name, &[("GPU-x", 10)]);
+        }
         // Short, long, garbage, another version, several slots: all published "now".
         std::fs::write(dir.join("short"), &good[..good.len() - 1]).unwrap();
         let mut long = good.clone();
@@ -769,12 +885,21 @@ mod tests {
         std::fs::create_dir(dir.join("subdir")).unwrap();
         // A valid one, to be sure the others are not ignored for another reason.
         std::fs::write(dir.join("valid"), &good).unwrap();
+        // Valid, active slots whose vGPU has no limits, no record of this GPU, or limits that
+        // are a link to valid ones: what they are entitled to is unknown, they are ignored.
+        std::fs::write(dir.join("nolimits"), &good).unwrap();
+        make_vgpu(state.path(), "elsewhere", &[("GPU-q", 10)]);
+        std::fs::write(dir.join("elsewhere"), &good).unwrap();
+        let linked = state.path().join("vgpus").join("linked");
+        std::fs::create_dir_all(&linked).unwrap();
+        std::os::unix::fs::symlink(state.path().join("vgpus/valid").join(LIMITS_FILE), linked.join(LIMITS_FILE)).unwrap();
+        std::fs::write(dir.join("linked"), &good).unwrap();
 
         let a = Board::open(&dirs[0], "GPU-x").unwrap();
         let (a, n, out) = snapshot_in_time(a, now);
         let mut shares: Vec<u64> = out[1..n].iter().map(|c| c.share_ppm).collect();
         shares.sort();
-        assert_eq!(shares, [100_000, 200_000], "only b and valid count");
+        assert_eq!(shares, [100_000, 700_000], "only b and valid count, with their limits' shares");
 
         // b's owner truncates its slot file, then fills it with garbage: a reader that had
         // mapped it would fault; a pread sees a short or foreign file and ignores it.
@@ -794,7 +919,7 @@ mod tests {
 
     #[test]
     fn vgpus_that_come_and_go_are_seen_after_the_relist_interval() {
-        let (state, dirs) = state_with(&["a"]);
+        let (state, dirs) = state_with(&[("a", 30)]);
         let dir = gpu_dir(&state);
         let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
         a.set_relist_interval(50_000_000);
@@ -802,25 +927,28 @@ mod tests {
         let mut out = [fig(0); MAX_COMPETITORS];
         assert_eq!(a.snapshot(fig(1), t0, &mut out), 1);
         // c arrives and publishes: not listed yet.
-        let c_dir = state.path().join("vgpus").join("c");
-        std::fs::create_dir_all(&c_dir).unwrap();
+        let c_dir = make_vgpu(state.path(), "c", &[("GPU-x", 40)]);
         ensure_slot(state.path(), "GPU-x", "c", me(), false).unwrap();
         let c = Board::open(&c_dir, "GPU-x").unwrap();
         c.publish(fig(400_000), 0, t0 + 10_000_000);
         assert_eq!(a.snapshot(fig(1), t0 + 10_000_000, &mut out), 1, "not listed again yet");
         assert_eq!(a.snapshot(fig(1), t0 + 50_000_000, &mut out), 2, "found at the next listing");
         assert_eq!(out[1].share_ppm, 400_000);
-        // c's slot is removed (its vGPU is gone) and made again (a new vGPU of that name):
-        // the old file, still open, is forgotten; the new one is read.
+        // c's slot is removed (its vGPU is gone) and made again (a new vGPU of that name,
+        // at 60 %): the old file, still open, is forgotten; the new one is read.
         std::fs::remove_file(dir.join("c")).unwrap();
+        std::fs::remove_dir_all(&c_dir).unwrap();
+        make_vgpu(state.path(), "c", &[("GPU-x", 60)]);
         ensure_slot(state.path(), "GPU-x", "c", me(), false).unwrap();
         let c2 = Board::open(&c_dir, "GPU-x").unwrap();
         c2.publish(fig(600_000), 0, t0 + 60_000_000);
-        c.publish(fig(400_000), 0, t0 + 60_000_000);
+        c.publish(fig(400_000), t0 + 200_000_000, t0 + 60_000_000);
         assert_eq!(a.snapshot(fig(1), t0 + 60_000_000, &mut out), 2);
-        assert_eq!(out[1].share_ppm, 400_000, "the open file until the next listing");
+        assert!(out[1].hungry, "the open file until the next listing");
+        assert_eq!(out[1].share_ppm, 400_000, "and the limits found with it");
         assert_eq!(a.snapshot(fig(1), t0 + 100_000_000, &mut out), 2);
-        assert_eq!(out[1].share_ppm, 600_000, "the new file after it");
+        assert!(!out[1].hungry, "the new file after it");
+        assert_eq!(out[1].share_ppm, 600_000, "with the new vGPU's limits");
         // Removed for good: gone at the next listing, though its old file is still fresh.
         std::fs::remove_file(dir.join("c")).unwrap();
         c.publish(fig(400_000), 0, t0 + 150_000_000);
@@ -830,11 +958,12 @@ mod tests {
 
     #[test]
     fn at_most_board_slots_others_are_read() {
-        let (state, dirs) = state_with(&["a"]);
+        let (state, dirs) = state_with(&[("a", 30)]);
         let dir = gpu_dir(&state);
         let now = 10 * ACTIVE_NS;
         let good = slot_bytes(now, 1000);
         for i in 0..BOARD_SLOTS + 5 {
+            make_vgpu(state.path(), &format!("v{i}"), &[("GPU-x", 1)]);
             std::fs::write(dir.join(format!("v{i}")), &good).unwrap();
         }
         let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
@@ -844,16 +973,10 @@ mod tests {
 
     #[test]
     fn release_removes_the_vgpus_slots_only() {
-        let (state, dirs) = state_with(&["a", "b"]);
-        let quota = |uuid: &str| crate::usage::DeviceQuota {
-            uuid: uuid.into(),
-            quota_bytes: 1 << 30,
-            compute_pct: 30,
-            policy: Policy::Fair,
-            priority: 50,
-        };
-        std::fs::create_dir_all(dirs[0].join(crate::layout::PROCS_DIR)).unwrap();
-        crate::usage::UsageFile::create(&dirs[0].join(crate::layout::USAGE_FILE), &[quota("GPU-x"), quota("GPU-y")]).unwrap();
+        let (state, dirs) = state_with(&[("b", 70)]);
+        let a = make_vgpu(state.path(), "a", &[("GPU-x", 30), ("GPU-y", 30)]);
+        let dirs = [a, dirs[0].clone()];
+        ensure_slot(state.path(), "GPU-x", "a", me(), false).unwrap();
         ensure_slot(state.path(), "GPU-y", "a", me(), false).unwrap();
         ensure_slot(state.path(), "GPU-z", "a", me(), false).unwrap();
         release_vgpu(&dirs[0]);
@@ -861,9 +984,9 @@ mod tests {
         assert!(!gpus.join("GPU-x/a").exists() && !gpus.join("GPU-y/a").exists());
         assert!(gpus.join("GPU-z/a").exists(), "not a GPU of its usage file");
         assert!(gpus.join("GPU-x/b").exists(), "another vGPU's slot stays");
-        // Without a usage file, every GPU's directory is looked at.
         release_vgpu(&dirs[1]);
         assert!(!gpus.join("GPU-x/b").exists());
+        // Without a usage file, every GPU's directory is looked at.
         std::fs::create_dir_all(state.path().join("vgpus/z")).unwrap();
         std::fs::rename(gpus.join("GPU-z/a"), gpus.join("GPU-z/z")).unwrap();
         release_vgpu(&state.path().join("vgpus/z"));
@@ -879,7 +1002,7 @@ mod tests {
 
     #[test]
     fn orphan_slots_are_removed() {
-        let (state, _dirs) = state_with(&["a", "b"]);
+        let (state, _dirs) = state_with(&[("a", 30), ("b", 70)]);
         ensure_slot(state.path(), "GPU-y", "gone", me(), false).unwrap();
         ensure_slot(state.path(), "GPU-x", "gone", me(), false).unwrap();
         remove_orphan_slots(state.path(), &state.path().join("vgpus"));
@@ -895,7 +1018,7 @@ mod tests {
 
     #[test]
     fn an_own_slot_that_is_foreign_is_refused() {
-        let (state, dirs) = state_with(&["a"]);
+        let (state, dirs) = state_with(&[("a", 30)]);
         let path = gpu_dir(&state).join("a");
         std::fs::write(&path, vec![0u8; slot_file_size()]).unwrap();
         assert!(matches!(Board::open(&dirs[0], "GPU-x"), Err(LayoutError::BadMagic { .. })));

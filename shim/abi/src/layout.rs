@@ -198,7 +198,9 @@ pub struct BoardSlot {
     /// Last time a process of the vGPU wrote the slot (monotonic ns); 0 = never. A slot not
     /// written for [`crate::board::ACTIVE_NS`] is not competing.
     pub heartbeat_ns: AtomicU64,
-    /// The vGPU's share (parts per million), priority, and policy code.
+    /// The vGPU's share (parts per million), priority, and policy code, as its processes
+    /// see them. Informative only: the others read these from the vGPU's `limits` file,
+    /// which its tenant cannot write.
     pub share_ppm: AtomicU32,
     pub priority: AtomicU32,
     pub policy: AtomicU32,

@@ -375,7 +375,8 @@ fn read_header(path: &Path) -> Result<File, LayoutError> {
 
 // ---- the shim's side ----------------------------------------------------------------------
 
-/// Another vGPU's slot file, open read-only, and where its limits on this GPU are.
+/// Another vGPU's slot file, open read-only, and its limits on this GPU as of the last
+/// listing.
 struct Other {
     name: OsString,
     dev: u64,
@@ -384,12 +385,13 @@ struct Other {
     limits: Option<Limits>,
 }
 
-/// Another vGPU's record of this GPU in its root-owned `limits` file: what it is entitled
-/// to, which its tenant cannot change.
+/// What another vGPU is entitled to on this GPU, from its record in its root-owned `limits`
+/// file, which its tenant cannot change: its share (ppm), policy and priority.
+#[derive(Clone, Copy)]
 struct Limits {
-    file: File,
-    /// Offset of its [`DeviceRecord`] for this GPU.
-    record: u64,
+    share_ppm: u64,
+    policy: Policy,
+    priority: u32,
 }
 
 fn ne_u32(bytes: &[u8], offset: usize) -> u32 {
@@ -399,10 +401,12 @@ fn ne_u32(bytes: &[u8], offset: usize) -> u32 {
 }
 
 impl Limits {
-    /// The record of GPU `uuid` in the limits file of the vGPU directory `vgpu_dir`. `None`:
+    /// The limits on GPU `uuid` in the limits file of the vGPU directory `vgpu_dir`. `None`:
     /// no such file (never through a link, never a FIFO), not a limits file of this layout,
-    /// or no record of this GPU. Slow path (the relisting): open, fstat, a few `pread`s.
-    fn find(vgpu_dir: &Path, uuid: &[u8]) -> Option<Limits> {
+    /// no record of this GPU, or a share out of range. Slow path (the listing): open, fstat,
+    /// a few `pread`s, close (no descriptor is kept: a process has one per other vGPU and
+    /// device already).
+    fn read(vgpu_dir: &Path, uuid: &[u8]) -> Option<Limits> {
         let (file, len) = crate::mapping::open_regular(&vgpu_dir.join(LIMITS_FILE), false).ok()?;
         let mut head = [0u8; size_of::<UsageHeader>()];
         if file.read_at(&mut head, 0).ok()? != head.len() || head[..LIMITS_MAGIC.len()] != LIMITS_MAGIC {
@@ -425,30 +429,29 @@ impl Limits {
             }
             let end = id.iter().position(|&b| b == 0).unwrap_or(id.len());
             if id[..end] == *uuid {
-                return Some(Limits { file, record });
+                return Limits::figures(&file, record);
             }
         }
         None
     }
 
-    /// Its share (ppm), policy and priority on this GPU now (`vgpu update` changes them
-    /// live). One `pread`, no allocation.
-    fn figures(&self) -> Option<(u64, Policy, u32)> {
+    /// The share, policy and priority of the record at `record`.
+    fn figures(file: &File, record: u64) -> Option<Limits> {
         const FROM: usize = offset_of!(DeviceRecord, compute_pct);
         const LEN: usize = offset_of!(DeviceRecord, priority) + 4 - FROM;
         let mut b = [0u8; LEN];
-        if self.file.read_at(&mut b, self.record + FROM as u64).ok()? != LEN {
+        if file.read_at(&mut b, record + FROM as u64).ok()? != LEN {
             return None;
         }
         let pct = ne_u32(&b, 0);
         if !(1..=100).contains(&pct) {
             return None;
         }
-        Some((
-            crate::compute::pct_to_ppm(pct),
-            Policy::from_code(ne_u32(&b, offset_of!(DeviceRecord, compute_policy) - FROM)),
-            ne_u32(&b, offset_of!(DeviceRecord, priority) - FROM),
-        ))
+        Some(Limits {
+            share_ppm: crate::compute::pct_to_ppm(pct),
+            policy: Policy::from_code(ne_u32(&b, offset_of!(DeviceRecord, compute_policy) - FROM)),
+            priority: ne_u32(&b, offset_of!(DeviceRecord, priority) - FROM),
+        })
     }
 }
 
@@ -546,8 +549,9 @@ impl Board {
 
     /// The vGPUs competing for the GPU into `out`: `me` first (index 0), then every other
     /// vGPU that published within [`ACTIVE_NS`] of `now_mono`, with the share, policy and
-    /// priority of its limits file. Returns how many. Lists the directory again when
-    /// [`RELIST_NS`] has passed (that may allocate); otherwise two `pread`s per other vGPU
+    /// priority of its limits file (read at the last listing: a `vgpu update` of another
+    /// vGPU is seen within [`RELIST_NS`]). Returns how many. Lists the directory again when
+    /// [`RELIST_NS`] has passed (that may allocate); otherwise one `pread` per other vGPU
     /// and no allocation.
     pub fn snapshot(&mut self, me: Competitor, now_mono: u64, out: &mut [Competitor; MAX_COMPETITORS]) -> usize {
         if now_mono >= self.next_list_ns {
@@ -561,14 +565,13 @@ impl Board {
             if n == MAX_COMPETITORS {
                 break;
             }
-            let Some(limits) = &other.limits else { continue };
+            let Some(limits) = other.limits else { continue };
             if !image.read(&other.file) {
                 continue;
             }
             let Some(mut c) = image.competitor(now_mono) else { continue };
             // What it is entitled to: root's word, not its tenant's.
-            let Some((share_ppm, policy, priority)) = limits.figures() else { continue };
-            (c.share_ppm, c.policy, c.priority) = (share_ppm, policy, priority);
+            (c.share_ppm, c.policy, c.priority) = (limits.share_ppm, limits.policy, limits.priority);
             out[n] = c;
             n += 1;
         }
@@ -598,7 +601,7 @@ impl Board {
             if !meta.file_type().is_file() {
                 continue;
             }
-            let limits = Limits::find(&self.vgpus_dir.join(&name), self.uuid.as_bytes());
+            let limits = Limits::read(&self.vgpus_dir.join(&name), self.uuid.as_bytes());
             if let Some(i) = self.others.iter().position(|o| o.name == name && o.dev == meta.dev() && o.ino == meta.ino()) {
                 let mut other = self.others.swap_remove(i);
                 other.limits = limits;
@@ -812,6 +815,14 @@ mod tests {
         a.snapshot(mine, now + 4, &mut out);
         assert_eq!((out[1].share_ppm, out[1].priority, out[1].policy), (700_000, 50, Policy::Fair));
         assert_eq!((out[1].hungry, out[1].usage_ppm), (true, 5));
+        // A live `vgpu update` of b's share is seen at a's next listing.
+        let usage = crate::usage::UsageFile::open(&dirs[1].join(crate::layout::USAGE_FILE)).unwrap();
+        usage.set_compute_pct(0, 50).unwrap();
+        a.snapshot(mine, now + 5, &mut out);
+        assert_eq!(out[1].share_ppm, 700_000, "not before");
+        b.publish(fig(0), 0, now + 1 + RELIST_NS);
+        a.snapshot(mine, now + 1 + RELIST_NS, &mut out);
+        assert_eq!(out[1].share_ppm, 500_000);
         // The mapping is shared with the file.
         let bytes = std::fs::read(slot_path_for_vgpu(&dirs[0], "GPU-x").unwrap()).unwrap();
         let hb = size_of::<BoardHeader>() + offset_of!(BoardSlot, heartbeat_ns);

@@ -20,4 +20,5 @@ pub mod pool;
 pub mod pooling;
 pub mod repair;
 pub mod state;
+pub mod stop_point;
 pub mod supervise;

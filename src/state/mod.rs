@@ -10,6 +10,7 @@ pub mod atomic;
 pub mod dirs;
 
 pub mod damaged;
+pub mod intent;
 pub mod lock;
 pub mod partition;
 pub mod workload;
@@ -86,6 +87,11 @@ impl Store {
 
     pub fn workload_path(&self, id: &str) -> PathBuf {
         self.workloads_dir().join(format!("{id}.json"))
+    }
+
+    /// Intent records of multi-step changes under way (see `intent`).
+    pub fn intents_dir(&self) -> PathBuf {
+        self.state_dir.join("intents")
     }
 
     pub fn vgpus_dir(&self) -> PathBuf {

@@ -1,0 +1,42 @@
+//! A test hook: `VGPU_TEST_STOP_AT=<name>` makes vgpu SIGKILL itself at the step called
+//! `<name>`, so that tests can crash a command at an exact point between two steps of a
+//! change (see tests/crash_consistency.rs) instead of killing it at a random moment.
+//!
+//! The names are the `STOP_POINTS` below. A command that dies there leaves exactly what a
+//! crash or a `kill -9` would; the next command's reconcile must finish or undo it. The
+//! hook gives nobody more than that: whoever can set vgpu's environment can already kill it.
+
+use nix::sys::signal::{raise, Signal};
+
+/// The environment variable naming the step to die at.
+pub const ENV: &str = "VGPU_TEST_STOP_AT";
+
+/// Every stop point, in the order a command meets them.
+pub const STOP_POINTS: &[&str] = &[
+    // vgpu run: its start intent is recorded, the cgroup exists, the record does not yet.
+    "run:cgroup-created",
+    // vgpu run: recorded (state starting), no process started yet.
+    "run:recorded",
+    // vgpu run: the workload's first process runs, the record does not name it yet.
+    "run:spawned",
+    // vgpu run, after the workload exited: its cgroup is gone, its record is not.
+    "exit:cgroup-removed",
+    // vgpu suspend: the cgroup is frozen, the record still says running.
+    "suspend:frozen",
+    // vgpu resume: the cgroup is thawed, the record still says suspended.
+    "resume:thawed",
+    // Any pool change (preemption by `vgpu run --tflops`, or a resume): the victims are
+    // frozen, the pool state is not saved yet.
+    "preempt:frozen",
+    // Any pool change: the pool state is saved, the workload records are not updated yet.
+    "preempt:saved",
+];
+
+/// Die here, by SIGKILL, when `VGPU_TEST_STOP_AT` names this step.
+pub fn stop_point(name: &str) {
+    debug_assert!(STOP_POINTS.contains(&name), "unlisted stop point {name}");
+    if std::env::var_os(ENV).is_some_and(|v| v == name) {
+        // SIGKILL cannot be caught: nothing after this line runs, as in a real crash.
+        let _ = raise(Signal::SIGKILL);
+    }
+}

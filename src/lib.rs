@@ -18,6 +18,7 @@ pub mod paths;
 pub mod policy;
 pub mod pool;
 pub mod pooling;
+pub mod recovery;
 pub mod repair;
 pub mod state;
 pub mod stop_point;

@@ -1,7 +1,8 @@
 //! What happens to workloads besides starting them: tearing one down, and reconciling the
-//! store with reality (supervisors that died, vGPU directories nobody owns, processes that
-//! died holding device memory). Every `vgpu` command that reads or changes workloads calls
-//! [`reconcile`] first, under the store lock.
+//! store with reality (supervisors that died, changes a killed command left half-done,
+//! cgroups and vGPU directories nobody owns, processes that died holding device memory).
+//! Every `vgpu` command that reads or changes workloads calls [`reconcile`] first, under
+//! the store lock.
 
 use std::path::Path;
 
@@ -45,6 +46,10 @@ pub fn reconcile(store: &Store, lock: &StoreLock) -> Reconciled {
     if let Err(e) = crate::pooling::release_orphans(store, lock) {
         eprintln!("vgpu: warning: cannot tidy the compute pool: {e:#}");
     }
+    // Changes a killed command left half-done, then whatever else is frozen or left over.
+    crate::recovery::half_done(store, lock, layout.as_ref());
+    crate::recovery::align_all(store, layout.as_ref());
+    crate::recovery::remove_stray_cgroups(store, layout.as_ref());
     remove_orphan_vgpus(store);
     reclaim_dead_processes(store);
     out
@@ -62,6 +67,8 @@ pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<
             Err(e) => return Err(e).with_context(|| format!("opening the cgroup of {}", w.id)),
         }
     }
+    // The record goes last: until then it names what is left to remove.
+    crate::stop_point::stop_point("exit:cgroup-removed");
     if w.partition.is_none() {
         anyhow::ensure!(crate::state::is_plain_name(&w.vgpu), "workload {}: vGPU {:?} is not a plain name", w.id, w.vgpu);
         remove_dir(&store.vgpu_dir(&w.vgpu))?;

@@ -8,7 +8,7 @@ use crate::cgroup::{Cgroup, Layout};
 use crate::context::Context;
 use crate::gpu::GpuInfo;
 use crate::pool::{Inventory, NvmlGpu, Plan, Pool, PoolError};
-use crate::state::{atomic, StateError, Store, StoreLock, WorkloadState};
+use crate::state::{atomic, intent, StateError, Store, StoreLock, WorkloadState};
 
 pub const POOL_FILE: &str = "pool.json";
 
@@ -68,11 +68,15 @@ pub fn current(ctx: &Context, store: &Store, gpus: &[GpuInfo]) -> Result<Pool> {
 
 /// Carry out `plan`: freeze what it suspends (undoing the freezes if one fails, so nobody
 /// stays frozen for nothing and nothing is recorded), thaw what it resumes, record it in
-/// the pool, save, and update the workload records.
+/// the pool, save, and update the workload records. An intent naming the workloads it
+/// freezes or thaws is recorded first and removed last: if this process dies between the
+/// steps, the next reconcile brings them to what the saved pool says (`recovery.rs`).
 pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) -> Result<()> {
     if plan.is_empty() {
         return Ok(());
     }
+    let touched: Vec<&str> = plan.suspend().iter().map(|s| s.id.as_str()).chain(plan.resume().iter().map(|r| r.id.as_str())).collect();
+    let intent = if touched.is_empty() { None } else { Some(intent::begin(store, intent::Op::Pool, &touched)?) };
     let layout = Layout::detect();
     let (workloads, _) = store.workloads();
     let cgroup_of = |id: &str| -> Option<Cgroup> {
@@ -89,6 +93,9 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
             return Err(e).with_context(|| format!("cannot suspend {} ({}) to make room; nothing was changed", s.name, s.id));
         }
         frozen.push(cgroup);
+    }
+    if !frozen.is_empty() {
+        crate::stop_point::stop_point("preempt:frozen");
     }
     for r in plan.resume() {
         if let Some(cgroup) = cgroup_of(&r.id) {
@@ -110,6 +117,9 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
     let resumed: Vec<String> = plan.resume().iter().map(|r| r.id.clone()).collect();
     pool.apply(plan).map_err(pool_error)?;
     save(store, pool)?;
+    if intent.is_some() {
+        crate::stop_point::stop_point("preempt:saved");
+    }
     for mut w in workloads {
         if let Some((_, by_name)) = suspended.iter().find(|(id, _)| *id == w.id) {
             w.state = WorkloadState::Suspended;
@@ -123,7 +133,17 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
             eprintln!("vgpu: resumed {} ({})", w.name, w.id);
         }
     }
+    if let Some(intent) = intent {
+        intent.done();
+    }
     Ok(())
+}
+
+/// Resume (or start) whoever fits now, as after a release.
+pub fn settle(store: &Store, lock: &StoreLock) -> Result<()> {
+    let Some(mut pool) = load(store)? else { return Ok(()) };
+    let plan = pool.settle();
+    execute(store, lock, &mut pool, plan)
 }
 
 /// Give a workload's blocks back and resume (or start) whoever now fits.

@@ -15,7 +15,7 @@ mod v1;
 mod v2;
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 
 pub use error::CgroupError;
 pub use handle::{Cgroup, DEFAULT_TIMEOUT, PARENT};

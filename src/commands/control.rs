@@ -4,9 +4,9 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use nix::sys::signal::Signal;
 
-use crate::cgroup::{Cgroup, Layout};
+use crate::cgroup::{Cgroup, FreezerState, Layout};
 use crate::context::Context;
-use crate::state::{Store, WorkloadState};
+use crate::state::{intent, Store, WorkloadState};
 
 #[derive(Debug, Args)]
 pub struct IdArgs {
@@ -38,21 +38,22 @@ pub fn suspend_or_resume(ctx: &Context, args: &IdArgs, action: Action) -> Result
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
     let cgroup = Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))?;
     let mut record = w.clone();
-    match action {
+    // The intent is recorded before the freezer is touched: if this command dies before the
+    // record is written, the next reconcile undoes a suspend and finishes a resume.
+    let intent = match action {
         Action::Suspend => {
             if w.state == WorkloadState::Suspended {
                 println!("{} ({}) is already suspended", w.name, w.id);
                 return Ok(());
             }
+            let intent = intent::begin(&store, intent::Op::Suspend, &[&w.id])?;
             cgroup.freeze().with_context(|| format!("suspending {}", w.id))?;
+            crate::stop_point::stop_point("suspend:frozen");
             record.state = WorkloadState::Suspended;
             record.suspended_reason = Some("manual".into());
+            intent
         }
         Action::Resume => {
-            if w.state != WorkloadState::Suspended {
-                println!("{} ({}) is not suspended", w.name, w.id);
-                return Ok(());
-            }
             if let Some(reason) = w.suspended_reason.as_deref().filter(|r| r.starts_with("preempted")) {
                 anyhow::bail!(
                     "{} ({}) is {reason}: it resumes by itself when its pool blocks are free again",
@@ -60,12 +61,24 @@ pub fn suspend_or_resume(ctx: &Context, args: &IdArgs, action: Action) -> Result
                     w.id
                 );
             }
+            // A frozen cgroup is thawed whatever the record says.
+            let frozen = cgroup.state().with_context(|| format!("reading the freezer state of {}", w.id))? != FreezerState::Thawed;
+            if w.state != WorkloadState::Suspended && !frozen {
+                println!("{} ({}) is not suspended", w.name, w.id);
+                return Ok(());
+            }
+            let intent = intent::begin(&store, intent::Op::Resume, &[&w.id])?;
             cgroup.thaw().with_context(|| format!("resuming {}", w.id))?;
-            record.state = WorkloadState::Running;
+            crate::stop_point::stop_point("resume:thawed");
+            if record.state == WorkloadState::Suspended {
+                record.state = WorkloadState::Running;
+            }
             record.suspended_reason = None;
+            intent
         }
-    }
+    };
     store.write_workload(&record)?;
+    intent.done();
     let verb = match action {
         Action::Suspend => "suspended",
         Action::Resume => "resumed",

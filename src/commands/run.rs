@@ -20,7 +20,7 @@ use crate::gpu::GpuInfo;
 use crate::pool::{AllocState, KindFilter, PoolError, Priority};
 use crate::pooling::{self, pool_error};
 use crate::state::workload::{WorkloadState, WORKLOAD_FORMAT};
-use crate::state::{Partitions, Store, StoreLock, UserSpec, Workload, WorkloadGpu};
+use crate::state::{intent, Partitions, Store, StoreLock, UserSpec, Workload, WorkloadGpu};
 
 /// How vgpu guards a variable the shim (or the simulated driver) depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -445,6 +445,9 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
     let vgpu_dir = store.vgpu_dir(&workload.vgpu);
     let own_vgpu = workload.partition.is_none();
     let result = (|| -> Result<Cgroup> {
+        // Recorded first: if this process dies before the record exists, reconcile
+        // removes the cgroup (see recovery.rs).
+        let intent = intent::begin(store, intent::Op::Start, &[&id])?;
         if !workload.gpus.is_empty() {
             ensure_vgpu(store, &vgpu_dir, &workload, tenant)?;
         }
@@ -453,10 +456,13 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
             let _ = cgroup.remove();
             return Err(e).context("setting cgroup limits");
         }
+        crate::stop_point::stop_point("run:cgroup-created");
         if let Err(e) = store.write_workload(&workload) {
             let _ = cgroup.remove();
             return Err(e.into());
         }
+        intent.done();
+        crate::stop_point::stop_point("run:recorded");
         Ok(cgroup)
     })();
     match result {
@@ -580,6 +586,7 @@ fn start_and_supervise(ctx: &Context, store: &Store, _layout: &Layout, shim: &Pa
         cgroup_procs: procs,
     };
     let mut child = crate::supervise::spawn(launch).with_context(|| format!("cannot start {}", request.argv[0]))?;
+    crate::stop_point::stop_point("run:spawned");
     {
         // Re-read: a preemption may have changed the record since admission.
         let _lock = store.lock()?;

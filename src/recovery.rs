@@ -1,0 +1,317 @@
+//! Crash consistency: what reconcile does with changes a killed command left half-done.
+//!
+//! Every multi-step change records an intent first (`state::intent`). Under the store
+//! lock, reconcile (`lifecycle::reconcile`) then:
+//!
+//! - **start** (`vgpu run` between creating the cgroup and writing the record): the cgroup
+//!   of a workload that has no record is removed (its vGPU directory and pool blocks are
+//!   removed by the orphan rules);
+//! - **suspend, resume, pool plans**: each workload named is brought to what the saved
+//!   state says. The pool state (`pool.json`, saved in one atomic write) is the authority
+//!   for the workloads it holds: one it holds suspended is frozen (its blocks are someone
+//!   else's: none is handed out twice) and recorded so; any other is thawed and recorded
+//!   running, unless its record says it was suspended by hand and it is frozen. So a
+//!   `vgpu suspend` that died before recording is undone (thawed: the safe choice, the
+//!   user sees it running and may suspend again), a `vgpu resume` that died after thawing
+//!   is finished, and a preemption whose plan was not saved is undone. Then the pool is
+//!   settled, which finishes what a plan that was saved had started.
+//!
+//! And, whatever the intents say, on every reconcile:
+//!
+//! - a live workload whose cgroup is frozen while neither its record nor the pool says it
+//!   is suspended is thawed; a manually suspended one found thawed is recorded running;
+//! - a cgroup under `vgpu/` that no record names, holds no process and is older than
+//!   [`STRAY_GRACE`] is removed (the grace leaves alone a cgroup another store on the host
+//!   is creating: tests and several state directories share the `vgpu/` cgroup parent).
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+
+use crate::cgroup::{Cgroup, CgroupError, FreezerState, Layout};
+use crate::pool::{AllocState, Pool};
+use crate::state::intent::{self, Intent, Op};
+use crate::state::{Store, StoreLock, Workload, WorkloadState};
+
+/// How old a cgroup with no record and no process must be before reconcile removes it.
+pub const STRAY_GRACE: Duration = Duration::from_secs(60);
+
+/// Finish or undo the changes whose intent was left by a command that died. Call with the
+/// store lock held.
+pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>) {
+    let (intents, damaged) = intent::list(store);
+    for e in damaged {
+        tracing::warn!("{e}; left in place");
+    }
+    let mut settle = false;
+    for (path, intent) in intents {
+        // Every change runs under the store lock we hold: a live writer cannot be
+        // half-way. Never touch what a live process is doing all the same.
+        if intent.writer_alive() {
+            continue;
+        }
+        let result = match (intent.op, layout) {
+            (_, None) => Ok(()),
+            (Op::Start, Some(layout)) => undo_start(store, layout, &intent),
+            (Op::Suspend | Op::Resume | Op::Pool, Some(layout)) => realign(store, layout, &intent),
+        };
+        settle |= intent.op == Op::Pool;
+        match result.and_then(|()| intent::remove(&path).map_err(anyhow::Error::from)) {
+            Ok(()) => {}
+            Err(e) => eprintln!("vgpu: warning: cannot finish the {:?} left by pid {}: {e:#}", intent.op, intent.writer.pid),
+        }
+    }
+    if settle {
+        if let Err(e) = crate::pooling::settle(store, lock) {
+            eprintln!("vgpu: warning: cannot settle the compute pool: {e:#}");
+        }
+    }
+}
+
+/// A `vgpu run` died between creating the cgroup and writing the record: remove the cgroup
+/// of each named workload that has no record (one with a record is the record's business:
+/// a dead supervisor's workload is torn down by reconcile).
+fn undo_start(store: &Store, layout: &Layout, intent: &Intent) -> Result<()> {
+    for id in &intent.workloads {
+        if std::fs::symlink_metadata(store.workload_path(id)).is_ok() {
+            continue;
+        }
+        match Cgroup::open(layout, id) {
+            Ok(cgroup) => {
+                cgroup.remove().with_context(|| format!("removing the cgroup of {id}"))?;
+                eprintln!("vgpu: removed the cgroup of {id}: its `vgpu run` died before recording it");
+            }
+            Err(CgroupError::NotFound { .. }) => {}
+            Err(e) => return Err(e).with_context(|| format!("opening the cgroup of {id}")),
+        }
+    }
+    Ok(())
+}
+
+/// Bring every workload an intent names to what the saved state says (freezing again where
+/// the pool holds it suspended).
+fn realign(store: &Store, layout: &Layout, intent: &Intent) -> Result<()> {
+    let pool = Known::load(store);
+    let (workloads, _) = store.workloads();
+    for w in workloads.iter().filter(|w| intent.workloads.contains(&w.id) && w.supervisor_alive()) {
+        if let Some(what) = align(store, layout, &pool, &workloads, w, true)? {
+            eprintln!("vgpu: {} ({}) {what}", w.name, w.id);
+        }
+    }
+    Ok(())
+}
+
+/// The generic rule, on every reconcile: no live workload stays frozen unless its record or
+/// the pool says it is suspended; a manual suspension found thawed is recorded as undone.
+pub fn align_all(store: &Store, layout: Option<&Layout>) {
+    let Some(layout) = layout else { return };
+    let pool = Known::load(store);
+    let (workloads, _) = store.workloads();
+    for w in workloads.iter().filter(|w| w.supervisor_alive()) {
+        match align(store, layout, &pool, &workloads, w, false) {
+            Ok(Some(what)) => eprintln!("vgpu: {} ({}) {what}", w.name, w.id),
+            Ok(None) => {}
+            Err(e) => eprintln!("vgpu: warning: cannot check whether {} ({}) is frozen: {e:#}", w.name, w.id),
+        }
+    }
+}
+
+/// What the pool says, as far as it can be read.
+enum Known {
+    Pool(Option<Pool>),
+    /// `pool.json` is damaged: workloads that hold blocks are left as they are.
+    Unreadable,
+}
+
+impl Known {
+    fn load(store: &Store) -> Known {
+        match crate::pooling::load(store) {
+            Ok(pool) => Known::Pool(pool),
+            Err(_) => Known::Unreadable,
+        }
+    }
+}
+
+fn preempted(w: &Workload) -> bool {
+    w.state == WorkloadState::Suspended && w.suspended_reason.as_deref().is_some_and(|r| r.starts_with("preempted"))
+}
+
+/// Make one workload's cgroup and record agree with the saved state; say what was done.
+/// `refreeze`: freeze it again if the pool holds it suspended and it runs (only for the
+/// workloads of a dead writer's intent: a live `vgpu kill` thaws to kill).
+fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Workload, refreeze: bool) -> Result<Option<&'static str>> {
+    if w.state == WorkloadState::Waiting {
+        return Ok(None);
+    }
+    let cgroup = match Cgroup::open(layout, &w.cgroup) {
+        Ok(cgroup) => cgroup,
+        Err(CgroupError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let frozen = cgroup.state()? != FreezerState::Thawed;
+    let alloc = match pool {
+        Known::Pool(pool) => pool.as_ref().and_then(|p| p.allocation(&w.id)).map(|a| (a.state, a.preempted_by.clone())),
+        Known::Unreadable if w.pool_blocks.is_some() => return Ok(None),
+        Known::Unreadable => None,
+    };
+    let mut record = w.clone();
+    let what = match alloc {
+        Some((AllocState::Waiting, _)) => return Ok(None),
+        Some((AllocState::Suspended, by)) => {
+            if !frozen && !refreeze {
+                return Ok(None);
+            }
+            if frozen && preempted(w) {
+                return Ok(None);
+            }
+            if !frozen {
+                cgroup.freeze()?;
+            }
+            let by = by.map(|id| all.iter().find(|o| o.id == id).map(|o| o.name.clone()).unwrap_or(id)).unwrap_or_else(|| "a higher priority".into());
+            record.state = WorkloadState::Suspended;
+            record.suspended_reason = Some(format!("preempted by {by}"));
+            if frozen {
+                "recorded as suspended: the pool gave its blocks away before the change was recorded"
+            } else {
+                "frozen again: the pool holds it suspended (a change was cut short)"
+            }
+        }
+        _ => {
+            let suspended = w.state == WorkloadState::Suspended;
+            if (frozen && suspended && !preempted(w)) || (!frozen && !suspended) {
+                return Ok(None); // suspended by hand and frozen, or running and thawed: true
+            }
+            record.suspended_reason = None;
+            if frozen {
+                cgroup.thaw()?;
+                if !suspended {
+                    "thawed: a change froze it and died before recording it"
+                } else {
+                    record.state = WorkloadState::Running;
+                    "thawed: the pool gave its blocks back"
+                }
+            } else {
+                record.state = WorkloadState::Running;
+                "recorded as running: a resume thawed it and died before recording it"
+            }
+        }
+    };
+    store.write_workload(&record)?;
+    Ok(Some(what))
+}
+
+/// Remove the cgroups under `vgpu/` that no record names and that hold no process (after
+/// [`STRAY_GRACE`]). Nothing is removed while a record or an intent is damaged: it might
+/// name one of them.
+pub fn remove_stray_cgroups(store: &Store, layout: Option<&Layout>) {
+    let Some(layout) = layout else { return };
+    let (workloads, damaged) = store.workloads();
+    let (intents, bad_intents) = intent::list(store);
+    if !damaged.is_empty() || !bad_intents.is_empty() {
+        return;
+    }
+    let Ok(names) = Cgroup::list(layout) else { return };
+    for name in names {
+        let claimed = workloads.iter().any(|w| w.cgroup == name)
+            || intents.iter().any(|(_, i)| i.workloads.contains(&name) && i.writer_alive());
+        if claimed {
+            continue;
+        }
+        let Ok(cgroup) = Cgroup::open(layout, &name) else { continue };
+        if !cgroup.pids().is_ok_and(|p| p.is_empty()) || !older_than(&cgroup, STRAY_GRACE) {
+            continue;
+        }
+        match cgroup.remove_if_empty() {
+            Ok(()) => tracing::info!("removed cgroup {}/{name}: no workload record names it and it holds no process", crate::cgroup::PARENT),
+            Err(e) => tracing::debug!("leaving cgroup {name}: {e}"),
+        }
+    }
+}
+
+/// Whether every directory of the cgroup was last changed more than `age` ago.
+fn older_than(cgroup: &Cgroup, age: Duration) -> bool {
+    cgroup.paths().iter().all(|dir| {
+        std::fs::symlink_metadata(dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|elapsed| elapsed >= age)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::cgroup::fake::FakeV1;
+
+    fn age(fake: &FakeV1, name: &str, by: Duration) {
+        for mount in ["cpu,cpuacct", "memory", "pids", "freezer"] {
+            let dir = fake.root().join(mount).join("vgpu").join(name);
+            let file = std::fs::File::open(&dir).unwrap();
+            file.set_modified(SystemTime::now() - by).unwrap();
+        }
+    }
+
+    #[test]
+    fn only_old_empty_unnamed_cgroups_are_removed() {
+        let fake = FakeV1::new(&["cpu,cpuacct", "memory", "pids", "freezer"]);
+        let layout = fake.layout();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+        store.ensure_dirs().unwrap();
+        for name in ["stray", "fresh", "busy", "claimed"] {
+            Cgroup::create(&layout, name).unwrap();
+        }
+        let old = STRAY_GRACE + Duration::from_secs(5);
+        for name in ["stray", "busy", "claimed"] {
+            age(&fake, name, old);
+        }
+        std::fs::write(fake.root().join("pids/vgpu/busy/cgroup.procs"), "1\n").unwrap();
+        // A live writer (this process) is creating "claimed".
+        let pending = intent::begin(&store, Op::Start, &["claimed"]).unwrap();
+        remove_stray_cgroups(&store, Some(&layout));
+        assert_eq!(Cgroup::list(&layout).unwrap(), vec!["busy", "claimed", "fresh"]);
+        pending.done();
+        remove_stray_cgroups(&store, Some(&layout));
+        assert_eq!(Cgroup::list(&layout).unwrap(), vec!["busy", "fresh"]);
+    }
+
+    #[test]
+    fn nothing_is_removed_while_an_intent_is_damaged() {
+        let fake = FakeV1::new(&["cpu,cpuacct", "memory", "pids", "freezer"]);
+        let layout = fake.layout();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+        store.ensure_dirs().unwrap();
+        Cgroup::create(&layout, "stray").unwrap();
+        age(&fake, "stray", STRAY_GRACE * 2);
+        std::fs::create_dir_all(store.intents_dir()).unwrap();
+        std::fs::write(store.intents_dir().join("start-1-1.json"), "{ damaged").unwrap();
+        remove_stray_cgroups(&store, Some(&layout));
+        assert_eq!(Cgroup::list(&layout).unwrap(), vec!["stray"]);
+    }
+
+    #[test]
+    fn a_dead_runs_cgroup_without_a_record_is_removed_at_once() {
+        let fake = FakeV1::new(&["cpu,cpuacct", "memory", "pids", "freezer"]);
+        let layout = fake.layout();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+        store.ensure_dirs().unwrap();
+        let lock = store.lock().unwrap();
+        Cgroup::create(&layout, "a1b2c3d4").unwrap();
+        Cgroup::create(&layout, "other").unwrap();
+        let pending = intent::begin(&store, Op::Start, &["a1b2c3d4"]).unwrap();
+        // Its writer "dies": another start time is another process.
+        let (found, _) = intent::list(&store);
+        let (path, mut dead) = found.into_iter().next().unwrap();
+        dead.writer.start_time += 1;
+        crate::state::atomic::write_json(&path, &dead).unwrap();
+        std::mem::forget(pending);
+        half_done(&store, &lock, Some(&layout));
+        assert_eq!(Cgroup::list(&layout).unwrap(), vec!["other"]);
+        assert!(intent::list(&store).0.is_empty(), "the intent is removed once undone");
+    }
+}

@@ -50,6 +50,7 @@ pub fn reconcile(store: &Store, lock: &StoreLock) -> Reconciled {
     crate::recovery::half_done(store, lock, layout.as_ref());
     crate::recovery::align_all(store, layout.as_ref());
     crate::recovery::remove_stray_cgroups(store, layout.as_ref());
+    crate::recovery::remove_dead_temp_files(store);
     remove_orphan_vgpus(store);
     reclaim_dead_processes(store);
     out

@@ -228,6 +228,25 @@ pub fn remove_stray_cgroups(store: &Store, layout: Option<&Layout>) {
     }
 }
 
+/// Remove the temporary files of atomic writes (`.tmp-*`) that a killed writer left in the
+/// state directory, its records and its intents. Every such write happens under the store
+/// lock, which the caller holds: a temporary file found now has no writer. Only regular
+/// files are removed; nothing is followed.
+pub fn remove_dead_temp_files(store: &Store) {
+    for dir in [store.state_dir.clone(), store.workloads_dir(), store.intents_dir()] {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let is_temp = entry.file_name().to_str().is_some_and(|n| n.starts_with(".tmp-"));
+            if is_temp && entry.file_type().is_ok_and(|t| t.is_file()) {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => tracing::info!("removed {}: left by a write that was killed", entry.path().display()),
+                    Err(e) => tracing::warn!("cannot remove {}: {e}", entry.path().display()),
+                }
+            }
+        }
+    }
+}
+
 /// Whether every directory of the cgroup was last changed more than `age` ago.
 fn older_than(cgroup: &Cgroup, age: Duration) -> bool {
     cgroup.paths().iter().all(|dir| {
@@ -276,6 +295,23 @@ mod tests {
         pending.done();
         remove_stray_cgroups(&store, Some(&layout));
         assert_eq!(Cgroup::list(&layout).unwrap(), vec!["busy", "fresh"]);
+    }
+
+    #[test]
+    fn temporary_files_of_killed_writes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+        store.ensure_dirs().unwrap();
+        std::fs::create_dir_all(store.intents_dir()).unwrap();
+        let temps = [store.workloads_dir().join(".tmp-a1"), store.intents_dir().join(".tmp-b2"), store.state_dir.join(".tmp-c3")];
+        for t in &temps {
+            std::fs::write(t, "{").unwrap();
+        }
+        let kept = store.workloads_dir().join(".tmp-dir");
+        std::fs::create_dir(&kept).unwrap();
+        remove_dead_temp_files(&store);
+        assert!(temps.iter().all(|t| !t.exists()));
+        assert!(kept.is_dir(), "only regular files are removed");
     }
 
     #[test]

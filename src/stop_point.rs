@@ -19,7 +19,8 @@ pub const STOP_POINTS: &[&str] = &[
     "run:recorded",
     // vgpu run: the workload's first process runs, the record does not name it yet.
     "run:spawned",
-    // vgpu run, after the workload exited: its cgroup is gone, its record is not.
+    // Tearing a workload down (its vgpu run after it exited, or a reconcile after its
+    // supervisor died): its cgroup is gone, its vGPU directory and record are not.
     "exit:cgroup-removed",
     // vgpu suspend: the cgroup is frozen, the record still says running.
     "suspend:frozen",

@@ -345,7 +345,7 @@ mod tests {
         let (path, mut dead) = found.into_iter().next().unwrap();
         dead.writer.start_time += 1;
         crate::state::atomic::write_json(&path, &dead).unwrap();
-        std::mem::forget(pending);
+        drop(pending);
         half_done(&store, &lock, Some(&layout));
         assert_eq!(Cgroup::list(&layout).unwrap(), vec!["other"]);
         assert!(intent::list(&store).0.is_empty(), "the intent is removed once undone");

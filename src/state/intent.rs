@@ -57,28 +57,20 @@ impl Intent {
     }
 }
 
-/// A written intent. [`Pending::done`] removes it once the change is complete; dropping it
-/// (an error returned after the change undid itself) removes it too, unless the thread is
-/// panicking: a panic may leave the change half-done, and the intent tells reconcile so.
+/// A written intent. [`Pending::done`] removes it once the change is complete. Dropped
+/// without `done` (an error returned half-way, a panic), it stays: the change may be
+/// half-done, and once this process has exited reconcile finishes or undoes it.
 #[derive(Debug)]
+#[must_use = "call done() once the change is complete"]
 pub struct Pending {
     path: PathBuf,
 }
 
 impl Pending {
     /// The change is complete: remove the intent.
-    pub fn done(self) {}
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            return;
-        }
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("cannot remove the intent {}: {e}", self.path.display());
-            }
+    pub fn done(self) {
+        if let Err(e) = remove(&self.path) {
+            tracing::warn!("{e}: the intent stays until the next command finds this process gone");
         }
     }
 }
@@ -192,7 +184,9 @@ mod tests {
         let intent = &found[0].1;
         assert_eq!((intent.op, intent.workloads.as_slice()), (Op::Suspend, &["a1b2c3d4".to_string()][..]));
         assert!(intent.writer_alive());
-        pending.done();
+        drop(pending);
+        assert_eq!(list(&store).0.len(), 1, "an intent dropped before done() stays");
+        std::fs::remove_file(&found[0].0).unwrap();
         assert!(list(&store).0.is_empty());
     }
 
@@ -206,7 +200,7 @@ mod tests {
         intent.writer.start_time += 1;
         atomic::write_json(&path, &intent).unwrap();
         assert!(!list(&store).0[0].1.writer_alive());
-        drop(pending);
+        pending.done();
         assert!(list(&store).0.is_empty());
     }
 

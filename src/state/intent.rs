@@ -141,21 +141,17 @@ pub fn remove(path: &Path) -> Result<(), StateError> {
     }
 }
 
-/// `<state-dir>/intents`, created 0755 if missing; a symlink or anything but a directory
-/// there is refused, never followed.
+/// `<state-dir>/intents`, created 0755 if missing and checked like the store's other
+/// directories (`dirs::ensure_dir`); a symlink there is refused, never followed.
 fn ensure_dir(store: &Store) -> Result<PathBuf, StateError> {
-    use std::os::unix::fs::DirBuilderExt;
     let dir = store.intents_dir();
-    match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(StateError::io(&dir, e)),
+    if let Ok(meta) = std::fs::symlink_metadata(&dir) {
+        if !meta.file_type().is_dir() {
+            let kind = vgpu_abi::mapping::kind_name(&meta.file_type());
+            return Err(StateError::Damaged { path: dir, message: format!("a {kind}, not a directory; not followed") });
+        }
     }
-    let meta = std::fs::symlink_metadata(&dir).map_err(|e| StateError::io(&dir, e))?;
-    if !meta.file_type().is_dir() {
-        let kind = vgpu_abi::mapping::kind_name(&meta.file_type());
-        return Err(StateError::Damaged { path: dir, message: format!("a {kind}, not a directory; not followed") });
-    }
+    super::dirs::ensure_dir(&dir, super::dirs::DIR_MODE)?;
     Ok(dir)
 }
 

@@ -45,8 +45,9 @@ pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>) {
     }
     let mut settle = false;
     for (path, intent) in intents {
-        // Every change runs under the store lock we hold: a live writer cannot be
-        // half-way. Never touch what a live process is doing all the same.
+        // Changes run under the store lock we hold, so a live writer is not half-way
+        // through one; its intent is left by an error it returned, and is dealt with once
+        // it has exited. Never touch what a live process may still act on.
         if intent.writer_alive() {
             continue;
         }

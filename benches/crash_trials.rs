@@ -11,6 +11,12 @@
 //! cgroups under vgpu/ no record names, frozen cgroups recorded as running (or thawed ones
 //! recorded or pooled as suspended), records whose supervisor or processes are gone, vGPU
 //! directories nobody owns, pool blocks held by no workload, intents left over.
+//!
+//! The `vgpu/` cgroup parent is the host's, shared with any other state directory (tests
+//! running beside the trials): a cgroup counts as the trials' when this store named its id
+//! (record, intent or vGPU directory) or when it carries the trials' memory limit (`TAG`);
+//! a new empty cgroup that is neither is reported, and counted if it is still there, empty
+//! and unrecorded at the end.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -20,6 +26,11 @@ use std::time::{Duration, Instant};
 use vgpu::cgroup::{Cgroup, FreezerState, Layout};
 use vgpu::pool::AllocState;
 use vgpu::state::{Store, WorkloadState};
+
+/// The host memory limit of every workload the trials start: it tells their cgroups apart
+/// from those of other state directories on the host.
+const TAG: &str = "1111M";
+const TAG_BYTES: u64 = 1111 << 20;
 
 const STOP_RUN: &[&str] = &["run:cgroup-created", "run:recorded", "run:spawned", "exit:cgroup-removed"];
 const STOP_PREEMPT: &[&str] = &["preempt:frozen", "preempt:saved", "run:cgroup-created", "run:recorded", "run:spawned", "exit:cgroup-removed"];
@@ -103,6 +114,16 @@ impl Host {
         Some((frozen, populated))
     }
 
+    /// Whether cgroup `name` carries the trials' memory limit.
+    fn tagged(&self, name: &str) -> bool {
+        let file = match (&self.layout.unified, self.layout.v1.get(&vgpu::cgroup::Controller::Memory)) {
+            (_, Some(mount)) => mount.join("vgpu").join(name).join("memory.limit_in_bytes"),
+            (Some(root), None) => root.join("vgpu").join(name).join("memory.max"),
+            (None, None) => return false,
+        };
+        std::fs::read_to_string(file).ok().and_then(|t| t.trim().parse::<u64>().ok()) == Some(TAG_BYTES)
+    }
+
     /// Ids the store knows of before reconcile: records, intents, vGPU directories.
     fn ids_in_store(&self) -> BTreeSet<String> {
         let mut ids = BTreeSet::new();
@@ -181,7 +202,7 @@ impl Background {
 }
 
 /// Every leak found after reconcile, as one line each.
-fn leaks(host: &Host, known_ids: &BTreeSet<String>, cgroups_before: &BTreeSet<String>, background: &[Background]) -> Vec<String> {
+fn leaks(host: &Host, known_ids: &BTreeSet<String>, cgroups_before: &BTreeSet<String>, background: &[Background], unattributed: &mut Vec<String>) -> Vec<String> {
     let mut out = Vec::new();
     let (workloads, damaged) = host.store.workloads();
     out.extend(damaged.iter().map(|e| format!("damaged record: {e}")));
@@ -211,8 +232,15 @@ fn leaks(host: &Host, known_ids: &BTreeSet<String>, cgroups_before: &BTreeSet<St
             continue;
         }
         let new_and_empty = !cgroups_before.contains(&name) && host.cgroup_state(&name).is_some_and(|(_, populated)| !populated);
-        if known_ids.contains(&name) || new_and_empty {
-            out.push(format!("cgroup vgpu/{name} with no record"));
+        if known_ids.contains(&name) {
+            out.push(format!("cgroup vgpu/{name} with no record (an id of this store)"));
+        } else if new_and_empty && host.tagged(&name) {
+            out.push(format!("cgroup vgpu/{name} with no record (made by a trial: its memory limit is the trials' tag)"));
+        } else if new_and_empty {
+            // Not named anywhere in this store and not tagged: another state directory's
+            // (tests running beside the trials share the vgpu/ cgroup parent), or one
+            // made by a trial killed before it set limits. Reported, checked again at the end.
+            unattributed.push(name);
         }
     }
     for entry in std::fs::read_dir(host.store.vgpus_dir()).into_iter().flatten().flatten() {
@@ -256,6 +284,7 @@ fn main() {
         Background { name: "plain", args: vec!["run", "--mem", "1G"], child: None },
     ];
     let started = Instant::now();
+    let mut unattributed: Vec<String> = Vec::new();
     let (mut leaked_trials, mut leaks_found) = (0u32, 0usize);
     let (mut at_stop_points, mut at_random_moments, mut completed) = (0u32, 0u32, 0u32);
     // A trial counts once its command was SIGKILLed; those that finished first are tried
@@ -269,8 +298,8 @@ fn main() {
         let target = rng.pick(&["low", "plain"]);
         // (what, argv, its stop points, how long it takes at most, roughly, in ms)
         let (what, args, stops, lasts): (&str, Vec<&str>, &[&str], u64) = match rng.below(5) {
-            0 => ("run", vec!["run", "--mem", "1G", "--", "sleep", "0.2"], STOP_RUN, 400),
-            1 => ("run --tflops (preempting)", vec!["run", "--tflops", "5", "--kind", "npu", "--priority", "90", "--", "sleep", "0.2"], STOP_PREEMPT, 400),
+            0 => ("run", vec!["run", "--mem", "1G", "--memory", TAG, "--", "sleep", "0.2"], STOP_RUN, 400),
+            1 => ("run --tflops (preempting)", vec!["run", "--tflops", "5", "--kind", "npu", "--priority", "90", "--memory", TAG, "--", "sleep", "0.2"], STOP_PREEMPT, 400),
             2 => ("suspend", vec!["suspend", target], STOP_SUSPEND, 40),
             3 => ("resume", vec!["resume", target], STOP_RESUME, 40),
             _ => ("kill", vec!["kill", "--signal", "KILL", target], STOP_KILL, 40),
@@ -300,7 +329,7 @@ fn main() {
         }
         let known = host.ids_in_store();
         host.ps();
-        let found = leaks(&host, &known, &cgroups_before, &background);
+        let found = leaks(&host, &known, &cgroups_before, &background, &mut unattributed);
         if !found.is_empty() {
             leaked_trials += 1;
             leaks_found += found.len();
@@ -317,6 +346,25 @@ fn main() {
         }
     }
     host.ps();
+    // Unattributed new empty cgroups: one still there, empty and unrecorded at the end is
+    // counted as a leak; those gone were another state directory's, passing by.
+    let now = host.cgroup_names();
+    let records = host.store.workloads().0;
+    unattributed.sort();
+    unattributed.dedup();
+    let stayed: Vec<&String> = unattributed
+        .iter()
+        .filter(|n| now.contains(*n) && !records.iter().any(|w| &w.cgroup == *n) && host.cgroup_state(n).is_some_and(|(_, p)| !p))
+        .collect();
+    for name in &stayed {
+        println!("LEAK? cgroup vgpu/{name}: new during a trial, empty, unrecorded and still there (not attributable to this store)");
+    }
+    leaks_found += stayed.len();
+    println!(
+        "{} new empty cgroups not attributable to this store were seen during trials; {} of them were still there at the end",
+        unattributed.len(),
+        stayed.len()
+    );
     println!(
         "crash trials: {} SIGKILLed ({at_stop_points} at a stop point, {at_random_moments} at a random moment; {completed} more finished first; seed {seed}), {:.1} s; leaks found: {leaks_found} (in {leaked_trials} trials)",
         at_stop_points + at_random_moments,

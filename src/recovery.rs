@@ -235,6 +235,9 @@ pub fn remove_stray_cgroups(store: &Store, layout: Option<&Layout>) {
 /// files are removed; nothing is followed.
 pub fn remove_dead_temp_files(store: &Store) {
     for dir in [store.state_dir.clone(), store.workloads_dir(), store.intents_dir()] {
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_dir()) {
+            continue; // missing, or not a directory (a link is not followed)
+        }
         let Ok(entries) = std::fs::read_dir(&dir) else { continue };
         for entry in entries.flatten() {
             let is_temp = entry.file_name().to_str().is_some_and(|n| n.starts_with(".tmp-"));

@@ -102,6 +102,13 @@ pub fn list(store: &Store) -> (Vec<(PathBuf, Intent)>, Vec<StateError>) {
     let dir = store.intents_dir();
     let mut good = Vec::new();
     let mut bad = Vec::new();
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if !meta.file_type().is_dir() => {
+            let kind = vgpu_abi::mapping::kind_name(&meta.file_type());
+            return (good, vec![StateError::Damaged { path: dir, message: format!("a {kind}, not a directory; not followed") }]);
+        }
+        _ => {}
+    }
     let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (good, bad),
@@ -218,7 +225,10 @@ mod tests {
         let elsewhere = dir.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, store.intents_dir()).unwrap();
+        std::fs::write(elsewhere.join("suspend-1-1.json"), r#"{"op":"suspend","workloads":["a"],"writer":{"pid":1,"start_time":1},"created_unix_ms":0}"#).unwrap();
         assert!(begin(&store, Op::Suspend, &["a"]).is_err());
-        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 1, "nothing written through the link");
+        let (good, bad) = list(&store);
+        assert!(good.is_empty() && bad[0].to_string().contains("symbolic link"), "not read through the link: {bad:?}");
     }
 }

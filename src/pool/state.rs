@@ -354,7 +354,12 @@ impl Pool {
                 self.map.devices().len()
             ));
         }
-        let mut expected_first = 1;
+        // Counts come from the file: every sum below is checked, so that a damaged file is
+        // refused instead of overflowing here or in a later operation.
+        if self.next_seq == u64::MAX || self.generation == u64::MAX {
+            return corrupt(format!("sequence {} or generation {} cannot grow", self.next_seq, self.generation));
+        }
+        let mut expected_first: u64 = 1;
         for (i, (device, runs)) in self.inventory.devices.iter().zip(self.map.devices()).enumerate() {
             if device.first_block != expected_first {
                 return corrupt(format!(
@@ -362,13 +367,17 @@ impl Pool {
                     device.name, device.first_block
                 ));
             }
-            expected_first += device.blocks;
-            if runs.len() != device.blocks {
+            let Some(next_first) = expected_first.checked_add(device.blocks) else {
+                return corrupt(format!("device {i} ({}) has {} blocks, more than can be numbered", device.name, device.blocks));
+            };
+            expected_first = next_first;
+            let covered = runs.runs().iter().try_fold(0u64, |sum, r| sum.checked_add(r.len));
+            if covered != Some(device.blocks) {
                 return corrupt(format!(
                     "device {i} ({}) has {} blocks but its map covers {}",
                     device.name,
                     device.blocks,
-                    runs.len()
+                    covered.map_or_else(|| "more than can be counted".to_string(), |n| n.to_string())
                 ));
             }
             if runs.runs().iter().any(|r| r.len == 0) {
@@ -397,13 +406,14 @@ impl Pool {
                 return corrupt(format!("workload {:?} has bad device shares", alloc.id));
             }
             let expected_held = if alloc.state == AllocState::Waiting { 0 } else { alloc.blocks };
-            if alloc.held() != expected_held {
+            let shares_sum = alloc.shares.iter().try_fold(0u64, |sum, s| sum.checked_add(s.blocks));
+            if shares_sum != Some(expected_held) {
                 return corrupt(format!(
                     "{} workload {:?} asked for {} blocks but has shares of {}",
                     alloc.state,
                     alloc.id,
                     alloc.blocks,
-                    alloc.held()
+                    shares_sum.map_or_else(|| "more than can be counted".to_string(), |n| n.to_string())
                 ));
             }
             for share in &alloc.shares {

@@ -434,6 +434,41 @@ fn the_pool_survives_json_and_a_damaged_file_is_an_error() {
 }
 
 #[test]
+fn counts_that_overflow_are_a_damaged_file_not_a_panic() {
+    // Found by fuzzing (`pool_state`): each of these overflowed a u64 sum in `check`.
+    let mut pool = pool_of(&[(DeviceKind::Gpu, 4.0), (DeviceKind::Npu, 4.0)]);
+    run(&mut pool, "a", 2, 10);
+    pool.enqueue(&request("w", 60, 20, KindFilter::Any)).unwrap_err();
+    let text = serde_json::to_string(&pool).unwrap();
+    let damaged = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(&mut value);
+        let err = serde_json::from_value::<Pool>(value).unwrap_err().to_string();
+        assert!(err.contains("damaged pool state"), "{err}");
+        err
+    };
+    let huge = serde_json::json!(u64::MAX);
+    let err = damaged(&|v| v["inventory"]["devices"][0]["blocks"] = huge.clone());
+    assert!(err.contains("more than can be numbered"), "{err}");
+    let err = damaged(&|v| {
+        v["map"][0][1]["len"] = huge.clone();
+        v["map"][0].as_array_mut().unwrap().push(serde_json::json!({"len": 2, "owner": null}));
+    });
+    assert!(err.contains("more than can be counted"), "{err}");
+    let err = damaged(&|v| {
+        let share = v["allocations"][0]["shares"][0].clone();
+        let mut second = share.clone();
+        second["device"] = serde_json::json!(1);
+        second["blocks"] = huge.clone();
+        v["allocations"][0]["shares"] = serde_json::json!([share, second]);
+    });
+    assert!(err.contains("more than can be counted"), "{err}");
+    // A pool whose counters cannot grow would overflow at its next change.
+    damaged(&|v| v["next_seq"] = huge.clone());
+    damaged(&|v| v["generation"] = huge.clone());
+}
+
+#[test]
 fn the_json_view_has_ranges_as_pairs() {
     let mut pool = pool_of(&[(DeviceKind::Gpu, 10.0)]);
     run(&mut pool, "app1", 3, 50);

@@ -711,7 +711,8 @@ impl UsageFile {
                         if !saturating_sub(&self.record(dev).used_bytes, bytes) {
                             header.needs_reconcile.store(1, Ordering::SeqCst);
                         }
-                        report.bytes += bytes;
+                        // A record's figures are its process's to write: never trusted to add up.
+                        report.bytes = report.bytes.saturating_add(bytes);
                     }
                 }
             }

@@ -256,6 +256,20 @@ fn reclaim_gives_back_exactly_what_dead_processes_held() {
 }
 
 #[test]
+fn records_that_claim_more_than_can_be_counted_are_reclaimed_without_overflow() {
+    // Found by fuzzing (`vgpu_dir`): a process writes its own record, so the bytes of two
+    // dead records may add up past u64::MAX; the report saturates instead of panicking.
+    let v = vgpu(&[u64::MAX, u64::MAX]);
+    for n in [1, 2] {
+        let dead = v.usage.register(ghost(10 + n)).unwrap();
+        v.usage.try_reserve(&dead, n as usize - 1, u64::MAX).unwrap();
+    }
+    let report = v.usage.reclaim_dead();
+    assert_eq!((report.processes, report.bytes), (2, u64::MAX));
+    assert_eq!((v.usage.used_bytes(0), v.usage.used_bytes(1)), (0, 0));
+}
+
+#[test]
 fn a_recycled_pid_does_not_keep_a_dead_record_alive() {
     let v = vgpu(&[GIB]);
     // Same pid as a live process (this one), other start time: the original is gone.

@@ -47,7 +47,15 @@ impl Partitions {
         if !path.exists() {
             return Ok(Partitions { format: PARTITIONS_FORMAT, partitions: Vec::new() });
         }
-        let parts: Partitions = atomic::read_json(path)?;
+        let bytes = atomic::read_regular(path, atomic::MAX_RECORD_BYTES)?;
+        Partitions::parse(&bytes, path)
+    }
+
+    /// Decode and check the file's bytes, as [`Partitions::load`] does; `path` only names
+    /// the file in errors.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Partitions, StateError> {
+        let parts: Partitions =
+            serde_json::from_slice(bytes).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
         if parts.format != PARTITIONS_FORMAT {
             return Err(StateError::Damaged {
                 path: path.to_path_buf(),

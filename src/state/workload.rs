@@ -115,7 +115,15 @@ impl From<ProcessIdRecord> for ProcessId {
 
 impl Workload {
     pub fn read(path: &Path) -> Result<Workload, StateError> {
-        let value: serde_json::Value = atomic::read_json(path)?;
+        let bytes = atomic::read_regular(path, atomic::MAX_RECORD_BYTES)?;
+        Workload::parse(&bytes, path)
+    }
+
+    /// Decode and check a record's bytes, as [`Workload::read`] does; `path` only names the
+    /// file in errors.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Workload, StateError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
         let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(0);
         if format != u64::from(WORKLOAD_FORMAT) {
             return Err(StateError::Damaged {

@@ -85,12 +85,18 @@ impl Source for Command {
     fn read(&self, now: DateTime<Utc>) -> Result<Reading, SourceError> {
         let fail = |error: CommandError| SourceError::Command { command: self.command.clone(), error };
         let output = run(&self.command, self.timeout).map_err(fail)?;
-        let word = output.split_whitespace().next().unwrap_or("");
-        match word.parse::<f64>() {
-            Ok(g_per_kwh) => Ok(Reading { g_per_kwh, timestamp: now }),
-            Err(_) if word.is_empty() => Err(fail(CommandError::PrintedNothing)),
-            Err(_) => Err(fail(CommandError::NotANumber(word.to_string()))),
-        }
+        let g_per_kwh = parse_output(&output).map_err(fail)?;
+        Ok(Reading { g_per_kwh, timestamp: now })
+    }
+}
+
+/// The intensity a command printed: the first word of its output.
+pub fn parse_output(output: &str) -> Result<f64, CommandError> {
+    let word = output.split_whitespace().next().unwrap_or("");
+    match word.parse::<f64>() {
+        Ok(g_per_kwh) => Ok(g_per_kwh),
+        Err(_) if word.is_empty() => Err(CommandError::PrintedNothing),
+        Err(_) => Err(CommandError::NotANumber(word.to_string())),
     }
 }
 

@@ -52,14 +52,22 @@ impl Source for ElectricityMaps {
         let token = self.token()?;
         let headers: Vec<(&str, &str)> = token.as_deref().map(|t| ("auth-token", t)).into_iter().collect();
         let latest: Latest = http::get_json(&url, &headers, self.timeout)?;
-        let malformed = |message: String| SourceError::Malformed { url: url.clone(), message };
-        let g_per_kwh = latest
-            .carbon_intensity
-            .ok_or_else(|| malformed(format!("carbonIntensity is null: no value for zone {}", self.zone)))?;
-        let stamp = latest.datetime.ok_or_else(|| malformed("datetime is missing".into()))?;
-        let timestamp = parse_timestamp(&stamp).ok_or_else(|| malformed(format!("cannot read datetime {stamp:?}")))?;
-        Ok(Reading { g_per_kwh, timestamp })
+        reading(latest, &self.zone).map_err(|message| SourceError::Malformed { url, message })
     }
+}
+
+/// The reading in an answer's body (what `read` makes of it once fetched); the error is the
+/// message of a `Malformed` error.
+pub fn parse_body(body: &str, zone: &str) -> Result<Reading, String> {
+    reading(serde_json::from_str(body).map_err(|e| e.to_string())?, zone)
+}
+
+fn reading(latest: Latest, zone: &str) -> Result<Reading, String> {
+    let g_per_kwh =
+        latest.carbon_intensity.ok_or_else(|| format!("carbonIntensity is null: no value for zone {zone}"))?;
+    let stamp = latest.datetime.ok_or_else(|| "datetime is missing".to_string())?;
+    let timestamp = parse_timestamp(&stamp).ok_or_else(|| format!("cannot read datetime {stamp:?}"))?;
+    Ok(Reading { g_per_kwh, timestamp })
 }
 
 /// Percent-encode a query value (zone keys are letters, digits and dashes; anything else is

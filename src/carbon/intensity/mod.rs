@@ -14,6 +14,8 @@ mod http;
 pub mod static_;
 pub mod uk_grid;
 
+pub use http::error_detail;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

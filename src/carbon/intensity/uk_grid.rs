@@ -74,27 +74,42 @@ impl Source for UkGrid {
 
     fn read(&self, _now: DateTime<Utc>) -> Result<Reading, SourceError> {
         let url = self.url();
-        let malformed = |message: &str| SourceError::Malformed { url: url.clone(), message: message.to_string() };
         let period = match self.area {
-            Area::National => {
-                let response: Response<Period> = http::get_json(&url, &[], self.timeout)?;
-                response.data.into_iter().next().ok_or_else(|| malformed("empty data list"))?
-            }
-            Area::Postcode(_) | Area::Region(_) => {
-                let response: Response<Region> = http::get_json(&url, &[], self.timeout)?;
-                let region = response.data.into_iter().next().ok_or_else(|| malformed("empty data list"))?;
-                region.data.into_iter().next().ok_or_else(|| malformed("the region has no periods"))?
-            }
+            Area::National => national(http::get_json(&url, &[], self.timeout)?),
+            Area::Postcode(_) | Area::Region(_) => regional(http::get_json(&url, &[], self.timeout)?),
         };
-        let g_per_kwh = period
-            .intensity
-            .actual
-            .or(period.intensity.forecast)
-            .ok_or_else(|| malformed("neither actual nor forecast intensity is given"))?;
-        let timestamp = parse_timestamp(&period.from)
-            .ok_or_else(|| malformed(&format!("cannot read the period start {:?}", period.from)))?;
-        Ok(Reading { g_per_kwh, timestamp })
+        period.and_then(reading).map_err(|message| SourceError::Malformed { url, message })
     }
+}
+
+/// The reading in an answer's body for `area` (what `read` makes of it once fetched); the
+/// error is the message of a `Malformed` error.
+pub fn parse_body(body: &str, area: &Area) -> Result<Reading, String> {
+    let period = match area {
+        Area::National => national(serde_json::from_str(body).map_err(|e| e.to_string())?),
+        Area::Postcode(_) | Area::Region(_) => regional(serde_json::from_str(body).map_err(|e| e.to_string())?),
+    };
+    period.and_then(reading)
+}
+
+fn national(response: Response<Period>) -> Result<Period, String> {
+    response.data.into_iter().next().ok_or_else(|| "empty data list".to_string())
+}
+
+fn regional(response: Response<Region>) -> Result<Period, String> {
+    let region = response.data.into_iter().next().ok_or_else(|| "empty data list".to_string())?;
+    region.data.into_iter().next().ok_or_else(|| "the region has no periods".to_string())
+}
+
+fn reading(period: Period) -> Result<Reading, String> {
+    let g_per_kwh = period
+        .intensity
+        .actual
+        .or(period.intensity.forecast)
+        .ok_or_else(|| "neither actual nor forecast intensity is given".to_string())?;
+    let timestamp =
+        parse_timestamp(&period.from).ok_or_else(|| format!("cannot read the period start {:?}", period.from))?;
+    Ok(Reading { g_per_kwh, timestamp })
 }
 
 #[cfg(test)]

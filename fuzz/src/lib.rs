@@ -1,0 +1,648 @@
+//! What every fuzz target checks, one function per parser of outside input.
+//!
+//! Shared by the libFuzzer targets (`fuzz/fuzz_targets/*.rs`, long runs with
+//! `cargo +nightly fuzz run TARGET`) and by the test suite (`tests/fuzz_parsers.rs`, short
+//! proptest runs, which includes this file as a module). Each function takes arbitrary bytes
+//! and panics only when the code under test misbehaves: it panicked itself, accepted what
+//! it must refuse, or gave back something it would not accept again.
+//!
+//! Only the standard library, `vgpu`, `vgpu_abi`, `serde_json`, `chrono` and `tempfile` are
+//! used, so that the test suite can include this file unchanged.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, TimeZone as _, Utc};
+
+use vgpu::carbon::intensity::{self, cache::Cache, Reading, Source, SourceError};
+use vgpu::state::{StateError, Workload};
+
+/// A target's check.
+pub type Check = fn(&[u8]);
+
+/// Every target: its name (the file under `fuzz/fuzz_targets/`) and its check.
+pub const TARGETS: &[(&str, Check)] = &[
+    ("config", config),
+    ("size", size),
+    ("workload_record", workload_record),
+    ("partitions", partitions),
+    ("pool_state", pool_state),
+    ("carbon_state", carbon_state),
+    ("intensity_response", intensity_response),
+    ("file_source", file_source),
+    ("usage_file", usage_file),
+    ("proc_file", proc_file),
+    ("board_file", board_file),
+    ("vgpu_dir", vgpu_dir),
+];
+
+/// A fixed "now" for the sources that read at a time: mid-2024.
+pub fn now() -> DateTime<Utc> {
+    Utc.timestamp_opt(1_720_000_000, 0).single().expect("a valid timestamp")
+}
+
+fn one_line(what: &str, message: &str) {
+    assert!(!message.contains('\n'), "{what}: an error must be one line, got {message:?}");
+}
+
+// ---- config ----
+
+/// `/etc/vgpu/config.toml`: parsed, then validated the way the commands do.
+pub fn config(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let config = match vgpu::config::Config::parse(&text) {
+        Ok(config) => config,
+        Err(message) => return one_line("config", &message),
+    };
+    // `[pool]` is checked while it is parsed: what parses is valid.
+    if let Err(e) = config.pool.validate() {
+        panic!("a parsed [pool] table fails validation: {e}");
+    }
+    let carbon = &config.carbon;
+    for result in [carbon.max_age().map(drop), carbon.timeout().map(drop), carbon.model_defaults().map(drop)] {
+        if let Err(e) = result {
+            one_line("config", &e.to_string());
+        }
+    }
+    match carbon.validate() {
+        Ok(()) => {
+            let tunables = carbon.model_defaults().expect("validate() checked the model's tunables");
+            assert!((1.0..=4.0).contains(&tunables.gamma), "gamma {} passed validation", tunables.gamma);
+            assert!(!carbon.timeout().expect("validated").is_zero());
+            for v in [carbon.value, carbon.fallback, carbon.budget_g_per_hour].into_iter().flatten() {
+                assert!(v.is_finite() && v >= 0.0, "{v} passed validation");
+            }
+            // Building the source reads nothing; a validated config always builds one (or
+            // says that none is configured).
+            match intensity::from_config(carbon) {
+                Ok(source) => one_line("config", &source.describe()),
+                Err(SourceError::NotConfigured) => assert!(carbon.source.is_none()),
+                Err(e) => panic!("a validated [carbon] table builds no source: {e}"),
+            }
+        }
+        Err(e) => one_line("config", &e.to_string()),
+    }
+}
+
+// ---- sizes and other command-line values ----
+
+/// `--mem SIZE|PCT%`, `--memory SIZE`, `--tflops`, `kill --signal`.
+pub fn size(data: &[u8]) {
+    use vgpu::admission::MemSpec;
+    use vgpu_abi::size::{format_size, parse_size};
+    let text = String::from_utf8_lossy(data);
+    if let Ok(bytes) = parse_size(&text) {
+        assert!(!text.trim().starts_with('-'), "{text:?} is negative but parsed as {bytes}");
+    }
+    // What vgpu prints, it reads back (to the 2 decimals it prints); the largest sizes print
+    // rounded up to 16384 PiB (2^64), one more than fits.
+    if let Some(bytes) = parse_size(&text).ok().filter(|&b| !format_size(b).starts_with("16384")) {
+        let shown = format_size(bytes);
+        let back = parse_size(&shown).unwrap_or_else(|e| panic!("format_size({bytes}) = {shown:?} does not parse: {e}"));
+        let error = back.abs_diff(bytes) as f64;
+        assert!(error <= bytes as f64 * 0.005 + 1.0, "{bytes} shown as {shown:?} reads back as {back}");
+    } else if let Err(e) = parse_size(&text) {
+        assert_eq!(e.input, text, "the error names the input");
+    }
+    match MemSpec::parse(&text) {
+        Ok(MemSpec::Bytes(bytes)) => assert!(bytes > 0, "{text:?}: a zero --mem was accepted"),
+        Ok(MemSpec::Percent(p)) => assert!(p > 0.0 && p <= 100.0, "{text:?}: {p}% was accepted"),
+        Err(message) => one_line("--mem", &message),
+    }
+    if let Ok(tflops) = vgpu::pool::parse_tflops(&text) {
+        assert!(tflops.is_finite() && tflops > 0.0, "{text:?}: --tflops {tflops} was accepted");
+    }
+    let _ = vgpu::commands::control::parse_signal(&text);
+    // Any figure can be shown.
+    let mut raw = [0u8; 8];
+    let n = data.len().min(8);
+    raw[..n].copy_from_slice(&data[..n]);
+    let shown = format_size(u64::from_le_bytes(raw));
+    assert!(shown.is_ascii() && !shown.is_empty());
+}
+
+// ---- state records ----
+
+fn record_path() -> &'static Path {
+    Path::new("/fuzz/workloads/record.json")
+}
+
+fn assert_damaged(what: &str, error: &StateError, path: &Path) {
+    match error {
+        StateError::Damaged { path: named, .. } => assert_eq!(named, path, "{what}: the error names the file"),
+        other => panic!("{what}: bytes gave {other:?}, not a Damaged error"),
+    }
+}
+
+/// A workload record, `<state-dir>/workloads/<id>.json`, and what admission makes of it.
+pub fn workload_record(data: &[u8]) {
+    let path = record_path();
+    let workload = match Workload::parse(data, path) {
+        Ok(w) => w,
+        Err(e) => return assert_damaged("workload record", &e, path),
+    };
+    assert_eq!(workload.format, vgpu::state::workload::WORKLOAD_FORMAT);
+    for name in [&workload.id, &workload.vgpu, &workload.cgroup].into_iter().chain(workload.partition.as_ref()) {
+        assert!(vgpu::state::is_plain_name(name), "record accepted with the name {name:?}");
+    }
+    // What it writes back, it reads back.
+    let bytes = serde_json::to_vec_pretty(&workload).expect("a record serialises");
+    let again = Workload::parse(&bytes, path).unwrap_or_else(|e| panic!("a record written back is refused: {e}"));
+    assert_eq!(again, workload);
+    // Admission sums the reservations of every record: two copies of this one (a damaged
+    // file may claim anything) must not break it.
+    let records = [workload.clone(), workload.clone()];
+    for gpu in &workload.gpus {
+        let device = vgpu::admission::Device {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+            name: "fuzz".into(),
+            memory: gpu.device_bytes,
+        };
+        let _ = vgpu::admission::reserved(&gpu.uuid, &records, &[]);
+        let _ = vgpu::admission::check_fits(&device, gpu.mem_bytes, &records, &[]);
+        let _ = vgpu::admission::pick_default(std::slice::from_ref(&device), &records, &[]);
+    }
+    let _ = workload.matches(&workload.name);
+}
+
+/// `<lib-dir>/partitions.json`.
+pub fn partitions(data: &[u8]) {
+    use vgpu::state::Partitions;
+    let path = Path::new("/fuzz/lib/partitions.json");
+    let parts = match Partitions::parse(data, path) {
+        Ok(parts) => parts,
+        Err(e) => return assert_damaged("partitions", &e, path),
+    };
+    assert_eq!(parts.format, vgpu::state::partition::PARTITIONS_FORMAT);
+    let bytes = serde_json::to_vec(&parts).expect("partitions serialise");
+    assert_eq!(Partitions::parse(&bytes, path).expect("partitions written back are read back"), parts);
+    let records: [Workload; 0] = [];
+    for p in &parts.partitions {
+        let _ = vgpu::admission::reserved(&p.gpu_uuid, &records, &parts.partitions);
+        let _ = p.vgpu_id();
+    }
+}
+
+/// `<state-dir>/pool.json`: a pool that loads is consistent, and every operation on it
+/// keeps it so.
+pub fn pool_state(data: &[u8]) {
+    use vgpu::pool::{KindFilter, Pool, Priority, Request};
+    let mut pool: Pool = match serde_json::from_slice(data) {
+        Ok(pool) => pool,
+        Err(e) => return one_line("pool.json", &e.to_string()),
+    };
+    let consistent = |pool: &Pool, after: &str| {
+        if let Err(e) = pool.check() {
+            panic!("pool inconsistent after {after}: {e}");
+        }
+    };
+    consistent(&pool, "loading");
+    let text = serde_json::to_string(&pool).expect("a pool serialises");
+    let again: Pool = serde_json::from_str(&text).unwrap_or_else(|e| panic!("a pool written back is refused: {e}"));
+    assert!(again == pool, "a pool written back reads back different");
+    let _ = (pool.total_blocks(), pool.free_blocks(), pool.used_blocks(), pool.generation());
+    let ids: Vec<String> = pool.allocations().map(|a| a.id.clone()).collect();
+    for id in &ids {
+        for share in pool.shares(id) {
+            let pct = share.compute_percent();
+            assert!((1..=100).contains(&pct));
+        }
+        let _ = (pool.gpu_shares(id), pool.declared_env(id));
+    }
+    let _ = pool.view();
+    let plan = pool.settle();
+    if pool.apply(plan).is_ok() {
+        consistent(&pool, "settle");
+    }
+    let blocks = u64::from(data.first().copied().unwrap_or(1)) % 8 + 1;
+    let request = Request::new("fuzz-new", "fuzz", blocks, Priority::new(100).expect("in range"), KindFilter::Any);
+    if let Ok(plan) = pool.admit(&request) {
+        if pool.apply(plan).is_ok() {
+            consistent(&pool, "admit");
+        }
+    }
+    pool.compact();
+    consistent(&pool, "compact");
+    if let Some(id) = ids.first() {
+        if pool.release(id).is_ok() {
+            consistent(&pool, "release");
+        }
+    }
+    let waiting = Request::new("fuzz-wait", "fuzz", blocks, Priority::DEFAULT, KindFilter::Any);
+    if pool.enqueue(&waiting).is_ok() {
+        consistent(&pool, "enqueue");
+    }
+}
+
+// ---- scratch files ----
+
+thread_local! {
+    /// One directory per thread (the test suite runs checks on several threads at once).
+    static SCRATCH: RefCell<Option<tempfile::TempDir>> = const { RefCell::new(None) };
+}
+
+/// A fresh directory for one check, removed when the guard is dropped.
+fn scratch_dir() -> tempfile::TempDir {
+    SCRATCH.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let base = cell.get_or_insert_with(|| tempfile::tempdir().expect("a temporary directory"));
+        tempfile::tempdir_in(base.path()).expect("a scratch directory")
+    })
+}
+
+/// `data` written to `name` in a fresh directory.
+fn scratch_file(name: &str, data: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    let dir = scratch_dir();
+    let path = dir.path().join(name);
+    std::fs::write(&path, data).expect("the scratch file is written");
+    (dir, path)
+}
+
+// ---- carbon state ----
+
+/// A source that fails, named like the remembered reading it should find.
+struct Failing(String);
+
+impl Source for Failing {
+    fn describe(&self) -> String {
+        self.0.clone()
+    }
+    fn read(&self, _now: DateTime<Utc>) -> Result<Reading, SourceError> {
+        Err(SourceError::NotConfigured)
+    }
+}
+
+/// A source that gives what a parser made of a response.
+struct Answer(Result<Reading, String>);
+
+impl Source for Answer {
+    fn describe(&self) -> String {
+        "fuzz".into()
+    }
+    fn read(&self, _now: DateTime<Utc>) -> Result<Reading, SourceError> {
+        self.0.clone().map_err(|message| SourceError::Malformed { url: "http://fuzz".into(), message })
+    }
+}
+
+/// Whatever `resolve` hands to the planner is a usable intensity.
+fn assert_usable(intensity: &intensity::Intensity, how: &str) {
+    assert!(
+        intensity.intensity.is_finite() && intensity.intensity >= 0.0,
+        "{how}: resolve gave {} gCO2/kWh",
+        intensity.intensity
+    );
+}
+
+/// The carbon files vgpu reads back: the remembered intensity
+/// (`<lib-dir>/carbon-intensity.json`), the caps it set (`<state-dir>/carbon-applied.json`)
+/// and the decision log (`<lib-dir>/carbon-log.jsonl`).
+pub fn carbon_state(data: &[u8]) {
+    let (_dir, path) = scratch_file("carbon.json", data);
+    let cache = Cache::new(&path);
+    if let Ok(Some(entry)) = cache.load() {
+        // The source fails now: the remembered reading is what resolve falls back on.
+        let policy = intensity::Policy {
+            cache: &cache,
+            max_age: std::time::Duration::from_secs(u64::from(u32::MAX)),
+            fallback: None,
+            remember: false,
+        };
+        if let Ok(found) = intensity::resolve(&Failing(entry.source.clone()), &policy, now()) {
+            assert_usable(&found, "a remembered reading");
+        }
+    }
+    let _ = vgpu::carbon::apply::AppliedStore::new(&path).load();
+    if let Err(e) = vgpu::carbon::log::read(&path) {
+        one_line("carbon log", &e.to_string());
+    }
+}
+
+// ---- intensity sources ----
+
+/// What the Electricity Maps and UK grid APIs answer, a `command` source's output and an
+/// API's error body. The first byte picks the parser.
+pub fn intensity_response(data: &[u8]) {
+    use vgpu::carbon::intensity::{command, electricitymaps, uk_grid};
+    let Some((&pick, body)) = data.split_first() else { return };
+    let body = String::from_utf8_lossy(body);
+    let parsed = match pick % 6 {
+        0 => electricitymaps::parse_body(&body, "DE"),
+        1 => uk_grid::parse_body(&body, &uk_grid::Area::National),
+        2 => uk_grid::parse_body(&body, &uk_grid::Area::Postcode("RG10".into())),
+        3 => uk_grid::parse_body(&body, &uk_grid::Area::Region(13)),
+        4 => command::parse_output(&body).map(|g_per_kwh| Reading { g_per_kwh, timestamp: now() }).map_err(|e| e.to_string()),
+        _ => {
+            let detail = intensity::error_detail(&body);
+            assert!(detail.chars().count() <= 200 || body.contains("error") || body.contains("message"));
+            one_line("an API's error body", &detail);
+            if let Some(t) = intensity::parse_timestamp(&body) {
+                assert_eq!(intensity::parse_timestamp(&t.to_rfc3339()), Some(t), "{body:?}");
+            }
+            return;
+        }
+    };
+    if let Err(message) = &parsed {
+        one_line("intensity response", message);
+    }
+    // Through resolve, as the commands see it: a usable value or an error, never a negative
+    // or infinite intensity.
+    let dir = scratch_dir();
+    let cache = Cache::new(dir.path().join("cache.json"));
+    let policy = intensity::Policy { cache: &cache, max_age: std::time::Duration::ZERO, fallback: None, remember: false };
+    if let Ok(found) = intensity::resolve(&Answer(parsed), &policy, now()) {
+        assert_usable(&found, "a response");
+    }
+}
+
+/// `source = "file"`: a CSV or JSON time series.
+pub fn file_source(data: &[u8]) {
+    use vgpu::carbon::intensity::file;
+    let text = String::from_utf8_lossy(data);
+    let series = match file::parse_series(&text) {
+        Ok(series) => series,
+        Err(message) => return one_line("file source", &message),
+    };
+    for r in &series {
+        assert!(r.g_per_kwh.is_finite() && r.g_per_kwh >= 0.0, "a series with {} was accepted", r.g_per_kwh);
+    }
+    for at in [now(), DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC] {
+        if let Some(r) = file::at(&series, at) {
+            assert!(r.timestamp <= at && series.contains(&r));
+        }
+    }
+}
+
+// ---- the shim's shared files ----
+
+/// The usage file (`$VGPU_DIR/usage`): arbitrary bytes are refused with a `LayoutError`, or
+/// open into a file every accessor can read.
+pub fn usage_file(data: &[u8]) {
+    use vgpu_abi::layout::USAGE_MAGIC;
+    use vgpu_abi::usage::UsageFile;
+    let (dir, path) = scratch_file("usage", data);
+    std::fs::create_dir(dir.path().join("procs")).expect("procs/ is made");
+    let usage = match UsageFile::open(&path) {
+        Ok(usage) => usage,
+        Err(e) => return one_line("usage file", &e.to_string()),
+    };
+    assert!(data.starts_with(&USAGE_MAGIC), "a usage file without the magic was opened");
+    for i in 0..usage.device_count() {
+        let uuid = usage.device_uuid(i).to_string();
+        assert!(!uuid.is_empty() && uuid.bytes().all(|b| b.is_ascii_graphic()));
+        assert!((1..=100).contains(&usage.compute_pct(i)));
+        assert!(usage.priority(i) <= 100);
+        let _ = (usage.quota_bytes(i), usage.used_bytes(i), usage.policy(i), usage.ledger(i));
+        assert!(usage.find_device_str(&uuid).is_some());
+    }
+    assert_eq!(usage.devices().len(), usage.device_count());
+    let _ = (usage.any_compute_limited(), usage.needs_reconcile(), usage.created_unix_ns(), usage.processes());
+    let report = usage.reclaim_dead();
+    for line in &report.errors {
+        one_line("reclaim report", line);
+    }
+}
+
+/// A per-process file (`$VGPU_DIR/procs/<pid>-<start>`), and the names of those files.
+pub fn proc_file(data: &[u8]) {
+    use vgpu_abi::layout::PROC_MAGIC;
+    use vgpu_abi::procfile::{file_name, parse_file_name, ProcFile};
+    use vgpu_abi::usage::{format_uuid, parse_uuid_bytes};
+    let name = String::from_utf8_lossy(&data[..data.len().min(80)]).into_owned();
+    if let Some(id) = parse_file_name(&name) {
+        assert_eq!(parse_file_name(&file_name(id)), Some(id));
+    }
+    if let Some(bytes) = parse_uuid_bytes(&name) {
+        assert_eq!(parse_uuid_bytes(&format_uuid("GPU", &bytes)), Some(bytes));
+    }
+    let (_dir, path) = scratch_file("1-1", data);
+    let file = match ProcFile::open(&path) {
+        Ok(file) => file,
+        Err(e) => return one_line("per-process file", &e.to_string()),
+    };
+    assert!(data.starts_with(&PROC_MAGIC), "a per-process file without the magic was opened");
+    assert!(!file.is_writable());
+    let n = file.device_count();
+    assert!(file.used().len() == n && file.peaks().len() == n && file.compute_ns().len() == n);
+    let _ = (file.id(), file.quiescent_ops(), file.header());
+}
+
+/// A GPU's board (`<state-dir>/gpus/<uuid>`).
+pub fn board_file(data: &[u8]) {
+    use vgpu_abi::board::{owner_key, Board};
+    use vgpu_abi::compute::{Competitor, Policy};
+    use vgpu_abi::layout::{BOARD_MAGIC, BOARD_SLOTS};
+    let (_dir, path) = scratch_file("board", data);
+    let board = match Board::open(&path) {
+        Ok(board) => board,
+        Err(e) => return one_line("board", &e.to_string()),
+    };
+    assert!(data.starts_with(&BOARD_MAGIC), "a board without the magic was opened");
+    let now = 10_000_000_000;
+    let mut out = [Competitor { share_ppm: 0, priority: 0, policy: Policy::Strict, hungry: false, usage_ppm: 0 }; BOARD_SLOTS];
+    let (n, _) = board.snapshot(0, now, &mut out);
+    assert!(n <= BOARD_SLOTS);
+    let owner = owner_key(1, 0);
+    if let Some(slot) = board.claim(owner, now) {
+        assert!(slot < BOARD_SLOTS);
+        assert!(board.publish(slot, owner, out[0], now, now));
+        let (n, me) = board.snapshot(slot, now, &mut out);
+        assert!(me.is_some_and(|me| me < n), "the claimed slot is not in the snapshot");
+        board.release_owner(owner);
+    }
+}
+
+/// A vGPU directory after its processes died: a valid usage file, per-process files of
+/// dead processes (registered and reserved through the API), then damaged by arbitrary
+/// writes (any tenant can write its own files), then reclaimed.
+///
+/// `data`: byte 0, how many processes (0–3); bytes 1–8, the quota; then 8 bytes per
+/// process, what it reserves; the rest, `(file, offset, byte)` patches.
+pub fn vgpu_dir(data: &[u8]) {
+    use vgpu_abi::compute::Policy;
+    use vgpu_abi::process::ProcessId;
+    use vgpu_abi::usage::{DeviceQuota, UsageFile};
+    fn take_u64(input: &mut dyn Iterator<Item = u8>) -> u64 {
+        let mut raw = [0u8; 8];
+        for b in raw.iter_mut() {
+            *b = input.next().unwrap_or(0);
+        }
+        u64::from_le_bytes(raw)
+    }
+    let mut input = data.iter().copied();
+    let processes = input.next().unwrap_or(0) % 4;
+    let quota = take_u64(&mut input);
+    let dir = scratch_dir();
+    std::fs::create_dir(dir.path().join("procs")).expect("procs/ is made");
+    let path = dir.path().join("usage");
+    let quotas: Vec<DeviceQuota> = ["GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000002"]
+        .iter()
+        .map(|uuid| DeviceQuota { uuid: (*uuid).into(), quota_bytes: quota, compute_pct: 100, policy: Policy::Strict, priority: 50 })
+        .collect();
+    UsageFile::create(&path, &quotas).expect("a usage file is created");
+    let usage = UsageFile::open(&path).expect("a fresh usage file opens");
+    let mut files = vec![path.clone()];
+    for i in 0..processes {
+        // No process has a pid this large: every one is dead.
+        let id = ProcessId { pid: 4_000_000_000 + u32::from(i), start_time: 1 };
+        let proc = usage.register(id).expect("a process registers");
+        let _ = usage.try_reserve(&proc, usize::from(i) % 2, take_u64(&mut input));
+        files.push(proc.path().to_path_buf());
+    }
+    let rest: Vec<u8> = input.collect();
+    for patch in rest.chunks_exact(4) {
+        let file = &files[usize::from(patch[0]) % files.len()];
+        let Ok(mut bytes) = std::fs::read(file) else { continue };
+        if bytes.is_empty() {
+            continue;
+        }
+        let at = usize::from(u16::from_le_bytes([patch[1], patch[2]])) % bytes.len();
+        bytes[at] = patch[3];
+        // In place, as a process writing its mapping would.
+        use std::os::unix::fs::FileExt as _;
+        let f = std::fs::OpenOptions::new().write(true).open(file).expect("the file opens for writing");
+        f.write_all_at(&bytes[at..=at], at as u64).expect("the patch is written");
+    }
+    let before: Vec<u64> = (0..usage.device_count()).map(|d| usage.used_bytes(d)).collect();
+    let _ = usage.processes();
+    let report = usage.reclaim_dead();
+    for line in &report.errors {
+        one_line("reclaim report", line);
+    }
+    if UsageFile::open(&path).is_ok() {
+        // Giving back never adds: a total only goes down (or is recomputed from the live
+        // records, of which there are none).
+        for (d, before) in before.into_iter().enumerate() {
+            assert!(usage.used_bytes(d) <= before, "device {d}: {before} in use before reclaim, {} after", usage.used_bytes(d));
+        }
+        let _ = usage.devices();
+    }
+}
+
+// ---- seeds ----
+
+/// Valid inputs of each target: the start of a fuzzing corpus, and what the test suite
+/// mutates. Every seed is accepted by its parser (the test suite checks that).
+pub fn seeds(target: &str) -> Vec<Vec<u8>> {
+    let text = |items: &[&str]| items.iter().map(|s| s.as_bytes().to_vec()).collect();
+    match target {
+        "config" => text(&[
+            "",
+            "simulate = true\nstate_dir = \"/run/vgpu\"\nlib_dir = \"/var/lib/vgpu\"\n\n[compute]\npolicy = \"fair\"\n\n[policy]\nrun_as_others = [\"alice\", \"%gpuadmin\"]\n",
+            "[carbon]\nsource = \"uk-grid\"\npostcode = \"RG10\"\nbudget_g_per_hour = 400\nmax_age = \"1h\"\nfallback = 250\ntimeout = \"3s\"\ngamma = 2.5\ndelta_f_mhz = 30\nscaling_efficiency = 0.8\nfreq_sensitivity = 0.5\npower_idle_w = 60\npower_max_w = 300\n",
+            "[carbon]\nsource = \"electricitymaps\"\nzone = \"DE\"\ntoken_file = \"/etc/vgpu/em-token\"\nbase_url = \"http://127.0.0.1:9\"\n",
+            "[carbon]\nsource = \"command\"\ncommand = \"echo 300\"\ntimeout = \"2s\"\n",
+            "[carbon]\nsource = \"file\"\npath = \"/var/lib/vgpu/intensity.csv\"\n",
+            "[carbon]\nsource = \"static\"\nvalue = 300\n",
+            "[pool]\nblock_tflops = 2.0\n[pool.tflops]\n\"NVIDIA H100 80GB HBM3\" = 989\n[pool.uuid_tflops]\n\"GPU-1234\" = 500.5\n[[pool.device]]\nkind = \"npu\"\nname = \"Ascend 910B\"\ntflops = 320\nid = \"0\"\nenv = \"ASCEND_RT_VISIBLE_DEVICES\"\n[[pool.device]]\nkind = \"fpga\"\nname = \"Alveo U280\"\ntflops = 24.5\n",
+        ]),
+        "size" => text(&["4G", "4GiB", "4GB", "1.5G", "512M", "4096", " 2K ", "50%", "12.5%", "2.5", "TERM", "sigkill", "9"]),
+        "workload_record" => vec![WORKLOAD_SEED.as_bytes().to_vec()],
+        "partitions" => text(&[
+            r#"{"format":1,"partitions":[]}"#,
+            r#"{"format":1,"partitions":[{"name":"svc","gpu_index":0,"gpu_uuid":"GPU-1","mem_bytes":4294967296,"compute_pct":40,"compute_policy":"fair","created_unix_ms":1},{"name":"old","gpu_index":1,"gpu_uuid":"GPU-2","mem_bytes":1,"compute_pct":100,"created_unix_ms":0}]}"#,
+        ]),
+        "pool_state" => vec![pool_seed()],
+        "carbon_state" => text(&[
+            r#"{"source":"uk-grid national","reading":{"g_per_kwh":212.0,"timestamp":"2024-07-03T09:30:00Z"},"fetched_at":"2024-07-03T09:40:00Z"}"#,
+            r#"[{"uuid":"GPU-1","cap":{"kind":"locked-clocks","min_mhz":210,"max_mhz":1410}},{"uuid":"GPU-2","cap":{"kind":"power-limit","mw":250000},"locking_unsupported":true},{"uuid":"GPU-3","cap":{"kind":"uncapped"}}]"#,
+            "{\"time\":\"2024-07-03T09:46:40Z\",\"action\":\"apply\",\"intensity\":300.0,\"intensity_source\":null,\"budget_g_per_hour\":100.0,\"predicted_g_per_hour\":90.0,\"budget_met\":true,\"notes\":[\"n\"],\"gpus\":[]}\n{\"time\":\"2024-07-03T10:00:00Z\",\"action\":\"reset\",\"intensity\":null,\"intensity_source\":null,\"budget_g_per_hour\":null,\"predicted_g_per_hour\":null,\"budget_met\":null,\"notes\":[],\"gpus\":[]}\n",
+        ]),
+        "intensity_response" => text(&[
+            "\u{0}{\"zone\":\"DE\",\"carbonIntensity\":302,\"datetime\":\"2018-04-25T18:07:00.350Z\",\"updatedAt\":\"2018-04-25T18:07:01.000Z\"}",
+            "\u{1}{\"data\":[{\"from\":\"2018-01-20T12:00Z\",\"to\":\"2018-01-20T12:30Z\",\"intensity\":{\"forecast\":266,\"actual\":263,\"index\":\"moderate\"}}]}",
+            "\u{2}{\"data\":[{\"regionid\":13,\"dnoregion\":\"SSE South\",\"shortname\":\"South England\",\"postcode\":\"RG10\",\"data\":[{\"from\":\"2018-01-20T12:00Z\",\"to\":\"2018-01-20T12:30Z\",\"intensity\":{\"forecast\":266,\"index\":\"moderate\"}}]}]}",
+            "\u{3}{\"data\":[{\"regionid\":13,\"data\":[{\"from\":\"2018-01-20T12:00Z\",\"intensity\":{\"forecast\":100,\"actual\":null}}]}]}",
+            "\u{4}300.5 gCO2/kWh\n",
+            "\u{5}{\"error\":{\"code\":\"400 Bad Request\",\"message\":\"Please enter a valid postcode.\"}}",
+            "\u{5}2024-05-01T10:00:00Z",
+        ]),
+        "file_source" => text(&[
+            "timestamp,gco2_per_kwh\n# hourly\n2024-05-01T10:00:00Z,300\n2024-05-01T12:00:00Z,250.5\n\n2024-05-01T11:00Z,280\n1714557600,100\n2024-05-01 11:00,200\n",
+            "[{\"timestamp\": \"2024-05-01T10:00:00Z\", \"gco2_per_kwh\": 300},\n {\"timestamp\": 1714561200, \"gco2_per_kwh\": 120}]",
+        ]),
+        "usage_file" => vec![shared_file_seed("usage")],
+        "proc_file" => vec![shared_file_seed("proc"), b"4000000000-1".to_vec(), b"GPU-0123abcd-0000-1111-2222-333344445555".to_vec()],
+        "board_file" => vec![shared_file_seed("board")],
+        "vgpu_dir" => {
+            let mut seed = vec![3u8];
+            seed.extend_from_slice(&(16u64 << 30).to_le_bytes());
+            for reserve in [1u64 << 30, 2 << 30, 3 << 30] {
+                seed.extend_from_slice(&reserve.to_le_bytes());
+            }
+            seed.extend_from_slice(&[1, 200, 0, 0xff, 2, 201, 0, 0x7f]);
+            vec![seed]
+        }
+        other => panic!("no fuzz target {other:?}"),
+    }
+}
+
+/// A workload record as `vgpu run` writes it.
+pub const WORKLOAD_SEED: &str = r#"{
+  "format": 1,
+  "id": "a1b2c3d4",
+  "name": "train",
+  "command": ["python", "train.py"],
+  "user": {"name": "alice", "uid": 1000, "gid": 1000, "groups": [1000, 44], "home": "/home/alice"},
+  "gpus": [{"index": 0, "uuid": "GPU-1", "mem_bytes": 4294967296, "device_bytes": 17179869184, "compute_pct": 50}],
+  "vgpu": "p-svc",
+  "partition": "svc",
+  "priority": 10,
+  "compute_policy": "fair",
+  "pool_blocks": 4,
+  "pool_env": [["ASCEND_RT_VISIBLE_DEVICES", "0"]],
+  "freq_sensitivity": 0.5,
+  "cgroup": "a1b2c3d4",
+  "supervisor": {"pid": 1234, "start_time": 5678},
+  "pid": 1240,
+  "state": "suspended",
+  "suspended_reason": "preempted by e5f6",
+  "created_unix_ms": 1720000000000
+}"#;
+
+/// A pool over two declared devices with a running, a suspended and a waiting workload.
+fn pool_seed() -> Vec<u8> {
+    use vgpu::pool::{Inventory, KindFilter, Pool, Priority, Request};
+    let config = vgpu::config::Config::parse(
+        "[pool]\nblock_tflops = 1.0\n[[pool.device]]\nkind = \"npu\"\nname = \"a\"\ntflops = 8\nenv = \"NPUS\"\n[[pool.device]]\nkind = \"fpga\"\nname = \"b\"\ntflops = 4\n",
+    )
+    .expect("the seed's config parses");
+    let inventory = Inventory::build(&[], &config.pool).expect("the seed's inventory builds");
+    let mut pool = Pool::new(inventory);
+    let request = |id: &str, blocks, priority| Request::new(id, id, blocks, Priority::new(priority).expect("in range"), KindFilter::Any);
+    for (id, blocks, priority) in [("low", 10, 10), ("mid", 2, 50), ("high", 6, 90)] {
+        let plan = pool.admit(&request(id, blocks, priority)).expect("the seed's request is admitted");
+        pool.apply(plan).expect("the seed's plan applies");
+    }
+    pool.enqueue(&request("queued", 12, 50)).expect("the seed's request is queued");
+    serde_json::to_vec_pretty(&pool).expect("the seed's pool serialises")
+}
+
+/// A usage, per-process or board file as vgpu creates it.
+fn shared_file_seed(which: &str) -> Vec<u8> {
+    use vgpu_abi::compute::Policy;
+    use vgpu_abi::usage::{DeviceQuota, UsageFile};
+    let dir = scratch_dir();
+    std::fs::create_dir(dir.path().join("procs")).expect("procs/ is made");
+    let path = dir.path().join("usage");
+    let quotas: Vec<DeviceQuota> = ["GPU-00000000-0000-0000-0000-000000000001", "MIG-00000000-0000-0000-0000-000000000002"]
+        .iter()
+        .map(|uuid| DeviceQuota { uuid: (*uuid).into(), quota_bytes: 8 << 30, compute_pct: 40, policy: Policy::Fair, priority: 70 })
+        .collect();
+    UsageFile::create(&path, &quotas).expect("the seed's usage file is created");
+    match which {
+        "usage" => std::fs::read(&path).expect("the seed's usage file is read"),
+        "proc" => {
+            let usage = UsageFile::open(&path).expect("the seed's usage file opens");
+            let id = vgpu_abi::process::ProcessId { pid: 4_000_000_000, start_time: 1 };
+            let proc = usage.register(id).expect("the seed's process registers");
+            usage.try_reserve(&proc, 1, 1 << 30).expect("the seed's reservation fits");
+            std::fs::read(proc.path()).expect("the seed's per-process file is read")
+        }
+        _ => {
+            let board = dir.path().join("gpus").join("board");
+            vgpu_abi::board::Board::ensure(&board).expect("the seed's board is created");
+            std::fs::read(&board).expect("the seed's board is read")
+        }
+    }
+}

@@ -72,7 +72,13 @@ pub fn holders(uuid: &str, workloads: &[Workload], partitions: &[Partition]) -> 
 }
 
 pub fn reserved(uuid: &str, workloads: &[Workload], partitions: &[Partition]) -> u64 {
-    holders(uuid, workloads, partitions).iter().map(|h| h.bytes).sum()
+    total(&holders(uuid, workloads, partitions))
+}
+
+/// The holders' bytes, saturating: oversubscribed quotas (`--mem 15E --oversubscribe`) or a
+/// damaged record may claim more than a u64 counts, which must read as "full", not wrap.
+fn total(holders: &[Holder]) -> u64 {
+    holders.iter().fold(0, |sum, h| sum.saturating_add(h.bytes))
 }
 
 /// The GPU with the most unreserved memory (lowest index on ties).
@@ -85,7 +91,7 @@ pub fn pick_default<'a>(devices: &'a [Device], workloads: &[Workload], partition
 /// Refuse `bytes` on `device` if it does not fit, with a message naming what holds it.
 pub fn check_fits(device: &Device, bytes: u64, workloads: &[Workload], partitions: &[Partition]) -> Result<(), String> {
     let holders = holders(&device.uuid, workloads, partitions);
-    let reserved: u64 = holders.iter().map(|h| h.bytes).sum();
+    let reserved = total(&holders);
     let free = device.memory.saturating_sub(reserved);
     if bytes <= free {
         return Ok(());
@@ -221,6 +227,20 @@ mod tests {
         let unknown = [damaged(None)];
         assert!(check_not_blocked(&dev(1, 16), &unknown).unwrap_err().contains("on any GPU"));
         assert!(check_not_blocked(&dev(1, 16), &[]).is_ok());
+    }
+
+    #[test]
+    fn reservations_beyond_u64_read_as_full() {
+        // Caught by the `workload_record` fuzz check: two oversubscribed quotas of 15 EiB summed
+        // past u64::MAX, a panic in debug builds and a small wrapped total (room) in release.
+        let mut ws = vec![workload("a", "GPU-0", 0, None), workload("b", "GPU-0", 0, None)];
+        for w in &mut ws {
+            w.gpus[0].mem_bytes = MemSpec::parse("15E").unwrap().bytes_of(0);
+        }
+        assert_eq!(reserved("GPU-0", &ws, &[]), u64::MAX);
+        let err = check_fits(&dev(0, 16), 1, &ws, &[]).unwrap_err();
+        assert!(err.contains("0 B unreserved"), "{err}");
+        assert_eq!(pick_default(&[dev(0, 16)], &ws, &[]).unwrap().index, 0);
     }
 
     #[test]

@@ -185,6 +185,10 @@ pub fn resolve(source: &dyn Source, policy: &Policy<'_>, now: DateTime<Utc>) -> 
         Err(e) => e,
     };
     let why_no_cache = match policy.cache.load() {
+        // The file may be damaged: its value is checked like a fresh one.
+        Ok(Some(entry)) if entry.source == name && check_value(&name, entry.reading.clone()).is_err() => {
+            format!("the remembered reading is unusable ({} gCO2/kWh is not a non-negative number)", entry.reading.g_per_kwh)
+        }
         Ok(Some(entry)) if entry.source == name => {
             let age = now.signed_duration_since(entry.fetched_at).to_std().unwrap_or_default();
             if age <= policy.max_age {

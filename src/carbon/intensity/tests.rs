@@ -131,6 +131,20 @@ fn damaged_cache_is_skipped_with_a_reason() {
 }
 
 #[test]
+fn a_remembered_negative_reading_is_not_used() {
+    // Caught by the `carbon_state` fuzz check: a damaged cache's value reached the planner unchecked.
+    let s = setup();
+    let now = t("2024-05-01T12:00:00Z");
+    let damaged =
+        CachedReading { source: "scripted".into(), reading: Reading { g_per_kwh: -212.0, timestamp: now }, fetched_at: now };
+    s.cache.store(&damaged).unwrap();
+    let err = resolve(&Scripted::failing(), &policy(&s.cache, None, true), now).unwrap_err().to_string();
+    assert!(err.contains("the remembered reading is unusable (-212 gCO2/kWh is not a non-negative number)"), "{err}");
+    let got = resolve(&Scripted::failing(), &policy(&s.cache, Some(300.0), true), now).unwrap();
+    assert_eq!((got.intensity, got.status), (300.0, Status::Fallback));
+}
+
+#[test]
 fn negative_readings_are_refused() {
     let s = setup();
     let err = resolve(&Scripted::ok(-4.0), &policy(&s.cache, None, true), Utc::now()).unwrap_err().to_string();

@@ -61,7 +61,8 @@ fn transport_error(url: &str, transport: &ureq::Transport, timeout: Duration) ->
 }
 
 /// The message of an API error body: Electricity Maps `{"error": …, "message": …}`, the UK
-/// API `{"error": {"code": …, "message": …}}`; else the start of the text.
+/// API `{"error": {"code": …, "message": …}}`; else the start of the text. One line of at
+/// most 200 characters either way (the server chooses the text).
 pub fn error_detail(body: &str) -> String {
     let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
     if let Ok(json) = serde_json::from_str::<serde_json::Value>(body) {
@@ -71,11 +72,16 @@ pub fn error_detail(body: &str) -> String {
             .flatten()
             .collect();
         if !parts.is_empty() {
-            return parts.join(": ");
+            return one_line(&parts.join(": "));
         }
     }
-    let flat: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
-    flat.chars().take(200).collect()
+    one_line(body)
+}
+
+/// Whitespace runs as one space, other control characters as `?`, at most 200 characters.
+fn one_line(text: &str) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    flat.chars().take(200).map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 
 #[cfg(test)]
@@ -94,5 +100,9 @@ mod tests {
         );
         assert_eq!(error_detail("<html>\n<b>Bad   gateway</b></html>"), "<html> <b>Bad gateway</b></html>");
         assert_eq!(error_detail(""), "");
+        // Caught by the `intensity_response` fuzz check: a message with line breaks made a
+        // multi-line error.
+        assert_eq!(error_detail("{\"error\":\"bad\\nthing\",\"message\":\"one\\r\\n\\u001b[2Jtwo\"}"), "bad thing: one ?[2Jtwo");
+        assert_eq!(error_detail(&format!("{{\"message\":\"{}\"}}", "x".repeat(300))).len(), 200);
     }
 }

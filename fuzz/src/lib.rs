@@ -334,7 +334,8 @@ pub fn intensity_response(data: &[u8]) {
         4 => command::parse_output(&body).map(|g_per_kwh| Reading { g_per_kwh, timestamp: now() }).map_err(|e| e.to_string()),
         _ => {
             let detail = intensity::error_detail(&body);
-            assert!(detail.chars().count() <= 200 || body.contains("error") || body.contains("message"));
+            assert!(detail.chars().count() <= 200, "an error detail of {} characters", detail.chars().count());
+            assert!(!detail.contains(char::is_control), "control characters in {detail:?}");
             one_line("an API's error body", &detail);
             if let Some(t) = intensity::parse_timestamp(&body) {
                 assert_eq!(intensity::parse_timestamp(&t.to_rfc3339()), Some(t), "{body:?}");

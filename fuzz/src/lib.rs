@@ -175,6 +175,9 @@ pub fn partitions(data: &[u8]) {
         Err(e) => return assert_damaged("partitions", &e, path),
     };
     assert_eq!(parts.format, vgpu::state::partition::PARTITIONS_FORMAT);
+    for p in &parts.partitions {
+        assert!(vgpu::state::partition::valid_name(&p.name), "partition name {:?} accepted", p.name);
+    }
     let bytes = serde_json::to_vec(&parts).expect("partitions serialise");
     assert_eq!(Partitions::parse(&bytes, path).expect("partitions written back are read back"), parts);
     let records: [Workload; 0] = [];

@@ -62,6 +62,10 @@ impl Partitions {
                 message: format!("format {} is not the format {PARTITIONS_FORMAT} this vgpu reads", parts.format),
             });
         }
+        // A name becomes a directory name (`vgpus/p-<name>`): only what `partition create` accepts.
+        if let Some(p) = parts.partitions.iter().find(|p| !valid_name(&p.name)) {
+            return Err(StateError::Damaged { path: path.to_path_buf(), message: format!("partition name {:?} is not a plain name", p.name) });
+        }
         Ok(parts)
     }
 
@@ -103,6 +107,16 @@ mod tests {
         parts.partitions.push(Partition { name: "a".into(), gpu_index: 0, gpu_uuid: "GPU-1".into(), mem_bytes: 1, compute_pct: 100, compute_policy: Default::default(), created_unix_ms: 0, user: None, group: None });
         parts.save(&path).unwrap();
         assert_eq!(Partitions::load(&path).unwrap(), parts);
+    }
+
+    #[test]
+    fn a_name_that_is_not_plain_is_damage() {
+        // A name read from the file was joined to a path unchecked (the `partitions` fuzz check asserts this too).
+        for name in ["../../etc", "a/b", ".hidden", ""] {
+            let text = format!(r#"{{"format":1,"partitions":[{{"name":{name:?},"gpu_index":0,"gpu_uuid":"GPU-1","mem_bytes":1,"compute_pct":40,"created_unix_ms":0}}]}}"#);
+            let err = Partitions::parse(text.as_bytes(), Path::new("partitions.json")).unwrap_err().to_string();
+            assert!(err.contains("partitions.json") && err.contains("not a plain name"), "{err}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use thiserror::Error;
 pub enum StateError {
     #[error("cannot access {path}")]
     Io { path: PathBuf, #[source] source: std::io::Error },
-    #[error("damaged state file {path}: {message}")]
+    #[error("damaged state file {path}: {}", printable(.message))]
     Damaged { path: PathBuf, message: String },
     #[error("{path}: not a regular file (a {kind}); not opened")]
     NotRegular { path: PathBuf, kind: &'static str },
@@ -36,6 +36,12 @@ pub enum StateError {
     UnsafeDir { path: PathBuf, reason: String, fix: String },
     #[error("{}", busy_message(.path, .waited, .pid, .command))]
     LockBusy { path: PathBuf, waited: std::time::Duration, pid: Option<u32>, command: Option<String> },
+}
+
+/// A message quoting a file's content (serde quotes unknown keys and values as they are) on
+/// one line: control characters as `?`.
+fn printable(message: &str) -> String {
+    message.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 
 fn busy_message(path: &Path, waited: &std::time::Duration, pid: &Option<u32>, command: &Option<String>) -> String {

@@ -252,6 +252,14 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_record_is_named_on_one_line() {
+        // serde quotes an unknown value as it is; the message must stay one line.
+        let text = serde_json::to_string(&sample()).unwrap().replace("\"running\"", "\"run\\nning\"");
+        let err = Workload::parse(text.as_bytes(), Path::new("w.json")).unwrap_err().to_string();
+        assert!(err.starts_with("damaged state file w.json: unknown variant `run?ning`"), "{err}");
+    }
+
+    #[test]
     fn matching_by_name_or_id_prefix() {
         let w = sample();
         assert!(w.matches("train"));

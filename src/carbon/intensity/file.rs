@@ -123,7 +123,11 @@ struct JsonEntry {
 }
 
 fn parse_json(text: &str) -> Result<Vec<Reading>, String> {
-    let entries: Vec<JsonEntry> = serde_json::from_str(text).map_err(|e| format!("not a JSON time series: {e}"))?;
+    // serde quotes an unknown key as it is: its control characters (a line break) as `?`.
+    let entries: Vec<JsonEntry> = serde_json::from_str(text).map_err(|e| {
+        let message: String = e.to_string().chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+        format!("not a JSON time series: {message}")
+    })?;
     entries
         .into_iter()
         .enumerate()
@@ -220,6 +224,8 @@ mod tests {
             ("", "no entries"),
             ("[{\"timestamp\": \"x\"}]", "not a JSON time series"),
             ("[{\"timestamp\": \"x\", \"gco2_per_kwh\": 1}]", "entry 1: cannot read timestamp x"),
+            // Found by fuzzing (`file_source`): an unknown key was quoted with its line breaks.
+            ("[{\"a\\nb\": 1}]", "not a JSON time series: unknown field `a?b`"),
         ] {
             let err = read("i.csv", text, "2024-05-01T12:00:00Z").unwrap_err().to_string();
             assert!(err.contains("i.csv: ") && err.contains(want), "{err} (wanted {want})");

@@ -357,8 +357,8 @@ pub fn intensity_response(data: &[u8]) {
     }
     // Through resolve, as the commands see it: a usable value or an error, never a negative
     // or infinite intensity.
-    let dir = scratch_dir();
-    let cache = Cache::new(dir.path().join("cache.json"));
+    // No remembered reading: a cache that is not there (nothing is written).
+    let cache = Cache::new("/nonexistent/vgpu-fuzz/carbon-intensity.json");
     let policy = intensity::Policy { cache: &cache, max_age: std::time::Duration::ZERO, fallback: None, remember: false };
     if let Ok(found) = intensity::resolve(&Answer(parsed), &policy, now()) {
         assert_usable(&found, "a response");

@@ -37,6 +37,18 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
         Some(rest) if rest.ends_with(|c: char| "kKmMgGtTpP".contains(c)) => format!("{rest}iB"),
         _ => trimmed.to_string(),
     };
+    // parse-size rounds the digit after a u64::MAX mantissa (18446744073709551615…) up with an
+    // unchecked addition: a panic in debug builds, 0 in release. No size needs more than 20
+    // significant digits.
+    let significant = normalised
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b'.')
+        .filter(|b| *b != b'.')
+        .skip_while(|b| *b == b'0')
+        .count();
+    if significant > 20 {
+        return Err(err());
+    }
     parse_size::Config::new()
         .with_binary()
         .parse_size(&normalised)
@@ -82,6 +94,18 @@ mod tests {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
         }
         assert!(parse_size("4X").unwrap_err().to_string().contains("\"4X\""));
+    }
+
+    #[test]
+    fn more_than_20_significant_digits_are_refused() {
+        // Found by fuzzing (`size`): parse-size overflowed rounding the 21st digit after a
+        // mantissa of u64::MAX (a panic in debug builds, 0 bytes in release).
+        for bad in ["184467440737095516159", "1.84467440737095516159G", "00018446744073709551615999999G", "123456789012345678901"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
+        assert_eq!(parse_size("0000000000000000000000000001K").unwrap(), 1024);
+        assert_eq!(parse_size("0.5000000000000000000K").unwrap(), 512);
     }
 
     #[test]

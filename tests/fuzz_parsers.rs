@@ -170,7 +170,7 @@ fn every_seed_is_accepted() {
         let config = vgpu::config::Config::parse(std::str::from_utf8(&seed).unwrap()).unwrap();
         config.carbon.validate().unwrap();
     }
-    let w = vgpu::state::Workload::parse(harness::WORKLOAD_SEED.as_bytes(), Path::new("w.json")).unwrap();
+    let w = vgpu::state::Workload::parse(harness::WORKLOAD_SEED.as_bytes(), Path::new("a1b2c3d4.json")).unwrap();
     assert_eq!((w.id.as_str(), w.partition.as_deref(), w.gpus[0].mem_bytes), ("a1b2c3d4", Some("svc"), 4 << 30));
     for seed in harness::seeds("partitions") {
         vgpu::state::Partitions::parse(&seed, Path::new("p.json")).unwrap();
@@ -189,16 +189,14 @@ fn every_seed_is_accepted() {
         let series = file::parse_series(std::str::from_utf8(&seed).unwrap()).unwrap();
         assert!(file::at(&series, harness::now()).is_some());
     }
-    for (which, seed) in [("usage", "usage_file"), ("proc", "proc_file"), ("board", "board_file")] {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("4000000000-1");
-        std::fs::write(&path, &harness::seeds(seed)[0]).unwrap();
-        match which {
-            "usage" => assert_eq!(vgpu_abi::usage::UsageFile::open(&path).unwrap().device_count(), 2),
-            "proc" => assert_eq!(vgpu_abi::procfile::ProcFile::open(&path).unwrap().used(), [0, 1 << 30]),
-            _ => drop(vgpu_abi::board::Board::open(&path).unwrap()),
-        }
+    use harness::SharedFile::*;
+    for which in [Usage, Limits, Slot, OtherSlot, OtherLimits] {
+        harness::open_shared(which, &harness::valid_shared_file(which)).unwrap();
     }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("4000000000-1");
+    std::fs::write(&path, &harness::seeds("proc_file")[0]).unwrap();
+    assert_eq!(vgpu_abi::procfile::ProcFile::open(&path).unwrap().used(), [0, 1 << 30]);
 }
 
 // ---- garbage is refused with the right error ----
@@ -206,45 +204,26 @@ fn every_seed_is_accepted() {
 proptest! {
     #![proptest_config(Config { cases: CASES, failure_persistence: None, ..Config::default() })]
 
-    /// A usage, per-process or board file whose magic is damaged is refused as such.
+    /// A usage, limits, per-process or board slot file whose magic is damaged is refused as such.
     #[test]
-    fn a_damaged_magic_is_refused(which in 0..3usize, at in 0..8usize, bits in 1..=255u8) {
+    fn a_damaged_magic_is_refused(which in 0..4usize, at in 0..8usize, bits in 1..=255u8) {
         use vgpu_abi::usage::LayoutError;
-        let seed = ["usage_file", "proc_file", "board_file"][which];
-        let mut bytes = harness::seeds(seed)[0].clone();
-        bytes[at] ^= bits;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("file");
-        std::fs::write(&path, &bytes).unwrap();
-        let err = match which {
-            0 => vgpu_abi::usage::UsageFile::open(&path).err(),
-            1 => vgpu_abi::procfile::ProcFile::open(&path).err(),
-            _ => vgpu_abi::board::Board::open(&path).err(),
-        };
-        prop_assert!(matches!(err, Some(LayoutError::BadMagic { .. })), "{seed}: {err:?}");
+        let (bytes, err) = damaged(which, |bytes| bytes[at] ^= bits);
+        prop_assert!(matches!(err, Some(LayoutError::BadMagic { .. })), "{which}, {} bytes: {err:?}", bytes.len());
     }
 
-    /// Cut short or grown, they are refused as truncated (or, for a cut inside the
-    /// magic's header, as not one).
+    /// Cut short or grown, they are refused as truncated.
     #[test]
-    fn a_wrong_length_is_refused(which in 0..3usize, cut in any::<usize>(), grow in any::<bool>()) {
+    fn a_wrong_length_is_refused(which in 0..4usize, cut in any::<usize>(), grow in any::<bool>()) {
         use vgpu_abi::usage::LayoutError;
-        let seed = ["usage_file", "proc_file", "board_file"][which];
-        let mut bytes = harness::seeds(seed)[0].clone();
-        if grow {
-            bytes.extend(std::iter::repeat_n(0, 1 + cut % 4096));
-        } else {
-            bytes.truncate(cut % bytes.len());
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("file");
-        std::fs::write(&path, &bytes).unwrap();
-        let err = match which {
-            0 => vgpu_abi::usage::UsageFile::open(&path).err(),
-            1 => vgpu_abi::procfile::ProcFile::open(&path).err(),
-            _ => vgpu_abi::board::Board::open(&path).err(),
-        };
-        prop_assert!(matches!(err, Some(LayoutError::Truncated { .. })), "{seed}, {} bytes: {err:?}", bytes.len());
+        let (bytes, err) = damaged(which, |bytes| {
+            if grow {
+                bytes.extend(std::iter::repeat_n(0, 1 + cut % 4096));
+            } else {
+                bytes.truncate(cut % bytes.len());
+            }
+        });
+        prop_assert!(matches!(err, Some(LayoutError::Truncated { .. })), "{which}, {} bytes: {err:?}", bytes.len());
     }
 
     /// A record with a number out of its field's range is damaged, not misread.
@@ -280,6 +259,28 @@ proptest! {
         let negative = format!("-{n}{suffix}");
         prop_assert_eq!(vgpu_abi::size::parse_size(&negative).unwrap_err().input, negative);
     }
+}
+
+/// A valid usage (0), limits (1), per-process (2) or own board slot (3) file changed by
+/// `edit`, and what opening it gave.
+fn damaged(which: usize, edit: impl FnOnce(&mut Vec<u8>)) -> (Vec<u8>, Option<vgpu_abi::usage::LayoutError>) {
+    use harness::SharedFile::*;
+    let shared = [Some(Usage), Some(Limits), None, Some(Slot)][which];
+    let mut bytes = match shared {
+        Some(file) => harness::valid_shared_file(file),
+        None => harness::seeds("proc_file")[0].clone(),
+    };
+    edit(&mut bytes);
+    let err = match shared {
+        Some(file) => harness::open_shared(file, &bytes).err(),
+        None => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("1-1");
+            std::fs::write(&path, &bytes).unwrap();
+            vgpu_abi::procfile::ProcFile::open(&path).err()
+        }
+    };
+    (bytes, err)
 }
 
 /// `cargo test --test fuzz_parsers -- --ignored write_seed_corpora`: the seeds, as files

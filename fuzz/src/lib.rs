@@ -6,8 +6,9 @@
 //! and panics only when the code under test misbehaves: it panicked itself, accepted what
 //! it must refuse, or gave back something it would not accept again.
 //!
-//! Only the standard library, `vgpu`, `vgpu_abi`, `serde_json`, `chrono` and `tempfile` are
-//! used, so that the test suite can include this file unchanged.
+//! Only the standard library, `vgpu`, `vgpu_abi`, `serde_json`, `chrono`, `tempfile` and
+//! `libc` are used (all dependencies of `vgpu`), so that the test suite can include this
+//! file unchanged.
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -124,7 +125,8 @@ pub fn size(data: &[u8]) {
 // ---- state records ----
 
 fn record_path() -> &'static Path {
-    Path::new("/fuzz/workloads/record.json")
+    // Its name is the record's id (Workload::parse checks it).
+    Path::new("/fuzz/workloads/a1b2c3d4.json")
 }
 
 fn assert_damaged(what: &str, error: &StateError, path: &Path) {
@@ -386,18 +388,142 @@ pub fn file_source(data: &[u8]) {
 
 // ---- the shim's shared files ----
 
-/// The usage file (`$VGPU_DIR/usage`): arbitrary bytes are refused with a `LayoutError`, or
-/// open into a file every accessor can read.
+/// The GPUs of the fixture's vGPUs.
+const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000001";
+const GPU1: &str = "MIG-00000000-0000-0000-0000-000000000002";
+/// The monotonic time at which the fixture's other vGPU published on its board slot (ns).
+const NOW_MONO: u64 = 10_000_000_000;
+
+/// A state directory made by the real code, once per thread: `vgpus/me` (on GPU0 and GPU1)
+/// and `vgpus/other` (on GPU0: 40 %, fair, priority 70) with their `usage` and `limits`,
+/// and their slots on GPU0's board (the other's published at [`NOW_MONO`]); the valid bytes
+/// of each file, to restore what a check overwrote.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    state: PathBuf,
+    usage: Vec<u8>,
+    limits: Vec<u8>,
+    other_limits: Vec<u8>,
+    slot: Vec<u8>,
+    other_slot: Vec<u8>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        use vgpu_abi::compute::{Competitor, Policy};
+        use vgpu_abi::usage::{DeviceQuota, UsageFile};
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let state = dir.path().join("state");
+        // SAFETY: geteuid and getegid cannot fail and touch no memory.
+        let owner = unsafe { (libc::geteuid(), libc::getegid()) };
+        let vgpu = |id: &str, devices: &[(&str, u32, Policy, u32)]| {
+            let vgpu_dir = state.join("vgpus").join(id);
+            std::fs::create_dir_all(vgpu_dir.join("procs")).expect("a vGPU directory is made");
+            let quotas: Vec<DeviceQuota> = devices
+                .iter()
+                .map(|&(uuid, compute_pct, policy, priority)| DeviceQuota { uuid: uuid.into(), quota_bytes: 8 << 30, compute_pct, policy, priority })
+                .collect();
+            UsageFile::create(&vgpu_dir.join("usage"), &quotas).expect("a usage file is created");
+            vgpu_abi::board::ensure_slot(&state, GPU0, id, owner, false).expect("a board slot is made");
+            vgpu_dir
+        };
+        let me = vgpu("me", &[(GPU0, 50, Policy::Fair, 50), (GPU1, 100, Policy::Strict, 50)]);
+        let other = vgpu("other", &[(GPU0, 40, Policy::Fair, 70)]);
+        let figures = Competitor { share_ppm: 1, priority: 1, policy: Policy::Strict, hungry: true, usage_ppm: 5 };
+        vgpu_abi::board::Board::open(&other, GPU0).expect("the other's slot opens").publish(figures, NOW_MONO + 1, NOW_MONO);
+        let read = |path: PathBuf| std::fs::read(path).expect("a fixture file is read");
+        let gpu = state.join("gpus").join(GPU0);
+        Fixture {
+            usage: read(me.join("usage")),
+            limits: read(me.join("limits")),
+            other_limits: read(other.join("limits")),
+            slot: read(gpu.join("me")),
+            other_slot: read(gpu.join("other")),
+            state,
+            _dir: dir,
+        }
+    }
+
+    fn me(&self) -> PathBuf {
+        self.state.join("vgpus/me")
+    }
+
+    /// The fixture's files as made, but `which` holds `data`.
+    fn write(&self, which: SharedFile, data: &[u8]) {
+        let gpu = self.state.join("gpus").join(GPU0);
+        for (file, path, valid) in [
+            (SharedFile::Usage, self.me().join("usage"), &self.usage),
+            (SharedFile::Limits, self.me().join("limits"), &self.limits),
+            (SharedFile::OtherLimits, self.state.join("vgpus/other/limits"), &self.other_limits),
+            (SharedFile::Slot, gpu.join("me"), &self.slot),
+            (SharedFile::OtherSlot, gpu.join("other"), &self.other_slot),
+        ] {
+            std::fs::write(path, if file == which { data } else { valid }).expect("a fixture file is written");
+        }
+    }
+}
+
+thread_local! {
+    static FIXTURE: RefCell<Option<std::rc::Rc<Fixture>>> = const { RefCell::new(None) };
+}
+
+fn fixture() -> std::rc::Rc<Fixture> {
+    FIXTURE.with(|cell| cell.borrow_mut().get_or_insert_with(|| std::rc::Rc::new(Fixture::new())).clone())
+}
+
+/// A file of the shared state that the shim and the CLI open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedFile {
+    /// A vGPU's `usage` (its tenant writes it).
+    Usage,
+    /// A vGPU's `limits` (root's).
+    Limits,
+    /// Another vGPU's `limits`, read through the board.
+    OtherLimits,
+    /// The vGPU's own slot on a GPU's board (its tenant writes it).
+    Slot,
+    /// Another vGPU's slot (another tenant writes it).
+    OtherSlot,
+}
+
+/// The valid bytes of `which`, as vgpu makes it.
+pub fn valid_shared_file(which: SharedFile) -> Vec<u8> {
+    let f = fixture();
+    match which {
+        SharedFile::Usage => f.usage.clone(),
+        SharedFile::Limits => f.limits.clone(),
+        SharedFile::OtherLimits => f.other_limits.clone(),
+        SharedFile::Slot => f.slot.clone(),
+        SharedFile::OtherSlot => f.other_slot.clone(),
+    }
+}
+
+/// Put `data` in place of `which` (the rest as vgpu made it) and open what reads it: the
+/// usage file (with its limits) or the board (with its own slot).
+pub fn open_shared(which: SharedFile, data: &[u8]) -> Result<(), vgpu_abi::usage::LayoutError> {
+    let f = fixture();
+    f.write(which, data);
+    match which {
+        SharedFile::Usage | SharedFile::Limits => vgpu_abi::usage::UsageFile::open(&f.me().join("usage")).map(drop),
+        _ => vgpu_abi::board::Board::open(&f.me(), GPU0).map(drop),
+    }
+}
+
+/// A vGPU's `usage` and `limits` files (the first byte picks which holds the input; the
+/// other is valid): arbitrary bytes are refused with a `LayoutError`, or open into a file
+/// every accessor can read and reclaim can work on.
 pub fn usage_file(data: &[u8]) {
-    use vgpu_abi::layout::USAGE_MAGIC;
+    use vgpu_abi::layout::{LIMITS_MAGIC, USAGE_MAGIC};
     use vgpu_abi::usage::UsageFile;
-    let (dir, path) = scratch_file("usage", data);
-    std::fs::create_dir(dir.path().join("procs")).expect("procs/ is made");
-    let usage = match UsageFile::open(&path) {
+    let Some((&pick, data)) = data.split_first() else { return };
+    let (which, magic) = if pick % 2 == 0 { (SharedFile::Usage, USAGE_MAGIC) } else { (SharedFile::Limits, LIMITS_MAGIC) };
+    let f = fixture();
+    f.write(which, data);
+    let usage = match UsageFile::open(&f.me().join("usage")) {
         Ok(usage) => usage,
         Err(e) => return one_line("usage file", &e.to_string()),
     };
-    assert!(data.starts_with(&USAGE_MAGIC), "a usage file without the magic was opened");
+    assert!(data.starts_with(&magic), "a {which:?} file without its magic was opened");
     for i in 0..usage.device_count() {
         let uuid = usage.device_uuid(i).to_string();
         assert!(!uuid.is_empty() && uuid.bytes().all(|b| b.is_ascii_graphic()));
@@ -438,28 +564,40 @@ pub fn proc_file(data: &[u8]) {
     let _ = (file.id(), file.quiescent_ops(), file.header());
 }
 
-/// A GPU's board (`<state-dir>/gpus/<uuid>`).
+/// A GPU's board: the first byte picks what holds the input, the vGPU's own slot, another
+/// vGPU's slot (another tenant writes it) or the other's limits. The board opens only with
+/// a valid own slot, and whatever another tenant writes in its slot, what the board shows of
+/// it is entitled by its limits (40 %, fair, priority 70), never by its slot.
 pub fn board_file(data: &[u8]) {
-    use vgpu_abi::board::{owner_key, Board};
-    use vgpu_abi::compute::{Competitor, Policy};
-    use vgpu_abi::layout::{BOARD_MAGIC, BOARD_SLOTS};
-    let (_dir, path) = scratch_file("board", data);
-    let board = match Board::open(&path) {
+    use vgpu_abi::board::{Board, MAX_COMPETITORS};
+    use vgpu_abi::compute::{Competitor, Policy, PPM};
+    use vgpu_abi::layout::BOARD_MAGIC;
+    let Some((&pick, data)) = data.split_first() else { return };
+    let which = [SharedFile::Slot, SharedFile::OtherSlot, SharedFile::OtherLimits][usize::from(pick) % 3];
+    let f = fixture();
+    f.write(which, data);
+    let mut board = match Board::open(&f.me(), GPU0) {
         Ok(board) => board,
-        Err(e) => return one_line("board", &e.to_string()),
+        Err(e) => return one_line("board slot", &e.to_string()),
     };
-    assert!(data.starts_with(&BOARD_MAGIC), "a board without the magic was opened");
-    let now = 10_000_000_000;
-    let mut out = [Competitor { share_ppm: 0, priority: 0, policy: Policy::Strict, hungry: false, usage_ppm: 0 }; BOARD_SLOTS];
-    let (n, _) = board.snapshot(0, now, &mut out);
-    assert!(n <= BOARD_SLOTS);
-    let owner = owner_key(1, 0);
-    if let Some(slot) = board.claim(owner, now) {
-        assert!(slot < BOARD_SLOTS);
-        assert!(board.publish(slot, owner, out[0], now, now));
-        let (n, me) = board.snapshot(slot, now, &mut out);
-        assert!(me.is_some_and(|me| me < n), "the claimed slot is not in the snapshot");
-        board.release_owner(owner);
+    if which == SharedFile::Slot {
+        assert!(data.starts_with(&BOARD_MAGIC), "a slot without the magic was opened");
+    }
+    let me = Competitor { share_ppm: 500_000, priority: 50, policy: Policy::Fair, hungry: false, usage_ppm: 0 };
+    board.publish(me, 0, NOW_MONO);
+    let mut out = [me; MAX_COMPETITORS];
+    for now in [NOW_MONO, 0, u64::MAX] {
+        let n = board.snapshot(me, now, &mut out);
+        assert!((1..=2).contains(&n), "{n} competitors with one other vGPU");
+        assert_eq!(out[0], me);
+        for other in &out[1..n] {
+            if which == SharedFile::OtherLimits {
+                assert!(other.share_ppm > 0 && other.share_ppm <= PPM, "a share of {} ppm", other.share_ppm);
+            } else {
+                let entitled = (other.share_ppm, other.policy, other.priority);
+                assert_eq!(entitled, (400_000, Policy::Fair, 70), "a tenant's slot changed its entitlement");
+            }
+        }
     }
 }
 
@@ -551,7 +689,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "workload_record" => vec![WORKLOAD_SEED.as_bytes().to_vec()],
         "partitions" => text(&[
             r#"{"format":1,"partitions":[]}"#,
-            r#"{"format":1,"partitions":[{"name":"svc","gpu_index":0,"gpu_uuid":"GPU-1","mem_bytes":4294967296,"compute_pct":40,"compute_policy":"fair","created_unix_ms":1},{"name":"old","gpu_index":1,"gpu_uuid":"GPU-2","mem_bytes":1,"compute_pct":100,"created_unix_ms":0}]}"#,
+            r#"{"format":1,"partitions":[{"name":"svc","gpu_index":0,"gpu_uuid":"GPU-1","mem_bytes":4294967296,"compute_pct":40,"compute_policy":"fair","created_unix_ms":1,"user":"alice"},{"name":"old","gpu_index":1,"gpu_uuid":"GPU-2","mem_bytes":1,"compute_pct":100,"created_unix_ms":0,"group":"ml"}]}"#,
         ]),
         "pool_state" => vec![pool_seed()],
         "carbon_state" => text(&[
@@ -572,9 +710,16 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             "timestamp,gco2_per_kwh\n# hourly\n2024-05-01T10:00:00Z,300\n2024-05-01T12:00:00Z,250.5\n\n2024-05-01T11:00Z,280\n1714557600,100\n2024-05-01 11:00,200\n",
             "[{\"timestamp\": \"2024-05-01T10:00:00Z\", \"gco2_per_kwh\": 300},\n {\"timestamp\": 1714561200, \"gco2_per_kwh\": 120}]",
         ]),
-        "usage_file" => vec![shared_file_seed("usage")],
-        "proc_file" => vec![shared_file_seed("proc"), b"4000000000-1".to_vec(), b"GPU-0123abcd-0000-1111-2222-333344445555".to_vec()],
-        "board_file" => vec![shared_file_seed("board")],
+        "usage_file" => vec![
+            [&[0u8][..], &valid_shared_file(SharedFile::Usage)].concat(),
+            [&[1u8][..], &valid_shared_file(SharedFile::Limits)].concat(),
+        ],
+        "proc_file" => vec![proc_file_seed(), b"4000000000-1".to_vec(), b"GPU-0123abcd-0000-1111-2222-333344445555".to_vec()],
+        "board_file" => vec![
+            [&[0u8][..], &valid_shared_file(SharedFile::Slot)].concat(),
+            [&[1u8][..], &valid_shared_file(SharedFile::OtherSlot)].concat(),
+            [&[2u8][..], &valid_shared_file(SharedFile::OtherLimits)].concat(),
+        ],
         "vgpu_dir" => {
             let mut seed = vec![3u8];
             seed.extend_from_slice(&(16u64 << 30).to_le_bytes());
@@ -629,31 +774,21 @@ fn pool_seed() -> Vec<u8> {
     serde_json::to_vec_pretty(&pool).expect("the seed's pool serialises")
 }
 
-/// A usage, per-process or board file as vgpu creates it.
-fn shared_file_seed(which: &str) -> Vec<u8> {
+/// A per-process file as the shim creates it: 1 GiB reserved on the second device.
+fn proc_file_seed() -> Vec<u8> {
     use vgpu_abi::compute::Policy;
     use vgpu_abi::usage::{DeviceQuota, UsageFile};
     let dir = scratch_dir();
     std::fs::create_dir(dir.path().join("procs")).expect("procs/ is made");
     let path = dir.path().join("usage");
-    let quotas: Vec<DeviceQuota> = ["GPU-00000000-0000-0000-0000-000000000001", "MIG-00000000-0000-0000-0000-000000000002"]
+    let quotas: Vec<DeviceQuota> = [GPU0, GPU1]
         .iter()
         .map(|uuid| DeviceQuota { uuid: (*uuid).into(), quota_bytes: 8 << 30, compute_pct: 40, policy: Policy::Fair, priority: 70 })
         .collect();
     UsageFile::create(&path, &quotas).expect("the seed's usage file is created");
-    match which {
-        "usage" => std::fs::read(&path).expect("the seed's usage file is read"),
-        "proc" => {
-            let usage = UsageFile::open(&path).expect("the seed's usage file opens");
-            let id = vgpu_abi::process::ProcessId { pid: 4_000_000_000, start_time: 1 };
-            let proc = usage.register(id).expect("the seed's process registers");
-            usage.try_reserve(&proc, 1, 1 << 30).expect("the seed's reservation fits");
-            std::fs::read(proc.path()).expect("the seed's per-process file is read")
-        }
-        _ => {
-            let board = dir.path().join("gpus").join("board");
-            vgpu_abi::board::Board::ensure(&board).expect("the seed's board is created");
-            std::fs::read(&board).expect("the seed's board is read")
-        }
-    }
+    let usage = UsageFile::open(&path).expect("the seed's usage file opens");
+    let id = vgpu_abi::process::ProcessId { pid: 4_000_000_000, start_time: 1 };
+    let proc = usage.register(id).expect("the seed's process registers");
+    usage.try_reserve(&proc, 1, 1 << 30).expect("the seed's reservation fits");
+    std::fs::read(proc.path()).expect("the seed's per-process file is read")
 }

@@ -119,8 +119,8 @@ impl Workload {
         Workload::parse(&bytes, path)
     }
 
-    /// Decode and check a record's bytes, as [`Workload::read`] does; `path` only names the
-    /// file in errors.
+    /// Decode and check a record's bytes, as [`Workload::read`] does; `path` names the file
+    /// in errors, and its name must be the record's id.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Workload, StateError> {
         let value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;

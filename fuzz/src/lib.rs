@@ -6,8 +6,8 @@
 //! and panics only when the code under test misbehaves: it panicked itself, accepted what
 //! it must refuse, or gave back something it would not accept again.
 //!
-//! Only the standard library, `vgpu`, `vgpu_abi`, `serde_json`, `chrono`, `tempfile` and
-//! `libc` are used (all dependencies of `vgpu`), so that the test suite can include this
+//! Only the standard library, `vgpu`, `vgpu_abi`, `serde`, `serde_json`, `chrono`, `tempfile`
+//! and `libc` are used (all dependencies of `vgpu`), so that the test suite can include this
 //! file unchanged.
 
 use std::cell::RefCell;
@@ -124,6 +124,27 @@ pub fn size(data: &[u8]) {
 
 // ---- state records ----
 
+/// `a` and `b` serialise to the same JSON, but for floats within a relative 1e-15: serde_json
+/// (without its `float_roundtrip` feature) may read a long float back one ulp off.
+fn assert_same<T: serde::Serialize + std::fmt::Debug>(what: &str, a: &T, b: &T) {
+    fn same(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+        use serde_json::Value;
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+                let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
+                x == y || (x - y).abs() <= 1e-15 * x.abs().max(y.abs())
+            }
+            (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y)),
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+    let json = |v: &T| serde_json::to_value(v).expect("it serialises");
+    assert!(same(&json(a), &json(b)), "{what} reads back different: {a:?} is not {b:?}");
+}
+
 fn record_path() -> &'static Path {
     // Its name is the record's id (Workload::parse checks it).
     Path::new("/fuzz/workloads/a1b2c3d4.json")
@@ -153,7 +174,7 @@ pub fn workload_record(data: &[u8]) {
     // What it writes back, it reads back.
     let bytes = serde_json::to_vec_pretty(&workload).expect("a record serialises");
     let again = Workload::parse(&bytes, path).unwrap_or_else(|e| panic!("a record written back is refused: {e}"));
-    assert_eq!(again, workload);
+    assert_same("a record written back", &again, &workload);
     // Admission sums the reservations of every record: two copies of this one (a damaged
     // file may claim anything) must not break it.
     let records = [workload.clone(), workload.clone()];
@@ -212,7 +233,7 @@ pub fn pool_state(data: &[u8]) {
     consistent(&pool, "loading");
     let text = serde_json::to_string(&pool).expect("a pool serialises");
     let again: Pool = serde_json::from_str(&text).unwrap_or_else(|e| panic!("a pool written back is refused: {e}"));
-    assert!(again == pool, "a pool written back reads back different");
+    assert_same("a pool written back", &again, &pool);
     let _ = (pool.total_blocks(), pool.free_blocks(), pool.used_blocks(), pool.generation());
     let ids: Vec<String> = pool.allocations().map(|a| a.id.clone()).collect();
     for id in &ids {

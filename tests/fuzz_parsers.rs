@@ -146,6 +146,7 @@ fuzz_tests!(
     size,
     workload_record,
     partitions,
+    intent_record,
     pool_state,
     carbon_state,
     intensity_response,
@@ -174,6 +175,14 @@ fn every_seed_is_accepted() {
     assert_eq!((w.id.as_str(), w.partition.as_deref(), w.gpus[0].mem_bytes), ("a1b2c3d4", Some("svc"), 4 << 30));
     for seed in harness::seeds("partitions") {
         vgpu::state::Partitions::parse(&seed, Path::new("p.json")).unwrap();
+    }
+    for seed in harness::seeds("intent_record") {
+        let dir = tempfile::tempdir().unwrap();
+        let store = vgpu::state::Store::new(&dir.path().join("state"), &dir.path().join("lib"));
+        std::fs::create_dir_all(store.intents_dir()).unwrap();
+        std::fs::write(store.intents_dir().join("pool-1-1.json"), &seed).unwrap();
+        let (good, bad) = vgpu::state::intent::list(&store);
+        assert_eq!((good.len(), bad.len()), (1, 0), "{bad:?}");
     }
     let pool: vgpu::pool::Pool = serde_json::from_slice(&harness::seeds("pool_state")[0]).unwrap();
     assert_eq!((pool.allocations().count(), pool.total_blocks()), (4, 12));

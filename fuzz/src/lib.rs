@@ -27,6 +27,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("size", size),
     ("workload_record", workload_record),
     ("partitions", partitions),
+    ("intent_record", intent_record),
     ("pool_state", pool_state),
     ("carbon_state", carbon_state),
     ("intensity_response", intensity_response),
@@ -210,6 +211,27 @@ pub fn partitions(data: &[u8]) {
     for p in &parts.partitions {
         let _ = vgpu::admission::reserved(&p.gpu_uuid, &records, &parts.partitions);
         let _ = p.vgpu_id();
+    }
+}
+
+/// An intent record, `<state-dir>/intents/<op>-<pid>-<start>.json`, as reconcile lists them.
+pub fn intent_record(data: &[u8]) {
+    let dir = scratch_dir();
+    let store = vgpu::state::Store::new(&dir.path().join("state"), &dir.path().join("lib"));
+    let intents = store.intents_dir();
+    std::fs::create_dir_all(&intents).expect("intents/ is made");
+    let path = intents.join("suspend-1-1.json");
+    std::fs::write(&path, data).expect("the intent is written");
+    let (good, bad) = vgpu::state::intent::list(&store);
+    assert_eq!(good.len() + bad.len(), 1, "one intent file, {} read and {} refused", good.len(), bad.len());
+    for (_, intent) in &good {
+        for id in &intent.workloads {
+            assert!(vgpu::state::is_plain_name(id), "intent accepted with the workload {id:?}");
+        }
+        let _ = intent.writer_alive();
+    }
+    for e in &bad {
+        assert_damaged("intent", e, &path);
     }
 }
 
@@ -711,6 +733,10 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "partitions" => text(&[
             r#"{"format":1,"partitions":[]}"#,
             r#"{"format":1,"partitions":[{"name":"svc","gpu_index":0,"gpu_uuid":"GPU-1","mem_bytes":4294967296,"compute_pct":40,"compute_policy":"fair","created_unix_ms":1,"user":"alice"},{"name":"old","gpu_index":1,"gpu_uuid":"GPU-2","mem_bytes":1,"compute_pct":100,"created_unix_ms":0,"group":"ml"}]}"#,
+        ]),
+        "intent_record" => text(&[
+            r#"{"op":"suspend","workloads":["a1b2c3d4"],"writer":{"pid":1234,"start_time":5678},"created_unix_ms":1720000000000}"#,
+            r#"{"op":"pool","workloads":["a1b2c3d4","e5f6a7b8"],"writer":{"pid":1,"start_time":1},"created_unix_ms":0}"#,
         ]),
         "pool_state" => vec![pool_seed()],
         "carbon_state" => text(&[

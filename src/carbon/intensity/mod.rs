@@ -189,6 +189,11 @@ pub fn resolve(source: &dyn Source, policy: &Policy<'_>, now: DateTime<Utc>) -> 
         Ok(Some(entry)) if entry.source == name && check_value(&name, entry.reading.clone()).is_err() => {
             format!("the remembered reading is unusable ({} gCO2/kWh is not a non-negative number)", entry.reading.g_per_kwh)
         }
+        // Read "in the future" (a clock stepped back, or a forged file): its age is unknown,
+        // and counting it as 0 s would make it good forever.
+        Ok(Some(entry)) if entry.source == name && entry.fetched_at > now + chrono::Duration::minutes(5) => {
+            format!("the remembered reading is unusable (read at {}, in the future)", entry.fetched_at.to_rfc3339())
+        }
         Ok(Some(entry)) if entry.source == name => {
             let age = now.signed_duration_since(entry.fetched_at).to_std().unwrap_or_default();
             if age <= policy.max_age {

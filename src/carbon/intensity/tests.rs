@@ -198,3 +198,16 @@ fn static_source_gives_its_value_now() {
     let got = static_::Static { g_per_kwh: 55.5 }.read(now).unwrap();
     assert_eq!((got.g_per_kwh, got.timestamp), (55.5, now));
 }
+
+#[test]
+fn a_reading_remembered_in_the_future_is_not_used() {
+    let s = setup();
+    let later = t("2024-05-01T14:00:00Z");
+    resolve(&Scripted::ok(210.0), &policy(&s.cache, None, true), later).unwrap();
+    // The clock went back two hours (or the file was forged): its age is unknown.
+    let now = t("2024-05-01T12:00:00Z");
+    let err = resolve(&Scripted::failing(), &policy(&s.cache, None, true), now).unwrap_err().to_string();
+    assert!(err.contains("in the future"), "{err}");
+    let got = resolve(&Scripted::failing(), &policy(&s.cache, Some(300.0), true), now).unwrap();
+    assert_eq!((got.intensity, got.status), (300.0, Status::Fallback));
+}

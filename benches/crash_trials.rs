@@ -27,6 +27,16 @@ use vgpu::cgroup::{Cgroup, FreezerState, Layout};
 use vgpu::pool::AllocState;
 use vgpu::state::{Store, WorkloadState};
 
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
+
+/// One of `items`, uniformly.
+fn pick<'a>(rng: &mut Rng, items: &[&'a str]) -> &'a str {
+    items[rng.below(items.len() as u64) as usize]
+}
+
+
 /// The host memory limit of every workload the trials start: it tells their cgroups apart
 /// from those of other state directories on the host.
 const TAG: &str = "1111M";
@@ -39,25 +49,6 @@ const STOP_SUSPEND: &[&str] = &["suspend:frozen", "suspend:frozen", "preempt:fro
 const STOP_RESUME: &[&str] = &["resume:thawed", "resume:thawed", "preempt:frozen", "preempt:saved"];
 const STOP_KILL: &[&str] = &["preempt:frozen", "preempt:saved"];
 
-/// xorshift64*: reproducible from the seed printed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
 
 struct Host {
     dir: tempfile::TempDir,
@@ -295,7 +286,7 @@ fn main() {
         for b in &mut background {
             b.ensure(&host, &mut rng);
         }
-        let target = rng.pick(&["low", "plain"]);
+        let target = pick(&mut rng, &["low", "plain"]);
         // (what, argv, its stop points, how long it takes at most, roughly, in ms)
         let (what, args, stops, lasts): (&str, Vec<&str>, &[&str], u64) = match rng.below(5) {
             0 => ("run", vec!["run", "--mem", "1G", "--memory", TAG, "--", "sleep", "0.2"], STOP_RUN, 400),
@@ -304,7 +295,7 @@ fn main() {
             3 => ("resume", vec!["resume", target], STOP_RESUME, 40),
             _ => ("kill", vec!["kill", "--signal", "KILL", target], STOP_KILL, 40),
         };
-        let stop_at = (rng.below(2) == 0).then(|| rng.pick(stops));
+        let stop_at = (rng.below(2) == 0).then(|| pick(&mut rng, stops));
         let delay = Duration::from_micros(rng.below(lasts * 1000));
         let cgroups_before = host.cgroup_names();
         let mut child = host.command(&args, stop_at).spawn().expect("spawn");

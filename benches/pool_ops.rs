@@ -10,26 +10,15 @@ use std::time::{Duration, Instant};
 use vgpu::pool::config::{DeclaredDevice, PoolConfig};
 use vgpu::pool::{DeviceKind, Inventory, KindFilter, Pool, PoolError, Priority, Request};
 
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
+
 const DEVICES: usize = 8;
 const BLOCKS_PER_DEVICE: f64 = 12_500.0;
 const OWNERS: usize = 1_000;
 const ROUNDS: usize = 5_000;
 
-/// xorshift64*: deterministic figures without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn request(id: usize, blocks: u64, priority: i64) -> Request {
     let priority = Priority::new(priority).expect("priority in range");

@@ -12,35 +12,16 @@
 mod common;
 #[path = "support/process.rs"]
 mod process;
+#[path = "support/workload.rs"]
+mod workload;
 
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 
-use common::{artefact_dir, wait_for, Sim};
+use common::{wait_for, Sim};
+use workload::workload_bin;
 
 const GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 
-/// The workload program, built once in this test's profile (with the shim and the
-/// driver, which `cargo test` does not build for this package's tests).
-fn workload_bin() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let dir = artefact_dir();
-        let profile = match dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_string(),
-            Some(other) => other.to_string(),
-        };
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "--quiet", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload", "--profile", &profile])
-            .arg("--manifest-path")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-        process::run_ok(&mut cmd);
-        let bin = dir.join("examples/gpu_workload");
-        assert!(bin.is_file(), "{} missing after building it", bin.display());
-        bin
-    })
-}
 
 fn w() -> &'static str {
     workload_bin().to_str().expect("UTF-8 path")

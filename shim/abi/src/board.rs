@@ -32,7 +32,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::mem::{offset_of, size_of};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -223,26 +223,8 @@ fn create_slot(dir: &Path, path: &Path, owner: (u32, u32), mode: u32) -> Result<
     // layout.rs); the slice covers exactly it and lives no longer than `header`.
     let raw = unsafe { std::slice::from_raw_parts((&header as *const BoardHeader).cast::<u8>(), size_of::<BoardHeader>()) };
     bytes[..raw.len()].copy_from_slice(raw);
-    let name = path.file_name().map(OsStr::to_string_lossy).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let write = || -> io::Result<()> {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        std::os::unix::fs::fchown(&file, Some(owner.0), Some(owner.1))?;
-        // After the chown (which may clear bits), and whatever the umask took away.
-        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io_err(path)(e)
-    })
+    debug_assert_eq!(path.parent(), Some(dir));
+    crate::mapping::write_new(path, &bytes, Some(owner), mode).map_err(io_err(path))
 }
 
 /// Remove the slot file of the vGPU in `vgpu_dir` (`<state>/vgpus/<id>`) on every GPU it

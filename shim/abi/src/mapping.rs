@@ -79,6 +79,44 @@ pub fn open_no_links(path: &Path, writable: bool) -> io::Result<File> {
         .open(path)
 }
 
+/// Write `bytes` as a new file at `path`: a temporary beside it (created exclusively, never
+/// through a link), owned by `owner` when given, with exactly `mode` (not the umask's),
+/// synced, then renamed over `path`.
+pub fn write_new(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>, mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("usage"),
+        std::process::id()
+    ));
+    // A leftover of a dead creator with our pid (never a link: removed, not followed).
+    let _ = std::fs::remove_file(&tmp);
+    let write = || -> io::Result<()> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+        }
+        // After the chown (which clears set-id bits) and whatever the umask was.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
 /// A file type in words, for reports.
 pub fn kind_name(kind: &std::fs::FileType) -> &'static str {
     if kind.is_file() {

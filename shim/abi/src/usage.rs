@@ -14,9 +14,7 @@
 //! a total from the live records when a death left it uncertain).
 
 use std::fmt;
-use std::fs::OpenOptions;
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -271,9 +269,9 @@ impl UsageFile {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         let limits = layout_bytes(LIMITS_MAGIC, created, devices, true);
-        write_new(&dir.join(LIMITS_FILE), &limits, None, LIMITS_MODE)?;
+        crate::mapping::write_new(&dir.join(LIMITS_FILE), &limits, None, LIMITS_MODE)?;
         let usage = layout_bytes(USAGE_MAGIC, created, devices, false);
-        write_new(path, &usage, Some((tenant.uid, tenant.gid)), tenant.file_mode())
+        crate::mapping::write_new(path, &usage, Some((tenant.uid, tenant.gid)), tenant.file_mode())
     }
 
     /// Map the usage file at `path` read-write and its vGPU's `limits` beside it (read-write
@@ -866,46 +864,6 @@ fn layout_bytes(magic: [u8; 8], created_unix_ns: u64, devices: &[DeviceQuota], l
         put(&mut bytes, device_offset(i), &record);
     }
     bytes
-}
-
-/// Write `bytes` as a new file at `path`: a temporary beside it (created exclusively, never
-/// through a link), owned by `owner` when given, with exactly `mode` (not the umask's),
-/// synced, then renamed over `path`.
-fn write_new(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>, mode: u32) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("usage"),
-        std::process::id()
-    ));
-    // A leftover of a dead creator with our pid (never a link: removed, not followed).
-    let _ = std::fs::remove_file(&tmp);
-    let write = || -> io::Result<()> {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        if let Some((uid, gid)) = owner {
-            // SAFETY: a valid open descriptor; fchown touches no memory of ours.
-            if unsafe { libc::fchown(file.as_raw_fd(), uid, gid) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        // After the chown (which clears set-id bits) and whatever the umask was.
-        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
 }
 
 /// Open `path` (never through a link, never blocking) and map it, checking the common

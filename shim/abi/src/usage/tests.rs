@@ -68,7 +68,7 @@ fn create_then_open_reads_back_the_devices() {
         }
     );
     assert_eq!(devices[1].quota_bytes, GIB);
-    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let mode = |p: &std::path::Path| std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions()) & 0o7777;
     assert_eq!(mode(v.usage.path()), 0o600, "the usage file is the tenant's alone");
     assert_eq!(mode(&v.usage.path().with_file_name(crate::layout::LIMITS_FILE)), 0o644, "the limits are root's");
     assert!(v.usage.processes().is_empty());

@@ -1,0 +1,30 @@
+//! `tests/fakegpu/examples/gpu_workload.rs`, built once per test binary in the test's own
+//! profile (with the shim and the driver, which `cargo test` does not build for this
+//! package's tests). Include with `#[path = "support/workload.rs"] mod workload;` beside
+//! `mod common;` and `mod process;`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::common::artefact_dir;
+
+/// The workload program's path.
+pub fn workload_bin() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = artefact_dir();
+        let profile = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_string(),
+            Some(other) => other.to_string(),
+        };
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--quiet", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload", "--profile", &profile])
+            .arg("--manifest-path")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+        crate::process::run_ok(&mut cmd);
+        let bin = dir.join("examples/gpu_workload");
+        assert!(bin.is_file(), "{} missing after building it", bin.display());
+        bin
+    })
+}

@@ -292,16 +292,24 @@ fn damaged(which: usize, edit: impl FnOnce(&mut Vec<u8>)) -> (Vec<u8>, Option<vg
     (bytes, err)
 }
 
-/// `cargo test --test fuzz_parsers -- --ignored write_seed_corpora`: the seeds, as files
-/// under `fuzz/corpus/<target>/`, where `cargo fuzz run` starts from.
+/// The seeds as files, one directory per target: where `cargo fuzz run` starts from. Into a
+/// temporary directory (checking every target has seeds), or, with
+/// `VGPU_FUZZ_SEEDS=1 cargo test --test fuzz_parsers seed_corpora`, into `fuzz/corpus/`.
 #[test]
-#[ignore = "writes files under fuzz/corpus; run by hand before a long fuzzing run"]
-fn write_seed_corpora() {
+fn seed_corpora() {
+    let scratch = tempfile::tempdir().unwrap();
+    let root = match std::env::var_os("VGPU_FUZZ_SEEDS") {
+        Some(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus"),
+        None => scratch.path().to_path_buf(),
+    };
     for (target, _) in harness::TARGETS {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target);
+        let dir = root.join(target);
         std::fs::create_dir_all(&dir).unwrap();
-        for (i, seed) in harness::seeds(target).iter().enumerate() {
+        let seeds = harness::seeds(target);
+        assert!(!seeds.is_empty(), "target {target} has no seed");
+        for (i, seed) in seeds.iter().enumerate() {
             std::fs::write(dir.join(format!("seed-{i}")), seed).unwrap();
         }
+        assert!(std::fs::read_dir(&dir).unwrap().count() >= seeds.len(), "{target}");
     }
 }

@@ -7,7 +7,6 @@
 //! So a tenant can never write another tenant's counters or limits, and nobody but root can
 //! change a quota or a share.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use nix::unistd::{Group, User};
@@ -73,39 +72,19 @@ pub fn tenant_for(w: &Workload, partition: Option<&Partition>) -> Result<Tenant,
     Ok(Tenant { uid: 0, gid: 0, group_writable: false })
 }
 
-/// Make `dir` a directory owned by root with exactly `mode`: created if missing (never
-/// through a link); an existing one must be a real directory owned by root.
-pub fn root_dir(dir: &Path, mode: u32) -> Result<(), AccessError> {
-    let meta = real_dir(dir, mode)?;
-    if meta.uid() != 0 && meta.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(AccessError::Unsafe { path: dir.display().to_string(), reason: format!("owned by uid {}", meta.uid()) });
-    }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(io(dir))
-}
-
-/// Create `dir` with `mode` unless it exists; it must be a real directory (not a link).
-fn real_dir(dir: &Path, mode: u32) -> Result<std::fs::Metadata, AccessError> {
-    match std::fs::DirBuilder::new().mode(mode).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io(dir)(e)),
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
-    if !meta.file_type().is_dir() {
-        let reason = format!("a {}, not a directory", vgpu_abi::mapping::kind_name(&meta.file_type()));
-        return Err(AccessError::Unsafe { path: dir.display().to_string(), reason });
-    }
-    Ok(meta)
+/// Make `dir` a directory of this process's user (root) with exactly `mode`, or of
+/// `owner` — never through a link ([`vgpu_abi::mapping::ensure_dir`]).
+fn own_dir(dir: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(), AccessError> {
+    vgpu_abi::mapping::ensure_dir(dir, mode, owner).map_err(|e| match e {
+        vgpu_abi::mapping::DirError::Io(source) => io(dir)(source),
+        vgpu_abi::mapping::DirError::Unsafe(reason) => AccessError::Unsafe { path: dir.display().to_string(), reason },
+    })
 }
 
 /// Make the vGPU directory `dir` (root's, 0755) and its `procs/` (the tenant's, with the
 /// tenant's mode). `dir`'s parent is the store's `vgpus/`, which only root can write, so
 /// once `dir` is checked to be root's own directory nothing in it can be swapped under us.
 pub fn vgpu_dirs(dir: &Path, tenant: Tenant) -> Result<(), AccessError> {
-    root_dir(dir, 0o755)?;
-    let procs = dir.join(vgpu_abi::layout::PROCS_DIR);
-    real_dir(&procs, tenant.dir_mode())?;
-    std::os::unix::fs::lchown(&procs, Some(tenant.uid), Some(tenant.gid)).map_err(io(&procs))?;
-    // After the chown, which may clear set-id bits; the mode is exactly the tenant's.
-    std::fs::set_permissions(&procs, std::fs::Permissions::from_mode(tenant.dir_mode())).map_err(io(&procs))
+    own_dir(dir, 0o755, None)?;
+    own_dir(&dir.join(vgpu_abi::layout::PROCS_DIR), tenant.dir_mode(), Some((tenant.uid, tenant.gid)))
 }

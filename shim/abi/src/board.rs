@@ -31,11 +31,11 @@
 //! When `vgpu` removes a vGPU it unlinks its slot files ([`release_vgpu`]).
 
 use std::ffi::{OsStr, OsString};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::mem::{offset_of, size_of};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -166,47 +166,13 @@ pub fn ensure_slot(
     Ok(ensured)
 }
 
-/// Create the directory `path` (mode [`DIR_MODE`], owned by this process) unless it is
-/// there; either way check, on the opened directory, that it is a real directory owned by
-/// this process and set its mode (never trusting the umask).
+/// Create the directory `path` (mode [`DIR_MODE`], this process's) unless it is there;
+/// either way it must be a real directory of this process's user ([`crate::mapping::ensure_dir`]).
 fn ensure_dir(path: &Path) -> Result<(), LayoutError> {
-    let created = match std::fs::DirBuilder::new().mode(DIR_MODE).create(path) {
-        Ok(()) => true,
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
-        Err(e) => return Err(io_err(path)(e)),
-    };
-    let dir = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) | Some(libc::ENOTDIR) => LayoutError::Unsafe {
-                path: path.to_path_buf(),
-                reason: match std::fs::symlink_metadata(path) {
-                    Ok(meta) => format!("a {}, not a directory", crate::mapping::kind_name(&meta.file_type())),
-                    Err(_) => "not a directory".to_string(),
-                },
-            },
-            _ => io_err(path)(e),
-        })?;
-    let meta = dir.metadata().map_err(io_err(path))?;
-    // SAFETY: geteuid and getegid cannot fail and touch no memory.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    if meta.uid() != euid {
-        return Err(LayoutError::Unsafe {
-            path: path.to_path_buf(),
-            reason: format!("owned by uid {}, not by uid {euid} (remove it)", meta.uid()),
-        });
-    }
-    if created {
-        // Not the group a set-group-ID parent would hand down: the owner is the one intended.
-        std::os::unix::fs::fchown(&dir, Some(euid), Some(egid)).map_err(io_err(path))?;
-    }
-    if meta.mode() & 0o7777 != DIR_MODE || created {
-        dir.set_permissions(std::fs::Permissions::from_mode(DIR_MODE))
-            .map_err(io_err(path))?;
-    }
-    Ok(())
+    crate::mapping::ensure_dir(path, DIR_MODE, None).map_err(|e| match e {
+        crate::mapping::DirError::Io(e) => io_err(path)(e),
+        crate::mapping::DirError::Unsafe(reason) => LayoutError::Unsafe { path: path.to_path_buf(), reason },
+    })
 }
 
 /// Write a fresh slot file at `path` (in `dir`): temporary file, owner, mode, content, rename.
@@ -897,7 +863,7 @@ mod tests {
         // b's owner truncates its slot file, then fills it with garbage: a reader that had
         // mapped it would fault; a pread sees a short or foreign file and ignores it.
         let b_path = dir.join("b");
-        let file = OpenOptions::new().write(true).open(&b_path).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&b_path).unwrap();
         file.set_len(0).unwrap();
         let (a, n, _) = snapshot_in_time(a, now);
         assert_eq!(n, 2, "truncated b is ignored");

@@ -117,6 +117,60 @@ pub fn write_new(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>, mode: u32
     })
 }
 
+/// Make `path` a directory with exactly `mode`: created unless it is there, then opened
+/// (never through a link) and checked to be a real directory; then, on the opened
+/// directory, given to `owner` — or, with `None`, required to be this process's user's (and
+/// given its group when just created, not a set-group-ID parent's) — and set to `mode`,
+/// whatever the umask took away. `Err(Unsafe(reason))` for a link, a non-directory, or a
+/// directory of another user.
+pub fn ensure_dir(path: &Path, mode: u32, owner: Option<(u32, u32)>) -> Result<(), DirError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let created = match std::fs::DirBuilder::new().mode(mode).create(path) {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(DirError::Io(e)),
+    };
+    let dir = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => DirError::Unsafe(match std::fs::symlink_metadata(path) {
+                Ok(meta) => format!("a {}, not a directory", kind_name(&meta.file_type())),
+                Err(_) => "not a directory".to_string(),
+            }),
+            _ => DirError::Io(e),
+        })?;
+    let meta = dir.metadata().map_err(DirError::Io)?;
+    let owner = match owner {
+        Some(owner) => Some(owner),
+        None => {
+            // SAFETY: geteuid and getegid cannot fail and touch no memory.
+            let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+            if meta.uid() != euid {
+                return Err(DirError::Unsafe(format!("owned by uid {}, not by uid {euid} (remove it)", meta.uid())));
+            }
+            created.then_some((euid, egid))
+        }
+    };
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&dir, Some(uid), Some(gid)).map_err(DirError::Io)?;
+    }
+    // After any chown (which may clear set-id bits).
+    if meta.mode() & 0o7777 != mode || owner.is_some() {
+        dir.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(DirError::Io)?;
+    }
+    Ok(())
+}
+
+/// Why [`ensure_dir`] refused.
+#[derive(Debug)]
+pub enum DirError {
+    Io(io::Error),
+    /// Not a real directory of the right user: what it is, in words.
+    Unsafe(String),
+}
+
 /// A file type in words, for reports.
 pub fn kind_name(kind: &std::fs::FileType) -> &'static str {
     if kind.is_file() {

@@ -177,6 +177,7 @@ mod tests {
             state: WorkloadState::Running,
             suspended_reason: None,
             created_unix_ms: 0,
+            enforcement: None,
         }
     }
 

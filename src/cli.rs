@@ -75,6 +75,8 @@ pub enum Command {
     Carbon(CarbonArgs),
     /// The compute pool of 1-TFLOPS blocks
     Pool(PoolArgs),
+    /// Run the enforcer in the foreground: audit GPU memory and compute through NVML, kill what escapes the shim, reconcile continuously, serve metrics
+    Watch(crate::commands::watch::WatchArgs),
     /// Print a shell completion script
     Completions(CompletionsArgs),
 }

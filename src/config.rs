@@ -31,6 +31,8 @@ pub struct Config {
     pub pool: crate::pool::config::PoolConfig,
     /// `[policy]`: what a user who starts vgpu through sudo may do beyond the defaults.
     pub policy: PolicyConfig,
+    /// `[watch]`: how `vgpu watch` audits, enforces and exports metrics.
+    pub watch: crate::watch::config::WatchConfig,
 }
 
 /// `[policy]`: what a user who runs vgpu through sudo may do. By default a workload runs as
@@ -128,6 +130,7 @@ impl Config {
         self.carbon.validate().map_err(|e| e.to_string())?;
         self.pool.validate().map_err(|e| e.to_string())?;
         self.policy.validate()?;
+        self.watch.validate()?;
         Ok(())
     }
 }

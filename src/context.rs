@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
-use crate::config::{Config, DEFAULT_LIB_DIR, DEFAULT_STATE_DIR};
+use crate::config::{Config, ConfigError, DEFAULT_LIB_DIR, DEFAULT_STATE_DIR};
 use crate::gpu::Nvml;
 
 /// The resolved global settings, built once in `main` from flags, environment and config.
@@ -16,6 +16,18 @@ pub struct Context {
     /// `/var/lib/vgpu` unless moved by `VGPU_LIB_DIR` or the config.
     pub lib_dir: PathBuf,
     /// Use the bundled simulated driver instead of NVIDIA's.
+    pub simulate: bool,
+    /// Where the settings came from, to load them again (`vgpu watch` on SIGHUP).
+    pub origin: Origin,
+}
+
+/// The command line's say in the settings: the config file it names and its overrides.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// `--config`/`VGPU_CONFIG`; None: the default path, which may be missing.
+    pub config: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub lib_dir: Option<PathBuf>,
     pub simulate: bool,
 }
 
@@ -42,15 +54,25 @@ fn resolved(path: &Path) -> PathBuf {
 impl Context {
     /// Resolve settings; flags (already merged with their environment variables by clap)
     /// win over the config file.
-    pub fn new(config: Config, state_dir: Option<PathBuf>, lib_dir: Option<PathBuf>, simulate: bool) -> Context {
-        let state_dir = state_dir
+    pub fn new(config: Config, origin: Origin) -> Context {
+        let state_dir = origin
+            .state_dir
+            .clone()
             .or_else(|| config.state_dir.clone())
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-        let lib_dir = lib_dir
-            .or_else(|| config.lib_dir.clone())
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_LIB_DIR));
-        let simulate = simulate || config.simulate;
-        Context { config, state_dir: resolved(&state_dir), lib_dir: resolved(&lib_dir), simulate }
+        let lib_dir = origin.lib_dir.clone().or_else(|| config.lib_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_LIB_DIR));
+        let simulate = origin.simulate || config.simulate;
+        Context { config, state_dir: resolved(&state_dir), lib_dir: resolved(&lib_dir), simulate, origin }
+    }
+
+    /// Read the config file again and resolve the settings as at start.
+    pub fn load(origin: Origin) -> Result<Context, ConfigError> {
+        let (path, required) = match &origin.config {
+            Some(path) => (path.clone(), true),
+            None => (PathBuf::from(crate::config::DEFAULT_CONFIG_PATH), false),
+        };
+        let config = Config::load(&path, required)?;
+        Ok(Context::new(config, origin))
     }
 
     /// NVML, or `None` when the host has no NVIDIA driver. In simulation mode the bundled

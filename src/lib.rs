@@ -2,6 +2,7 @@
 
 pub mod access;
 pub mod admission;
+pub mod audit;
 pub mod carbon;
 pub mod cgroup;
 pub mod cli;
@@ -13,6 +14,7 @@ pub mod error;
 pub mod gpu;
 pub mod identity;
 pub mod lifecycle;
+pub mod listing;
 pub mod output;
 pub mod paths;
 pub mod policy;
@@ -23,3 +25,4 @@ pub mod repair;
 pub mod state;
 pub mod stop_point;
 pub mod supervise;
+pub mod watch;

@@ -4,8 +4,8 @@ use clap::error::ErrorKind;
 use clap::Parser;
 
 use vgpu::cli::Cli;
-use vgpu::config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
-use vgpu::context::Context;
+use vgpu::config::ConfigError;
+use vgpu::context::{Context, Origin};
 use vgpu::error::{exit_code_for, UsageError};
 
 fn main() -> ExitCode {
@@ -47,21 +47,13 @@ fn clap_error(e: clap::Error) -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
-    let config = load_config(&cli)?;
-    let ctx = Context::new(config, cli.state_dir.clone(), cli.lib_dir.clone(), cli.simulate);
-    vgpu::commands::dispatch(&ctx, &cli.command)
-}
-
-fn load_config(cli: &Cli) -> anyhow::Result<Config> {
-    let (path, required) = match &cli.config {
-        Some(path) => (path.clone(), true),
-        None => (DEFAULT_CONFIG_PATH.into(), false),
+    let origin = Origin { config: cli.config.clone(), state_dir: cli.state_dir.clone(), lib_dir: cli.lib_dir.clone(), simulate: cli.simulate };
+    let ctx = match Context::load(origin) {
+        Ok(ctx) => ctx,
+        Err(e @ ConfigError::Invalid { .. }) => return Err(UsageError::new(e.to_string()).into()),
+        Err(e) => return Err(e.into()),
     };
-    match Config::load(&path, required) {
-        Ok(config) => Ok(config),
-        Err(e @ ConfigError::Invalid { .. }) => Err(UsageError::new(e.to_string()).into()),
-        Err(e) => Err(e.into()),
-    }
+    vgpu::commands::dispatch(&ctx, &cli.command)
 }
 
 fn init_logging(verbose: u8, quiet: bool) {

@@ -133,6 +133,14 @@ impl Known {
     }
 }
 
+/// A live `vgpu watch` duty-cycles its freezer: frozen half the time is what it should be.
+/// (Once that watch is gone, the rules below thaw it.)
+fn throttled_by_live_watch(w: &Workload) -> bool {
+    w.enforcement.as_ref().is_some_and(|e| {
+        e.action == crate::state::EnforcementAction::Throttled && vgpu_abi::process::ProcessId::from(e.by).is_alive()
+    })
+}
+
 fn preempted(w: &Workload) -> bool {
     w.state == WorkloadState::Suspended && w.suspended_reason.as_deref().is_some_and(|r| r.starts_with("preempted"))
 }
@@ -141,7 +149,7 @@ fn preempted(w: &Workload) -> bool {
 /// `refreeze`: freeze it again if the pool holds it suspended and it runs (only for the
 /// workloads of a dead writer's intent: a live `vgpu kill` thaws to kill).
 fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Workload, refreeze: bool) -> Result<Option<&'static str>> {
-    if w.state == WorkloadState::Waiting {
+    if w.state == WorkloadState::Waiting || throttled_by_live_watch(w) {
         return Ok(None);
     }
     let cgroup = match Cgroup::open(layout, &w.cgroup) {

@@ -322,6 +322,7 @@ fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], args: 
         state: WorkloadState::Starting,
         suspended_reason: None,
         created_unix_ms: now_ms(),
+        enforcement: None,
     };
     let mut pool_granted = false;
     let mut partition_used: Option<crate::state::Partition> = None;

@@ -18,7 +18,7 @@ pub mod workload;
 pub use damaged::DamagedRecord;
 pub use lock::StoreLock;
 pub use partition::{Partition, Partitions};
-pub use workload::{UserSpec, Workload, WorkloadGpu, WorkloadState};
+pub use workload::{Enforcement, EnforcementAction, UserSpec, Workload, WorkloadGpu, WorkloadState};
 
 use std::path::{Path, PathBuf};
 
@@ -127,6 +127,12 @@ impl Store {
     pub fn lock(&self) -> Result<StoreLock, StateError> {
         self.ensure_dirs()?;
         StoreLock::acquire(&self.state_dir.join("lock"))
+    }
+
+    /// Take the store's lock, waiting at most `wait` ([`StateError::LockBusy`] after that).
+    pub fn lock_within(&self, wait: std::time::Duration) -> Result<StoreLock, StateError> {
+        self.ensure_dirs()?;
+        StoreLock::acquire_within(&self.state_dir.join("lock"), wait)
     }
 
     /// Every workload file: the good ones, and an error naming each damaged one.

@@ -92,6 +92,42 @@ pub struct Workload {
     /// Why it is suspended, e.g. "manual" or "preempted by <id>".
     pub suspended_reason: Option<String>,
     pub created_unix_ms: u64,
+    /// What `vgpu watch` is doing to it, and why (None: nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<Enforcement>,
+}
+
+/// What `vgpu watch` does to a workload that breaks its slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnforcementAction {
+    /// Its cgroup freezer is duty-cycled down to its compute share.
+    Throttled,
+    /// Processes of it were sent SIGTERM (then SIGKILL after `[watch] kill_after`).
+    Killed,
+}
+
+impl EnforcementAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnforcementAction::Throttled => "throttled",
+            EnforcementAction::Killed => "killed",
+        }
+    }
+}
+
+/// Recorded in the workload's record by `vgpu watch`, shown by `vgpu ps` as the state
+/// (`killed: over memory quota: …`), said by `vgpu run` when its workload ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enforcement {
+    pub action: EnforcementAction,
+    /// One line: "over memory quota on GPU 0: 6.0 GiB of 1 GiB, 6.0 GiB not counted by the shim".
+    pub reason: String,
+    /// The processes it was applied to.
+    pub pids: Vec<u32>,
+    /// The `vgpu watch` that applied it (a throttle lasts only while that process runs).
+    pub by: ProcessIdRecord,
+    pub since_unix_ms: u64,
 }
 
 /// `ProcessId` in the JSON.
@@ -198,6 +234,7 @@ mod tests {
             state: WorkloadState::Running,
             suspended_reason: None,
             created_unix_ms: 0,
+            enforcement: None,
         }
     }
 

@@ -1,0 +1,203 @@
+//! The `[watch]` table of the config file: how `vgpu watch` audits and enforces.
+//!
+//! ```toml
+//! [watch]
+//! interval = "1s"             # one audit and reconcile per interval
+//! grace = "500ms"             # how long a vGPU may stay over its memory quota
+//! kill_after = "5s"           # SIGTERM, then SIGKILL this much later
+//! context_allowance = "512MiB" # device memory per process the shim does not count (CUDA context)
+//! unmanaged = "report"        # report | kill: processes on a vGPU's GPU outside every vGPU
+//! compute = "throttle"        # report | throttle | kill: a vGPU over its compute share the shim does not see
+//! compute_tolerance = 10      # percentage points above the share before the compute audit acts
+//! compute_window = "5s"       # how long it must stay above
+//! listen = "127.0.0.1:9400"   # Prometheus metrics; "" disables
+//! textfile = "/var/lib/node_exporter/textfile_collector/vgpu.prom"   # optional
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// What the watch does about processes on a GPU that has vGPUs but in no vGPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnmanagedPolicy {
+    /// Log them (once per process) and count them in the metrics.
+    #[default]
+    Report,
+    /// Terminate them: SIGTERM, then SIGKILL after `kill_after`.
+    Kill,
+}
+
+/// What the watch does about a vGPU that uses more of the GPU than its compute share while
+/// the shim's ledger says it is within it (work the shim does not see).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputePolicy {
+    /// Log it and count it in the metrics.
+    Report,
+    /// Duty-cycle its cgroup freezer down to the share; terminate it if that does not help.
+    #[default]
+    Throttle,
+    /// Terminate the processes that use the GPU unseen.
+    Kill,
+}
+
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_GRACE: Duration = Duration::from_millis(500);
+pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(5);
+/// What a CUDA context costs on a current GPU (H100, driver 570: about 500 MiB with the
+/// kernels of PyTorch loaded), which NVML counts and the shim does not.
+pub const DEFAULT_CONTEXT_ALLOWANCE: u64 = 512 << 20;
+pub const DEFAULT_COMPUTE_TOLERANCE: u32 = 10;
+pub const DEFAULT_COMPUTE_WINDOW: Duration = Duration::from_secs(5);
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchConfig {
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    #[serde(with = "humantime_serde")]
+    pub kill_after: Duration,
+    /// Bytes, or a size such as "512MiB".
+    #[serde(deserialize_with = "size")]
+    pub context_allowance: u64,
+    pub unmanaged: UnmanagedPolicy,
+    pub compute: ComputePolicy,
+    /// Percentage points.
+    pub compute_tolerance: u32,
+    #[serde(with = "humantime_serde")]
+    pub compute_window: Duration,
+    /// `host:port` of the metrics endpoint; empty: none.
+    pub listen: String,
+    /// A node_exporter textfile to rewrite at every interval.
+    pub textfile: Option<PathBuf>,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        WatchConfig {
+            interval: DEFAULT_INTERVAL,
+            grace: DEFAULT_GRACE,
+            kill_after: DEFAULT_KILL_AFTER,
+            context_allowance: DEFAULT_CONTEXT_ALLOWANCE,
+            unmanaged: UnmanagedPolicy::default(),
+            compute: ComputePolicy::default(),
+            compute_tolerance: DEFAULT_COMPUTE_TOLERANCE,
+            compute_window: DEFAULT_COMPUTE_WINDOW,
+            listen: DEFAULT_LISTEN.to_string(),
+            textfile: None,
+        }
+    }
+}
+
+fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Bytes(b) => Ok(b),
+        Size::Text(t) => vgpu_abi::size::parse_size(&t).map_err(serde::de::Error::custom),
+    }
+}
+
+impl WatchConfig {
+    /// Values serde cannot check; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let range = |key: &str, d: Duration, min: Duration, max: Duration| {
+            if d < min || d > max {
+                Err(format!(
+                    "[watch] {key}: must be from {} to {}, got {}",
+                    humantime::format_duration(min),
+                    humantime::format_duration(max),
+                    humantime::format_duration(d)
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        range("interval", self.interval, Duration::from_millis(50), Duration::from_secs(3600))?;
+        range("grace", self.grace, Duration::ZERO, Duration::from_secs(3600))?;
+        range("kill_after", self.kill_after, Duration::ZERO, Duration::from_secs(3600))?;
+        range("compute_window", self.compute_window, Duration::from_millis(100), Duration::from_secs(3600))?;
+        if self.compute_tolerance > 100 {
+            return Err(format!("[watch] compute_tolerance: must be 0 to 100 percentage points, got {}", self.compute_tolerance));
+        }
+        self.listen_addr()?;
+        if let Some(path) = &self.textfile {
+            if !path.is_absolute() || path.file_name().is_none() {
+                return Err(format!("[watch] textfile: must be an absolute file path, got {:?}", path.display().to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The metrics endpoint's address; `None` when `listen` is empty.
+    pub fn listen_addr(&self) -> Result<Option<SocketAddr>, String> {
+        let text = self.listen.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse::<SocketAddr>()
+            .map(Some)
+            .map_err(|_| format!("[watch] listen: {text:?} is not host:port (e.g. \"127.0.0.1:9400\"; \"\" disables)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn defaults_and_every_key() {
+        let c = Config::parse("").unwrap().watch;
+        assert_eq!(c, WatchConfig::default());
+        assert_eq!(c.listen_addr().unwrap().unwrap().to_string(), "127.0.0.1:9400");
+        let c = Config::parse(
+            "[watch]\ninterval = \"250ms\"\ngrace = \"2s\"\nkill_after = \"10s\"\ncontext_allowance = \"1GiB\"\nunmanaged = \"kill\"\ncompute = \"report\"\ncompute_tolerance = 5\ncompute_window = \"3s\"\nlisten = \"\"\ntextfile = \"/tmp/x.prom\"\n",
+        )
+        .unwrap()
+        .watch;
+        c.validate().unwrap();
+        assert_eq!(c.interval, Duration::from_millis(250));
+        assert_eq!(c.grace, Duration::from_secs(2));
+        assert_eq!(c.kill_after, Duration::from_secs(10));
+        assert_eq!(c.context_allowance, 1 << 30);
+        assert_eq!(c.unmanaged, UnmanagedPolicy::Kill);
+        assert_eq!(c.compute, ComputePolicy::Report);
+        assert_eq!(c.compute_tolerance, 5);
+        assert_eq!(c.listen_addr().unwrap(), None);
+        assert_eq!(Config::parse("[watch]\ncontext_allowance = 1000\n").unwrap().watch.context_allowance, 1000);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (text, needle) in [
+            ("[watch]\ninterval = \"soon\"\n", "watch.interval"),
+            ("[watch]\nunmanaged = \"shoot\"\n", "watch.unmanaged"),
+            ("[watch]\nintervall = \"1s\"\n", "intervall"),
+            ("[watch]\ncontext_allowance = \"lots\"\n", "watch.context_allowance"),
+        ] {
+            let err = Config::parse(text).unwrap_err();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        for (text, needle) in [
+            ("[watch]\ninterval = \"1ms\"\n", "[watch] interval"),
+            ("[watch]\nlisten = \"everywhere\"\n", "[watch] listen"),
+            ("[watch]\ncompute_tolerance = 101\n", "[watch] compute_tolerance"),
+            ("[watch]\ntextfile = \"rel.prom\"\n", "[watch] textfile"),
+        ] {
+            let err = Config::parse(text).unwrap().validate().unwrap_err();
+            assert!(err.contains(needle) && !err.contains('\n'), "{text}: {err}");
+        }
+    }
+}

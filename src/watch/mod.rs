@@ -1,0 +1,185 @@
+//! `vgpu watch`: the long-running enforcer (SPEC 4.3). Once per `[watch] interval` it
+//! reconciles the store (dead supervisors, half-done changes, the pool settled), takes a
+//! [`Snapshot`] of what really runs on the GPUs, audits it (memory, compute, processes in no
+//! vGPU), acts (SIGTERM → SIGKILL, freezer throttling), and publishes metrics.
+//!
+//! One watch per state directory: it holds `<state>/watch.lock` (an `flock`, dropped by the
+//! kernel when it dies) for its whole life. This module decides and acts; it returns what it
+//! did as [`Event`]s, which the command prints.
+
+pub mod config;
+
+use std::time::{Duration, Instant};
+
+use vgpu_abi::process::ProcessId;
+
+use crate::audit::Snapshot;
+use crate::context::Context;
+use crate::gpu::Nvml;
+use crate::state::{StateError, Store, StoreLock};
+
+/// Name of the single-instance lock in the state directory.
+pub const INSTANCE_LOCK: &str = "watch.lock";
+
+/// How important an [`Event`] is (the command maps it to its log level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+}
+
+/// Something the watch did or found, one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub level: Level,
+    pub message: String,
+}
+
+impl Event {
+    pub fn info(message: impl Into<String>) -> Event {
+        Event { level: Level::Info, message: message.into() }
+    }
+    pub fn warn(message: impl Into<String>) -> Event {
+        Event { level: Level::Warn, message: message.into() }
+    }
+    pub fn debug(message: impl Into<String>) -> Event {
+        Event { level: Level::Debug, message: message.into() }
+    }
+}
+
+/// The running watch.
+pub struct Watch {
+    ctx: Context,
+    store: Store,
+    nvml: Option<Nvml>,
+    /// This process, recorded as the author of what it enforces.
+    me: ProcessId,
+    /// Held for the watch's life.
+    _instance: StoreLock,
+    /// NVML µs timestamp of the previous snapshot (process utilization since then).
+    last_us: u64,
+    /// The latest snapshot (None before the first, or without NVML).
+    pub snapshot: Option<Snapshot>,
+}
+
+impl Watch {
+    /// Take the single-instance lock (refusing when another watch holds it) and open NVML.
+    pub fn start(ctx: Context) -> Result<Watch, StartError> {
+        let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+        store.ensure_dirs().map_err(StartError::State)?;
+        let instance = match StoreLock::acquire_within(&ctx.state_path(INSTANCE_LOCK), Duration::ZERO) {
+            Ok(lock) => lock,
+            Err(StateError::LockBusy { pid, .. }) => {
+                return Err(StartError::Running { state_dir: ctx.state_dir.display().to_string(), pid })
+            }
+            Err(e) => return Err(StartError::State(e)),
+        };
+        let nvml = ctx.nvml().map_err(StartError::Nvml)?;
+        let me = ProcessId::current().ok_or(StartError::Identity)?;
+        Ok(Watch { ctx, store, nvml, me, _instance: instance, last_us: 0, snapshot: None })
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    pub fn me(&self) -> ProcessId {
+        self.me
+    }
+
+    pub fn interval(&self) -> Duration {
+        self.ctx.config.watch.interval
+    }
+
+    /// Take a new config (SIGHUP). NVML is opened again when the driver choice changed.
+    pub fn reload(&mut self, ctx: Context) -> Vec<Event> {
+        let mut events = Vec::new();
+        if ctx.simulate != self.ctx.simulate {
+            match ctx.nvml() {
+                Ok(nvml) => self.nvml = nvml,
+                Err(e) => events.push(Event::warn(format!("kept the old driver: {e:#}"))),
+            }
+        }
+        if ctx.state_dir != self.ctx.state_dir || ctx.lib_dir != self.ctx.lib_dir {
+            events.push(Event::warn("state_dir and lib_dir changes take effect at the next start; kept the old ones"));
+        }
+        let (state_dir, lib_dir) = (self.ctx.state_dir.clone(), self.ctx.lib_dir.clone());
+        self.ctx = Context { state_dir, lib_dir, ..ctx };
+        events.push(Event::info(format!("reloaded the config (interval {})", humantime::format_duration(self.interval()))));
+        events
+    }
+
+    /// One round: reconcile, snapshot, audit, act, publish.
+    pub fn tick(&mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        self.reconcile(&mut events);
+        self.snapshot = match &self.nvml {
+            Some(nvml) => match Snapshot::take(nvml, self.last_us) {
+                Ok(snapshot) => {
+                    self.last_us = snapshot.taken_us;
+                    Some(snapshot)
+                }
+                Err(e) => {
+                    events.push(Event::warn(format!("cannot read the GPUs through NVML: {}", crate::gpu::explain(&e))));
+                    None
+                }
+            },
+            None => None,
+        };
+        events
+    }
+
+    /// The store brought up to date, as every command does first, and the pool settled
+    /// (waiting and suspended work resumed where blocks are free). Skipped for this round
+    /// when a command holds the store lock for longer than a third of the interval.
+    fn reconcile(&mut self, events: &mut Vec<Event>) {
+        let wait = (self.interval() / 3).min(Duration::from_secs(2));
+        let lock = match self.store.lock_within(wait) {
+            Ok(lock) => lock,
+            Err(e @ StateError::LockBusy { .. }) => {
+                events.push(Event::debug(format!("reconcile skipped this round: {e}")));
+                return;
+            }
+            Err(e) => {
+                events.push(Event::warn(format!("cannot reconcile: {e}")));
+                return;
+            }
+        };
+        let found = crate::lifecycle::reconcile(&self.store, &lock);
+        for err in found.damaged {
+            events.push(Event::warn(err.to_string()));
+        }
+        if let Err(e) = crate::pooling::settle(&self.store, &lock) {
+            events.push(Event::warn(format!("cannot settle the compute pool: {e:#}")));
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+/// Why the watch cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("vgpu watch is already running for {state_dir}{}", .pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Running { state_dir: String, pid: Option<u32> },
+    #[error(transparent)]
+    State(StateError),
+    #[error("{0:#}")]
+    Nvml(anyhow::Error),
+    #[error("cannot read this process's start time from /proc")]
+    Identity,
+}
+
+/// When the next round starts: `interval` after the previous start, so rounds do not drift
+/// by their own duration; a round that overran starts the next at once.
+pub fn next_round(started: Instant, interval: Duration, now: Instant) -> Instant {
+    let due = started + interval;
+    if due > now {
+        due
+    } else {
+        now
+    }
+}

@@ -120,6 +120,25 @@ pub fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
+/// Send `signal` to exactly the process `target` names: through a pidfd opened before its
+/// start time is checked, so a pid recycled in between cannot be reached. `Ok(false)`: it
+/// is gone (or the pid is another process now).
+pub fn signal_exact(target: vgpu_abi::process::ProcessId, signal: i32) -> io::Result<bool> {
+    let pidfd = match pidfd_open(target.pid) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if !target.is_alive() {
+        return Ok(false);
+    }
+    match pidfd_send_signal(&pidfd, signal) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };

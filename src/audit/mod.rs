@@ -4,6 +4,9 @@
 //! and the listings use it where the shim's files cannot be read.
 
 pub mod cgroup_of;
+pub mod memory;
+pub mod terminate;
+pub mod unmanaged;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;

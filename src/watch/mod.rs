@@ -8,15 +8,20 @@
 //! did as [`Event`]s, which the command prints.
 
 pub mod config;
+pub mod enforce;
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use vgpu_abi::process::ProcessId;
 
-use crate::audit::Snapshot;
+use crate::audit::memory::MemoryAudit;
+use crate::audit::terminate::Terminations;
+use crate::audit::{unmanaged, Snapshot};
 use crate::context::Context;
 use crate::gpu::Nvml;
 use crate::state::{StateError, Store, StoreLock};
+use config::UnmanagedPolicy;
 
 /// Name of the single-instance lock in the state directory.
 pub const INSTANCE_LOCK: &str = "watch.lock";
@@ -61,6 +66,12 @@ pub struct Watch {
     last_us: u64,
     /// The latest snapshot (None before the first, or without NVML).
     pub snapshot: Option<Snapshot>,
+    memory: MemoryAudit,
+    terminations: Terminations,
+    records: enforce::Records,
+    reported: unmanaged::Reported,
+    /// The processes in no vGPU found at the last round, on GPUs that host vGPUs.
+    pub unmanaged: Vec<unmanaged::Unmanaged>,
 }
 
 impl Watch {
@@ -77,7 +88,23 @@ impl Watch {
         };
         let nvml = ctx.nvml().map_err(StartError::Nvml)?;
         let me = ProcessId::current().ok_or(StartError::Identity)?;
-        Ok(Watch { ctx, store, nvml, me, _instance: instance, last_us: 0, snapshot: None })
+        if nvml.is_none() {
+            tracing::warn!("no NVIDIA driver: vgpu watch reconciles, but cannot audit GPU memory or compute");
+        }
+        Ok(Watch {
+            ctx,
+            store,
+            nvml,
+            me,
+            _instance: instance,
+            last_us: 0,
+            snapshot: None,
+            memory: MemoryAudit::default(),
+            terminations: Terminations::default(),
+            records: enforce::Records::default(),
+            reported: unmanaged::Reported::default(),
+            unmanaged: Vec::new(),
+        })
     }
 
     pub fn context(&self) -> &Context {
@@ -127,7 +154,52 @@ impl Watch {
             },
             None => None,
         };
+        if let Some(snapshot) = self.snapshot.take() {
+            self.audit(&snapshot, &mut events);
+            self.snapshot = Some(snapshot);
+        }
+        events.extend(self.terminations.tick(Instant::now()));
+        self.records.flush(&self.store, &mut events);
         events
+    }
+
+    /// The memory audit and the processes in no vGPU, against one snapshot.
+    fn audit(&mut self, snapshot: &Snapshot, events: &mut Vec<Event>) {
+        let (workloads, _) = self.store.workloads();
+        let config = self.ctx.config.watch.clone();
+        let now = Instant::now();
+        let owners = enforce::owners(snapshot);
+        let figures = enforce::vgpu_memory(&self.store, &workloads, snapshot);
+        for breach in self.memory.observe(now, &figures, config.context_allowance, config.grace) {
+            for (id, processes) in enforce::by_workload(&breach, &owners) {
+                let whose = enforce::whose(&workloads, &id);
+                let mut signalled = Vec::new();
+                for p in processes {
+                    if let Some(event) = self.terminations.terminate(p, &whose, &breach.reason, now, config.kill_after) {
+                        if event.level != Level::Warn {
+                            signalled.push(p.pid);
+                        }
+                        events.push(event);
+                    }
+                }
+                if !signalled.is_empty() {
+                    self.records.add(&id, enforce::killed(self.me, &breach.reason, signalled));
+                }
+            }
+        }
+        let vgpu_gpus: HashSet<String> = workloads.iter().flat_map(|w| w.gpus.iter().map(|g| g.uuid.clone())).collect();
+        self.unmanaged = unmanaged::find(snapshot, &vgpu_gpus, &[self.me.pid]);
+        for u in self.reported.first_time(&self.unmanaged) {
+            events.push(Event::warn(format!("unmanaged process: {}", unmanaged::describe(u))));
+        }
+        if config.unmanaged == UnmanagedPolicy::Kill {
+            for u in &self.unmanaged {
+                let reason = format!("in no vGPU on GPU {}, which hosts vGPUs ([watch] unmanaged = \"kill\")", u.gpu_index);
+                if let Some(event) = self.terminations.terminate(u.process, "no vGPU", &reason, now, config.kill_after) {
+                    events.push(event);
+                }
+            }
+        }
     }
 
     /// The store brought up to date, as every command does first, and the pool settled

@@ -608,7 +608,18 @@ fn start_and_supervise(ctx: &Context, store: &Store, _layout: &Layout, shim: &Pa
     };
     let status = crate::supervise::wait_relaying_signals(&mut child, wake).context("waiting for the workload")?;
     explain_oom_kills(&started.cgroup, w, request);
+    explain_enforcement(store, w);
     Ok(crate::supervise::exit_code(status))
+}
+
+/// Say, in one line on stderr, when `vgpu watch` killed processes of the workload and why
+/// (it recorded that in the record, which goes with the workload).
+fn explain_enforcement(store: &Store, w: &Workload) {
+    let Ok(record) = Workload::read(&store.workload_path(&w.id)) else { return };
+    if let Some(e) = record.enforcement.filter(|e| e.action == crate::state::EnforcementAction::Killed) {
+        let pids: Vec<String> = e.pids.iter().map(u32::to_string).collect();
+        eprintln!("vgpu: vgpu watch killed pid {} of {} ({}): {}", pids.join(", "), w.name, w.id, e.reason);
+    }
 }
 
 /// Say, in one line on stderr, when the kernel's OOM killer killed processes of the

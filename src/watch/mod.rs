@@ -72,6 +72,8 @@ pub struct Watch {
     reported: unmanaged::Reported,
     /// The processes in no vGPU found at the last round, on GPUs that host vGPUs.
     pub unmanaged: Vec<unmanaged::Unmanaged>,
+    /// Rounds done.
+    pub rounds: u64,
 }
 
 impl Watch {
@@ -104,6 +106,7 @@ impl Watch {
             records: enforce::Records::default(),
             reported: unmanaged::Reported::default(),
             unmanaged: Vec::new(),
+            rounds: 0,
         })
     }
 
@@ -160,6 +163,8 @@ impl Watch {
         }
         events.extend(self.terminations.tick(Instant::now()));
         self.records.flush(&self.store, &mut events);
+        self.rounds += 1;
+        events.push(Event::debug(format!("round {} done", self.rounds)));
         events
     }
 

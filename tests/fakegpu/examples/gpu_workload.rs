@@ -22,6 +22,12 @@
 //! 1 s window],"launch_ns":mean ns inside one launch call,"gpu_ns":kernels × kernel time}`
 //! and exits 0. A driver error prints one line naming the call and the code, and exits 1.
 //!
+//! `idle` launches nothing (it sleeps in 10 ms steps): with `--alloc-mib N` it just holds
+//! memory. `--alloc-mib N` allocates N MiB with `cuMemAlloc_v2` once set up (before
+//! `--ready`). `--real-dlsym` resolves `cuGetProcAddress_v2` with glibc's own `dlsym` (taken
+//! with `dlvsym` from libc's handle), not the `dlsym` the program links to: the way a program
+//! escapes a shim that interposes `dlsym` — for tests of `vgpu watch`.
+//!
 //! `--window-ms N` makes the `windows` N ms long instead of 1 s (for finer time series).
 //! `--go FILE`: once set up (and after writing `--ready`), wait until FILE exists before
 //! starting the clock, so that several workloads can start their timed loops together.
@@ -52,6 +58,7 @@ enum Shape {
     Legacy,
     Graph,
     Multi,
+    Idle,
 }
 
 struct Args {
@@ -63,11 +70,13 @@ struct Args {
     ready: Option<String>,
     window_ms: u64,
     go: Option<String>,
+    alloc_mib: u64,
+    real_dlsym: bool,
 }
 
-const USAGE: &str = "usage: gpu_workload sync|storm|ex|coop|legacy|graph|multi SECONDS \
+const USAGE: &str = "usage: gpu_workload sync|storm|ex|coop|legacy|graph|multi|idle SECONDS \
                      [--kernel-us N] [--batch N] [--device N] [--ready FILE] \
-                     [--window-ms N] [--go FILE]";
+                     [--window-ms N] [--go FILE] [--alloc-mib N] [--real-dlsym]";
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let [shape, seconds, rest @ ..] = args else {
@@ -81,6 +90,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         "legacy" => Shape::Legacy,
         "graph" => Shape::Graph,
         "multi" => Shape::Multi,
+        "idle" => Shape::Idle,
         other => return Err(format!("unknown shape `{other}`")),
     };
     let seconds: f64 = seconds
@@ -97,9 +107,15 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         ready: None,
         window_ms: 1000,
         go: None,
+        alloc_mib: 0,
+        real_dlsym: false,
     };
     let mut rest = rest.iter();
     while let Some(flag) = rest.next() {
+        if flag == "--real-dlsym" {
+            parsed.real_dlsym = true;
+            continue;
+        }
         let value = rest.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let number = || {
             value
@@ -119,6 +135,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--ready" => parsed.ready = Some(value.clone()),
             "--window-ms" => parsed.window_ms = number()?,
             "--go" => parsed.go = Some(value.clone()),
+            "--alloc-mib" => parsed.alloc_mib = number()?,
             other => return Err(format!("unknown option `{other}`")),
         }
     }
@@ -135,14 +152,18 @@ struct Driver {
 }
 
 impl Driver {
-    fn load() -> Result<Driver, String> {
+    fn load(real_dlsym: bool) -> Result<Driver, String> {
         // SAFETY: loading the CUDA driver library by soname, as cudart does.
         let lib = unsafe { libloading::Library::new("libcuda.so.1") }
             .map_err(|e| format!("dlopen libcuda.so.1: {e}"))?;
-        // SAFETY: cuGetProcAddress_v2 has this C signature in cuda.h.
-        let get_proc = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress_v2") }
-            .map(|s| *s)
-            .map_err(|e| format!("dlsym cuGetProcAddress_v2: {e}"))?;
+        let get_proc = if real_dlsym {
+            glibc_dlsym_get_proc()?
+        } else {
+            // SAFETY: cuGetProcAddress_v2 has this C signature in cuda.h.
+            unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress_v2") }
+                .map(|s| *s)
+                .map_err(|e| format!("dlsym cuGetProcAddress_v2: {e}"))?
+        };
         Ok(Driver {
             _lib: lib,
             get_proc,
@@ -179,6 +200,38 @@ impl Driver {
             .to_string_lossy()
             .into_owned()
     }
+}
+
+/// `cuGetProcAddress_v2` of the driver library itself, looked up with glibc's `dlsym` (taken
+/// from libc's own handle by version), so that no interposed `dlsym` sees the lookup. The
+/// library stays loaded for the life of the process.
+fn glibc_dlsym_get_proc() -> Result<GetProcAddress, String> {
+    type Dlsym = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+    // SAFETY: RTLD_NOLOAD only returns a handle of the already loaded libc.
+    let libc_handle = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if libc_handle.is_null() {
+        return Err("dlopen libc.so.6 (RTLD_NOLOAD) failed".into());
+    }
+    let real = [c"GLIBC_2.34", c"GLIBC_2.2.5"]
+        .iter()
+        // SAFETY: a valid handle and NUL-terminated strings.
+        .map(|version| unsafe { libc::dlvsym(libc_handle, c"dlsym".as_ptr(), version.as_ptr()) })
+        .find(|p| !p.is_null())
+        .ok_or("dlvsym(libc, dlsym) found nothing")?;
+    // SAFETY: glibc's dlsym has this signature.
+    let dlsym: Dlsym = unsafe { std::mem::transmute::<*mut c_void, Dlsym>(real) };
+    // SAFETY: loading the CUDA driver library by soname; never closed.
+    let cuda = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+    if cuda.is_null() {
+        return Err("dlopen libcuda.so.1 failed".into());
+    }
+    // SAFETY: a valid handle and a NUL-terminated name.
+    let pfn = unsafe { dlsym(cuda, c"cuGetProcAddress_v2".as_ptr()) };
+    if pfn.is_null() {
+        return Err("glibc's dlsym found no cuGetProcAddress_v2".into());
+    }
+    // SAFETY: cuGetProcAddress_v2 has this C signature in cuda.h.
+    Ok(unsafe { std::mem::transmute::<*mut c_void, GetProcAddress>(pfn) })
 }
 
 /// Resolve `name` as a function of type `$t`.
@@ -482,6 +535,10 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
                 Ok(batch)
             })
         }
+        Shape::Idle => Box::new(|_stats| {
+            std::thread::sleep(Duration::from_millis(10));
+            Ok(0)
+        }),
         Shape::Multi => {
             let f = proc_fn!(
                 driver,
@@ -511,6 +568,11 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
         }
     };
 
+    if args.alloc_mib > 0 {
+        let alloc = proc_fn!(driver, "cuMemAlloc", unsafe extern "C" fn(*mut c_ulonglong, usize) -> Cu);
+        let mut ptr: c_ulonglong = 0;
+        call!(alloc, &mut ptr, (args.alloc_mib as usize) << 20);
+    }
     if let Some(path) = &args.ready {
         if let Err(e) = std::fs::write(path, b"ready\n") {
             eprintln!("gpu_workload: cannot create {path}: {e}");
@@ -551,7 +613,7 @@ fn main() -> ExitCode {
     }
     kernels.push_str(&format!("k={}us", args.kernel_us));
     std::env::set_var("FAKEGPU_KERNELS", kernels);
-    let driver = match Driver::load() {
+    let driver = match Driver::load(args.real_dlsym) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("gpu_workload: {e}");

@@ -428,6 +428,45 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     entry(|| put_list(count, infos, &process_infos(device(handle)?)))
 }
 
+/// Graphics processes: the simulated devices run no graphics work, so the list is empty (a
+/// real data-centre GPU running only CUDA answers the same).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    handle: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        device(handle)?;
+        put_list::<nvmlProcessInfo_t>(count, infos, &[])
+    })
+}
+
+/// Same structure as _v3.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    handle: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        device(handle)?;
+        put_list::<nvmlProcessInfo_t>(count, infos, &[])
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
+    handle: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    entry(|| {
+        device(handle)?;
+        put_list::<nvmlProcessInfo_v1_t>(count, infos, &[])
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     handle: nvmlDevice_t,

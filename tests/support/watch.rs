@@ -1,0 +1,105 @@
+//! A `vgpu watch` running in the background of a test, its stderr read line by line so that
+//! tests synchronise on what it logs. Include with `#[path = "support/watch.rs"] mod watch;`
+//! beside `mod common;`.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::common::Sim;
+
+/// How long a test waits for a line before it fails.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Watch {
+    child: Child,
+    lines: Receiver<String>,
+    /// Every line read so far.
+    pub log: Vec<String>,
+}
+
+impl Watch {
+    /// `vgpu --simulate watch EXTRA…` with the simulation's environment; returns once it
+    /// logged `vgpu watch: ready` (its first round is done).
+    pub fn start(sim: &Sim, extra: &[&str]) -> Watch {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        cmd.arg("--simulate").arg("watch").args(extra).env_remove("VGPU_SIMULATE").env("VGPU_LOG", "vgpu=debug");
+        for (k, v) in sim.env() {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn vgpu watch");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut watch = Watch { child, lines, log: Vec::new() };
+        watch.wait_line("the watch to be ready", |l| l == "vgpu watch: ready");
+        watch
+    }
+
+    /// The first line from now on for which `pred` holds; panics with the log after
+    /// [`LINE_TIMEOUT`] or when the watch exits.
+    pub fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + LINE_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => panic!("timed out waiting for {what}; watch log:\n{}", self.log.join("\n")),
+                Err(RecvTimeoutError::Disconnected) => panic!("the watch exited while waiting for {what}; log:\n{}", self.log.join("\n")),
+            }
+        }
+    }
+
+    /// Wait until `n` more rounds have ended (their `round N done` debug lines).
+    pub fn wait_rounds(&mut self, n: usize) {
+        for _ in 0..n {
+            self.wait_line("a round to end", |l| l.contains("round ") && l.contains(" done"));
+        }
+    }
+
+    /// Lines logged so far (without waiting), added to [`Watch::log`].
+    pub fn drain(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.log.push(line);
+        }
+        &self.log
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0, "kill watch");
+    }
+
+    /// SIGTERM, then its exit status.
+    pub fn stop(mut self) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.child.wait().expect("wait for the watch")
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

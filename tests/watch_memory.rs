@@ -1,0 +1,213 @@
+//! `vgpu watch` enforces memory quotas outside the shim (issue 11): a process that escapes
+//! the shim (LD_PRELOAD cleared, or glibc's own dlsym) and holds more than its vGPU's quota is
+//! SIGTERMed with the reason in its record, `vgpu ps` and the logs; processes in no vGPU are
+//! reported (and killed under `unmanaged = "kill"`); a dead supervisor is cleaned up within an
+//! interval without any other command. Needs root (cgroups) and the simulated driver.
+
+mod common;
+#[path = "support/process.rs"]
+mod process;
+#[path = "support/watch.rs"]
+mod watch;
+#[path = "support/workload.rs"]
+mod workload;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{wait_for, Sim};
+use watch::Watch;
+
+const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
+
+/// Short rounds, so the tests are quick; a small context allowance (the simulated driver
+/// charges no context memory).
+const FAST: &str = "[watch]\ninterval = \"200ms\"\ngrace = \"200ms\"\nkill_after = \"3s\"\ncontext_allowance = \"64MiB\"\nlisten = \"\"\n";
+
+/// `vgpu --simulate run ARGS…` in the background, stderr captured.
+fn spawn_run(sim: &Sim, args: &[&str]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.arg("--simulate").arg("run").args(args).env_remove("VGPU_SIMULATE");
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn vgpu run")
+}
+
+fn finish(mut child: Child) -> (i32, String) {
+    let status = child.wait().expect("wait");
+    let mut err = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut err).expect("read stderr");
+    (status.code().unwrap_or(-1), err)
+}
+
+fn wait_file(path: &Path) {
+    wait_for(&format!("{} to exist", path.display()), || path.exists());
+}
+
+/// The one workload's `vgpu ps --json` row.
+fn ps_row(sim: &Sim) -> serde_json::Value {
+    let rows = sim.json(&["ps", "--json"]);
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    rows[0].clone()
+}
+
+/// A workload whose shell starts `escape` (a gpu_workload that escapes the shim and holds
+/// 3 GiB on a 1 GiB vGPU), writes its exit status to `status`, and then waits for `go`
+/// before it ends, so the test can look at `vgpu ps` while the workload still runs.
+fn escaped_workload(sim: &Sim, escape: &str, flag: &str) -> (Child, PathBuf, PathBuf, PathBuf) {
+    let dir = sim.path("");
+    let (ready, status, go) = (dir.join("ready"), dir.join("status"), dir.join("go"));
+    let bin = workload::workload_bin().display().to_string();
+    let script = format!(
+        "{escape} {bin} idle 60 --alloc-mib 3072 {flag} --ready {r}; echo $? > {s}; while [ ! -e {g} ]; do sleep 0.05; done",
+        r = ready.display(),
+        s = status.display(),
+        g = go.display()
+    );
+    let run = spawn_run(sim, &["--name", "escapee", "--mem", "1G", "--", "sh", "-c", &script]);
+    (run, ready, status, go)
+}
+
+/// The escaped process is SIGTERMed, with the reason in the log, the record (`ps`) and
+/// `vgpu run`'s last words.
+fn escaped_process_is_killed(escape: &str, flag: &str) {
+    let sim = Sim::new(&[H100]);
+    sim.write_vgpu_config(FAST);
+    let mut watch = Watch::start(&sim, &[]);
+    let (run, ready, status, go) = escaped_workload(&sim, escape, flag);
+    wait_file(&ready); // the 3 GiB are held: the shim did not stop it
+    let line = watch.wait_line("the SIGTERM", |l| l.contains("SIGTERM to pid"));
+    assert!(
+        line.contains("of workload escapee (") && line.contains("over memory quota on GPU 0: 3 GiB of 1 GiB, 3 GiB not counted by the shim"),
+        "{line}"
+    );
+    wait_file(&status);
+    let code = std::fs::read_to_string(&status).expect("status");
+    assert_eq!(code.trim(), "143", "killed by SIGTERM (128 + 15)");
+    let row = ps_row(&sim);
+    assert_eq!(row["enforcement"]["action"], "killed", "{row}");
+    assert!(row["enforcement"]["reason"].as_str().unwrap_or("").starts_with("over memory quota on GPU 0: 3 GiB of 1 GiB"), "{row}");
+    let table = String::from_utf8(sim.vgpu(&["ps"]).output().expect("ps").stdout).expect("utf-8");
+    assert!(table.contains("killed: over memory quota"), "{table}");
+    std::fs::write(&go, b"").expect("go");
+    let (code, err) = finish(run);
+    assert_eq!(code, 0, "the workload's shell itself ended normally: {err}");
+    assert!(err.contains("vgpu: vgpu watch killed pid") && err.contains("over memory quota on GPU 0"), "{err}");
+    assert_eq!(watch.stop().code(), Some(0));
+}
+
+#[test]
+fn a_process_that_clears_ld_preload_and_passes_its_quota_is_killed() {
+    escaped_process_is_killed("env -u LD_PRELOAD", "");
+}
+
+#[test]
+fn a_process_that_calls_glibcs_own_dlsym_and_passes_its_quota_is_killed() {
+    escaped_process_is_killed("", "--real-dlsym");
+}
+
+#[test]
+fn without_the_escape_the_shim_refuses_and_the_watch_has_nothing_to_do() {
+    // The control case of the two above: the same allocation through the shim is refused,
+    // so what the watch kills there is exactly what escaped.
+    let sim = Sim::new(&[H100]);
+    sim.write_vgpu_config(FAST);
+    let mut watch = Watch::start(&sim, &[]);
+    let bin = workload::workload_bin().display().to_string();
+    let out = sim.vgpu(&["run", "--mem", "1G", "--", &bin, "idle", "1", "--alloc-mib", "3072"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cuMemAlloc failed: 2 (CUDA_ERROR_OUT_OF_MEMORY)"), "{err}");
+    watch.drain();
+    assert!(!watch.log.iter().any(|l| l.contains("SIGTERM")), "{:?}", watch.log);
+}
+
+/// The simulated driver's library directory (made by the watch's `--simulate`), for a
+/// process started without vgpu.
+fn driver_env(sim: &Sim, cmd: &mut Command) {
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    cmd.env("LD_LIBRARY_PATH", sim.path("run/simulate")).env_remove("LD_PRELOAD");
+}
+
+#[test]
+fn processes_in_no_vgpu_are_reported_then_killed_under_the_kill_policy() {
+    let sim = Sim::new(&[H100, H100]);
+    let config = sim.write_vgpu_config(FAST);
+    let mut watch = Watch::start(&sim, &[]);
+    let bin = workload::workload_bin().display().to_string();
+    // A vGPU on GPU 0 only.
+    let held = sim.path("held");
+    let run = spawn_run(&sim, &["--gpu", "0", "--mem", "1G", "--", &bin, "idle", "60", "--alloc-mib", "100", "--ready", &held.display().to_string()]);
+    wait_file(&held);
+    // Outside vgpu: one process on GPU 0 (which hosts a vGPU), one on GPU 1 (which does not).
+    let start_outside = |device: &str, ready: &Path| {
+        let mut cmd = Command::new(&bin);
+        cmd.args(["idle", "60", "--alloc-mib", "200", "--device", device, "--ready", &ready.display().to_string()]);
+        driver_env(&sim, &mut cmd);
+        let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn");
+        wait_file(ready);
+        child
+    };
+    let mut on_0 = start_outside("0", &sim.path("outside0"));
+    let mut on_1 = start_outside("1", &sim.path("outside1"));
+    let line = watch.wait_line("the unmanaged report", |l| l.contains("unmanaged process"));
+    assert!(line.contains(&format!("pid {} (", on_0.id())) && line.contains("uses GPU 0 outside every vGPU, holding 200 MiB"), "{line}");
+    // Reported once, and not killed under "report"; the one on GPU 1 is none of its business.
+    watch.wait_rounds(3);
+    let reports: Vec<&String> = watch.log.iter().filter(|l| l.contains("unmanaged process")).collect();
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert!(on_0.try_wait().expect("try_wait").is_none(), "not killed under report");
+    // Under "kill", after a SIGHUP.
+    std::fs::write(&config, format!("{FAST}unmanaged = \"kill\"\n")).expect("config");
+    watch.signal(libc::SIGHUP);
+    watch.wait_line("the reload", |l| l.contains("reloaded the config"));
+    let line = watch.wait_line("the SIGTERM", |l| l.contains(&format!("SIGTERM to pid {} of no vGPU", on_0.id())));
+    assert!(line.contains("in no vGPU on GPU 0, which hosts vGPUs"), "{line}");
+    let status = on_0.wait().expect("wait");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGTERM));
+    watch.wait_rounds(2);
+    assert!(on_1.try_wait().expect("try_wait").is_none(), "GPU 1 hosts no vGPU: left alone");
+    assert!(!watch.log.iter().any(|l| l.contains(&format!("pid {} ", on_1.id()))), "{:?}", watch.log);
+    on_1.kill().expect("kill");
+    on_1.wait().expect("wait");
+    sim.vgpu(&["kill", "--signal", "KILL", &first_id(&sim)]).assert().success();
+    let (code, err) = finish(run);
+    assert_eq!(code, 137, "{err}");
+}
+
+fn first_id(sim: &Sim) -> String {
+    ps_row(sim)["id"].as_str().expect("id").to_string()
+}
+
+#[test]
+fn a_dead_supervisor_is_cleaned_up_within_an_interval_without_any_command() {
+    let sim = Sim::new(&[H100]);
+    sim.write_vgpu_config(FAST);
+    let mut watch = Watch::start(&sim, &[]);
+    let ready = sim.path("ready");
+    let bin = workload::workload_bin().display().to_string();
+    let mut run = spawn_run(&sim, &["--name", "orphan", "--mem", "1G", "--", &bin, "idle", "600", "--alloc-mib", "64", "--ready", &ready.display().to_string()]);
+    wait_file(&ready);
+    let id = first_id(&sim);
+    let record = sim.path(&format!("run/workloads/{id}.json"));
+    assert!(record.exists());
+    // The supervisor dies; no vgpu command runs from here on.
+    run.kill().expect("SIGKILL vgpu run");
+    run.wait().expect("wait");
+    let killed = Instant::now();
+    let line = watch.wait_line("the clean-up", |l| l.contains("cleaned up workload orphan"));
+    let took = killed.elapsed();
+    eprintln!("cleaned up {took:?} after the supervisor died (interval 200ms)");
+    assert!(line.contains("its supervisor") && line.contains("died"), "{line}");
+    assert!(!record.exists(), "record removed");
+    assert!(!sim.path(&format!("run/vgpus/{id}")).exists(), "vGPU removed");
+    // Its process went with its cgroup, and the driver got its memory back.
+    let devices = sim.json(&["devices", "--json"]);
+    assert_eq!(devices[0]["memory_used"], 0, "{devices}");
+    assert!(took < Duration::from_secs(5), "took {took:?}: more than 25 rounds");
+}

@@ -79,6 +79,14 @@ impl MemoryAudit {
     }
 }
 
+impl MemoryAudit {
+    /// When the first vGPU now over its quota reaches the end of its grace: a round then
+    /// judges it without waiting for the next interval.
+    pub fn next_verdict(&self, grace: Duration) -> Option<Instant> {
+        self.over_since.values().map(|since| *since + grace).min()
+    }
+}
+
 /// The breach, if `v` holds more than its quota plus the allowances (reason not set yet).
 fn over(v: &VgpuMemory, allowance: u64) -> Option<Breach> {
     let holding: Vec<&ProcessMemory> = v.processes.iter().filter(|p| p.driver_bytes > 0).collect();
@@ -148,6 +156,7 @@ mod tests {
         let v = vgpu(GIB, &[(1, 512 * MIB, Some(400 * MIB)), (2, 6 * GIB, None)]);
         let grace = Duration::from_millis(500);
         assert!(audit.observe(t0, std::slice::from_ref(&v), 512 * MIB, grace).is_empty(), "within the grace");
+        assert_eq!(audit.next_verdict(grace), Some(t0 + grace));
         let b = audit.observe(t0 + grace, std::slice::from_ref(&v), 512 * MIB, grace);
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].offenders, vec![pid(2)], "the shim-counted process is not blamed");

@@ -41,7 +41,7 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
                 eprintln!("vgpu watch: ready");
             }
         }
-        let next = crate::watch::next_round(started, watch.interval(), Instant::now());
+        let next = watch.next_round(started);
         match rx.recv_timeout(next.saturating_duration_since(Instant::now())) {
             Ok(SIGHUP) => {
                 notify(&[sd_notify::NotifyState::Reloading]);

@@ -122,6 +122,12 @@ impl Watch {
         self.ctx.config.watch.interval
     }
 
+    /// When the next round should start, the last one having started at `started`: after
+    /// the interval, or as soon as a vGPU over its memory quota has had its grace.
+    pub fn next_round(&self, started: Instant) -> Instant {
+        next_round(started, self.interval(), self.memory.next_verdict(self.ctx.config.watch.grace), Instant::now())
+    }
+
     /// Take a new config (SIGHUP). NVML is opened again when the driver choice changed.
     pub fn reload(&mut self, ctx: Context) -> Vec<Event> {
         let mut events = Vec::new();
@@ -251,12 +257,9 @@ pub enum StartError {
 }
 
 /// When the next round starts: `interval` after the previous start, so rounds do not drift
-/// by their own duration; a round that overran starts the next at once.
-pub fn next_round(started: Instant, interval: Duration, now: Instant) -> Instant {
-    let due = started + interval;
-    if due > now {
-        due
-    } else {
-        now
-    }
+/// by their own duration, or earlier when a verdict falls due (`early`); a round that
+/// overran starts the next at once.
+pub fn next_round(started: Instant, interval: Duration, early: Option<Instant>, now: Instant) -> Instant {
+    let due = early.map_or(started + interval, |e| e.min(started + interval));
+    due.max(now)
 }

@@ -211,3 +211,39 @@ fn a_dead_supervisor_is_cleaned_up_within_an_interval_without_any_command() {
     assert_eq!(devices[0]["memory_used"], 0, "{devices}");
     assert!(took < Duration::from_secs(5), "took {took:?}: more than 25 rounds");
 }
+
+/// The tenant owns its usage file: a workload that zeroes the shim's shared counter gets
+/// past its quota through the shim itself. The driver's figures still say what it holds.
+#[test]
+fn a_tampered_usage_file_does_not_hide_memory_from_the_watch() {
+    let sim = Sim::new(&[H100]);
+    sim.write_vgpu_config(FAST);
+    let mut watch = Watch::start(&sim, &[]);
+    let bin = workload::workload_bin().display().to_string();
+    let (a, b, tampered) = (sim.path("a"), sim.path("b"), sim.path("tampered"));
+    let script = format!(
+        "{bin} idle 60 --alloc-mib 800 --ready {a} & while [ ! -e {t} ]; do sleep 0.05; done; {bin} idle 60 --alloc-mib 800 --ready {b} & wait",
+        a = a.display(),
+        b = b.display(),
+        t = tampered.display()
+    );
+    let run = spawn_run(&sim, &["--name", "forger", "--mem", "1G", "--", "sh", "-c", &script]);
+    wait_file(&a);
+    watch.wait_rounds(2);
+    assert!(!watch.log.iter().any(|l| l.contains("SIGTERM")), "800 MiB of 1 GiB is within: {:?}", watch.log);
+    // What the tenant can do to its own file: zero the shared counter of device 0.
+    let id = first_id(&sim);
+    let usage = sim.path(&format!("run/vgpus/{id}/usage"));
+    let offset = std::mem::size_of::<vgpu_abi::layout::UsageHeader>() + std::mem::offset_of!(vgpu_abi::layout::DeviceRecord, used_bytes);
+    let file = std::fs::OpenOptions::new().write(true).open(&usage).expect("open usage");
+    std::os::unix::fs::FileExt::write_all_at(&file, &0u64.to_ne_bytes(), offset as u64).expect("zero the counter");
+    std::fs::write(&tampered, b"").expect("tampered");
+    wait_file(&b); // the shim let the second 800 MiB through: it believed 0 B were used
+    let first = watch.wait_line("a SIGTERM", |l| l.contains("SIGTERM to pid"));
+    assert!(first.contains("over memory quota on GPU 0: 1.56 GiB of 1 GiB") && first.contains("(its counter was changed?)"), "{first}");
+    let second = watch.wait_line("the second SIGTERM", |l| l.contains("SIGTERM to pid"));
+    assert_ne!(first, second, "both holders: neither escaped the shim, so neither is the one to blame");
+    let (code, err) = finish(run);
+    assert_eq!(code, 0, "the shell's `wait` returned once both were killed: {err}");
+    assert!(err.contains("vgpu: vgpu watch killed pid"), "{err}");
+}

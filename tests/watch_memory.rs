@@ -247,3 +247,35 @@ fn a_tampered_usage_file_does_not_hide_memory_from_the_watch() {
     assert_eq!(code, 0, "the shell's `wait` returned once both were killed: {err}");
     assert!(err.contains("vgpu: vgpu watch killed pid"), "{err}");
 }
+
+/// Preempted work comes back when the blocks free up, with the watch alone: the preemptor's
+/// supervisor dies, and no command runs afterwards.
+#[test]
+fn preempted_work_resumes_when_its_preemptor_dies_without_any_command() {
+    let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
+    sim.write_vgpu_config(&format!(
+        "[pool.tflops]\n\"NVIDIA L4\" = 0.5\n\n[[pool.device]]\nkind = \"npu\"\nname = \"sim-npu\"\ntflops = 10\n\n{FAST}"
+    ));
+    let mut watch = Watch::start(&sim, &[]);
+    let counter = sim.path("counter");
+    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
+    let mut low = spawn_run(&sim, &["--tflops", "8", "--kind", "npu", "--priority", "10", "--name", "low", "--", "sh", "-c", &script]);
+    let read = || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+    wait_for("low to make progress", || read() > 100);
+    let marker = sim.path("high-running");
+    let touch = format!("touch {}; sleep 600", marker.display());
+    let mut high = spawn_run(&sim, &["--tflops", "5", "--kind", "npu", "--priority", "90", "--name", "high", "--", "sh", "-c", &touch]);
+    wait_file(&marker);
+    let rows = sim.json(&["ps", "--json"]);
+    assert!(rows.as_array().expect("rows").iter().any(|w| w["name"] == "low" && w["state"] == "suspended"), "{rows}");
+    // From here on, no vgpu command: the preemptor's supervisor dies.
+    high.kill().expect("SIGKILL high's vgpu run");
+    high.wait().expect("wait");
+    watch.wait_line("the clean-up of high", |l| l.contains("cleaned up workload high"));
+    assert!(watch.log.iter().any(|l| l.contains("resumed low")), "the blocks went back to low: {:?}", watch.log);
+    let at = read();
+    wait_for("low to make progress again", || read() > at + 100);
+    low.kill().expect("SIGKILL low's vgpu run");
+    low.wait().expect("wait");
+    watch.wait_line("the clean-up of low", |l| l.contains("cleaned up workload low"));
+}

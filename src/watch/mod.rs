@@ -183,18 +183,17 @@ impl Watch {
         let figures = enforce::vgpu_memory(&self.store, &workloads, snapshot);
         for breach in self.memory.observe(now, &figures, config.context_allowance, config.grace) {
             for (id, processes) in enforce::by_workload(&breach, &owners) {
-                let whose = enforce::whose(&workloads, &id);
-                let mut signalled = Vec::new();
-                for p in processes {
-                    if let Some(event) = self.terminations.terminate(p, &whose, &breach.reason, now, config.kill_after) {
-                        if event.level != Level::Warn {
-                            signalled.push(p.pid);
-                        }
-                        events.push(event);
-                    }
+                let fresh: Vec<_> = processes.into_iter().filter(|p| !self.terminations.is_pending(*p)).collect();
+                if fresh.is_empty() {
+                    continue;
                 }
-                if !signalled.is_empty() {
-                    self.records.add(&id, enforce::killed(self.me, &breach.reason, signalled));
+                // The record says why before the signal lands, so that `vgpu run` finds the
+                // reason when its workload ends.
+                self.records.add(&id, enforce::killed(self.me, &breach.reason, fresh.iter().map(|p| p.pid).collect()));
+                self.records.flush(&self.store, events);
+                let whose = enforce::whose(&workloads, &id);
+                for p in fresh {
+                    events.extend(self.terminations.terminate(p, &whose, &breach.reason, now, config.kill_after));
                 }
             }
         }

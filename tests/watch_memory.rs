@@ -279,3 +279,25 @@ fn preempted_work_resumes_when_its_preemptor_dies_without_any_command() {
     low.wait().expect("wait");
     watch.wait_line("the clean-up of low", |l| l.contains("cleaned up workload low"));
 }
+
+/// `vgpu doctor` says whether a watch runs for the state directory (quotas are otherwise
+/// only the shim's).
+#[test]
+fn doctor_says_whether_the_watch_runs() {
+    let sim = Sim::new(&[H100]);
+    sim.write_vgpu_config(FAST);
+    let check = || -> serde_json::Value {
+        let out = sim.vgpu(&["doctor", "--json"]).output().expect("doctor");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor JSON");
+        report["checks"].as_array().expect("checks").iter().find(|c| c["name"] == "vgpu watch").expect("a vgpu watch check").clone()
+    };
+    assert_eq!(check()["status"], "warn");
+    let watch = Watch::start(&sim, &[]);
+    let c = check();
+    assert_eq!(c["status"], "ok", "{c}");
+    assert_eq!(c["detail"], format!("running (pid {})", watch.pid()), "{c}");
+    assert_eq!(watch.stop().code(), Some(0));
+    let c = check();
+    assert_eq!(c["status"], "warn", "{c}");
+    assert!(c["fix"].as_str().unwrap_or("").contains("vgpu-watch.service"), "{c}");
+}

@@ -131,12 +131,27 @@ pub fn all_checks(ctx: &Context) -> Vec<Check> {
     checks.push(check_state_dir("state directory", &ctx.state_dir));
     checks.push(check_state_dir("library directory", &ctx.lib_dir));
     checks.push(check_state_files(ctx));
+    checks.push(check_watch(ctx));
     checks.push(check_root());
     checks.push(check_mps());
     if let Some(nvml) = &nvml {
         check_gpu_modes(nvml, &mut checks);
     }
     checks
+}
+
+/// Whether quotas are also enforced from outside the shim.
+fn check_watch(ctx: &Context) -> Check {
+    use crate::watch::instance::Running;
+    match crate::watch::instance::running(&ctx.state_dir) {
+        Running::Yes(pid) => Check::ok("vgpu watch", format!("running{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())),
+        Running::No => Check::warn(
+            "vgpu watch",
+            "not running: only the shim enforces quotas, and processes that escape it are not stopped",
+            "systemctl enable --now vgpu-watch.service (or run `vgpu watch`)",
+        ),
+        Running::Unknown(why) => Check::warn("vgpu watch", format!("cannot tell whether it runs: {why}"), "run vgpu doctor as root"),
+    }
 }
 
 fn check_nvml(ctx: &Context, checks: &mut Vec<Check>) -> Option<Nvml> {

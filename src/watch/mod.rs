@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod enforce;
+pub mod instance;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

@@ -44,6 +44,8 @@ pub struct GpuRow {
     pub index: u32,
     pub uuid: String,
     pub mem_used: Option<u64>,
+    /// The most the vGPU held on this GPU at once (the shim's count), if known.
+    pub mem_peak: Option<u64>,
     pub mem_quota: u64,
     pub compute_pct: u32,
     pub compute_measured_pct: Option<f64>,
@@ -81,6 +83,7 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
                 index: g.index,
                 uuid: g.uuid.clone(),
                 mem_used: live.map(|d| d.used_bytes),
+                mem_peak: live.map(|d| d.peak_bytes),
                 mem_quota: g.mem_bytes,
                 compute_pct: live.map(|d| d.compute_pct).unwrap_or(g.compute_pct),
                 compute_measured_pct: live.and_then(|d| d.measured_share_ppm).map(ppm_to_pct),

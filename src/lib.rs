@@ -15,6 +15,7 @@ pub mod gpu;
 pub mod identity;
 pub mod lifecycle;
 pub mod listing;
+pub mod metrics;
 pub mod output;
 pub mod paths;
 pub mod policy;

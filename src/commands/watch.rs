@@ -19,6 +19,9 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
         anyhow::bail!("vgpu watch must run as root: it reconciles the store, signals workloads and freezes cgroups");
     }
     let mut watch = Watch::start(ctx.clone())?;
+    if let Some(addr) = watch.metrics_addr() {
+        print(vec![Event::info(format!("metrics on http://{addr}/metrics"))]);
+    }
     let (tx, rx) = mpsc::channel::<i32>();
     let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM]).context("installing signal handlers")?;
     let handle = signals.handle();

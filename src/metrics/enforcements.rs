@@ -43,6 +43,14 @@ impl WorkloadLabels {
         WorkloadLabels { id: w.id.clone(), name: w.name.clone(), user: w.user.name.clone() }
     }
 
+    /// Workload `id`'s labels from the records (only its id when it has none).
+    pub fn find(workloads: &[Workload], id: &str) -> WorkloadLabels {
+        match workloads.iter().find(|w| w.id == id) {
+            Some(w) => WorkloadLabels::of(w),
+            None => WorkloadLabels { id: id.to_string(), ..WorkloadLabels::default() },
+        }
+    }
+
     /// A process that belongs to no workload (`reason = "unmanaged"`).
     pub fn none() -> WorkloadLabels {
         WorkloadLabels::default()

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod enforce;
 pub mod instance;
+mod publish;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -75,6 +76,8 @@ pub struct Watch {
     pub unmanaged: Vec<unmanaged::Unmanaged>,
     /// Rounds done.
     pub rounds: u64,
+    /// The metrics endpoint, textfile and enforcement counters (`publish.rs`).
+    metrics: crate::metrics::Exporter,
 }
 
 impl Watch {
@@ -91,6 +94,7 @@ impl Watch {
         };
         let nvml = ctx.nvml().map_err(StartError::Nvml)?;
         let me = ProcessId::current().ok_or(StartError::Identity)?;
+        let metrics = crate::metrics::Exporter::start(&ctx.config.watch).map_err(StartError::Metrics)?;
         if nvml.is_none() {
             tracing::warn!("no NVIDIA driver: vgpu watch reconciles, but cannot audit GPU memory or compute");
         }
@@ -108,6 +112,7 @@ impl Watch {
             reported: unmanaged::Reported::default(),
             unmanaged: Vec::new(),
             rounds: 0,
+            metrics,
         })
     }
 
@@ -143,6 +148,7 @@ impl Watch {
         }
         let (state_dir, lib_dir) = (self.ctx.state_dir.clone(), self.ctx.lib_dir.clone());
         self.ctx = Context { state_dir, lib_dir, ..ctx };
+        self.reload_metrics(&mut events);
         events.push(Event::info(format!("reloaded the config (interval {})", humantime::format_duration(self.interval()))));
         events
     }
@@ -170,6 +176,7 @@ impl Watch {
         }
         events.extend(self.terminations.tick(Instant::now()));
         self.records.flush(&self.store, &mut events);
+        self.publish(&mut events);
         self.rounds += 1;
         events.push(Event::debug(format!("round {} done", self.rounds)));
         events
@@ -193,8 +200,14 @@ impl Watch {
                 self.records.add(&id, enforce::killed(self.me, &breach.reason, fresh.iter().map(|p| p.pid).collect()));
                 self.records.flush(&self.store, events);
                 let whose = enforce::whose(&workloads, &id);
+                let labels = crate::metrics::WorkloadLabels::find(&workloads, &id);
                 for p in fresh {
-                    events.extend(self.terminations.terminate(p, &whose, &breach.reason, now, config.kill_after));
+                    if let Some(event) = self.terminations.terminate(p, &whose, &breach.reason, now, config.kill_after) {
+                        if event.level != Level::Warn {
+                            self.metrics.enforcements().record(crate::metrics::Action::Kill, "memory", &labels);
+                        }
+                        events.push(event);
+                    }
                 }
             }
         }
@@ -202,11 +215,17 @@ impl Watch {
         self.unmanaged = unmanaged::find(snapshot, &vgpu_gpus, &[self.me.pid]);
         for u in self.reported.first_time(&self.unmanaged) {
             events.push(Event::warn(format!("unmanaged process: {}", unmanaged::describe(u))));
+            if config.unmanaged == UnmanagedPolicy::Report {
+                self.metrics.enforcements().record(crate::metrics::Action::Report, "unmanaged", &crate::metrics::WorkloadLabels::none());
+            }
         }
         if config.unmanaged == UnmanagedPolicy::Kill {
             for u in &self.unmanaged {
                 let reason = format!("in no vGPU on GPU {}, which hosts vGPUs ([watch] unmanaged = \"kill\")", u.gpu_index);
                 if let Some(event) = self.terminations.terminate(u.process, "no vGPU", &reason, now, config.kill_after) {
+                    if event.level != Level::Warn {
+                        self.metrics.enforcements().record(crate::metrics::Action::Kill, "unmanaged", &crate::metrics::WorkloadLabels::none());
+                    }
                     events.push(event);
                 }
             }
@@ -254,6 +273,8 @@ pub enum StartError {
     Nvml(anyhow::Error),
     #[error("cannot read this process's start time from /proc")]
     Identity,
+    #[error(transparent)]
+    Metrics(crate::metrics::MetricsError),
 }
 
 /// When the next round starts: `interval` after the previous start, so rounds do not drift

@@ -230,3 +230,14 @@ fn openmetrics_to_text_renames_counter_families_only() {
         "# HELP a_seconds_total A.\n# TYPE a_seconds_total counter\na_seconds_total 1.5\n# HELP b B b.\n# TYPE b gauge\nb{x=\"1\"} 2\n"
     );
 }
+
+#[test]
+fn the_readme_documents_every_metric() {
+    let readme = include_str!("../../../README.md");
+    let text = rendered().text;
+    let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+    assert!(names.len() > 30, "{names:?}");
+    for name in names {
+        assert!(readme.contains(&format!("`{name}`")), "README's Metrics table lacks {name}");
+    }
+}

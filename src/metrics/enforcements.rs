@@ -1,7 +1,9 @@
 //! What `vgpu watch` did about workloads that broke their slice, counted for the metrics
 //! (`vgpu_enforcements_total{action, reason, id, name, user}`). The watch's audits call
-//! [`Enforcements::record`] once per process they act on; the counters live as long as the
-//! watch (Prometheus sees a restart as a counter reset).
+//! [`Enforcements::record`] once per process they signal (`Kill`; not again for the SIGKILL
+//! that may follow the SIGTERM) or report (`Report`), and once per throttling they begin
+//! (`Throttle`); the counters live as long as the watch (Prometheus sees a restart as a
+//! counter reset).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -74,8 +76,7 @@ pub struct Enforcements {
 }
 
 impl Enforcements {
-    /// Count one action of the audit `reason` (`memory`, `compute`, `unmanaged`) on one
-    /// process of `who`.
+    /// Count one action of the audit `reason` (`memory`, `compute`, `unmanaged`) on `who`.
     pub fn record(&self, action: Action, reason: &str, who: &WorkloadLabels) {
         self.family.get_or_create(&labels(action, reason, who)).inc();
     }

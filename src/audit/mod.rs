@@ -1,9 +1,10 @@
 //! What really runs on the GPUs, as the driver sees it: NVML's per-process device memory and
 //! utilization, each process mapped to the workload whose cgroup holds it
-//! (`/proc/PID/cgroup`). `vgpu watch` audits from this snapshot (`memory`, `unmanaged`),
-//! and the listings use it where the shim's files cannot be read.
+//! (`/proc/PID/cgroup`). `vgpu watch` audits from this snapshot (`memory`, `compute`,
+//! `unmanaged`), and the listings use it where the shim's files cannot be read.
 
 pub mod cgroup_of;
+pub mod compute;
 pub mod memory;
 pub mod terminate;
 pub mod unmanaged;

@@ -1,6 +1,7 @@
-//! The watch's effects for the memory audit and processes in no vGPU: gather each vGPU's
-//! figures from the snapshot and the shim's files, judge them (`audit::memory`), signal the
-//! offenders (`audit::terminate`) and record why in the workload's record.
+//! The watch's effects for the memory and compute audits and processes in no vGPU: gather
+//! each vGPU's figures from the snapshot and the shim's files, judge them (`audit::memory`,
+//! `audit::compute`), signal the offenders (`audit::terminate`) and record why in the
+//! workload's record (and clear a throttle from it when throttling ends).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -10,8 +11,10 @@ use vgpu_abi::process::ProcessId;
 use vgpu_abi::usage::UsageFile;
 
 use super::Event;
+use crate::audit::compute::{ProcessCompute, VgpuCompute};
 use crate::audit::memory::{Breach, ProcessMemory, VgpuMemory};
 use crate::audit::{Owner, Snapshot};
+use crate::state::workload::ProcessIdRecord;
 use crate::state::{Enforcement, EnforcementAction, StateError, Store, Workload};
 
 /// How long recording an enforcement waits for the store lock before it is retried at the
@@ -66,6 +69,52 @@ pub fn vgpu_memory(store: &Store, workloads: &[Workload], snapshot: &Snapshot) -
     out
 }
 
+/// Each vGPU's compute on each GPU of it: its share there (the limits file's, else the
+/// record's), its ledger's measured share, and its processes' NVML utilization and the GPU
+/// time the shim charged to each.
+pub fn vgpu_compute(store: &Store, workloads: &[Workload], snapshot: &Snapshot) -> Vec<VgpuCompute> {
+    let mut vgpus: Vec<&str> = workloads.iter().map(|w| w.vgpu.as_str()).collect();
+    vgpus.sort_unstable();
+    vgpus.dedup();
+    let mut out = Vec::new();
+    for vgpu in vgpus {
+        let members: Vec<&Workload> = workloads.iter().filter(|w| w.vgpu == vgpu).collect();
+        let cgroups: HashSet<&str> = members.iter().map(|w| w.cgroup.as_str()).collect();
+        let usage = UsageFile::open(&store.vgpu_dir(vgpu).join(USAGE_FILE)).ok();
+        let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
+        let shim_processes = usage.as_ref().map(|u| u.processes()).unwrap_or_default();
+        for gpu in &snapshot.gpus {
+            let device = devices.iter().position(|d| d.uuid == gpu.uuid);
+            let record_share = members.iter().flat_map(|w| &w.gpus).find(|g| g.uuid == gpu.uuid).map(|g| g.compute_pct);
+            let Some(share_pct) = device.map(|i| devices[i].compute_pct).or(record_share) else { continue };
+            let processes = gpu
+                .processes
+                .iter()
+                .filter(|p| matches!(&p.owner, Owner::Workload(c) if cgroups.contains(c.as_str())))
+                .filter_map(|p| {
+                    let process = p.process_id()?;
+                    let shim_ns = device.and_then(|i| {
+                        shim_processes
+                            .iter()
+                            .find(|s| s.alive && s.pid == process.pid && s.start_time == process.start_time)
+                            .and_then(|s| s.compute_ns.get(i).copied())
+                    });
+                    Some(ProcessCompute { process, driver_pct: p.sm_util_pct.unwrap_or(0), shim_ns })
+                })
+                .collect();
+            out.push(VgpuCompute {
+                vgpu: vgpu.to_string(),
+                gpu_index: gpu.index,
+                gpu_uuid: gpu.uuid.clone(),
+                share_pct,
+                ledger_ppm: device.and_then(|i| devices[i].measured_share_ppm),
+                processes,
+            });
+        }
+    }
+    out
+}
+
 /// The workload (cgroup = id) each GPU process of the snapshot belongs to.
 pub fn owners(snapshot: &Snapshot) -> HashMap<u32, String> {
     snapshot
@@ -87,18 +136,44 @@ pub fn whose(workloads: &[Workload], id: &str) -> String {
     }
 }
 
+/// A change to a record, pending.
+#[derive(Debug)]
+enum Change {
+    Set(Enforcement),
+    /// Remove a throttle that this watch (`by`) recorded; anything else stays.
+    ClearThrottle(ProcessIdRecord),
+}
+
 /// Enforcements decided but not yet written into their records (the lock was busy).
 #[derive(Debug, Default)]
 pub struct Records {
-    pending: Vec<(String, Enforcement)>,
+    pending: Vec<(String, Change)>,
 }
 
 impl Records {
-    /// Note `e` for workload `id`; written at [`Records::flush`].
+    /// Note `e` for workload `id`; written at [`Records::flush`]. A throttle cancels a
+    /// pending [`Records::clear_throttle`] of the same workload.
     pub fn add(&mut self, id: &str, e: Enforcement) {
-        match self.pending.iter_mut().find(|(i, p)| i == id && p.action == e.action) {
-            Some((_, p)) => merge(p, &e),
-            None => self.pending.push((id.to_string(), e)),
+        if e.action == EnforcementAction::Throttled {
+            self.pending.retain(|(i, c)| !(i == id && matches!(c, Change::ClearThrottle(_))));
+        }
+        let same = self.pending.iter_mut().find_map(|(i, c)| match c {
+            Change::Set(p) if i == id && p.action == e.action => Some(p),
+            _ => None,
+        });
+        match same {
+            Some(p) => merge(p, &e),
+            None => self.pending.push((id.to_string(), Change::Set(e))),
+        }
+    }
+
+    /// Note that workload `id` is no longer throttled by the watch `by`: its record's
+    /// throttle is removed at [`Records::flush`] (a kill recorded since stays), and a
+    /// pending throttle of it is dropped.
+    pub fn clear_throttle(&mut self, id: &str, by: ProcessId) {
+        self.pending.retain(|(i, c)| !(i == id && matches!(c, Change::Set(e) if e.action == EnforcementAction::Throttled)));
+        if !self.pending.iter().any(|(i, c)| i == id && matches!(c, Change::ClearThrottle(_))) {
+            self.pending.push((id.to_string(), Change::ClearThrottle(by.into())));
         }
     }
 
@@ -115,7 +190,7 @@ impl Records {
                 return;
             }
         };
-        self.pending.retain(|(id, e)| match write(store, id, e) {
+        self.pending.retain(|(id, change)| match write(store, id, change) {
             Ok(()) => false,
             Err(StateError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => false,
             Err(err) => {
@@ -136,16 +211,40 @@ fn merge(into: &mut Enforcement, e: &Enforcement) {
     into.reason.clone_from(&e.reason);
 }
 
-/// Set (or extend) the enforcement in workload `id`'s record. Call with the store lock.
-fn write(store: &Store, id: &str, e: &Enforcement) -> Result<(), StateError> {
+/// Set (or extend) the enforcement in workload `id`'s record, or clear a throttle from it.
+/// Call with the store lock.
+fn write(store: &Store, id: &str, change: &Change) -> Result<(), StateError> {
     let mut w = Workload::read(&store.workload_path(id))?;
-    match &mut w.enforcement {
-        Some(have) if have.action == e.action => merge(have, e),
+    match (change, &mut w.enforcement) {
+        (Change::Set(e), Some(have)) if have.action == e.action => merge(have, e),
         // A kill outranks a throttle.
-        Some(have) if have.action == EnforcementAction::Killed => return Ok(()),
-        slot => *slot = Some(e.clone()),
+        (Change::Set(_), Some(have)) if have.action == EnforcementAction::Killed => return Ok(()),
+        (Change::Set(e), slot) => *slot = Some(e.clone()),
+        (Change::ClearThrottle(by), slot) if slot.as_ref().is_some_and(|e| is_throttle_by(e, *by)) => *slot = None,
+        (Change::ClearThrottle(_), _) => return Ok(()),
     }
     store.write_workload(&w)
+}
+
+/// Whether `e` is a throttle recorded by the watch `by`.
+pub fn is_throttle_by(e: &Enforcement, by: ProcessIdRecord) -> bool {
+    e.action == EnforcementAction::Throttled && e.by == by
+}
+
+/// Remove every throttle the watch `me` recorded (it stops), waiting at most `wait` for the
+/// store lock. Returns the workloads cleared.
+pub fn clear_all_throttles(store: &Store, me: ProcessId, wait: Duration) -> Result<Vec<Workload>, StateError> {
+    let _lock = store.lock_within(wait)?;
+    let (workloads, _) = store.workloads();
+    let mut cleared = Vec::new();
+    for mut w in workloads {
+        if w.enforcement.as_ref().is_some_and(|e| is_throttle_by(e, me.into())) {
+            w.enforcement = None;
+            store.write_workload(&w)?;
+            cleared.push(w);
+        }
+    }
+    Ok(cleared)
 }
 
 /// The enforcement to record for a breach's processes of one workload.
@@ -159,10 +258,20 @@ pub fn killed(me: ProcessId, reason: &str, pids: Vec<u32>) -> Enforcement {
     }
 }
 
+/// The enforcement to record for a workload whose freezer this watch duty-cycles.
+pub fn throttled(me: ProcessId, reason: &str, pids: Vec<u32>) -> Enforcement {
+    Enforcement { action: EnforcementAction::Throttled, ..killed(me, reason, pids) }
+}
+
 /// The offenders of `breach`, grouped by the workload they belong to.
 pub fn by_workload(breach: &Breach, owners: &HashMap<u32, String>) -> Vec<(String, Vec<ProcessId>)> {
+    by_owner(&breach.offenders, owners)
+}
+
+/// `offenders` grouped by the workload they belong to.
+pub fn by_owner(offenders: &[ProcessId], owners: &HashMap<u32, String>) -> Vec<(String, Vec<ProcessId>)> {
     let mut out: Vec<(String, Vec<ProcessId>)> = Vec::new();
-    for p in &breach.offenders {
+    for p in offenders {
         let Some(id) = owners.get(&p.pid) else { continue };
         match out.iter_mut().find(|(i, _)| i == id) {
             Some((_, list)) => list.push(*p),
@@ -170,4 +279,77 @@ pub fn by_workload(breach: &Breach, owners: &HashMap<u32, String>) -> Vec<(Strin
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::workload::tests::sample;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+        store.ensure_dirs().unwrap();
+        store.write_workload(&sample()).unwrap();
+        (dir, store)
+    }
+
+    fn recorded(store: &Store) -> Option<EnforcementAction> {
+        Workload::read(&store.workload_path(&sample().id)).unwrap().enforcement.map(|e| e.action)
+    }
+
+    #[test]
+    fn a_throttle_is_recorded_and_cleared_and_a_kill_outranks_it() {
+        let (_dir, store) = store();
+        let me = ProcessId::current().unwrap();
+        let id = sample().id;
+        let mut records = Records::default();
+        let mut events = Vec::new();
+        records.add(&id, throttled(me, "GPU 0 at 97% by the driver", vec![7]));
+        records.flush(&store, &mut events);
+        assert_eq!(recorded(&store), Some(EnforcementAction::Throttled));
+        // Another watch's clear does not touch it; this one's does.
+        records.clear_throttle(&id, ProcessId { start_time: me.start_time + 1, ..me });
+        records.flush(&store, &mut events);
+        assert_eq!(recorded(&store), Some(EnforcementAction::Throttled));
+        records.clear_throttle(&id, me);
+        records.flush(&store, &mut events);
+        assert_eq!(recorded(&store), None);
+        // A clear then a throttle in one round: throttled; a throttle then a clear: not.
+        records.clear_throttle(&id, me);
+        records.add(&id, throttled(me, "r", vec![7]));
+        records.flush(&store, &mut events);
+        assert_eq!(recorded(&store), Some(EnforcementAction::Throttled));
+        records.add(&id, throttled(me, "r", vec![7]));
+        records.clear_throttle(&id, me);
+        records.flush(&store, &mut events);
+        assert_eq!(recorded(&store), None);
+        // An escalation: the kill stays whatever the order.
+        records.add(&id, throttled(me, "r", vec![7]));
+        records.flush(&store, &mut events);
+        records.add(&id, killed(me, "throttling did not bring it down", vec![7]));
+        records.clear_throttle(&id, me);
+        records.flush(&store, &mut events);
+        assert_eq!(recorded(&store), Some(EnforcementAction::Killed));
+        assert!(events.is_empty(), "{events:?}");
+    }
+
+    #[test]
+    fn stopping_clears_only_this_watchs_throttles() {
+        let (_dir, store) = store();
+        let me = ProcessId::current().unwrap();
+        let mut other = sample();
+        other.id = "e5f6a7b8".into();
+        other.cgroup = other.id.clone();
+        other.vgpu = other.id.clone();
+        other.enforcement = Some(killed(me, "over memory quota", vec![1]));
+        store.write_workload(&other).unwrap();
+        let mut records = Records::default();
+        records.add(&sample().id, throttled(me, "r", vec![7]));
+        records.flush(&store, &mut Vec::new());
+        let cleared = clear_all_throttles(&store, me, Duration::from_secs(1)).unwrap();
+        assert_eq!(cleared.iter().map(|w| w.id.as_str()).collect::<Vec<_>>(), [sample().id.as_str()]);
+        assert_eq!(recorded(&store), None);
+        assert!(Workload::read(&store.workload_path("e5f6a7b8")).unwrap().enforcement.is_some(), "a kill stays");
+    }
 }

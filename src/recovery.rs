@@ -20,6 +20,7 @@
 //!
 //! - a live workload whose cgroup is frozen while neither its record nor the pool says it
 //!   is suspended is thawed; a manually suspended one found thawed is recorded running;
+//!   a throttle recorded by a `vgpu watch` that is gone is cleared from its record;
 //! - a cgroup under `vgpu/` that no record names, holds no process and is older than
 //!   [`STRAY_GRACE`] is removed (the grace leaves alone a cgroup another store on the host
 //!   is creating: tests and several state directories share the `vgpu/` cgroup parent).
@@ -114,7 +115,28 @@ pub fn align_all(store: &Store, layout: Option<&Layout>) {
             Ok(None) => {}
             Err(e) => eprintln!("vgpu: warning: cannot check whether {} ({}) is frozen: {e:#}", w.name, w.id),
         }
+        match clear_dead_throttle(store, w) {
+            Ok(true) => eprintln!("vgpu: {} ({}) is no longer throttled: the vgpu watch that throttled it is gone", w.name, w.id),
+            Ok(false) => {}
+            Err(e) => eprintln!("vgpu: warning: cannot clear the throttle of {} ({}): {e:#}", w.name, w.id),
+        }
     }
+}
+
+/// A throttle recorded by a `vgpu watch` that is gone (killed: it could not clean up) ends
+/// with it: `align` has thawed the cgroup; the record stops saying throttled. Reads the
+/// record again (`align` may have rewritten it). Whether it cleared one.
+fn clear_dead_throttle(store: &Store, w: &Workload) -> Result<bool> {
+    if !w.enforcement.as_ref().is_some_and(|e| e.action == crate::state::EnforcementAction::Throttled) || throttled_by_live_watch(w) {
+        return Ok(false);
+    }
+    let mut record = Workload::read(&store.workload_path(&w.id))?;
+    if record.enforcement.as_ref().map(|e| (e.action, e.by)) != w.enforcement.as_ref().map(|e| (e.action, e.by)) {
+        return Ok(false);
+    }
+    record.enforcement = None;
+    store.write_workload(&record)?;
+    Ok(true)
 }
 
 /// What the pool says, as far as it can be read.
@@ -339,6 +361,49 @@ mod tests {
         std::fs::write(store.intents_dir().join("start-1-1.json"), "{ damaged").unwrap();
         remove_stray_cgroups(&store, Some(&layout));
         assert_eq!(Cgroup::list(&layout).unwrap(), vec!["stray"]);
+    }
+
+    #[test]
+    fn a_throttle_ends_with_the_watch_that_recorded_it() {
+        use crate::state::{Enforcement, EnforcementAction};
+        let fake = FakeV1::new(&["cpu,cpuacct", "memory", "pids", "freezer"]);
+        let layout = fake.layout();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+        store.ensure_dirs().unwrap();
+        let me = vgpu_abi::process::ProcessId::current().unwrap();
+        let mut w = crate::state::workload::tests::sample();
+        w.supervisor = me.into();
+        let throttle = |by: vgpu_abi::process::ProcessId| Enforcement {
+            action: EnforcementAction::Throttled,
+            reason: "GPU 0 at 97% by the driver, share 30%, the shim sees 0%".into(),
+            pids: vec![7],
+            by: by.into(),
+            since_unix_ms: 0,
+        };
+        let cgroup = Cgroup::create(&layout, &w.cgroup).unwrap();
+        fake.kernel_populate(&w.cgroup);
+        // A live watch (this process) duty-cycles it: left frozen and throttled.
+        w.enforcement = Some(throttle(me));
+        store.write_workload(&w).unwrap();
+        cgroup.freeze().unwrap();
+        align_all(&store, Some(&layout));
+        assert_eq!(cgroup.state().unwrap(), FreezerState::Frozen);
+        assert!(Workload::read(&store.workload_path(&w.id)).unwrap().enforcement.is_some());
+        // Its watch was killed: thawed and the throttle cleared, frozen or not.
+        let dead = vgpu_abi::process::ProcessId { start_time: me.start_time + 1, ..me };
+        for frozen in [true, false] {
+            w.enforcement = Some(throttle(dead));
+            store.write_workload(&w).unwrap();
+            if frozen {
+                cgroup.freeze().unwrap();
+            }
+            align_all(&store, Some(&layout));
+            assert_eq!(cgroup.state().unwrap(), FreezerState::Thawed);
+            let record = Workload::read(&store.workload_path(&w.id)).unwrap();
+            assert_eq!(record.enforcement, None, "frozen: {frozen}");
+            assert_eq!(record.state, WorkloadState::Running);
+        }
     }
 
     #[test]

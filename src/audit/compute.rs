@@ -478,7 +478,7 @@ mod tests {
                 let limit = f64::from(share + s.tolerance_pct);
                 let bypass = share < 100 && f64::from(v.driver_pct()) > limit && v.ledger_pct() <= limit;
                 bypass_since = if bypass { bypass_since.or(Some(i)) } else { None };
-                for verdict in audit.observe(t0 + ROUND * i as u32, &[v.clone()], &s) {
+                for verdict in audit.observe(t0 + ROUND * i as u32, std::slice::from_ref(&v), &s) {
                     let acts = matches!(verdict.action, Action::Report | Action::Throttle { start: true, .. } | Action::Kill { first: true, escalated: false });
                     if acts {
                         let since = bypass_since.expect("acted without a bypass");

@@ -60,6 +60,7 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
         }
     };
     notify(&[sd_notify::NotifyState::Stopping]);
+    print(watch.shutdown());
     handle.close();
     let _ = relay.join();
     eprintln!("vgpu watch: stopped (signal {stopped_by})");

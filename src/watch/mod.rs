@@ -7,10 +7,12 @@
 //! kernel when it dies) for its whole life. This module decides and acts; it returns what it
 //! did as [`Event`]s, which the command prints.
 
+pub mod compute;
 pub mod config;
 pub mod enforce;
 pub mod instance;
 mod publish;
+pub mod throttle;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -71,6 +73,8 @@ pub struct Watch {
     memory: MemoryAudit,
     terminations: Terminations,
     records: enforce::Records,
+    /// The compute audit and the freezer throttling.
+    compute: compute::ComputeEnforcer,
     reported: unmanaged::Reported,
     /// The processes in no vGPU found at the last round, on GPUs that host vGPUs.
     pub unmanaged: Vec<unmanaged::Unmanaged>,
@@ -99,6 +103,7 @@ impl Watch {
             tracing::warn!("no NVIDIA driver: vgpu watch reconciles, but cannot audit GPU memory or compute");
         }
         Ok(Watch {
+            compute: compute::ComputeEnforcer::new(store.clone(), me),
             ctx,
             store,
             nvml,
@@ -174,6 +179,7 @@ impl Watch {
             self.audit(&snapshot, &mut events);
             self.snapshot = Some(snapshot);
         }
+        events.extend(self.compute.events());
         events.extend(self.terminations.tick(Instant::now()));
         self.records.flush(&self.store, &mut events);
         self.publish(&mut events);
@@ -182,7 +188,13 @@ impl Watch {
         events
     }
 
-    /// The memory audit and the processes in no vGPU, against one snapshot.
+    /// The watch stops (SIGTERM, SIGINT): thaw what it throttled and clear the throttles
+    /// from the records.
+    pub fn shutdown(&mut self) -> Vec<Event> {
+        self.compute.stop(&self.store)
+    }
+
+    /// The memory and compute audits and the processes in no vGPU, against one snapshot.
     fn audit(&mut self, snapshot: &Snapshot, events: &mut Vec<Event>) {
         let (workloads, _) = self.store.workloads();
         let config = self.ctx.config.watch.clone();
@@ -211,6 +223,8 @@ impl Watch {
                 }
             }
         }
+        let round = compute::Round { store: &self.store, workloads: &workloads, snapshot, config: &config, now };
+        self.compute.round(&round, &mut self.terminations, &mut self.records, events);
         let vgpu_gpus: HashSet<String> = workloads.iter().flat_map(|w| w.gpus.iter().map(|g| g.uuid.clone())).collect();
         self.unmanaged = unmanaged::find(snapshot, &vgpu_gpus, &[self.me.pid]);
         for u in self.reported.first_time(&self.unmanaged) {

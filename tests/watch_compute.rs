@@ -17,20 +17,19 @@
 mod common;
 #[path = "support/process.rs"]
 mod process;
+#[path = "support/watch.rs"]
+mod watch;
 #[path = "support/workload.rs"]
 mod workload;
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use common::{wait_for, Sim};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use serde_json::Value;
 use vgpu::cgroup::{Cgroup, FreezerState, Layout};
+use watch::Watch;
 use workload::workload_bin;
 
 const TWO_GPUS: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB"), ("NVIDIA H100-sim", "80GiB")];
@@ -44,68 +43,38 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn config(policy: &str) -> String {
-    format!("[watch]\ninterval = \"200ms\"\ncompute_window = \"1s\"\ncompute = \"{policy}\"\nkill_after = \"2s\"\nlisten = \"\"\n")
+/// Short rounds and window; the metrics in a textfile (no endpoint).
+fn config(sim: &Sim, policy: &str) -> String {
+    format!(
+        "[watch]\ninterval = \"200ms\"\ncompute_window = \"1s\"\ncompute = \"{policy}\"\nkill_after = \"2s\"\nlisten = \"\"\ntextfile = \"{}\"\n",
+        sim.path("vgpu.prom").display()
+    )
 }
 
-/// `vgpu watch` in the background, its log (stderr, with the debug lines) in a file.
-struct Watch {
-    child: Child,
-    log: PathBuf,
+/// Wait until the metrics textfile counts `action` by the compute audit on workload `name`.
+fn wait_counted(sim: &Sim, action: &str, name: &str) {
+    let wanted = |l: &str| {
+        l.starts_with("vgpu_enforcements_total{")
+            && [format!("action=\"{action}\""), "reason=\"compute\"".to_string(), format!("name=\"{name}\"")].iter().all(|p| l.contains(p.as_str()))
+            && l.ends_with(" 1")
+    };
+    wait_for(&format!("vgpu_enforcements_total to count the {action} of {name}"), || {
+        std::fs::read_to_string(sim.path("vgpu.prom")).is_ok_and(|t| t.lines().any(wanted))
+    });
 }
 
-impl Watch {
-    fn start(sim: &Sim, name: &str) -> Watch {
-        let log = sim.path(&format!("{name}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
-        cmd.args(["--simulate", "watch"]).env_remove("VGPU_SIMULATE").env("VGPU_LOG", "vgpu=debug");
-        for (k, v) in sim.env() {
-            cmd.env(k, v);
-        }
-        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(File::create(&log).unwrap()).spawn().expect("spawn vgpu watch");
-        let watch = Watch { child, log };
-        watch.wait_line("vgpu watch: ready");
-        watch
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The first log line containing `needle`, once there is one.
-    fn wait_line(&self, needle: &str) -> String {
-        let mut found = None;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while found.is_none() && std::time::Instant::now() < deadline {
-            found = self.text().lines().find(|l| l.contains(needle)).map(str::to_string);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        found.unwrap_or_else(|| panic!("the watch never logged {needle:?}:\n{}", self.text()))
-    }
-
-    /// The figures it logged while throttling (NVML's share, the time let run).
-    fn figures(&self) -> Vec<String> {
-        self.text().lines().filter_map(|l| l.find("throttling vGPU").map(|at| l[at..].to_string())).collect()
-    }
-
-    fn signal(&mut self, signal: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
-        let status = self.child.wait().unwrap();
-        assert!(status.code().is_some() || signal == Signal::SIGKILL, "vgpu watch ended by {status}: {}", self.text());
-    }
+/// The watch's figures while throttling (the driver's share, the time let run).
+fn figures(watch: &mut Watch) -> Vec<String> {
+    watch.drain().iter().filter_map(|l| l.find("throttling vGPU").map(|at| l[at..].to_string())).collect()
 }
 
-impl Drop for Watch {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// The first line containing `needle` from now on.
+fn line(watch: &mut Watch, needle: &str) -> String {
+    watch.wait_line(needle, |l| l.contains(needle))
+}
+
+fn logged(watch: &mut Watch, needle: &str) -> bool {
+    watch.drain().iter().any(|l| l.contains(needle))
 }
 
 /// `vgpu --simulate run ARGS… -- COMMAND…` in the background, stdout collected.
@@ -196,8 +165,8 @@ fn a_workload_bypassing_the_shim_is_throttled_to_its_share_and_one_within_it_is_
     let _serial = serial();
     workload_bin();
     let sim = Sim::new(TWO_GPUS);
-    sim.write_vgpu_config(&config("throttle"));
-    let watch = Watch::start(&sim, "watch");
+    sim.write_vgpu_config(&config(&sim, "throttle"));
+    let mut watch = Watch::start(&sim, &[]);
     let shape = ["sync", "8", "--kernel-us", "2000", "--window-ms", "500"];
     let mut bypass_cmd = vec!["env", "-u", "LD_PRELOAD", w()];
     bypass_cmd.extend_from_slice(&shape);
@@ -207,21 +176,22 @@ fn a_workload_bypassing_the_shim_is_throttled_to_its_share_and_one_within_it_is_
     let governed = run(&sim, &["--name", "governed", "--gpu", "1", "--mem", "1G", "--compute", "30"], &governed_cmd);
 
     // (a) The watch throttles it, says why, and the record shows it.
-    let line = watch.wait_line("throttling workload bypass (");
-    assert!(line.contains("GPU 0 at ") && line.contains("% by the driver, share 30%, the shim sees 0%"), "{line}");
+    let throttling = line(&mut watch, "throttling workload bypass (");
+    assert!(throttling.contains("GPU 0 at ") && throttling.contains("% by the driver, share 30%, the shim sees 0%"), "{throttling}");
     let r = row(&sim, "bypass");
     assert_eq!(r["enforcement"]["action"], "throttled", "{r:#}");
     assert_eq!(r["enforcement"]["by"]["pid"], watch.pid(), "{r:#}");
     assert!(r["enforcement"]["reason"].as_str().unwrap().contains("share 30%"), "{r:#}");
     let table = String::from_utf8(sim.vgpu(&["ps"]).output().unwrap().stdout).unwrap();
     assert!(table.contains("throttled: GPU 0 at"), "{table}");
+    wait_counted(&sim, "throttle", "bypass");
 
     // (c) The shim holds the other to its share: the watch leaves it alone.
     let g = row(&sim, "governed");
     assert!(g["enforcement"].is_null(), "{g:#}");
 
     let (bypass, governed) = (windows(bypass), windows(governed));
-    assert!(!watch.text().contains("workload governed ("), "the governed workload was acted on:\n{}", watch.text());
+    assert!(!logged(&mut watch, "workload governed ("), "the governed workload was acted on:\n{}", watch.log.join("\n"));
 
     // (b) Its later windows hold its share; the first (before the audit's window ended)
     // did not.
@@ -231,7 +201,7 @@ fn a_workload_bypassing_the_shim_is_throttled_to_its_share_and_one_within_it_is_
     eprintln!("bypassing workload, GPU share per 500 ms window (kernels × 2 ms): {:?}", bypass.iter().map(|&k| share(k).round()).collect::<Vec<_>>());
     eprintln!("governed workload at --compute 30, the same: {:?}", governed.iter().map(|&k| share(k).round()).collect::<Vec<_>>());
     eprintln!("bypassing: first window {first:.0}%, windows 8–{}: {held:.1}% ({:.2} of the first)", bypass.len() - 2, held / first);
-    eprintln!("the watch's figures while throttling:\n  {}", watch.figures().join("\n  "));
+    eprintln!("the watch's figures while throttling:\n  {}", figures(&mut watch).join("\n  "));
     assert!(first > 45.0, "unthrottled at first: {first:.0}% ({bypass:?})");
     assert!((20.0..=40.0).contains(&held), "throttled to {held:.1}% of the GPU, share 30 ± 10 ({bypass:?})");
     assert!(held < 0.75 * first, "the rate fell: {held:.1}% vs {first:.1}% at first ({bypass:?})");
@@ -242,21 +212,25 @@ fn under_compute_kill_the_bypassing_process_is_terminated_and_the_reason_recorde
     let _serial = serial();
     workload_bin();
     let sim = Sim::new(TWO_GPUS);
-    sim.write_vgpu_config(&config("kill"));
-    let watch = Watch::start(&sim, "watch");
+    sim.write_vgpu_config(&config(&sim, "kill"));
+    let mut watch = Watch::start(&sim, &[]);
     let (script, status, done) = bypassing(&sim, "20", "2000");
     let child = run(&sim, &["--name", "killme", "--mem", "1G", "--compute", "30"], &["sh", "-c", &script]);
-    let line = watch.wait_line("SIGTERM to pid");
-    assert!(line.contains("of workload killme (") && line.contains("over its compute share unseen by the shim: GPU 0 at "), "{line}");
-    let pid: u64 = line.split("SIGTERM to pid ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
+    let term = line(&mut watch, "SIGTERM to pid");
+    assert!(term.contains("of workload killme (") && term.contains("over its compute share unseen by the shim: GPU 0 at "), "{term}");
+    let pid: u64 = term.split("SIGTERM to pid ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
     assert_eq!(wait_status(&status), 128 + 15, "gpu_workload died of SIGTERM");
     let r = row(&sim, "killme");
     assert_eq!(r["enforcement"]["action"], "killed", "{r:#}");
     assert!(r["enforcement"]["reason"].as_str().unwrap().starts_with("over its compute share unseen by the shim"), "{r:#}");
     assert_eq!(r["enforcement"]["pids"], serde_json::json!([pid]), "{r:#}");
-    assert!(!watch.text().contains("throttling workload"), "kill, not throttle:\n{}", watch.text());
+    wait_counted(&sim, "kill", "killme");
+    assert!(!logged(&mut watch, "throttling workload"), "kill, not throttle:\n{}", watch.log.join("\n"));
     std::fs::write(done, b"").unwrap();
-    assert!(child.wait_with_output().unwrap().status.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("vgpu watch killed pid {pid} of killme (")) && stderr.contains("over its compute share unseen by the shim"), "{stderr}");
 }
 
 #[test]
@@ -264,24 +238,24 @@ fn throttling_that_cannot_hold_long_kernels_escalates_to_a_kill() {
     let _serial = serial();
     workload_bin();
     let sim = Sim::new(TWO_GPUS);
-    sim.write_vgpu_config(&config("throttle"));
-    let watch = Watch::start(&sim, "watch");
+    sim.write_vgpu_config(&config(&sim, "throttle"));
+    let mut watch = Watch::start(&sim, &[]);
     // 2 s kernels: the GPU runs what was queued before each freeze, so freezing cannot
     // bring the share down.
     let (script, status, done) = bypassing(&sim, "30", "2000000");
     let child = run(&sim, &["--name", "long", "--mem", "1G", "--compute", "30"], &["sh", "-c", &script]);
-    watch.wait_line("throttling workload long (");
-    let line = watch.wait_line("throttling did not bring it down");
-    assert!(line.contains("workload long (") && line.contains("terminating what the shim does not see"), "{line}");
-    let term = watch.wait_line("SIGTERM to pid");
+    line(&mut watch, "throttling workload long (");
+    let escalation = line(&mut watch, "throttling did not bring it down");
+    assert!(escalation.contains("workload long (") && escalation.contains("terminating what the shim does not see"), "{escalation}");
+    let term = line(&mut watch, "SIGTERM to pid");
     assert!(term.contains("throttling did not bring it down: GPU 0 at "), "{term}");
-    watch.wait_line("stopped throttling workload long (");
+    line(&mut watch, "stopped throttling workload long (");
     assert_eq!(wait_status(&status), 128 + 15, "gpu_workload died of SIGTERM (thawed to act on it)");
     let r = row(&sim, "long");
     assert_eq!(r["enforcement"]["action"], "killed", "{r:#}");
     assert!(r["enforcement"]["reason"].as_str().unwrap().starts_with("throttling did not bring it down"), "{r:#}");
     assert!(!frozen(r["id"].as_str().unwrap()), "thawed");
-    eprintln!("the watch's figures while throttling:\n  {}", watch.figures().join("\n  "));
+    eprintln!("the watch's figures while throttling:\n  {}", figures(&mut watch).join("\n  "));
     std::fs::write(done, b"").unwrap();
     assert!(child.wait_with_output().unwrap().status.success());
 }
@@ -291,36 +265,38 @@ fn a_stopped_watch_thaws_and_clears_and_after_a_crashed_one_reconcile_does() {
     let _serial = serial();
     workload_bin();
     let sim = Sim::new(TWO_GPUS);
-    sim.write_vgpu_config(&config("throttle"));
+    sim.write_vgpu_config(&config(&sim, "throttle"));
     let (script, _status, done) = bypassing(&sim, "40", "2000");
     let child = run(&sim, &["--name", "cycled", "--mem", "1G", "--compute", "30"], &["sh", "-c", &script]);
     let id = id_of(&sim, "cycled");
 
     // SIGTERM: the watch thaws it and clears its record itself.
-    let mut watch = Watch::start(&sim, "first");
-    watch.wait_line("throttling workload cycled (");
+    let mut watch = Watch::start(&sim, &[]);
+    line(&mut watch, "throttling workload cycled (");
     wait_for("the watch to freeze it", || frozen(&id));
-    watch.signal(Signal::SIGTERM);
-    assert!(watch.text().contains(&format!("stopped throttling workload cycled ({id}): vgpu watch is stopping")), "{}", watch.text());
+    watch.signal(libc::SIGTERM);
+    line(&mut watch, &format!("stopped throttling workload cycled ({id}): vgpu watch is stopping"));
+    line(&mut watch, "vgpu watch: stopped");
+    drop(watch);
     assert!(!frozen(&id), "left frozen by a stopped watch");
     assert!(record(&sim, &id)["enforcement"].is_null(), "{:#}", record(&sim, &id));
 
     // SIGKILL, caught while the cgroup is frozen: nothing cleaned up ...
-    let mut watch = Watch::start(&sim, "second");
-    watch.wait_line("throttling workload cycled (");
-    let pid = Pid::from_raw(watch.pid() as i32);
+    let mut watch = Watch::start(&sim, &[]);
+    line(&mut watch, "throttling workload cycled (");
     wait_for("the watch to be stopped with the cgroup frozen", || {
         if !frozen(&id) {
             return false;
         }
-        kill(pid, Signal::SIGSTOP).unwrap();
+        watch.signal(libc::SIGSTOP);
         if frozen(&id) {
             return true;
         }
-        kill(pid, Signal::SIGCONT).unwrap();
+        watch.signal(libc::SIGCONT);
         false
     });
-    watch.signal(Signal::SIGKILL);
+    watch.signal(libc::SIGKILL);
+    drop(watch);
     assert!(frozen(&id));
     assert_eq!(record(&sim, &id)["enforcement"]["action"], "throttled");
     // ... until the next command reconciles: thawed and no longer recorded throttled.

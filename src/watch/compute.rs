@@ -16,6 +16,7 @@ use super::Event;
 use crate::audit::compute::{Action, ComputeAudit, Settings, Verdict};
 use crate::audit::terminate::Terminations;
 use crate::audit::Snapshot;
+use crate::metrics::{self, Enforcements, WorkloadLabels};
 use crate::state::{Store, Workload, WorkloadState};
 
 /// How long clearing the throttles from the records waits for the store lock when the
@@ -29,6 +30,8 @@ pub struct Round<'a> {
     pub snapshot: &'a Snapshot,
     pub config: &'a WatchConfig,
     pub now: Instant,
+    /// The counters of `vgpu_enforcements_total` (`reason = "compute"`).
+    pub counters: &'a Enforcements,
 }
 
 /// The compute audit's memory and the throttler.
@@ -64,6 +67,7 @@ impl ComputeEnforcer {
                         if !self.throttling.contains_key(&w.id) {
                             events.push(Event::info(format!("throttling {}: {}", enforce::whose(r.workloads, &w.id), v.reason)));
                             records.add(&w.id, enforce::throttled(self.me, &v.reason, gpu_pids(r.snapshot, w, &v.gpu_uuid)));
+                            r.counters.record(metrics::Action::Throttle, "compute", &WorkloadLabels::of(w));
                         }
                     }
                     if !start {
@@ -87,6 +91,12 @@ impl ComputeEnforcer {
                 Action::Report => {
                     for w in &members {
                         events.push(Event::warn(format!("{} is {} ([watch] compute = \"report\")", enforce::whose(r.workloads, &w.id), v.reason)));
+                    }
+                    let owners = enforce::owners(r.snapshot);
+                    for (id, processes) in enforce::by_owner(&v.offenders, &owners) {
+                        for _ in processes {
+                            r.counters.record(metrics::Action::Report, "compute", &WorkloadLabels::find(r.workloads, &id));
+                        }
                     }
                 }
             }
@@ -135,22 +145,26 @@ impl ComputeEnforcer {
         events
     }
 
-    /// SIGTERM (then SIGKILL) the offenders of a kill verdict, recorded per workload.
+    /// SIGTERM (then SIGKILL) the offenders of a kill verdict. The record says why before
+    /// the signal lands, so that `vgpu run` finds the reason when its workload ends.
     fn terminate(&self, r: &Round<'_>, v: &Verdict, terminations: &mut Terminations, records: &mut Records, events: &mut Vec<Event>) {
         let owners = enforce::owners(r.snapshot);
         for (id, processes) in enforce::by_owner(&v.offenders, &owners) {
+            let fresh: Vec<ProcessId> = processes.into_iter().filter(|p| !terminations.is_pending(*p)).collect();
+            if fresh.is_empty() {
+                continue;
+            }
+            records.add(&id, enforce::killed(self.me, &v.reason, fresh.iter().map(|p| p.pid).collect()));
+            records.flush(r.store, events);
             let whose = enforce::whose(r.workloads, &id);
-            let mut signalled = Vec::new();
-            for p in processes {
+            let labels = WorkloadLabels::find(r.workloads, &id);
+            for p in fresh {
                 if let Some(event) = terminations.terminate(p, &whose, &v.reason, r.now, r.config.kill_after) {
                     if event.level != super::Level::Warn {
-                        signalled.push(p.pid);
+                        r.counters.record(metrics::Action::Kill, "compute", &labels);
                     }
                     events.push(event);
                 }
-            }
-            if !signalled.is_empty() {
-                records.add(&id, enforce::killed(self.me, &v.reason, signalled));
             }
         }
     }

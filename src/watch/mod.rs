@@ -223,7 +223,7 @@ impl Watch {
                 }
             }
         }
-        let round = compute::Round { store: &self.store, workloads: &workloads, snapshot, config: &config, now };
+        let round = compute::Round { store: &self.store, workloads: &workloads, snapshot, config: &config, now, counters: self.metrics.enforcements() };
         self.compute.round(&round, &mut self.terminations, &mut self.records, events);
         let vgpu_gpus: HashSet<String> = workloads.iter().flat_map(|w| w.gpus.iter().map(|g| g.uuid.clone())).collect();
         self.unmanaged = unmanaged::find(snapshot, &vgpu_gpus, &[self.me.pid]);

@@ -95,6 +95,20 @@ mod tests {
 
     #[test]
     fn created_with_the_mode_asked_for_whatever_the_umask() {
+        // The umask is the whole process's: change it only in a child that runs this test
+        // alone, never beside the other tests' threads (their files would get mode 0777).
+        const CHILD: &str = "VGPU_TEST_UMASK_CHILD";
+        if std::env::var_os(CHILD).is_none() {
+            let name = "state::dirs::tests::created_with_the_mode_asked_for_whatever_the_umask";
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", name, "--test-threads=1"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success() && stdout.contains("1 passed"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+            return;
+        }
         let tmp = tempfile::tempdir().unwrap();
         let old = umask(0);
         let made = ensure_dir(&tmp.path().join("a/b"), DIR_MODE);

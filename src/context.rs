@@ -90,6 +90,18 @@ impl Context {
         Ok(nvml)
     }
 
+    /// NVML as [`Context::nvml`] opens it, making nothing: in simulation mode the simulated
+    /// driver is loaded from where it is installed, not through the link directory under the
+    /// state directory (which only root can make). For the listing commands.
+    pub fn nvml_read_only(&self) -> Result<Option<Nvml>> {
+        let library = if self.simulate { Some(crate::paths::find_fake_driver()?) } else { None };
+        let nvml = Nvml::open(library.as_deref()).context("cannot initialise NVML")?;
+        if nvml.is_none() && self.simulate {
+            anyhow::bail!("the simulated driver did not initialise (check FAKEGPU_CONFIG; its message is above)");
+        }
+        Ok(nvml)
+    }
+
     /// Directory of `libcuda.so.1`/`libnvidia-ml.so.1` links to put first on a workload's
     /// `LD_LIBRARY_PATH`, in simulation mode only.
     pub fn driver_library_dir(&self) -> Result<Option<PathBuf>> {

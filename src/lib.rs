@@ -21,6 +21,7 @@ pub mod paths;
 pub mod policy;
 pub mod pool;
 pub mod pooling;
+pub mod read_only;
 pub mod recovery;
 pub mod repair;
 pub mod state;

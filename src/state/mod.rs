@@ -123,6 +123,20 @@ impl Store {
         Ok(())
     }
 
+    /// Check, never create, the store's directories that exist, as [`Store::ensure_dirs`]
+    /// checks them: what a read-only listing reads comes from directories nobody but root
+    /// (or this user) could have written. A directory that does not exist holds nothing.
+    pub fn check_existing_dirs(&self) -> Result<(), StateError> {
+        for dir in [&self.state_dir, &self.workloads_dir(), &self.vgpus_dir(), &self.lib_dir] {
+            match std::fs::symlink_metadata(dir) {
+                Ok(_) => dirs::check_dir(dir)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StateError::io(dir, e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Take the store's lock (blocking).
     pub fn lock(&self) -> Result<StoreLock, StateError> {
         self.ensure_dirs()?;

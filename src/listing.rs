@@ -1,5 +1,13 @@
 //! What `vgpu ps` lists for each workload, built once for the listing, `--json` and the
 //! metrics `vgpu watch` exports (so the figures agree).
+//!
+//! A row's live figures are the shim's (the vGPU's usage file). Where that file cannot be
+//! read — another user's workload: the file is its user's, 0600 — [`driver`] fills in what
+//! the driver (NVML) says of the workload's processes, and says so, so that every user sees
+//! every workload as `nvidia-smi` shows every process. [`workloads`] is the whole listing.
+
+pub mod driver;
+pub mod workloads;
 
 use serde::Serialize;
 use vgpu_abi::layout::USAGE_FILE;
@@ -30,6 +38,15 @@ pub struct Row {
     pub pool_blocks: Option<u64>,
     pub pids: Vec<u32>,
     pub state: String,
+    /// Whether the `vgpu run` supervising it still runs. Always true after a reconcile; a
+    /// read-only listing ([`crate::read_only`]) shows a dead one's record as it is, and the
+    /// next command run as root cleans it up.
+    pub supervisor_alive: bool,
+    /// Whether the vGPU's usage file (the shim's counters) could be read: false for another
+    /// user's workload when not root. Then `mem_used` is the driver's figure
+    /// (`mem_used_source`), `compute_measured_pct` is null, `gpu_time_ns` and `throttled_ns`
+    /// are 0 (unknown), and the compute share and policy are the record's.
+    pub usage_readable: bool,
     pub suspended_reason: Option<String>,
     /// What `vgpu watch` did to it and why (killed or throttled), if anything.
     pub enforcement: Option<Enforcement>,
@@ -46,6 +63,10 @@ pub struct GpuRow {
     pub mem_used: Option<u64>,
     /// The most the vGPU held on this GPU at once (the shim's count), if known.
     pub mem_peak: Option<u64>,
+    /// Where `mem_used` comes from: the shim's counter (the whole vGPU: a partition's
+    /// workloads together), or the driver (the device memory NVML says this workload's
+    /// processes hold on the GPU). Null when there is no figure.
+    pub mem_used_source: Option<MemSource>,
     pub mem_quota: u64,
     pub compute_pct: u32,
     pub compute_measured_pct: Option<f64>,
@@ -58,9 +79,23 @@ pub struct GpuRow {
 pub struct ProcRow {
     pub pid: u32,
     pub mem_used: Vec<u64>,
+    /// Empty when `source` is the driver (it does not say).
     pub mem_peak: Vec<u64>,
-    /// GPU time charged to this process, per device of the vGPU, ns.
+    /// GPU time charged to this process, per device of the vGPU, ns. Empty when `source` is
+    /// the driver.
     pub gpu_time_ns: Vec<u64>,
+    /// The shim's per-process file, or the driver (the usage file could not be read).
+    pub source: MemSource,
+}
+
+/// Where a memory figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemSource {
+    /// The shim's counters in the vGPU's files.
+    Shim,
+    /// NVML's per-process device memory of the workload's processes.
+    Driver,
 }
 
 /// Parts per million → percent with one decimal.
@@ -84,6 +119,7 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
                 uuid: g.uuid.clone(),
                 mem_used: live.map(|d| d.used_bytes),
                 mem_peak: live.map(|d| d.peak_bytes),
+                mem_used_source: live.map(|_| MemSource::Shim),
                 mem_quota: g.mem_bytes,
                 compute_pct: live.map(|d| d.compute_pct).unwrap_or(g.compute_pct),
                 compute_measured_pct: live.and_then(|d| d.measured_share_ppm).map(ppm_to_pct),
@@ -110,7 +146,13 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
             .unwrap_or_default()
             .into_iter()
             .filter(|p| p.alive && pids.contains(&p.pid))
-            .map(|p| ProcRow { pid: p.pid, mem_used: p.used_bytes, mem_peak: p.peak_bytes, gpu_time_ns: p.compute_ns })
+            .map(|p| ProcRow {
+                pid: p.pid,
+                mem_used: p.used_bytes,
+                mem_peak: p.peak_bytes,
+                gpu_time_ns: p.compute_ns,
+                source: MemSource::Shim,
+            })
             .collect()
     });
     let age = crate::commands::run::now_ms().saturating_sub(w.created_unix_ms) / 1000;
@@ -128,6 +170,8 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
         pool_blocks: w.pool_blocks,
         pids,
         state: w.state.as_str().to_string(),
+        supervisor_alive: w.supervisor_alive(),
+        usage_readable: usage.is_some(),
         suspended_reason: w.suspended_reason.clone(),
         enforcement: w.enforcement.clone(),
         age_seconds: age,

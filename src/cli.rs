@@ -54,7 +54,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List GPUs: memory, clocks, power, utilization, processes
-    Devices(JsonArgs),
+    Devices(crate::commands::devices::DevicesArgs),
     /// Check the host: driver, cgroups, shim, permissions, state files, MPS/MIG; --repair removes damaged state files
     Doctor(crate::commands::doctor::DoctorArgs),
     /// Run a command in a vGPU: cgroup, quota shim, signals, exit code, clean-up

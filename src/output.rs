@@ -1,4 +1,6 @@
-//! How listings look: comfy-table for people, JSON for scripts.
+//! How listings look: comfy-table for people, JSON for scripts; `--watch` redraws them.
+
+pub mod refresh;
 
 use comfy_table::presets::UTF8_BORDERS_ONLY;
 use comfy_table::{ContentArrangement, Table};

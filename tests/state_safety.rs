@@ -137,7 +137,9 @@ fn a_held_store_lock_fails_in_time_naming_its_holder() {
     let held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).unwrap();
     std::fs::write(&lock_path, format!("{}\n", std::process::id())).unwrap();
 
-    let out = vgpu_guarded(&sim, &["ps"], &[("VGPU_LOCK_TIMEOUT_MS", "500")]);
+    // A command that changes the state waits for the lock (a listing such as `ps` does not
+    // wait: it reads the state as it is, tests/monitoring.rs).
+    let out = vgpu_guarded(&sim, &["partition", "remove", "nothing"], &[("VGPU_LOCK_TIMEOUT_MS", "500")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();

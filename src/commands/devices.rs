@@ -1,15 +1,31 @@
 //! `vgpu devices`: the GPUs NVML sees.
 
+use std::time::Duration;
+
 use anyhow::Result;
+use clap::Args;
 use vgpu_abi::size::format_size;
 
-use crate::cli::JsonArgs;
 use crate::context::Context;
 use crate::gpu::GpuInfo;
-use crate::output::{or_dash, print_json, table};
+use crate::output::refresh::{self, Style};
+use crate::output::{or_dash, table};
 
-pub fn run(ctx: &Context, args: &JsonArgs) -> Result<()> {
-    let Some(nvml) = ctx.nvml()? else {
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every SECONDS [default: 2, at least 0.1] until interrupted: in place on a terminal, else one table (with --json one JSON line) per refresh
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = refresh::DEFAULT_SECONDS, value_parser = refresh::parse_interval)]
+    pub watch: Option<Duration>,
+}
+
+pub fn run(ctx: &Context, args: &DevicesArgs) -> Result<()> {
+    // Root as every command (the simulated driver's link directory is made); anyone else
+    // makes nothing.
+    let nvml = if crate::read_only::is_root() { ctx.nvml()? } else { ctx.nvml_read_only()? };
+    let Some(nvml) = nvml else {
         if args.json {
             println!("[]");
         } else {
@@ -17,16 +33,26 @@ pub fn run(ctx: &Context, args: &JsonArgs) -> Result<()> {
         }
         return Ok(());
     };
-    let gpus = nvml.inventory()?;
-    if args.json {
-        return print_json(&gpus);
+    let frame = |pretty: bool| -> Result<String> {
+        let gpus = nvml.inventory()?;
+        if args.json {
+            return Ok(if pretty { serde_json::to_string_pretty(&gpus)? } else { serde_json::to_string(&gpus)? });
+        }
+        if gpus.is_empty() {
+            return Ok("The NVIDIA driver reports no GPUs.".into());
+        }
+        Ok(render(&gpus).to_string())
+    };
+    match args.watch {
+        None => {
+            println!("{}", frame(true)?);
+            Ok(())
+        }
+        Some(interval) => {
+            let style = if args.json { Style::JsonLines } else { Style::Table };
+            refresh::run(interval, "vgpu devices", style, || frame(false))
+        }
     }
-    if gpus.is_empty() {
-        println!("The NVIDIA driver reports no GPUs.");
-        return Ok(());
-    }
-    println!("{}", render(&gpus));
-    Ok(())
 }
 
 fn render(gpus: &[GpuInfo]) -> comfy_table::Table {

@@ -1,57 +1,123 @@
 //! `vgpu ps`: workloads, their quotas and what they use.
 
+use std::collections::HashSet;
+use std::time::Duration;
+
 use anyhow::Result;
 use clap::Args;
+use serde::Serialize;
 use vgpu_abi::size::format_size;
 
-use crate::cgroup::Layout;
 use crate::context::Context;
-use crate::output::{print_json, table};
-use crate::listing::{row, Row};
+use crate::listing::driver::{Driver, UnmanagedRow};
+use crate::listing::workloads::{self, Listing, Options};
+use crate::listing::{MemSource, Row};
+use crate::output::refresh::{self, Style};
+use crate::output::table;
 use crate::state::Store;
 
 #[derive(Debug, Args)]
 pub struct PsArgs {
-    /// Also list every process of each workload (from the shim's per-process files)
+    /// Also list every process of each workload (the shim's per-process files; the driver's figures where those cannot be read)
     #[arg(short, long)]
     pub all: bool,
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// With --json: print {"workloads": [...], "unmanaged": [...]}, adding the processes in no vGPU on the workloads' GPUs (the table always shows them)
+    #[arg(long)]
+    pub unmanaged: bool,
+    /// Refresh every SECONDS [default: 2, at least 0.1] until interrupted: in place on a terminal, else one table (with --json one JSON line) per refresh
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = refresh::DEFAULT_SECONDS, value_parser = refresh::parse_interval)]
+    pub watch: Option<Duration>,
+}
+
+/// `ps --json --unmanaged`.
+#[derive(Serialize)]
+struct WithUnmanaged<'a> {
+    workloads: &'a [Row],
+    unmanaged: &'a [UnmanagedRow],
 }
 
 pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    let damaged = {
-        let lock = store.lock()?;
-        crate::lifecycle::reconcile(&store, &lock).damaged
+    let driver = Driver::new(ctx);
+    // The table always says what else runs on the workloads' GPUs; JSON when asked.
+    let options = Options { processes: args.all, unmanaged: args.unmanaged || !args.json };
+    // Each damaged record is reported once, however many refreshes list it.
+    let mut reported = HashSet::new();
+    let mut frame = |pretty: bool| -> Result<String> {
+        let listing = workloads::list(&store, &driver, options)?;
+        for err in &listing.damaged {
+            let line = err.to_string();
+            if reported.insert(line.clone()) {
+                eprintln!("vgpu: warning: {line}");
+            }
+        }
+        render(&listing, args, pretty)
     };
-    for err in &damaged {
-        eprintln!("vgpu: warning: {err}");
+    match args.watch {
+        None => {
+            println!("{}", frame(true)?);
+            Ok(())
+        }
+        Some(interval) => {
+            let style = if args.json { Style::JsonLines } else { Style::Table };
+            refresh::run(interval, "vgpu ps", style, || frame(false))
+        }
     }
-    let (workloads, _) = store.workloads();
-    let layout = Layout::detect();
-    let rows: Vec<Row> = workloads.iter().map(|w| row(&store, layout.as_ref(), w, args.all)).collect();
+}
+
+fn render(listing: &Listing, args: &PsArgs, pretty: bool) -> Result<String> {
     if args.json {
-        return print_json(&rows);
+        let text = match (&listing.unmanaged, args.unmanaged) {
+            (Some(unmanaged), true) => to_json(&WithUnmanaged { workloads: &listing.rows, unmanaged }, pretty)?,
+            _ => to_json(&listing.rows, pretty)?,
+        };
+        return Ok(text);
     }
-    if rows.is_empty() {
-        println!("No workloads running.");
-        return Ok(());
+    let mut out = Vec::new();
+    if listing.rows.is_empty() {
+        out.push("No workloads running.".to_string());
+    } else {
+        out.push(workload_table(&listing.rows).to_string());
     }
+    let from_driver = listing.rows.iter().any(|r| r.gpus.iter().any(|g| g.mem_used_source == Some(MemSource::Driver)));
+    if from_driver {
+        out.push("* from the driver (NVML): the workload's own processes; its vGPU's counters are its user's".into());
+    }
+    if let Some(unmanaged) = listing.unmanaged.as_deref().filter(|u| !u.is_empty()) {
+        out.push(format!("{} process(es) on these GPUs are in no vGPU:", unmanaged.len()));
+        out.push(unmanaged_table(unmanaged).to_string());
+    }
+    Ok(out.join("\n"))
+}
+
+fn to_json<T: Serialize + ?Sized>(value: &T, pretty: bool) -> Result<String> {
+    Ok(if pretty { serde_json::to_string_pretty(value)? } else { serde_json::to_string(value)? })
+}
+
+fn workload_table(rows: &[Row]) -> comfy_table::Table {
     let mut t = table(["ID", "NAME", "USER", "GPU", "MEM used/quota", "COMPUTE", "MEASURED", "PIDS", "STATE", "AGE", "COMMAND"]);
-    for r in &rows {
+    for r in rows {
         let gpus: Vec<String> = r.gpus.iter().map(|g| g.index.to_string()).collect();
         let mem: Vec<String> = r
             .gpus
             .iter()
-            .map(|g| format!("{} / {}", g.mem_used.map(format_size).unwrap_or_else(|| "?".into()), format_size(g.mem_quota)))
+            .map(|g| {
+                let used = g.mem_used.map(format_size).unwrap_or_else(|| "?".into());
+                let mark = if g.mem_used_source == Some(MemSource::Driver) { "*" } else { "" };
+                format!("{used}{mark} / {}", format_size(g.mem_quota))
+            })
             .collect();
-        let state = match (&r.enforcement, &r.suspended_reason) {
+        let mut state = match (&r.enforcement, &r.suspended_reason) {
             (Some(e), _) => format!("{}: {}", e.action.as_str(), e.reason),
             (None, Some(why)) => format!("{} ({why})", r.state),
             (None, None) => r.state.clone(),
         };
+        if !r.supervisor_alive {
+            state.push_str(", supervisor gone");
+        }
         let name = match &r.partition {
             Some(p) => format!("{} [{p}]", r.name),
             None => r.name.clone(),
@@ -70,8 +136,13 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
             r.command.join(" "),
         ]);
         for p in r.processes.iter().flatten() {
-            let mem: Vec<String> = p.mem_used.iter().zip(&p.mem_peak).map(|(u, pk)| format!("{} (peak {})", format_size(*u), format_size(*pk))).collect();
-            let gpu_time: Vec<String> = p.gpu_time_ns.iter().map(|ns| format!("{:.3}s gpu", *ns as f64 / 1e9)).collect();
+            let (mem, gpu_time): (Vec<String>, Vec<String>) = match p.source {
+                MemSource::Shim => (
+                    p.mem_used.iter().zip(&p.mem_peak).map(|(u, pk)| format!("{} (peak {})", format_size(*u), format_size(*pk))).collect(),
+                    p.gpu_time_ns.iter().map(|ns| format!("{:.3}s gpu", *ns as f64 / 1e9)).collect(),
+                ),
+                MemSource::Driver => (p.mem_used.iter().map(|u| format!("{}*", format_size(*u))).collect(), Vec::new()),
+            };
             t.add_row([
                 String::new(),
                 format!("  pid {}", p.pid),
@@ -87,8 +158,22 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
             ]);
         }
     }
-    println!("{t}");
-    Ok(())
+    t
+}
+
+fn unmanaged_table(unmanaged: &[UnmanagedRow]) -> comfy_table::Table {
+    let mut t = table(["GPU", "PID", "USER", "MEMORY", "COMMAND"]);
+    for u in unmanaged {
+        let p = &u.process;
+        t.add_row([
+            p.gpu_index.to_string(),
+            p.pid.to_string(),
+            u.user.clone().unwrap_or_else(|| "?".into()),
+            p.memory_bytes.map(format_size).unwrap_or_else(|| "?".into()),
+            p.command.clone().unwrap_or_else(|| "?".into()),
+        ]);
+    }
+    t
 }
 
 /// Target share and policy per GPU: `30% strict`.

@@ -114,8 +114,20 @@ fn budget(ctx: &Context, given: Option<f64>) -> Result<f64> {
 }
 
 fn open_nvml(ctx: &Context) -> Result<Nvml> {
-    ctx.nvml()?.context("no NVIDIA driver found (libnvidia-ml.so.1 not loadable); try --simulate")
+    ctx.nvml()?.context(NO_DRIVER)
 }
+
+/// NVML for a command that only looks (`plan`): as [`open_nvml`] for root, and making
+/// nothing for anyone else (who could not).
+fn open_nvml_to_look(ctx: &Context) -> Result<Nvml> {
+    if crate::read_only::is_root() {
+        open_nvml(ctx)
+    } else {
+        ctx.nvml_read_only()?.context(NO_DRIVER)
+    }
+}
+
+const NO_DRIVER: &str = "no NVIDIA driver found (libnvidia-ml.so.1 not loadable); try --simulate";
 
 fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<Device>> {
     let config = &ctx.config.carbon;
@@ -218,7 +230,9 @@ fn make_plan(ctx: &Context, devices: &[Device], intensity: &Intensity, budget: f
 }
 
 fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
-    let found = current_intensity(ctx, args.intensity, true)?;
+    // Root remembers a good reading for `apply`'s bad days; anyone else only looks (the
+    // library directory is root's).
+    let found = current_intensity(ctx, args.intensity, crate::read_only::is_root())?;
     if args.json {
         return print_json(&found);
     }
@@ -251,7 +265,7 @@ struct PlanView<'a> {
 
 fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let budget = budget(ctx, args.budget)?;
-    let nvml = open_nvml(ctx)?;
+    let nvml = open_nvml_to_look(ctx)?;
     let devices = devices(ctx, &nvml)?;
     let intensity = current_intensity(ctx, args.intensity, false)?;
     let plan = make_plan(ctx, &devices, &intensity, budget)?;

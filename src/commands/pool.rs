@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use crate::context::Context;
 use crate::output::{print_json, table};
 use crate::pool::PoolView;
+use crate::read_only::Access;
 use crate::state::Store;
 
 #[derive(Debug, Args)]
@@ -24,28 +25,52 @@ pub enum PoolCommand {
 }
 
 pub fn run(ctx: &Context, args: &PoolArgs) -> Result<()> {
-    let gpus = match ctx.nvml()? {
-        Some(nvml) => nvml.inventory()?,
-        None => Vec::new(),
-    };
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    let lock = store.lock()?;
-    crate::lifecycle::reconcile(&store, &lock);
-    let mut pool = crate::pooling::current(ctx, &store, &gpus)?;
-    let plan = pool.settle();
-    crate::pooling::execute(&store, &lock, &mut pool, plan)?;
     if let Some(PoolCommand::Compact) = args.command {
-        let moved = pool.compact();
-        crate::pooling::save(&store, &pool)?;
-        println!("{}", if moved { "compacted the pool" } else { "the pool was already compact" });
-        return Ok(());
+        return compact(ctx, &store);
     }
-    let view = pool.view();
-    drop(lock);
+    // A listing makes nothing, not even the simulated driver's link directory.
+    let gpus = inventory(ctx.nvml_read_only()?)?;
+    let view = match Access::take(&store)? {
+        // As every command: reconcile, then settle what waits for blocks.
+        Access::Writer(lock) => {
+            crate::lifecycle::reconcile(&store, &lock);
+            let mut pool = crate::pooling::current(ctx, &store, &gpus)?;
+            let plan = pool.settle();
+            crate::pooling::execute(&store, &lock, &mut pool, plan)?;
+            pool.view()
+        }
+        // The pool as saved: nothing settled, nothing written.
+        Access::ReadOnly(_) => crate::pooling::current(ctx, &store, &gpus)?.view(),
+    };
     if args.json {
         return print_json(&view);
     }
     print_view(&view);
+    Ok(())
+}
+
+fn inventory(nvml: Option<crate::gpu::Nvml>) -> Result<Vec<crate::gpu::GpuInfo>> {
+    Ok(match nvml {
+        Some(nvml) => nvml.inventory()?,
+        None => Vec::new(),
+    })
+}
+
+/// `vgpu pool compact`: root's, under the store lock (waited for, as every change).
+fn compact(ctx: &Context, store: &Store) -> Result<()> {
+    if !crate::read_only::is_root() {
+        anyhow::bail!("vgpu pool compact must run as root (through sudo): it rewrites {}", store.state_dir.join(crate::pooling::POOL_FILE).display());
+    }
+    let gpus = inventory(ctx.nvml()?)?;
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(store, &lock);
+    let mut pool = crate::pooling::current(ctx, store, &gpus)?;
+    let plan = pool.settle();
+    crate::pooling::execute(store, &lock, &mut pool, plan)?;
+    let moved = pool.compact();
+    crate::pooling::save(store, &pool)?;
+    println!("{}", if moved { "compacted the pool" } else { "the pool was already compact" });
     Ok(())
 }
 

@@ -169,3 +169,21 @@ fn describe(pid: u32, memory_bytes: Option<u64>, sm_util_pct: Option<u32>) -> Gp
     };
     GpuProcessSample { pid, start_time, memory_bytes, sm_util_pct, owner }
 }
+
+/// An idle simulated H100 at `index` with these processes, for tests.
+#[cfg(test)]
+pub(crate) fn idle_gpu(index: u32, processes: Vec<GpuProcessSample>) -> GpuSample {
+    GpuSample {
+        index,
+        uuid: format!("GPU-{index}"),
+        name: "H100".into(),
+        memory_total: 80 << 30,
+        memory_used: 0,
+        utilization_pct: None,
+        power_w: None,
+        energy_mj: None,
+        sm_clock_mhz: None,
+        sm_clock_max_mhz: None,
+        processes,
+    }
+}

@@ -73,23 +73,9 @@ pub fn describe(u: &Unmanaged) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::{GpuProcessSample, GpuSample};
+    use crate::audit::GpuProcessSample;
 
-    fn gpu(index: u32, procs: Vec<GpuProcessSample>) -> GpuSample {
-        GpuSample {
-            index,
-            uuid: format!("GPU-{index}"),
-            name: "H100".into(),
-            memory_total: 80 << 30,
-            memory_used: 0,
-            utilization_pct: None,
-            power_w: None,
-            energy_mj: None,
-            sm_clock_mhz: None,
-            sm_clock_max_mhz: None,
-            processes: procs,
-        }
-    }
+    use crate::audit::idle_gpu as gpu;
 
     fn proc(pid: u32, owner: Owner) -> GpuProcessSample {
         GpuProcessSample { pid, start_time: Some(1), memory_bytes: Some(1 << 30), sm_util_pct: None, owner }

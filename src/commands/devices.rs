@@ -8,7 +8,7 @@ use vgpu_abi::size::format_size;
 
 use crate::context::Context;
 use crate::gpu::GpuInfo;
-use crate::output::refresh::{self, Style};
+use crate::output::refresh;
 use crate::output::{or_dash, table};
 
 #[derive(Debug, Args)]
@@ -43,16 +43,7 @@ pub fn run(ctx: &Context, args: &DevicesArgs) -> Result<()> {
         }
         Ok(render(&gpus).to_string())
     };
-    match args.watch {
-        None => {
-            println!("{}", frame(true)?);
-            Ok(())
-        }
-        Some(interval) => {
-            let style = if args.json { Style::JsonLines } else { Style::Table };
-            refresh::run(interval, "vgpu devices", style, || frame(false))
-        }
-    }
+    refresh::once_or_every(args.watch, args.json, "vgpu devices", frame)
 }
 
 fn render(gpus: &[GpuInfo]) -> comfy_table::Table {

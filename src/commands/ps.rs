@@ -12,7 +12,7 @@ use crate::context::Context;
 use crate::listing::driver::{Driver, UnmanagedRow};
 use crate::listing::workloads::{self, Listing, Options};
 use crate::listing::{MemSource, Row};
-use crate::output::refresh::{self, Style};
+use crate::output::refresh;
 use crate::output::table;
 use crate::state::Store;
 
@@ -46,7 +46,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
     let options = Options { processes: args.all, unmanaged: args.unmanaged || !args.json };
     // Each damaged record is reported once, however many refreshes list it.
     let mut reported = HashSet::new();
-    let mut frame = |pretty: bool| -> Result<String> {
+    let frame = |pretty: bool| -> Result<String> {
         let listing = workloads::list(&store, &driver, options)?;
         for err in &listing.damaged {
             let line = err.to_string();
@@ -56,16 +56,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
         }
         render(&listing, args, pretty)
     };
-    match args.watch {
-        None => {
-            println!("{}", frame(true)?);
-            Ok(())
-        }
-        Some(interval) => {
-            let style = if args.json { Style::JsonLines } else { Style::Table };
-            refresh::run(interval, "vgpu ps", style, || frame(false))
-        }
-    }
+    refresh::once_or_every(args.watch, args.json, "vgpu ps", frame)
 }
 
 fn render(listing: &Listing, args: &PsArgs, pretty: bool) -> Result<String> {

@@ -109,24 +109,10 @@ fn user_of(pid: u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::{GpuProcessSample, GpuSample, Owner};
+    use crate::audit::{GpuProcessSample, Owner};
     use crate::listing::GpuRow;
 
-    fn gpu(index: u32, processes: Vec<GpuProcessSample>) -> GpuSample {
-        GpuSample {
-            index,
-            uuid: format!("GPU-{index}"),
-            name: "H100".into(),
-            memory_total: 80 << 30,
-            memory_used: 0,
-            utilization_pct: None,
-            power_w: None,
-            energy_mj: None,
-            sm_clock_mhz: None,
-            sm_clock_max_mhz: None,
-            processes,
-        }
-    }
+    use crate::audit::idle_gpu as gpu;
 
     fn process(pid: u32, bytes: Option<u64>, owner: Owner) -> GpuProcessSample {
         GpuProcessSample { pid, start_time: Some(1), memory_bytes: bytes, sm_util_pct: None, owner }

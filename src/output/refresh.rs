@@ -45,6 +45,25 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// Print one frame (`frame(true)`: pretty JSON allowed), or with `watch` refresh it every
+/// interval until a signal ([`run`]; `frame(false)`: one line of JSON when `json`).
+pub fn once_or_every<E, F>(watch: Option<Duration>, json: bool, title: &str, mut frame: F) -> Result<(), E>
+where
+    E: Display + From<RefreshError>,
+    F: FnMut(bool) -> Result<String, E>,
+{
+    match watch {
+        None => {
+            println!("{}", frame(true)?);
+            Ok(())
+        }
+        Some(interval) => {
+            let style = if json { Style::JsonLines } else { Style::Table };
+            run(interval, title, style, || frame(false))
+        }
+    }
+}
+
 /// Write `frame()` every `interval` until SIGINT or SIGTERM, or until stdout is closed
 /// (`| head`); both end it with `Ok`. `title` heads each table (`vgpu ps`). An error of the
 /// first frame ends the loop with it (nothing was ever shown); a later one is one line on

@@ -8,56 +8,93 @@ use std::time::Duration;
 
 use vgpu_abi::layout::USAGE_FILE;
 use vgpu_abi::process::ProcessId;
-use vgpu_abi::usage::UsageFile;
+use vgpu_abi::usage::{DeviceUsage, ProcessUsage, UsageFile};
 
 use super::Event;
 use crate::audit::compute::{ProcessCompute, VgpuCompute};
 use crate::audit::memory::{Breach, ProcessMemory, VgpuMemory};
-use crate::audit::{Owner, Snapshot};
+use crate::audit::{GpuProcessSample, GpuSample, Owner, Snapshot};
 use crate::state::workload::ProcessIdRecord;
-use crate::state::{Enforcement, EnforcementAction, StateError, Store, Workload};
+use crate::state::{Enforcement, EnforcementAction, StateError, Store, Workload, WorkloadGpu};
 
 /// How long recording an enforcement waits for the store lock before it is retried at the
 /// next round.
 const RECORD_WAIT: Duration = Duration::from_millis(500);
 
+/// One vGPU as the audits see it: the workloads that use it and what its usage file says
+/// (root reads every tenant's; the figures in it are the tenant's to write, so they only
+/// explain and pick whom to blame).
+struct VgpuFiles<'a> {
+    vgpu: &'a str,
+    members: Vec<&'a Workload>,
+    cgroups: HashSet<&'a str>,
+    devices: Vec<DeviceUsage>,
+    shim: Vec<ProcessUsage>,
+}
+
+impl<'a> VgpuFiles<'a> {
+    /// Every vGPU the workloads use, once.
+    fn all(store: &Store, workloads: &'a [Workload]) -> Vec<VgpuFiles<'a>> {
+        let mut vgpus: Vec<&str> = workloads.iter().map(|w| w.vgpu.as_str()).collect();
+        vgpus.sort_unstable();
+        vgpus.dedup();
+        vgpus
+            .into_iter()
+            .map(|vgpu| {
+                let members: Vec<&Workload> = workloads.iter().filter(|w| w.vgpu == vgpu).collect();
+                let cgroups = members.iter().map(|w| w.cgroup.as_str()).collect();
+                let usage = UsageFile::open(&store.vgpu_dir(vgpu).join(USAGE_FILE)).ok();
+                let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
+                let shim = usage.as_ref().map(|u| u.processes()).unwrap_or_default();
+                VgpuFiles { vgpu, members, cgroups, devices, shim }
+            })
+            .collect()
+    }
+
+    /// Its device record for `gpu` in the usage file (the limits root wrote), if any.
+    fn device(&self, gpu: &GpuSample) -> Option<(usize, &DeviceUsage)> {
+        self.devices.iter().enumerate().find(|(_, d)| d.uuid == gpu.uuid)
+    }
+
+    /// Its slice of `gpu` in its workloads' records.
+    fn recorded(&self, gpu: &GpuSample) -> Option<&WorkloadGpu> {
+        self.members.iter().flat_map(|w| &w.gpus).find(|g| g.uuid == gpu.uuid)
+    }
+
+    /// Its processes on `gpu`, each with its per-process file's entry for that GPU's
+    /// device record (None: no shim in it, or no such device).
+    fn processes<'s>(&'s self, gpu: &'s GpuSample) -> impl Iterator<Item = (ProcessId, &'s GpuProcessSample, Option<(usize, &'s ProcessUsage)>)> + 's {
+        let device = self.device(gpu).map(|(i, _)| i);
+        gpu.processes.iter().filter(|p| matches!(&p.owner, Owner::Workload(c) if self.cgroups.contains(c.as_str()))).filter_map(move |p| {
+            let process = p.process_id()?;
+            let shim = device.and_then(|i| {
+                self.shim.iter().find(|s| s.alive && s.pid == process.pid && s.start_time == process.start_time).map(|s| (i, s))
+            });
+            Some((process, p, shim))
+        })
+    }
+}
+
 /// Each vGPU's memory on each GPU where it has processes or a quota.
 pub fn vgpu_memory(store: &Store, workloads: &[Workload], snapshot: &Snapshot) -> Vec<VgpuMemory> {
-    let mut vgpus: Vec<&str> = workloads.iter().map(|w| w.vgpu.as_str()).collect();
-    vgpus.sort_unstable();
-    vgpus.dedup();
     let mut out = Vec::new();
-    for vgpu in vgpus {
-        let members: Vec<&Workload> = workloads.iter().filter(|w| w.vgpu == vgpu).collect();
-        let cgroups: HashSet<&str> = members.iter().map(|w| w.cgroup.as_str()).collect();
-        let usage = UsageFile::open(&store.vgpu_dir(vgpu).join(USAGE_FILE)).ok();
-        let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
-        let shim_processes = usage.as_ref().map(|u| u.processes()).unwrap_or_default();
+    for v in VgpuFiles::all(store, workloads) {
         for gpu in &snapshot.gpus {
-            let record_quota = members.iter().flat_map(|w| &w.gpus).find(|g| g.uuid == gpu.uuid).map(|g| g.mem_bytes);
-            let device = devices.iter().position(|d| d.uuid == gpu.uuid);
             // The quota the shim enforces (root's limits file), else the record's.
-            let quota = device.map(|i| devices[i].quota_bytes).or(record_quota);
-            let processes: Vec<ProcessMemory> = gpu
-                .processes
-                .iter()
-                .filter(|p| matches!(&p.owner, Owner::Workload(c) if cgroups.contains(c.as_str())))
-                .filter_map(|p| {
-                    let process = p.process_id()?;
-                    let shim_bytes = device.and_then(|i| {
-                        shim_processes
-                            .iter()
-                            .find(|s| s.alive && s.pid == process.pid && s.start_time == process.start_time)
-                            .and_then(|s| s.used_bytes.get(i).copied())
-                    });
-                    Some(ProcessMemory { process, driver_bytes: p.memory_bytes.unwrap_or(0), shim_bytes })
+            let quota = v.device(gpu).map(|(_, d)| d.quota_bytes).or(v.recorded(gpu).map(|g| g.mem_bytes));
+            let processes: Vec<ProcessMemory> = v
+                .processes(gpu)
+                .map(|(process, p, shim)| ProcessMemory {
+                    process,
+                    driver_bytes: p.memory_bytes.unwrap_or(0),
+                    shim_bytes: shim.and_then(|(i, s)| s.used_bytes.get(i).copied()),
                 })
                 .collect();
             if quota.is_none() && processes.is_empty() {
                 continue;
             }
             out.push(VgpuMemory {
-                vgpu: vgpu.to_string(),
+                vgpu: v.vgpu.to_string(),
                 gpu_index: gpu.index,
                 gpu_uuid: gpu.uuid.clone(),
                 quota: quota.unwrap_or(0),
@@ -73,41 +110,25 @@ pub fn vgpu_memory(store: &Store, workloads: &[Workload], snapshot: &Snapshot) -
 /// record's), its ledger's measured share, and its processes' NVML utilization and the GPU
 /// time the shim charged to each.
 pub fn vgpu_compute(store: &Store, workloads: &[Workload], snapshot: &Snapshot) -> Vec<VgpuCompute> {
-    let mut vgpus: Vec<&str> = workloads.iter().map(|w| w.vgpu.as_str()).collect();
-    vgpus.sort_unstable();
-    vgpus.dedup();
     let mut out = Vec::new();
-    for vgpu in vgpus {
-        let members: Vec<&Workload> = workloads.iter().filter(|w| w.vgpu == vgpu).collect();
-        let cgroups: HashSet<&str> = members.iter().map(|w| w.cgroup.as_str()).collect();
-        let usage = UsageFile::open(&store.vgpu_dir(vgpu).join(USAGE_FILE)).ok();
-        let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
-        let shim_processes = usage.as_ref().map(|u| u.processes()).unwrap_or_default();
+    for v in VgpuFiles::all(store, workloads) {
         for gpu in &snapshot.gpus {
-            let device = devices.iter().position(|d| d.uuid == gpu.uuid);
-            let record_share = members.iter().flat_map(|w| &w.gpus).find(|g| g.uuid == gpu.uuid).map(|g| g.compute_pct);
-            let Some(share_pct) = device.map(|i| devices[i].compute_pct).or(record_share) else { continue };
-            let processes = gpu
-                .processes
-                .iter()
-                .filter(|p| matches!(&p.owner, Owner::Workload(c) if cgroups.contains(c.as_str())))
-                .filter_map(|p| {
-                    let process = p.process_id()?;
-                    let shim_ns = device.and_then(|i| {
-                        shim_processes
-                            .iter()
-                            .find(|s| s.alive && s.pid == process.pid && s.start_time == process.start_time)
-                            .and_then(|s| s.compute_ns.get(i).copied())
-                    });
-                    Some(ProcessCompute { process, driver_pct: p.sm_util_pct.unwrap_or(0), shim_ns })
+            let device = v.device(gpu).map(|(_, d)| d);
+            let Some(share_pct) = device.map(|d| d.compute_pct).or(v.recorded(gpu).map(|g| g.compute_pct)) else { continue };
+            let processes = v
+                .processes(gpu)
+                .map(|(process, p, shim)| ProcessCompute {
+                    process,
+                    driver_pct: p.sm_util_pct.unwrap_or(0),
+                    shim_ns: shim.and_then(|(i, s)| s.compute_ns.get(i).copied()),
                 })
                 .collect();
             out.push(VgpuCompute {
-                vgpu: vgpu.to_string(),
+                vgpu: v.vgpu.to_string(),
                 gpu_index: gpu.index,
                 gpu_uuid: gpu.uuid.clone(),
                 share_pct,
-                ledger_ppm: device.and_then(|i| devices[i].measured_share_ppm),
+                ledger_ppm: device.and_then(|d| d.measured_share_ppm),
                 processes,
             });
         }

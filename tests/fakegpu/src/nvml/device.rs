@@ -449,10 +449,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    entry(|| {
-        device(handle)?;
-        put_list::<nvmlProcessInfo_t>(count, infos, &[])
-    })
+    // SAFETY: the same arguments, under the same contract.
+    unsafe { nvmlDeviceGetGraphicsRunningProcesses_v3(handle, count, infos) }
 }
 
 #[no_mangle]

@@ -1,15 +1,18 @@
 //! `vgpu watch`: run the enforcer in the foreground, logging to stderr (systemd's journal).
-//! SIGHUP reloads the config; SIGTERM or SIGINT stops it.
+//! SIGHUP reloads the config; SIGTERM or SIGINT stops it (exit 0). Under systemd
+//! (`Type=notify`) it says READY=1 after its first round, RELOADING=1 and READY=1 around a
+//! reload, STOPPING=1, and WATCHDOG=1 after every round and while it waits.
 
-use std::sync::mpsc;
-use std::time::Instant;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use clap::Args;
+use sd_notify::NotifyState;
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGTERM};
 
 use crate::context::Context;
-use crate::watch::{Event, Level, Watch};
+use crate::watch::{journal, notify, Event, Level, Watch};
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {}
@@ -32,57 +35,103 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
             }
         }
     });
+    // systemd's WatchdogSec: ping at half of it.
+    let ping = sd_notify::watchdog_enabled().map(|timeout| timeout / 2);
     tracing::info!("vgpu watch started (pid {}, state {}, interval {})", std::process::id(), ctx.state_dir.display(), humantime::format_duration(watch.interval()));
     let mut ready = false;
-    let stopped_by = loop {
+    let stopped_by = 'rounds: loop {
         let started = Instant::now();
         print(watch.tick());
         if !ready {
             ready = true;
-            notify(&[sd_notify::NotifyState::Ready]);
-            if tracing::enabled!(tracing::Level::WARN) {
-                eprintln!("vgpu watch: ready");
-            }
+            tell(&[NotifyState::Ready]);
+            print(vec![Event::info("ready")]);
         }
-        let next = watch.next_round(started);
-        match rx.recv_timeout(next.saturating_duration_since(Instant::now())) {
-            Ok(SIGHUP) => {
-                notify(&[sd_notify::NotifyState::Reloading]);
-                match Context::load(watch.context().origin.clone()) {
-                    Ok(new) => print(watch.reload(new)),
-                    Err(e) => eprintln!("vgpu watch: warning: kept the running config: {e}"),
-                }
-                notify(&[sd_notify::NotifyState::Ready]);
+        if ping.is_some() {
+            tell(&[NotifyState::Watchdog]);
+        }
+        // A reload does not start a round: the next is due one (new) interval after this one
+        // started, so a burst of SIGHUPs cannot make the rounds run back to back.
+        loop {
+            let due = watch.next_round(started);
+            match wait(&rx, due, ping) {
+                Wake::Round => break,
+                Wake::Signal(SIGHUP) => reload(&mut watch),
+                Wake::Signal(signal) => break 'rounds signal,
+                Wake::Closed => break 'rounds 0,
             }
-            Ok(signal) => break signal,
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => break 0,
         }
     };
-    notify(&[sd_notify::NotifyState::Stopping]);
+    tell(&[NotifyState::Stopping]);
     print(watch.shutdown());
     handle.close();
     let _ = relay.join();
-    eprintln!("vgpu watch: stopped (signal {stopped_by})");
+    print(vec![Event::info(format!("stopped (signal {stopped_by})"))]);
     Ok(())
 }
 
-/// Events on stderr, as the daemon's log: what it did (unless `-q`), warnings, and with
+enum Wake {
+    /// The next round is due.
+    Round,
+    Signal(i32),
+    /// The signal relay is gone (it never is before `handle.close()`).
+    Closed,
+}
+
+/// Wait until `due` or a signal, whichever first; a signal already pending wins over a round
+/// that is already due. With a watchdog, ping it every `ping` meanwhile.
+fn wait(rx: &Receiver<i32>, due: Instant, ping: Option<Duration>) -> Wake {
+    loop {
+        let left = due.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return match rx.try_recv() {
+                Ok(signal) => Wake::Signal(signal),
+                Err(TryRecvError::Empty) => Wake::Round,
+                Err(TryRecvError::Disconnected) => Wake::Closed,
+            };
+        }
+        match rx.recv_timeout(ping.map_or(left, |p| p.min(left))) {
+            Ok(signal) => return Wake::Signal(signal),
+            // The round pings when it is done; a slice that ends before it pings here.
+            Err(RecvTimeoutError::Timeout) if ping.is_some() && Instant::now() < due => tell(&[NotifyState::Watchdog]),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Wake::Closed,
+        }
+    }
+}
+
+/// SIGHUP: load the config again as at start. A config that does not load is one warning;
+/// the running one stays.
+fn reload(watch: &mut Watch) {
+    // systemd 253+ pairs RELOADING=1 with the time it was sent; older ones ignore it.
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => tell(&[NotifyState::Reloading, now]),
+        Err(_) => tell(&[NotifyState::Reloading]),
+    }
+    match Context::load(watch.context().origin.clone()) {
+        Ok(new) => print(watch.reload(new)),
+        Err(e) => print(vec![Event::warn(format!("kept the running config: {:#}", anyhow::Error::from(e)))]),
+    }
+    tell(&[NotifyState::Ready]);
+}
+
+/// Events on stderr, as the daemon's log: what it did and found (unless `-q`), and with
 /// `-vv` the rounds it skipped.
 fn print(events: Vec<Event>) {
     for e in events {
-        match e.level {
-            Level::Warn => tracing::warn!("{}", e.message),
-            Level::Info if tracing::enabled!(tracing::Level::WARN) => eprintln!("vgpu watch: {}", e.message),
-            Level::Info => {}
-            Level::Debug => tracing::debug!("{}", e.message),
+        let shown = match e.level {
+            Level::Warn | Level::Info => tracing::enabled!(tracing::Level::WARN),
+            Level::Debug => tracing::enabled!(tracing::Level::DEBUG),
+        };
+        if shown {
+            journal::write(e.level, &e.message);
         }
     }
 }
 
 /// Tell systemd (`Type=notify`); nothing happens outside systemd.
-fn notify(state: &[sd_notify::NotifyState]) {
-    if let Err(e) = sd_notify::notify(state) {
+fn tell(state: &[NotifyState]) {
+    if let Err(e) = notify::send(state) {
         tracing::debug!("sd_notify: {e}");
     }
 }

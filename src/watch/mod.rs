@@ -11,10 +11,12 @@ pub mod compute;
 pub mod config;
 pub mod enforce;
 pub mod instance;
+pub mod journal;
+pub mod notify;
 mod publish;
 pub mod throttle;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use vgpu_abi::process::ProcessId;
@@ -82,6 +84,12 @@ pub struct Watch {
     pub rounds: u64,
     /// The metrics endpoint, textfile and enforcement counters (`publish.rs`).
     metrics: crate::metrics::Exporter,
+    /// Why there is no NVML or no snapshot, as last said: said once, not every round.
+    gpu_problem: Option<String>,
+    /// Said by the next round (what `start` and `reload` found about NVML).
+    pending: Vec<Event>,
+    /// The damaged state files the last reconcile found, each warned about once.
+    damaged: BTreeSet<String>,
 }
 
 impl Watch {
@@ -96,17 +104,13 @@ impl Watch {
             }
             Err(e) => return Err(StartError::State(e)),
         };
-        let nvml = ctx.nvml().map_err(StartError::Nvml)?;
         let me = ProcessId::current().ok_or(StartError::Identity)?;
         let metrics = crate::metrics::Exporter::start(&ctx.config.watch).map_err(StartError::Metrics)?;
-        if nvml.is_none() {
-            tracing::warn!("no NVIDIA driver: vgpu watch reconciles, but cannot audit GPU memory or compute");
-        }
-        Ok(Watch {
+        let mut watch = Watch {
             compute: compute::ComputeEnforcer::new(store.clone(), me),
             ctx,
             store,
-            nvml,
+            nvml: None,
             me,
             _instance: instance,
             last_us: 0,
@@ -118,7 +122,39 @@ impl Watch {
             unmanaged: Vec::new(),
             rounds: 0,
             metrics,
-        })
+            gpu_problem: None,
+            pending: Vec::new(),
+            damaged: BTreeSet::new(),
+        };
+        watch.open_nvml();
+        Ok(watch)
+    }
+
+    /// Open NVML for the configured driver. Without it the watch still reconciles; it says
+    /// once why it cannot audit, and tries again at the next reload (SIGHUP).
+    fn open_nvml(&mut self) {
+        let problem = match self.ctx.nvml() {
+            Ok(Some(nvml)) => {
+                self.nvml = Some(nvml);
+                self.last_us = 0;
+                if self.gpu_problem.take().is_some() {
+                    self.pending.push(Event::info("NVML is available again: auditing the GPUs"));
+                }
+                return;
+            }
+            Ok(None) => "no NVIDIA driver (libnvidia-ml.so.1 not found or no driver loaded)".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
+        self.nvml = None;
+        self.say_gpu_problem(format!("{problem}: reconciling only, no GPU audit until the driver is back and the watch reloads (SIGHUP)"));
+    }
+
+    /// Warn about what stops the audit, unless that was the last thing said.
+    fn say_gpu_problem(&mut self, problem: String) {
+        if self.gpu_problem.as_deref() != Some(problem.as_str()) {
+            self.pending.push(Event::warn(problem.clone()));
+            self.gpu_problem = Some(problem);
+        }
     }
 
     pub fn context(&self) -> &Context {
@@ -139,20 +175,23 @@ impl Watch {
         next_round(started, self.interval(), self.memory.next_verdict(self.ctx.config.watch.grace), Instant::now())
     }
 
-    /// Take a new config (SIGHUP). NVML is opened again when the driver choice changed.
+    /// Take a new config (SIGHUP). NVML is opened again when the driver choice changed, or
+    /// when it could not be opened before (a driver loaded since).
     pub fn reload(&mut self, ctx: Context) -> Vec<Event> {
         let mut events = Vec::new();
         if ctx.simulate != self.ctx.simulate {
-            match ctx.nvml() {
-                Ok(nvml) => self.nvml = nvml,
-                Err(e) => events.push(Event::warn(format!("kept the old driver: {e:#}"))),
-            }
+            self.nvml = None;
+            self.gpu_problem = None;
         }
         if ctx.state_dir != self.ctx.state_dir || ctx.lib_dir != self.ctx.lib_dir {
             events.push(Event::warn("state_dir and lib_dir changes take effect at the next start; kept the old ones"));
         }
         let (state_dir, lib_dir) = (self.ctx.state_dir.clone(), self.ctx.lib_dir.clone());
         self.ctx = Context { state_dir, lib_dir, ..ctx };
+        if self.nvml.is_none() {
+            self.open_nvml();
+            events.append(&mut self.pending);
+        }
         self.reload_metrics(&mut events);
         events.push(Event::info(format!("reloaded the config (interval {})", humantime::format_duration(self.interval()))));
         events
@@ -160,16 +199,20 @@ impl Watch {
 
     /// One round: reconcile, snapshot, audit, act, publish.
     pub fn tick(&mut self) -> Vec<Event> {
-        let mut events = Vec::new();
+        let mut events = std::mem::take(&mut self.pending);
         self.reconcile(&mut events);
         self.snapshot = match &self.nvml {
             Some(nvml) => match Snapshot::take(nvml, self.last_us) {
                 Ok(snapshot) => {
                     self.last_us = snapshot.taken_us;
+                    if self.gpu_problem.take().is_some() {
+                        events.push(Event::info("the GPUs can be read through NVML again"));
+                    }
                     Some(snapshot)
                 }
                 Err(e) => {
-                    events.push(Event::warn(format!("cannot read the GPUs through NVML: {}", crate::gpu::explain(&e))));
+                    self.say_gpu_problem(format!("cannot read the GPUs through NVML: {}", crate::gpu::explain(&e)));
+                    events.append(&mut self.pending);
                     None
                 }
             },
@@ -263,9 +306,10 @@ impl Watch {
             }
         };
         let found = crate::lifecycle::reconcile(&self.store, &lock);
-        for err in found.damaged {
-            events.push(Event::warn(err.to_string()));
-        }
+        // A damaged file stays until `vgpu doctor --repair`: one warning, not one a round.
+        let damaged: BTreeSet<String> = found.damaged.iter().map(|e| e.to_string()).collect();
+        events.extend(damaged.difference(&self.damaged).map(|message| Event::warn(message.clone())));
+        self.damaged = damaged;
         if let Err(e) = crate::pooling::settle(&self.store, &lock) {
             events.push(Event::warn(format!("cannot settle the compute pool: {e:#}")));
         }
@@ -283,8 +327,6 @@ pub enum StartError {
     Running { state_dir: String, pid: Option<u32> },
     #[error(transparent)]
     State(StateError),
-    #[error("{0:#}")]
-    Nvml(anyhow::Error),
     #[error("cannot read this process's start time from /proc")]
     Identity,
     #[error(transparent)]

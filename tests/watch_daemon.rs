@@ -144,9 +144,15 @@ impl Drop for Watch {
     }
 }
 
+/// A `[watch]` table with this interval and no metrics endpoint (tests run side by side:
+/// they would all want the default port).
+fn watch_config(interval: &str) -> String {
+    format!("[watch]\ninterval = \"{interval}\"\nlisten = \"\"\n")
+}
+
 fn sim_with_interval(interval: &str) -> Sim {
     let sim = Sim::new(GPU);
-    sim.write_vgpu_config(&format!("[watch]\ninterval = \"{interval}\"\n"));
+    sim.write_vgpu_config(&watch_config(interval));
     sim
 }
 
@@ -285,7 +291,7 @@ fn sighup_reloads_the_config_and_a_bad_config_keeps_the_running_one() {
     let mut watch = Watch::spawn(&sim, &[]);
     watch.ready();
 
-    sim.write_vgpu_config("[watch]\ninterval = \"250ms\"\n");
+    sim.write_vgpu_config(&watch_config("250ms"));
     watch.signal(Signal::SIGHUP);
     watch.expect_line("vgpu watch: reloaded the config (interval 250ms)");
 
@@ -299,7 +305,7 @@ fn sighup_reloads_the_config_and_a_bad_config_keeps_the_running_one() {
         assert!(line.starts_with("vgpu watch: warning: kept the running config: invalid config "), "{line}");
         assert!(line.contains(says), "{line}");
     }
-    sim.write_vgpu_config("[watch]\ninterval = \"300ms\"\n");
+    sim.write_vgpu_config(&watch_config("300ms"));
     watch.signal(Signal::SIGHUP);
     watch.expect_line("reloaded the config (interval 300ms)");
     let said: Vec<&String> = watch.seen[from..].iter().collect();

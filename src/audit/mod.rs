@@ -96,6 +96,13 @@ impl Snapshot {
         })
     }
 
+    /// Whether the driver leaves out the device memory of some workload's process (NVML's
+    /// "not available": some drivers for unprivileged callers, some containers): the memory
+    /// audit cannot see those.
+    pub fn memory_unreported(&self) -> bool {
+        self.gpus.iter().flat_map(|g| &g.processes).any(|p| matches!(p.owner, Owner::Workload(_)) && p.memory_bytes.is_none())
+    }
+
     pub fn gpu(&self, uuid: &str) -> Option<&GpuSample> {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
@@ -185,5 +192,19 @@ pub(crate) fn idle_gpu(index: u32, processes: Vec<GpuProcessSample>) -> GpuSampl
         sm_clock_mhz: None,
         sm_clock_max_mhz: None,
         processes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreported_memory_of_workload_processes_is_noticed() {
+        let proc = |owner: Owner, memory_bytes: Option<u64>| GpuProcessSample { pid: 1, start_time: Some(1), memory_bytes, sm_util_pct: None, owner };
+        let snapshot = |p: GpuProcessSample| Snapshot { taken_unix_ms: 0, taken_us: 0, gpus: vec![idle_gpu(0, vec![p])] };
+        assert!(snapshot(proc(Owner::Workload("w".into()), None)).memory_unreported());
+        assert!(!snapshot(proc(Owner::Workload("w".into()), Some(0))).memory_unreported());
+        assert!(!snapshot(proc(Owner::Unmanaged, None)).memory_unreported(), "only workloads' matter to the audit");
     }
 }

@@ -90,6 +90,8 @@ pub struct Watch {
     pending: Vec<Event>,
     /// The damaged state files the last reconcile found, each warned about once.
     damaged: BTreeSet<String>,
+    /// Whether the driver was found not to report workload processes' memory (said once).
+    memory_blind: bool,
 }
 
 impl Watch {
@@ -125,6 +127,7 @@ impl Watch {
             gpu_problem: None,
             pending: Vec::new(),
             damaged: BTreeSet::new(),
+            memory_blind: false,
         };
         watch.open_nvml();
         Ok(watch)
@@ -243,6 +246,13 @@ impl Watch {
         let config = self.ctx.config.watch.clone();
         let now = Instant::now();
         let owners = enforce::owners(snapshot);
+        let blind = snapshot.memory_unreported();
+        if blind && !self.memory_blind {
+            events.push(Event::warn(
+                "the driver does not report the device memory of workload processes (NVML says \"not available\"): the memory audit counts them as 0 until it does (run vgpu watch as root with CAP_SYS_ADMIN, outside a container's PID namespace)",
+            ));
+        }
+        self.memory_blind = blind;
         let figures = enforce::vgpu_memory(&self.store, &workloads, snapshot);
         for breach in self.memory.observe(now, &figures, config.context_allowance, config.grace) {
             for (id, processes) in enforce::by_workload(&breach, &owners) {

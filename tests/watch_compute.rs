@@ -147,7 +147,7 @@ fn w() -> &'static str {
 fn bypassing(sim: &Sim, seconds: &str, kernel_us: &str) -> (String, PathBuf, PathBuf) {
     let (status, done) = (sim.path("status"), sim.path("done"));
     let script = format!(
-        "env -u LD_PRELOAD {w} sync {seconds} --kernel-us {kernel_us} >/dev/null; echo $? > {s}; i=0; while [ ! -e {d} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+        "env -u LD_PRELOAD {w} sync {seconds} --kernel-us {kernel_us} >/dev/null; echo $? > {s}.tmp && mv {s}.tmp {s}; i=0; while [ ! -e {d} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
         w = w(),
         s = status.display(),
         d = done.display()

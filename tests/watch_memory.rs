@@ -62,7 +62,7 @@ fn escaped_workload(sim: &Sim, escape: &str, flag: &str) -> (Child, PathBuf, Pat
     let (ready, status, go) = (dir.join("ready"), dir.join("status"), dir.join("go"));
     let bin = workload::workload_bin().display().to_string();
     let script = format!(
-        "{escape} {bin} idle 60 --alloc-mib 3072 {flag} --ready {r}; echo $? > {s}; while [ ! -e {g} ]; do sleep 0.05; done",
+        "{escape} {bin} idle 60 --alloc-mib 3072 {flag} --ready {r}; echo $? > {s}.tmp && mv {s}.tmp {s}; while [ ! -e {g} ]; do sleep 0.05; done",
         r = ready.display(),
         s = status.display(),
         g = go.display()

@@ -79,26 +79,31 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
     let intent = if touched.is_empty() { None } else { Some(intent::begin(store, intent::Op::Pool, &touched)?) };
     let layout = Layout::detect();
     let (workloads, _) = store.workloads();
-    let cgroup_of = |id: &str| -> Option<Cgroup> {
-        let w = workloads.iter().find(|w| w.id == id)?;
-        Cgroup::open(layout.as_ref()?, &w.cgroup).ok()
+    let cgroup_of = |id: &str| -> Result<Cgroup> {
+        let w = workloads.iter().find(|w| w.id == id).context("it has no record")?;
+        let layout = layout.as_ref().context("this host has no cgroup filesystem")?;
+        Cgroup::open(layout, &w.cgroup).context("its cgroup cannot be opened")
     };
     let mut frozen: Vec<Cgroup> = Vec::new();
     for s in plan.suspend() {
-        let Some(cgroup) = cgroup_of(&s.id) else { continue };
-        if let Err(e) = cgroup.freeze() {
+        // A victim that cannot be frozen is a failed freeze, whatever the reason: recorded
+        // as suspended it would keep running on blocks given away.
+        if let Err(e) = cgroup_of(&s.id).and_then(|cgroup| {
+            cgroup.freeze()?;
+            frozen.push(cgroup);
+            Ok(())
+        }) {
             for c in &frozen {
                 let _ = c.thaw();
             }
             return Err(e).with_context(|| format!("cannot suspend {} ({}) to make room; nothing was changed", s.name, s.id));
         }
-        frozen.push(cgroup);
     }
     if !frozen.is_empty() {
         crate::stop_point::stop_point("preempt:frozen");
     }
     for r in plan.resume() {
-        if let Some(cgroup) = cgroup_of(&r.id) {
+        if let Ok(cgroup) = cgroup_of(&r.id) {
             if let Err(e) = cgroup.thaw() {
                 eprintln!("vgpu: warning: cannot resume {} ({}): {e}", r.name, r.id);
             }

@@ -163,3 +163,41 @@ fn waiting_request_starts_when_blocks_free_up() {
     assert!(waiter.wait().unwrap().success());
     assert!(marker.exists());
 }
+
+/// A preemption victim whose cgroup cannot be opened cannot be frozen: that is a failed
+/// freeze (the request is refused, nothing changes), not a suspension recorded while the
+/// victim keeps running on blocks given away.
+#[test]
+fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
+    let sim = ten_block_pool();
+    let counter = sim.path("counter");
+    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
+    let mut low = spawn(&sim, &["run", "--tflops", "8", "--kind", "npu", "--priority", "10", "--name", "low", "--", "sh", "-c", &script]);
+    let read = || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+    wait_for("low to make progress", || read() > 100);
+    let row = sim.json(&["ps", "--json"])[0].clone();
+    let (id, pids) = (row["id"].as_str().unwrap().to_string(), row["pids"].as_array().unwrap().clone());
+    assert_eq!(pids.len(), 1, "{row}");
+    // Its process leaves the cgroup (into each hierarchy's root), and the cgroup goes.
+    let layout = vgpu::cgroup::Layout::detect().expect("cgroups");
+    let cgroup = vgpu::cgroup::Cgroup::open(&layout, &id).unwrap();
+    for dir in cgroup.paths() {
+        let root = dir.parent().and_then(|p| p.parent()).unwrap();
+        std::fs::write(root.join("cgroup.procs"), pids[0].to_string()).unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+    }
+    sim.vgpu(&["run", "--tflops", "5", "--kind", "npu", "--priority", "90", "--name", "high", "--", "true"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("cannot suspend low").and(predicate::str::contains("nothing was changed")));
+    let ps = sim.json(&["ps", "--json"]);
+    assert_eq!(ps.as_array().unwrap().len(), 1, "high was not admitted: {ps}");
+    assert_eq!(ps[0]["state"], "running", "{ps}");
+    let pool = sim.json(&["pool", "--json"]);
+    assert!(pool["allocations"].as_array().unwrap().iter().all(|a| a["state"] != "suspended"), "{pool}");
+    let at = read();
+    wait_for("low to keep running", || read() > at + 100);
+    // SAFETY: kill(2) on the pid of low's shell.
+    unsafe { libc::kill(pids[0].as_i64().unwrap() as i32, libc::SIGKILL) };
+    low.wait().unwrap();
+}

@@ -144,6 +144,7 @@ mod tests {
 
     #[test]
     fn a_directory_owned_by_another_user_is_refused() {
+        // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             panic!("this test needs root (it chowns)");
         }

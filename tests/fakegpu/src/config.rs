@@ -27,6 +27,10 @@ pub const MAX_DEVICES: usize = 64;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub devices: Vec<DeviceConfig>,
+    /// The checkpoint API (`cuCheckpointProcess*`, driver 570 / CUDA 12.8) is offered
+    /// (top-level key `checkpoint`, default true). False models an older driver: the
+    /// functions return `CUDA_ERROR_NOT_SUPPORTED` and `cuGetProcAddress` does not find them.
+    pub checkpoint: bool,
     /// The file it came from; `None` for the built-in default.
     pub source: Option<PathBuf>,
 }
@@ -253,6 +257,7 @@ pub fn load_from(path: &Path) -> Result<Config, ConfigError> {
 pub fn default_config() -> Config {
     Config {
         devices: vec![Preset::H100.device("NVIDIA H100 80GB HBM3", 80 << 30, 0)],
+        checkpoint: true,
         source: None,
     }
 }
@@ -269,14 +274,25 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         err(None, None, format!("not valid TOML: {}", e.message()))
     })?;
     for key in table.keys() {
-        if key != "device" {
+        if key != "device" && key != "checkpoint" {
             return Err(err(
                 None,
                 Some(key),
-                "unknown key (expected [[device]] tables)".into(),
+                "unknown key (expected `checkpoint` and [[device]] tables)".into(),
             ));
         }
     }
+    let checkpoint = match table.get("checkpoint") {
+        None => true,
+        Some(toml::Value::Boolean(on)) => *on,
+        Some(_) => {
+            return Err(err(
+                None,
+                Some("checkpoint"),
+                "must be true or false".into(),
+            ))
+        }
+    };
     let entries = match table.get("device") {
         Some(toml::Value::Array(entries)) if !entries.is_empty() => entries,
         Some(_) => {
@@ -316,6 +332,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
     check_unique(&devices).map_err(|(index, key, message)| err(Some(index), Some(key), message))?;
     Ok(Config {
         devices,
+        checkpoint,
         source: None,
     })
 }
@@ -907,5 +924,16 @@ mod tests {
         assert_eq!(default_uuid(0, "a"), default_uuid(0, "a"));
         assert_ne!(default_uuid(0, "a"), default_uuid(1, "a"));
         assert!(valid_uuid(&default_uuid(3, "NVIDIA H100 80GB HBM3")));
+    }
+
+    #[test]
+    fn checkpoint_key() {
+        let devices = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n";
+        assert!(parse(devices, "t").unwrap().checkpoint);
+        assert!(default_config().checkpoint);
+        let off = format!("checkpoint = false\n{devices}");
+        assert!(!parse(&off, "t").unwrap().checkpoint);
+        let bad = parse(&format!("checkpoint = 1\n{devices}"), "t").unwrap_err();
+        assert_eq!(bad.key.as_deref(), Some("checkpoint"));
     }
 }

@@ -10,6 +10,8 @@ use crate::state::{self, DeviceState};
 
 pub(crate) struct Driver {
     pub devices: Vec<Device>,
+    /// The checkpoint API is offered (config key `checkpoint`).
+    pub checkpoint: bool,
 }
 
 pub(crate) struct Device {
@@ -43,6 +45,7 @@ pub(crate) fn loaded() -> Option<&'static Driver> {
 impl Driver {
     fn load() -> Result<Driver, String> {
         let config = config::load().map_err(|e| e.to_string())?;
+        let checkpoint = config.checkpoint;
         let dir = state::state_dir();
         let mut devices = Vec::with_capacity(config.devices.len());
         for (index, device) in config.devices.into_iter().enumerate() {
@@ -54,7 +57,10 @@ impl Driver {
                 state,
             });
         }
-        Ok(Driver { devices })
+        Ok(Driver {
+            devices,
+            checkpoint,
+        })
     }
 
     pub fn device(&self, index: usize) -> Option<&Device> {

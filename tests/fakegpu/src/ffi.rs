@@ -116,6 +116,12 @@ pub(crate) fn getpid() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
+/// The calling thread's id.
+pub(crate) fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

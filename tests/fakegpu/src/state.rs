@@ -34,7 +34,7 @@ pub const DEFAULT_STATE_DIR: &str = "/tmp/fakegpu";
 /// "FAKEGPU" + layout number; a file with anything else at its start is recreated.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU\x01");
 /// Bumped whenever [`Layout`] changes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// Processes that can hold memory on one device at the same time.
 pub const SLOTS: usize = 512;
 /// Kernel intervals remembered for utilization (a ring; a process's back-to-back kernels
@@ -68,20 +68,65 @@ pub struct ProcessUsage {
     pub bytes: u64,
     /// Kernels it launched.
     pub launches: u64,
+    /// Its checkpoint state (`CUprocessState`: running, locked, checkpointed).
+    pub checkpoint: CheckpointState,
+}
+
+/// A process's state in the checkpoint API (cuda.h's `CUprocessState`), as kept in its
+/// slot. The transitional states of one controller's operation are reported as the state
+/// the operation started from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointState {
+    Running,
+    Locked,
+    Checkpointed,
+}
+
+impl CheckpointState {
+    /// The `CUprocessState` value.
+    pub fn cu_value(self) -> u32 {
+        match self {
+            CheckpointState::Running => 0,
+            CheckpointState::Locked => 1,
+            CheckpointState::Checkpointed => 2,
+        }
+    }
+}
+
+/// Slot checkpoint states. The first three are cuda.h's `CUprocessState` values; the
+/// others are a controller's operation in progress (the target's calls block in all but
+/// RUNNING).
+pub(crate) mod ckpt {
+    pub const RUNNING: u32 = 0;
+    pub const LOCKED: u32 = 1;
+    pub const CHECKPOINTED: u32 = 2;
+    /// Lock requested: the target's new calls block; its in-flight calls and queued
+    /// kernels are being waited for. Reported as RUNNING (a timed-out lock leaves it so).
+    pub const LOCKING: u32 = 0x10;
+    /// Checkpoint under way (LOCKED → CHECKPOINTED); reported as LOCKED.
+    pub const CHECKPOINTING: u32 = 0x11;
+    /// Restore under way (CHECKPOINTED → LOCKED); reported as CHECKPOINTED.
+    pub const RESTORING: u32 = 0x12;
 }
 
 #[repr(C)]
 struct Slot {
     pid: AtomicU32,
-    _pad: AtomicU32,
+    /// Checkpoint state, one of [`ckpt`]; a futex word the blocked process waits on.
+    ckpt_state: AtomicU32,
     start_time: AtomicU64,
+    /// Device memory held (0 while checkpointed).
     bytes: AtomicU64,
     launches: AtomicU64,
-    _reserved1: AtomicU64,
+    /// Device memory a checkpoint took off the device, to be restored.
+    ckpt_bytes: AtomicU64,
     /// When the kernels this process queued on the device end.
     busy_until_ns: AtomicU64,
     last_launch_ns: AtomicU64,
-    _reserved2: AtomicU64,
+    /// CUDA calls of this process under way (that passed the checkpoint gate).
+    in_calls: AtomicU32,
+    /// The thread that took the slot (`cuCheckpointProcessGetRestoreThreadId`).
+    restore_tid: AtomicU32,
 }
 
 /// One interval of the device's timeline: a kernel, or a process's kernels back to back.
@@ -268,6 +313,7 @@ impl DeviceState {
                     start_time: s.start_time.load(Acquire),
                     bytes: s.bytes.load(Acquire),
                     launches: s.launches.load(Acquire),
+                    checkpoint: reported_state(s.ckpt_state.load(SeqCst)),
                 })
             })
             .collect()
@@ -344,12 +390,22 @@ impl DeviceState {
         {
             return 0;
         }
+        // A checkpointed process's memory already left `used` (ckpt_bytes is host memory).
         let bytes = slot.bytes.swap(0, SeqCst);
         self.unreserve(bytes);
-        for field in [&slot.launches, &slot.busy_until_ns, &slot.last_launch_ns] {
+        for field in [
+            &slot.launches,
+            &slot.busy_until_ns,
+            &slot.last_launch_ns,
+            &slot.ckpt_bytes,
+        ] {
             field.store(0, SeqCst);
         }
+        slot.in_calls.store(0, SeqCst);
+        slot.restore_tid.store(0, SeqCst);
         slot.start_time.store(0, SeqCst);
+        slot.ckpt_state.store(ckpt::RUNNING, SeqCst);
+        futex_wake(&slot.ckpt_state);
         slot.pid.store(0, Release);
         bytes
     }
@@ -384,6 +440,8 @@ impl DeviceState {
             for (index, slot) in slots.iter().enumerate() {
                 if slot.pid.compare_exchange(0, me.pid, SeqCst, SeqCst).is_ok() {
                     slot.bytes.store(0, SeqCst);
+                    slot.ckpt_state.store(ckpt::RUNNING, SeqCst);
+                    slot.restore_tid.store(crate::ffi::gettid(), SeqCst);
                     slot.start_time.store(me.start_time, Release);
                     return Some(index);
                 }
@@ -545,6 +603,127 @@ impl DeviceState {
             .map_or(0, |s| s.busy_until_ns.load(SeqCst))
     }
 
+    // ----- the checkpoint API: the controller's side -----
+
+    /// The slots of live-or-not process `pid`: `(index, start_time)`.
+    pub(crate) fn slots_of(&self, pid: u32) -> Vec<(usize, u64)> {
+        self.layout()
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| pid != 0 && pid != RECLAIMING && s.pid.load(Acquire) == pid)
+            .map(|(i, s)| (i, s.start_time.load(Acquire)))
+            .collect()
+    }
+
+    fn owned_slot(&self, index: usize, pid: u32) -> Option<&Slot> {
+        self.layout()
+            .slots
+            .get(index)
+            .filter(|s| s.pid.load(SeqCst) == pid)
+    }
+
+    /// The raw checkpoint state of slot `index` if `pid` still owns it.
+    pub(crate) fn ckpt_state(&self, index: usize, pid: u32) -> Option<u32> {
+        self.owned_slot(index, pid)
+            .map(|s| s.ckpt_state.load(SeqCst))
+    }
+
+    /// Move slot `index` of `pid` from checkpoint state `from` to `to`; whether it did.
+    pub(crate) fn ckpt_transition(&self, index: usize, pid: u32, from: u32, to: u32) -> bool {
+        let Some(slot) = self.owned_slot(index, pid) else {
+            return false;
+        };
+        let moved = slot
+            .ckpt_state
+            .compare_exchange(from, to, SeqCst, SeqCst)
+            .is_ok();
+        if moved {
+            futex_wake(&slot.ckpt_state);
+        }
+        moved
+    }
+
+    /// Calls of slot `index`'s process in flight (0 if `pid` no longer owns it).
+    pub(crate) fn in_calls(&self, index: usize, pid: u32) -> u32 {
+        self.owned_slot(index, pid)
+            .map_or(0, |s| s.in_calls.load(SeqCst))
+    }
+
+    /// The thread id recorded when `pid` took slot `index`.
+    pub(crate) fn restore_tid(&self, index: usize, pid: u32) -> Option<u32> {
+        self.owned_slot(index, pid)
+            .map(|s| s.restore_tid.load(SeqCst))
+    }
+
+    /// Checkpoint: the process's device memory leaves the device (`used`), kept in the slot
+    /// as host memory. Off the slot first, then off `used`: a controller dying in between
+    /// leaves `used` too high, never too low.
+    pub(crate) fn checkpoint_memory(&self, index: usize, pid: u32) {
+        let Some(slot) = self.owned_slot(index, pid) else {
+            return;
+        };
+        let bytes = slot.bytes.swap(0, SeqCst);
+        slot.ckpt_bytes.fetch_add(bytes, SeqCst);
+        self.unreserve(bytes);
+    }
+
+    /// Restore: put the checkpointed memory back with the allocation's CAS (reclaiming dead
+    /// processes and retrying once); `false` (nothing changed) if it does not fit in
+    /// `total`.
+    pub(crate) fn restore_memory(&self, index: usize, pid: u32, total: u64) -> bool {
+        let Some(slot) = self.owned_slot(index, pid) else {
+            return false;
+        };
+        let bytes = slot.ckpt_bytes.load(SeqCst);
+        if !self.try_reserve(bytes, total) {
+            self.reclaim_dead();
+            if !self.try_reserve(bytes, total) {
+                return false;
+            }
+        }
+        slot.bytes.fetch_add(bytes, SeqCst);
+        slot.ckpt_bytes.fetch_sub(bytes, SeqCst);
+        true
+    }
+
+    /// Undo a [`restore_memory`](Self::restore_memory) (another device's did not fit).
+    pub(crate) fn unrestore_memory(&self, index: usize, pid: u32) {
+        self.checkpoint_memory(index, pid);
+    }
+
+    // ----- the checkpoint API: the target's side -----
+
+    /// A call of `pid` starts: count it in slot `index`, then report whether the process
+    /// may proceed (RUNNING). The count comes first so a controller that sets LOCKING and
+    /// then reads the count cannot miss a call (both sequentially consistent).
+    pub(crate) fn enter_call(&self, index: usize, pid: u32) -> Option<bool> {
+        let slot = self.owned_slot(index, pid)?;
+        slot.in_calls.fetch_add(1, SeqCst);
+        Some(slot.ckpt_state.load(SeqCst) == ckpt::RUNNING)
+    }
+
+    /// A call of `pid` counted in slot `index` ends (or backs out to wait).
+    pub(crate) fn leave_call(&self, index: usize, pid: u32) {
+        if let Some(slot) = self.owned_slot(index, pid) {
+            let _ = slot
+                .in_calls
+                .fetch_update(SeqCst, SeqCst, |n| Some(n.saturating_sub(1)));
+        }
+    }
+
+    /// Block while slot `index`'s state is not RUNNING, for at most `timeout_ns` (a futex
+    /// wait on the shared word; the controller wakes it on every transition).
+    pub(crate) fn wait_running(&self, index: usize, pid: u32, timeout_ns: u64) {
+        let Some(slot) = self.owned_slot(index, pid) else {
+            return;
+        };
+        let state = slot.ckpt_state.load(SeqCst);
+        if state != ckpt::RUNNING {
+            futex_wait(&slot.ckpt_state, state, timeout_ns);
+        }
+    }
+
     /// `(busy_total_ns, busy_until_ns, dyn_energy_uj)` for the energy counter.
     pub(crate) fn energy_counters(&self) -> (u64, u64, u64) {
         let l = self.layout();
@@ -560,6 +739,42 @@ impl DeviceState {
         let previous = self.layout().energy_reported_mj.fetch_max(mj, SeqCst);
         previous.max(mj)
     }
+}
+
+/// The state a reader sees for a raw slot state: transitional states read as the state
+/// the operation started from.
+fn reported_state(raw: u32) -> CheckpointState {
+    match raw {
+        ckpt::LOCKED | ckpt::CHECKPOINTING => CheckpointState::Locked,
+        ckpt::CHECKPOINTED | ckpt::RESTORING => CheckpointState::Checkpointed,
+        _ => CheckpointState::Running,
+    }
+}
+
+/// `FUTEX_WAIT` on a word of the shared mapping (not `_PRIVATE`: other processes wake it)
+/// while it holds `expected`, for at most `timeout_ns`.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
+    let timeout = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned 4-byte atomic in a shared mapping; the kernel only
+    // compares it with `expected` and sleeps; `timeout` outlives the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &timeout as *const libc::timespec,
+        )
+    };
+}
+
+/// Wake every process waiting on `word`.
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned 4-byte atomic; FUTEX_WAKE only reads its address.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
 
 fn map_file(file: &std::fs::File) -> io::Result<NonNull<Layout>> {
@@ -802,5 +1017,42 @@ mod tests {
         );
         assert_eq!(s.timeline_since(1_001_050).len(), 2);
         assert_eq!(s.launches(), 4);
+    }
+
+    #[test]
+    fn checkpoint_moves_memory_off_the_device_and_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DeviceState::open(dir.path(), "GPU-c", 1).unwrap();
+        let pid = me().pid;
+        let slot = s.claim_slot(me()).unwrap();
+        assert!(s.try_reserve(600, 1000));
+        s.slot_add(slot, 600);
+        assert_eq!(s.enter_call(slot, pid), Some(true));
+        assert!(s.ckpt_transition(slot, pid, ckpt::RUNNING, ckpt::LOCKING));
+        assert_eq!(s.in_calls(slot, pid), 1, "a call in flight is seen");
+        assert_eq!(s.enter_call(slot, pid), Some(false), "new calls must wait");
+        s.leave_call(slot, pid);
+        s.leave_call(slot, pid);
+        assert_eq!(s.in_calls(slot, pid), 0);
+        assert!(s.ckpt_transition(slot, pid, ckpt::LOCKING, ckpt::LOCKED));
+        assert!(!s.ckpt_transition(slot, pid, ckpt::RUNNING, ckpt::LOCKING));
+        s.checkpoint_memory(slot, pid);
+        assert_eq!((s.used(), s.bytes_of(pid)), (0, 0));
+        assert!(s.try_reserve(500, 1000), "another process takes the memory");
+        assert!(!s.restore_memory(slot, pid, 1000), "600 no longer fit");
+        assert_eq!(s.used(), 500);
+        s.unreserve(500);
+        assert!(s.restore_memory(slot, pid, 1000));
+        assert_eq!((s.used(), s.bytes_of(pid)), (600, 600));
+        s.checkpoint_memory(slot, pid);
+        assert!(s.ckpt_transition(slot, pid, ckpt::LOCKED, ckpt::CHECKPOINTED));
+        assert_eq!(s.processes()[0].checkpoint, CheckpointState::Checkpointed);
+        assert_eq!(
+            s.release_slot(slot, me()),
+            0,
+            "checkpointed memory is not on the device"
+        );
+        assert_eq!((s.used(), s.processes().len()), (0, 0));
+        assert_eq!(s.ckpt_state(slot, pid), None);
     }
 }

@@ -6,6 +6,7 @@
 //! is thread-local, as in the real driver.
 
 pub(crate) mod array;
+pub(crate) mod checkpoint;
 pub(crate) mod ctx;
 pub(crate) mod error_names;
 pub(crate) mod event;
@@ -25,8 +26,21 @@ use crate::ffi::{self, CopyError, Null};
 
 pub(crate) type CuResult<T = ()> = Result<T, CUresult>;
 
-/// The body of every exported CUDA function.
+/// The body of every exported CUDA function. It passes the checkpoint gate first: while
+/// a controller has this process locked or checkpointed, the call blocks.
 pub(crate) fn entry(body: impl FnOnce() -> CuResult) -> CUresult {
+    ffi::guard(CUresult::CUDA_ERROR_UNKNOWN, || {
+        let _gate = process::gate();
+        match body() {
+            Ok(()) => CUresult::CUDA_SUCCESS,
+            Err(e) => e,
+        }
+    })
+}
+
+/// The body of the checkpoint API's functions: not gated (a controller acts on other
+/// processes; its own state does not stop it).
+pub(crate) fn entry_ungated(body: impl FnOnce() -> CuResult) -> CUresult {
     ffi::guard(CUresult::CUDA_ERROR_UNKNOWN, || match body() {
         Ok(()) => CUresult::CUDA_SUCCESS,
         Err(e) => e,

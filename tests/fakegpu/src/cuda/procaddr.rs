@@ -23,7 +23,9 @@ use cudarc::driver::sys::{
 };
 use vgpu_abi::cuda_procs::{resolve, Resolution};
 
-use super::{array, ctx, entry, event, graph, init, launch, mem, stream, vmm, CuResult};
+use super::{
+    array, checkpoint, ctx, entry, event, graph, init, launch, mem, stream, vmm, CuResult,
+};
 use crate::ffi;
 
 macro_rules! exports {
@@ -87,7 +89,16 @@ exports! {
     graph::cuGraphInstantiate, graph::cuGraphInstantiate_v2, graph::cuGraphInstantiateWithFlags,
     graph::cuGraphInstantiateWithParams, graph::cuGraphInstantiateWithParams_ptsz,
     graph::cuGraphExecDestroy, graph::cuGraphLaunch, graph::cuGraphLaunch_ptsz,
+    checkpoint::cuCheckpointProcessGetRestoreThreadId, checkpoint::cuCheckpointProcessGetState,
+    checkpoint::cuCheckpointProcessLock, checkpoint::cuCheckpointProcessCheckpoint,
+    checkpoint::cuCheckpointProcessRestore, checkpoint::cuCheckpointProcessUnlock,
     self::cuGetProcAddress, self::cuGetProcAddress_v2,
+}
+
+/// Whether `symbol` is one an older driver lacks: the checkpoint API with `checkpoint =
+/// false` in the config (driver < 570). Loads the driver's config if nothing did yet.
+fn absent_from_driver(symbol: &str) -> bool {
+    symbol.starts_with("cuCheckpoint") && crate::driver::load().is_some_and(|d| !d.checkpoint)
 }
 
 /// What a lookup found: the function, or the status to report.
@@ -106,9 +117,9 @@ fn lookup(
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     Ok(match resolve(name, cuda_version, flags & per_thread != 0) {
-        Resolution::Found(proc_) => {
-            own_symbol(proc_.symbol).ok_or(Status::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
-        }
+        Resolution::Found(proc_) => own_symbol(proc_.symbol)
+            .filter(|_| !absent_from_driver(proc_.symbol))
+            .ok_or(Status::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND),
         Resolution::VersionNotSufficient { .. } => {
             Err(Status::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)
         }

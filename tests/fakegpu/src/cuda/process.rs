@@ -4,8 +4,9 @@
 //! One mutex guards it all; no call holds it while sleeping. A `fork`ed child sees its
 //! parent's state as foreign (the pid differs) and must call `cuInit` again.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::{Mutex, Once, PoisonError, TryLockError};
 
 use cudarc::driver::sys::CUresult;
@@ -16,6 +17,7 @@ use super::graph::{Exec, Graph};
 use super::launch::{kernel_table, Function};
 use super::stream::{StreamKey, StreamState};
 use super::{visible, CuResult};
+use crate::config::MAX_DEVICES;
 use crate::driver::{self, Driver};
 use crate::ffi::{self, getpid};
 
@@ -120,6 +122,100 @@ static AT_EXIT: Once = Once::new();
 thread_local! {
     /// The calling thread's context stack; the current context is the last.
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// Exported functions this thread is inside (only the outermost passes the gate).
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Per driver device index: the slot this process holds there + 1, 0 for none. A lock-free
+/// copy of `Process::slots` for the checkpoint gate, which must not take the process mutex
+/// (a blocked call would hold it). A `fork`ed child inherits it, but the slots' pid is the
+/// parent's, so the gate ignores them.
+static HELD: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+
+/// How long a blocked call sleeps on the futex before looking again (the controller wakes
+/// it on every transition; this only bounds a missed wake).
+const GATE_RECHECK_NS: u64 = 20_000_000;
+
+/// A CUDA call of this process in flight, as the checkpoint API sees it: counted in each
+/// slot this process holds (so `cuCheckpointProcessLock` can wait for it), and only created
+/// once no slot is locked or checkpointed (so a locked process's calls block).
+pub(crate) struct Gate {
+    /// Per driver device index: the slot + 1 this call is counted in, 0 for none.
+    entered: [u32; MAX_DEVICES],
+    nested: bool,
+}
+
+/// Pass the checkpoint gate: wait while this process is locked or checkpointed on any
+/// device, then count the call. Nested calls (an export calling another) pass freely.
+pub(crate) fn gate() -> Gate {
+    let mut gate = Gate {
+        entered: [0; MAX_DEVICES],
+        nested: DEPTH
+            .try_with(|d| {
+                let depth = d.get();
+                d.set(depth.saturating_add(1));
+                depth > 0
+            })
+            .unwrap_or(true),
+    };
+    let Some(driver) = driver::loaded().filter(|_| !gate.nested) else {
+        return gate;
+    };
+    let pid = getpid();
+    loop {
+        let mut blocked = None;
+        for (index, device) in driver.devices.iter().enumerate().take(MAX_DEVICES) {
+            let held = HELD[index].load(SeqCst);
+            if held == 0 {
+                continue;
+            }
+            let slot = (held - 1) as usize;
+            match device.state.enter_call(slot, pid) {
+                None => {}
+                Some(running) => {
+                    gate.entered[index] = held;
+                    if !running {
+                        blocked = Some((index, slot));
+                    }
+                }
+            }
+        }
+        let Some((index, slot)) = blocked else {
+            return gate;
+        };
+        gate.leave(driver, pid);
+        if let Some(device) = driver.device(index) {
+            device.state.wait_running(slot, pid, GATE_RECHECK_NS);
+        }
+    }
+}
+
+impl Gate {
+    fn leave(&mut self, driver: &Driver, pid: u32) {
+        for (index, entered) in self.entered.iter_mut().enumerate() {
+            if *entered != 0 {
+                if let Some(device) = driver.device(index) {
+                    device.state.leave_call((*entered - 1) as usize, pid);
+                }
+                *entered = 0;
+            }
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        if let Some(driver) = driver::loaded() {
+            self.leave(driver, getpid());
+        }
+    }
+}
+
+fn set_held(device: usize, slot: Option<usize>) {
+    if let Some(held) = HELD.get(device) {
+        held.store(slot.map_or(0, |s| s as u32 + 1), SeqCst);
+    }
 }
 
 /// cuInit: load the driver, read FAKEGPU_KERNELS, apply CUDA_VISIBLE_DEVICES, reclaim dead
@@ -330,6 +426,7 @@ impl Process {
             .claim_slot(me)
             .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         self.slots.insert(device, slot);
+        set_held(device, Some(slot));
         Ok(slot)
     }
 
@@ -374,6 +471,7 @@ impl Process {
             return;
         }
         if let (Some(slot), Some(me)) = (self.slots.remove(&device), self.me) {
+            set_held(device, None);
             if let Ok(dev) = self.device(device) {
                 dev.state.release_slot(slot, me);
             }
@@ -383,6 +481,7 @@ impl Process {
     fn release_all_slots(&mut self) {
         let Some(me) = self.me else { return };
         for (device, slot) in std::mem::take(&mut self.slots) {
+            set_held(device, None);
             if let Some(dev) = self.driver.device(device) {
                 dev.state.release_slot(slot, me);
             }

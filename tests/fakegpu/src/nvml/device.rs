@@ -386,12 +386,14 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
     entry(|| query(handle, limit, |d| Ok(d.power_limit_mw())))
 }
 
-/// Live processes holding a context or memory on the device: (pid, bytes).
+/// Live processes holding a context or memory on the device: (pid, bytes). A checkpointed
+/// process has released the GPU (its memory is in host memory), so it is not listed.
 fn processes(d: &Device) -> Vec<(u32, u64)> {
     d.state.reclaim_dead();
     d.state
         .processes()
         .into_iter()
+        .filter(|p| p.checkpoint != crate::state::CheckpointState::Checkpointed)
         .map(|p| (p.pid, p.bytes))
         .collect()
 }

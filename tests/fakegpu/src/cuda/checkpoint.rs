@@ -1,0 +1,334 @@
+//! The checkpoint API of CUDA 12.8 / driver 570 (`cuCheckpointProcess*`, cuda.h's
+//! "CUDA Checkpointing" group): a controller moves another process (by pid) through
+//! RUNNING → LOCKED → CHECKPOINTED → (restore) LOCKED → RUNNING.
+//!
+//! The state is kept per process in each slot it holds in the shared device files, so the
+//! controller and the target are different processes, as on a real system. The target sees
+//! it in [`super::process::gate`]: every CUDA call of a process that is not RUNNING blocks
+//! until it is unlocked.
+//!
+//! Errors, following cuda.h's documentation of each function:
+//! * `CUDA_ERROR_NOT_INITIALIZED` before the controller's `cuInit`;
+//! * `CUDA_ERROR_NOT_SUPPORTED` with `checkpoint = false` in the config (an older driver);
+//! * `CUDA_ERROR_INVALID_VALUE` for a pid that is not a live CUDA process (no context or
+//!   memory on any device; cuda.h documents INVALID_VALUE, not NOT_FOUND, for all six),
+//!   NULL out-pointers and non-zero reserved fields ("must be zeroed");
+//! * `CUDA_ERROR_ILLEGAL_STATE` for a transition the process's state does not allow (also
+//!   while another controller's operation on it is under way);
+//! * lock: `CUDA_ERROR_NOT_READY` when `timeoutMs` passes before the target's calls and
+//!   queued kernels are done (cuda.h lists NOT_READY, not TIMEOUT); the target is left
+//!   RUNNING, as documented;
+//! * restore: `CUDA_ERROR_OUT_OF_MEMORY` when the memory no longer fits on the device (the
+//!   process stays CHECKPOINTED; cuda.h lists no code for it, OOM is what the allocation
+//!   path returns).
+
+use std::ffi::c_int;
+use std::time::Duration;
+
+use cudarc::driver::sys::{
+    CUcheckpointCheckpointArgs, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
+    CUcheckpointUnlockArgs, CUprocessState, CUresult,
+};
+
+use super::{entry_ungated, process, CuResult};
+use crate::driver::Driver;
+use crate::ffi::{self, now_ns};
+use crate::state::ckpt;
+
+/// How often lock looks again at a target whose calls are still in flight.
+const LOCK_POLL: Duration = Duration::from_millis(1);
+
+/// The controller's driver: initialized and offering the API.
+fn controller() -> CuResult<&'static Driver> {
+    let driver = process::with(|p| Ok(p.driver))?;
+    if !driver.checkpoint {
+        return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(driver)
+}
+
+/// One slot of the target: driver device index and slot index.
+type TargetSlot = (usize, usize);
+
+/// The slots of live CUDA process `pid` (dead ones are reclaimed first); INVALID_VALUE if
+/// it has none.
+fn target(driver: &Driver, pid: c_int) -> CuResult<(u32, Vec<TargetSlot>)> {
+    let pid = u32::try_from(pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    driver.reclaim_dead();
+    let slots = slots_of(driver, pid);
+    if slots.is_empty() {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok((pid, slots))
+}
+
+fn slots_of(driver: &Driver, pid: u32) -> Vec<TargetSlot> {
+    driver
+        .devices
+        .iter()
+        .enumerate()
+        .flat_map(|(d, dev)| {
+            dev.state
+                .slots_of(pid)
+                .into_iter()
+                .map(move |(s, _)| (d, s))
+        })
+        .collect()
+}
+
+/// The state a process reports: the most advanced of its slots' (they differ only while a
+/// slot is taken during a lock).
+fn reported(driver: &Driver, pid: u32, slots: &[TargetSlot]) -> u32 {
+    slots
+        .iter()
+        .filter_map(|&(d, s)| driver.device(d)?.state.ckpt_state(s, pid))
+        .map(|raw| match raw {
+            ckpt::LOCKED | ckpt::CHECKPOINTING => ckpt::LOCKED,
+            ckpt::CHECKPOINTED | ckpt::RESTORING => ckpt::CHECKPOINTED,
+            _ => ckpt::RUNNING,
+        })
+        .max()
+        .unwrap_or(ckpt::RUNNING)
+}
+
+/// Move every slot from `from` to `to`, or none: ILLEGAL_STATE (INVALID_VALUE if the process
+/// died meanwhile) after undoing the moves made.
+fn transition_all(driver: &Driver, pid: u32, slots: &[TargetSlot], from: u32, to: u32) -> CuResult {
+    for (done, &(d, s)) in slots.iter().enumerate() {
+        let moved = driver
+            .device(d)
+            .is_some_and(|dev| dev.state.ckpt_transition(s, pid, from, to));
+        if !moved {
+            set_all(driver, pid, &slots[..done], to, from);
+            return Err(if slots_of(driver, pid).is_empty() {
+                CUresult::CUDA_ERROR_INVALID_VALUE
+            } else {
+                CUresult::CUDA_ERROR_ILLEGAL_STATE
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Move the slots that are in `from` to `to` (the end of an operation that owns them).
+fn set_all(driver: &Driver, pid: u32, slots: &[TargetSlot], from: u32, to: u32) {
+    for &(d, s) in slots {
+        if let Some(dev) = driver.device(d) {
+            dev.state.ckpt_transition(s, pid, from, to);
+        }
+    }
+}
+
+/// Reserved words of an optional argument struct must be zero.
+///
+/// # Safety
+/// `args` is NULL or points to a readable `T`, a struct of integers only.
+unsafe fn reserved_zero<T: Copy>(args: *const T, words: impl Fn(&T) -> Vec<u64>) -> CuResult {
+    if args.is_null() {
+        return Ok(());
+    }
+    // SAFETY: non-NULL and readable by this function's contract; every bit pattern of an
+    // integer-only struct is valid.
+    let value = unsafe { ffi::read(args) }?;
+    if words(&value).iter().any(|&w| w != 0) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
+    pid: c_int,
+    tid: *mut c_int,
+) -> CUresult {
+    entry_ungated(|| {
+        let driver = controller()?;
+        if tid.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (pid, slots) = target(driver, pid)?;
+        let found = slots
+            .iter()
+            .find_map(|&(d, s)| driver.device(d)?.state.restore_tid(s, pid))
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let found = c_int::try_from(found).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: `tid` is non-NULL and writable (driver API contract).
+        Ok(unsafe { ffi::write(tid, found) }?)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessGetState(
+    pid: c_int,
+    state: *mut CUprocessState,
+) -> CUresult {
+    entry_ungated(|| {
+        let driver = controller()?;
+        if state.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (pid, slots) = target(driver, pid)?;
+        let value = reported(driver, pid, &slots);
+        // SAFETY: `state` is non-NULL and points to a 4-byte C enum (driver API contract);
+        // written as the raw integer.
+        Ok(unsafe { ffi::write(state.cast::<u32>(), value) }?)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessLock(
+    pid: c_int,
+    args: *mut CUcheckpointLockArgs,
+) -> CUresult {
+    entry_ungated(|| {
+        let driver = controller()?;
+        // SAFETY: `args` is NULL or a readable CUcheckpointLockArgs (driver API contract).
+        unsafe {
+            reserved_zero(args, |a| {
+                let mut words = a.reserved1.to_vec();
+                words.push(u64::from(a.reserved0));
+                words
+            })
+        }?;
+        let timeout_ms = if args.is_null() {
+            0
+        } else {
+            // SAFETY: non-NULL and readable, checked above.
+            unsafe { ffi::read(args) }?.timeoutMs
+        };
+        let (pid, slots) = target(driver, pid)?;
+        lock(driver, pid, slots, timeout_ms)
+    })
+}
+
+/// RUNNING → LOCKING (new calls block), wait for the calls in flight and the kernels queued
+/// to finish, → LOCKED. A timeout puts it back to RUNNING.
+fn lock(driver: &Driver, pid: u32, mut slots: Vec<TargetSlot>, timeout_ms: u32) -> CuResult {
+    transition_all(driver, pid, &slots, ckpt::RUNNING, ckpt::LOCKING)?;
+    let deadline =
+        (timeout_ms > 0).then(|| now_ns().saturating_add(u64::from(timeout_ms) * 1_000_000));
+    loop {
+        driver.reclaim_dead();
+        // A call in flight may have taken a slot on another device: lock it too.
+        for slot in slots_of(driver, pid) {
+            if !slots.contains(&slot) {
+                let (d, s) = slot;
+                if driver.device(d).is_some_and(|dev| {
+                    dev.state
+                        .ckpt_transition(s, pid, ckpt::RUNNING, ckpt::LOCKING)
+                }) {
+                    slots.push(slot);
+                }
+            }
+        }
+        let live: Vec<TargetSlot> = slots
+            .iter()
+            .copied()
+            .filter(|&(d, s)| {
+                driver
+                    .device(d)
+                    .is_some_and(|dev| dev.state.ckpt_state(s, pid).is_some())
+            })
+            .collect();
+        if live.is_empty() {
+            set_all(driver, pid, &slots, ckpt::LOCKING, ckpt::RUNNING);
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let in_flight: u32 = live
+            .iter()
+            .filter_map(|&(d, s)| Some(driver.device(d)?.state.in_calls(s, pid)))
+            .sum();
+        let now = now_ns();
+        let queued_until = live
+            .iter()
+            .filter_map(|&(d, s)| Some(driver.device(d)?.state.slot_busy_until(s)))
+            .max()
+            .unwrap_or(0);
+        if in_flight == 0 && queued_until <= now {
+            break;
+        }
+        if deadline.is_some_and(|d| now >= d) {
+            set_all(driver, pid, &slots, ckpt::LOCKING, ckpt::RUNNING);
+            return Err(CUresult::CUDA_ERROR_NOT_READY);
+        }
+        let mut wait = if in_flight > 0 {
+            LOCK_POLL
+        } else {
+            Duration::from_nanos(queued_until - now)
+        };
+        if let Some(d) = deadline {
+            wait = wait.min(Duration::from_nanos(d.saturating_sub(now)));
+        }
+        std::thread::sleep(wait.max(Duration::from_micros(50)));
+    }
+    set_all(driver, pid, &slots, ckpt::LOCKING, ckpt::LOCKED);
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
+    pid: c_int,
+    args: *mut CUcheckpointCheckpointArgs,
+) -> CUresult {
+    entry_ungated(|| {
+        let driver = controller()?;
+        // SAFETY: `args` is NULL or a readable CUcheckpointCheckpointArgs (driver API contract).
+        unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
+        let (pid, slots) = target(driver, pid)?;
+        transition_all(driver, pid, &slots, ckpt::LOCKED, ckpt::CHECKPOINTING)?;
+        for &(d, s) in &slots {
+            if let Some(dev) = driver.device(d) {
+                dev.state.checkpoint_memory(s, pid);
+            }
+        }
+        set_all(driver, pid, &slots, ckpt::CHECKPOINTING, ckpt::CHECKPOINTED);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessRestore(
+    pid: c_int,
+    args: *mut CUcheckpointRestoreArgs,
+) -> CUresult {
+    entry_ungated(|| {
+        let driver = controller()?;
+        // SAFETY: `args` is NULL or a readable CUcheckpointRestoreArgs (driver API contract).
+        unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
+        let (pid, slots) = target(driver, pid)?;
+        transition_all(driver, pid, &slots, ckpt::CHECKPOINTED, ckpt::RESTORING)?;
+        for (done, &(d, s)) in slots.iter().enumerate() {
+            let fits = driver
+                .device(d)
+                .is_some_and(|dev| dev.state.restore_memory(s, pid, dev.config.memory));
+            if !fits {
+                for &(d, s) in &slots[..done] {
+                    if let Some(dev) = driver.device(d) {
+                        dev.state.unrestore_memory(s, pid);
+                    }
+                }
+                set_all(driver, pid, &slots, ckpt::RESTORING, ckpt::CHECKPOINTED);
+                return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+            }
+        }
+        set_all(driver, pid, &slots, ckpt::RESTORING, ckpt::LOCKED);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessUnlock(
+    pid: c_int,
+    args: *mut CUcheckpointUnlockArgs,
+) -> CUresult {
+    entry_ungated(|| {
+        let driver = controller()?;
+        // SAFETY: `args` is NULL or a readable CUcheckpointUnlockArgs (driver API contract).
+        unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
+        let (pid, slots) = target(driver, pid)?;
+        transition_all(driver, pid, &slots, ckpt::LOCKED, ckpt::RUNNING)
+    })
+}

@@ -13,6 +13,8 @@
 //! `cargo test` builds it as `target/<profile>/examples/fakegpu_probe`. It does not link the
 //! fakegpu crate: the only driver in the process is the one it loads.
 
+#[path = "fakegpu_probe/checkpoint.rs"]
+mod checkpoint;
 #[path = "fakegpu_probe/cuda.rs"]
 mod cuda;
 #[path = "fakegpu_probe/timeline.rs"]
@@ -129,6 +131,17 @@ const PROBES: &[(&str, &str, fn())] = &[
         "grabber",
         "quota_race::racing_processes_never_exceed_the_device",
         grabber,
+    ),
+    // checkpoint.rs
+    (
+        "ckpt_target",
+        "checkpoint::* (the target)",
+        checkpoint::target,
+    ),
+    (
+        "ckpt_ctl",
+        "checkpoint::* (the controller)",
+        checkpoint::controller,
     ),
 ];
 

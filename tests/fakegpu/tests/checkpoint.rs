@@ -1,0 +1,385 @@
+//! The checkpoint API (`cuCheckpointProcess*`): a controller process moves a target process
+//! through RUNNING → LOCKED → CHECKPOINTED → LOCKED → RUNNING by pid. The target is the
+//! `ckpt_target` probe (it holds memory, and with a progress file works in a loop); the
+//! controller is the `ckpt_ctl` probe (one call per run, found with `cuGetProcAddress_v2`,
+//! plus NVML's view of device 0 after it).
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{field, Fake, Holder};
+use cudarc::driver::sys::CUresult;
+use fakegpu::state::CheckpointState;
+
+const GIB: u64 = 1 << 30;
+
+/// One 4 GiB device, so that memory runs out quickly.
+const SMALL: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"4GiB\"\n";
+
+const RUNNING: &str = "0";
+const LOCKED: &str = "1";
+const CHECKPOINTED: &str = "2";
+
+fn code(r: CUresult) -> String {
+    (r as u32).to_string()
+}
+
+/// Run the controller: `op` on `pid`, with extra environment; its stdout.
+fn ctl(fake: &Fake, pid: impl ToString, op: &str, env: &[(&str, &str)]) -> String {
+    let mut cmd = fake.probe("ckpt_ctl");
+    cmd.env("CKPT_OP", op).env("CKPT_PID", pid.to_string());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run ckpt_ctl");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "ckpt_ctl {op} {} failed: {}\n{stdout}{}",
+        pid.to_string(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `op` on `pid` must give `expected` (and be found by cuGetProcAddress).
+fn expect(fake: &Fake, pid: impl ToString, op: &str, expected: CUresult) -> String {
+    let out = ctl(fake, pid, op, &[]);
+    assert_eq!(
+        field(&out, "getproc"),
+        "0 status=0",
+        "{op} resolves at 12080"
+    );
+    assert_eq!(field(&out, "result"), code(expected), "{op}:\n{out}");
+    out
+}
+
+fn state(fake: &Fake, pid: u32) -> String {
+    field(
+        &expect(fake, pid, "get_state", CUresult::CUDA_SUCCESS),
+        "state",
+    )
+    .to_string()
+}
+
+fn spawn_target(fake: &Fake, mib: u64, progress: Option<&Path>, kernel: &str) -> Holder {
+    let mut cmd = fake.probe("ckpt_target");
+    cmd.env("CKPT_ALLOC_MIB", mib.to_string())
+        .env("FAKEGPU_KERNELS", format!("kernel={kernel}"));
+    if let Some(p) = progress {
+        cmd.env("CKPT_PROGRESS", p);
+    }
+    Holder::spawn(&mut cmd)
+}
+
+fn progress(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Wait (polling the target's own progress file) until it reports `at_least` iterations.
+fn wait_progress(path: &Path, at_least: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = progress(path);
+        if n >= at_least {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the target stayed at {n} iterations (waiting for {at_least})"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos() as u64
+}
+
+#[test]
+fn full_cycle_moves_memory_off_the_device_and_back() {
+    let fake = Fake::with_config(SMALL);
+    let target = spawn_target(&fake, 3072, None, "100us");
+    let pid = target.pid();
+    let states = fake.states();
+
+    let out = expect(&fake, pid, "tid", CUresult::CUDA_SUCCESS);
+    assert_eq!(
+        field(&out, "tid"),
+        pid.to_string(),
+        "the thread that made the context"
+    );
+    assert_eq!(state(&fake, pid), RUNNING);
+    assert_eq!(field(&out, "nvml_used"), (3 * GIB).to_string());
+    assert_eq!(field(&out, "nvml_procs"), format!("{pid}:{}", 3 * GIB));
+
+    let out = expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    assert_eq!(
+        field(&out, "nvml_used"),
+        (3 * GIB).to_string(),
+        "locked keeps memory"
+    );
+    assert_eq!(state(&fake, pid), LOCKED);
+
+    let out = expect(&fake, pid, "checkpoint", CUresult::CUDA_SUCCESS);
+    assert_eq!(
+        field(&out, "nvml_used"),
+        "0",
+        "checkpointed memory left the device"
+    );
+    assert_eq!(
+        field(&out, "nvml_procs"),
+        "",
+        "a checkpointed process is not listed"
+    );
+    assert_eq!(state(&fake, pid), CHECKPOINTED);
+    let procs = states[0].processes();
+    assert_eq!(procs.len(), 1);
+    assert_eq!(
+        (procs[0].pid, procs[0].bytes, procs[0].checkpoint),
+        (pid, 0, CheckpointState::Checkpointed)
+    );
+
+    // Another process takes memory that only fits because the target's left.
+    let other = spawn_target(&fake, 2048, None, "100us");
+    assert_eq!(states[0].used(), 2 * GIB);
+    let out = expect(&fake, pid, "restore", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(
+        field(&out, "nvml_used"),
+        (2 * GIB).to_string(),
+        "nothing half-restored"
+    );
+    assert_eq!(
+        state(&fake, pid),
+        CHECKPOINTED,
+        "a failed restore stays checkpointed"
+    );
+    other.finish();
+    assert_eq!(states[0].used(), 0);
+
+    let out = expect(&fake, pid, "restore", CUresult::CUDA_SUCCESS);
+    assert_eq!(field(&out, "nvml_used"), (3 * GIB).to_string());
+    assert_eq!(field(&out, "nvml_procs"), format!("{pid}:{}", 3 * GIB));
+    assert_eq!(state(&fake, pid), LOCKED, "restore leaves it locked");
+    expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    assert_eq!(state(&fake, pid), RUNNING);
+
+    // The target checks its allocation is still there, at the same address, and frees it.
+    target.finish();
+    assert_eq!(states[0].used(), 0);
+    assert!(states[0].processes().is_empty());
+}
+
+#[test]
+fn a_locked_process_makes_no_progress_until_unlocked() {
+    let fake = Fake::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("progress");
+    const KERNEL_MS: u64 = 2;
+    let target = spawn_target(&fake, 1024, Some(&file), &format!("{KERNEL_MS}ms"));
+    let pid = target.pid();
+    let states = fake.states();
+    wait_progress(&file, 3);
+
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    let locked_at = now_ns();
+    assert!(
+        states[0].busy_until_ns() <= locked_at,
+        "lock returned before the target's queued kernels finished"
+    );
+    let before = progress(&file);
+    let launches = states[0].processes()[0].launches;
+    assert_eq!(state(&fake, pid), LOCKED);
+    // 25 of its kernel times: an unlocked target does at least a dozen iterations.
+    std::thread::sleep(Duration::from_millis(25 * KERNEL_MS));
+    let after = progress(&file);
+    assert!(
+        after <= before + 1,
+        "the target went on from {before} to {after} iterations while locked"
+    );
+    assert_eq!(
+        states[0].processes()[0].launches,
+        launches,
+        "a locked process launched kernels"
+    );
+
+    expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    assert_eq!(state(&fake, pid), RUNNING);
+    wait_progress(&file, after + 5);
+    target.finish();
+    assert_eq!(states[0].used(), 0);
+}
+
+#[test]
+fn lock_waits_for_queued_kernels_and_honours_its_timeout() {
+    let fake = Fake::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("progress");
+    let target = spawn_target(&fake, 0, Some(&file), "300ms");
+    let pid = target.pid();
+    let states = fake.states();
+    wait_progress(&file, 1);
+
+    // The target is almost always inside a 300 ms synchronize; a lock that caught it
+    // between two iterations succeeds at once, so try again then.
+    let mut timed_out = false;
+    for _ in 0..5 {
+        let out = ctl(&fake, pid, "lock", &[("CKPT_TIMEOUT_MS", "30")]);
+        if field(&out, "result") == code(CUresult::CUDA_ERROR_NOT_READY) {
+            let ms: u64 = field(&out, "lock_ms").parse().expect("lock_ms");
+            assert!(ms >= 30, "gave up after {ms} ms, before its timeout");
+            timed_out = true;
+            break;
+        }
+        assert_eq!(field(&out, "result"), "0", "{out}");
+        expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    }
+    assert!(
+        timed_out,
+        "a lock with a 30 ms timeout never timed out on 300 ms kernels"
+    );
+    assert_eq!(
+        state(&fake, pid),
+        RUNNING,
+        "a timed-out lock leaves it running"
+    );
+    let n = progress(&file);
+    wait_progress(&file, n + 1);
+
+    // Without a timeout, lock returns once the kernel in flight has run.
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    assert!(states[0].busy_until_ns() <= now_ns());
+    expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    target.finish();
+}
+
+#[test]
+fn illegal_transitions_bad_pids_and_arguments() {
+    use CUresult::*;
+    let fake = Fake::new();
+    let target = spawn_target(&fake, 1024, None, "100us");
+    let pid = target.pid();
+
+    for op in ["checkpoint", "restore", "unlock"] {
+        expect(&fake, pid, op, CUDA_ERROR_ILLEGAL_STATE);
+    }
+    let reserved = [("CKPT_RESERVED", "1")];
+    for op in ["lock", "checkpoint", "restore", "unlock"] {
+        let out = ctl(&fake, pid, op, &reserved);
+        assert_eq!(
+            field(&out, "result"),
+            code(CUDA_ERROR_INVALID_VALUE),
+            "{op}"
+        );
+    }
+    assert_eq!(state(&fake, pid), RUNNING);
+    expect(&fake, pid, "lock", CUDA_SUCCESS);
+    for op in ["lock", "restore"] {
+        expect(&fake, pid, op, CUDA_ERROR_ILLEGAL_STATE);
+    }
+    assert_eq!(state(&fake, pid), LOCKED);
+    expect(&fake, pid, "checkpoint", CUDA_SUCCESS);
+    for op in ["lock", "checkpoint", "unlock"] {
+        expect(&fake, pid, op, CUDA_ERROR_ILLEGAL_STATE);
+    }
+    assert_eq!(state(&fake, pid), CHECKPOINTED);
+    expect(&fake, pid, "restore", CUDA_SUCCESS);
+    expect(&fake, pid, "restore", CUDA_ERROR_ILLEGAL_STATE);
+    expect(&fake, pid, "unlock", CUDA_SUCCESS);
+    assert_eq!(state(&fake, pid), RUNNING);
+
+    // Pids that are no CUDA process: this test (never called cuInit), a reaped child,
+    // 0 and negative ones.
+    let mut child = std::process::Command::new("true").spawn().expect("true");
+    let dead = child.id();
+    child.wait().expect("reap");
+    let no_cuda = std::process::id().to_string();
+    for bad in [no_cuda, dead.to_string(), "0".into(), "-1".into()] {
+        for op in [
+            "get_state",
+            "tid",
+            "lock",
+            "checkpoint",
+            "restore",
+            "unlock",
+        ] {
+            expect(&fake, &bad, op, CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    for op in ["get_state", "tid"] {
+        let out = ctl(&fake, pid, op, &[("CKPT_NULL", "1")]);
+        assert_eq!(
+            field(&out, "result"),
+            code(CUDA_ERROR_INVALID_VALUE),
+            "{op}"
+        );
+    }
+    let out = ctl(&fake, pid, "lock", &[("CKPT_NO_INIT", "1")]);
+    assert_eq!(field(&out, "result"), code(CUDA_ERROR_NOT_INITIALIZED));
+    assert_eq!(state(&fake, pid), RUNNING);
+    target.finish();
+}
+
+#[test]
+fn checkpoint_false_models_a_driver_without_the_api() {
+    let fake = Fake::with_config(&format!("checkpoint = false\n{SMALL}"));
+    let target = spawn_target(&fake, 1024, None, "100us");
+    for op in [
+        "get_state",
+        "tid",
+        "lock",
+        "checkpoint",
+        "restore",
+        "unlock",
+    ] {
+        let out = ctl(&fake, target.pid(), op, &[]);
+        assert_eq!(
+            field(&out, "getproc"),
+            format!("{} status=1", code(CUresult::CUDA_ERROR_NOT_FOUND)),
+            "{op}: cuGetProcAddress reports CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND"
+        );
+        assert_eq!(
+            field(&out, "result"),
+            code(CUresult::CUDA_ERROR_NOT_SUPPORTED),
+            "{op}: the export says not supported"
+        );
+    }
+    target.finish();
+}
+
+#[test]
+fn a_target_killed_while_checkpointed_or_locked_leaks_nothing() {
+    let fake = Fake::with_config(SMALL);
+    let states = fake.states();
+
+    let target_a = spawn_target(&fake, 3072, None, "100us");
+    let pid = target_a.pid();
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    expect(&fake, pid, "checkpoint", CUresult::CUDA_SUCCESS);
+    target_a.kill();
+    expect(&fake, pid, "get_state", CUresult::CUDA_ERROR_INVALID_VALUE);
+    expect(&fake, pid, "restore", CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(states[0].used(), 0);
+    assert!(states[0].processes().is_empty(), "its slot was reclaimed");
+
+    let target_b = spawn_target(&fake, 3072, None, "100us");
+    let pid = target_b.pid();
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    target_b.kill();
+    expect(&fake, pid, "unlock", CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(states[0].used(), 0);
+    assert!(states[0].processes().is_empty());
+
+    // The whole device is free again.
+    spawn_target(&fake, 4096, None, "100us").finish();
+    assert_eq!(states[0].used(), 0);
+}

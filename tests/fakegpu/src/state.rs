@@ -1055,4 +1055,19 @@ mod tests {
         assert_eq!((s.used(), s.processes().len()), (0, 0));
         assert_eq!(s.ckpt_state(slot, pid), None);
     }
+
+    #[test]
+    fn checkpoint_states_are_cuda_h_values() {
+        use cudarc::driver::sys::CUprocessState as P;
+        assert_eq!(ckpt::RUNNING, P::CU_PROCESS_STATE_RUNNING as u32);
+        assert_eq!(ckpt::LOCKED, P::CU_PROCESS_STATE_LOCKED as u32);
+        assert_eq!(ckpt::CHECKPOINTED, P::CU_PROCESS_STATE_CHECKPOINTED as u32);
+        for s in [
+            CheckpointState::Running,
+            CheckpointState::Locked,
+            CheckpointState::Checkpointed,
+        ] {
+            assert_eq!(reported_state(s.cu_value()), s);
+        }
+    }
 }

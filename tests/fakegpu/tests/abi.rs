@@ -230,6 +230,72 @@ fn rust_side() -> Vec<(&'static str, u64)> {
             "CUDA_ERROR_NO_DEVICE",
             cu::CUresult::CUDA_ERROR_NO_DEVICE as u64,
         ),
+        // The checkpoint API (src/cuda/checkpoint.rs, src/state.rs `ckpt`).
+        (
+            "sizeof(CUcheckpointLockArgs)",
+            s(size_of::<cu::CUcheckpointLockArgs>()),
+        ),
+        (
+            "offsetof(CUcheckpointLockArgs.timeoutMs)",
+            s(offset_of!(cu::CUcheckpointLockArgs, timeoutMs)),
+        ),
+        (
+            "offsetof(CUcheckpointLockArgs.reserved0)",
+            s(offset_of!(cu::CUcheckpointLockArgs, reserved0)),
+        ),
+        (
+            "offsetof(CUcheckpointLockArgs.reserved1)",
+            s(offset_of!(cu::CUcheckpointLockArgs, reserved1)),
+        ),
+        (
+            "sizeof(CUcheckpointCheckpointArgs)",
+            s(size_of::<cu::CUcheckpointCheckpointArgs>()),
+        ),
+        (
+            "sizeof(CUcheckpointRestoreArgs)",
+            s(size_of::<cu::CUcheckpointRestoreArgs>()),
+        ),
+        (
+            "sizeof(CUcheckpointUnlockArgs)",
+            s(size_of::<cu::CUcheckpointUnlockArgs>()),
+        ),
+        ("sizeof(CUprocessState)", s(size_of::<cu::CUprocessState>())),
+        (
+            "CU_PROCESS_STATE_RUNNING",
+            cu::CUprocessState::CU_PROCESS_STATE_RUNNING as u64,
+        ),
+        (
+            "CU_PROCESS_STATE_LOCKED",
+            cu::CUprocessState::CU_PROCESS_STATE_LOCKED as u64,
+        ),
+        (
+            "CU_PROCESS_STATE_CHECKPOINTED",
+            cu::CUprocessState::CU_PROCESS_STATE_CHECKPOINTED as u64,
+        ),
+        (
+            "CU_PROCESS_STATE_FAILED",
+            cu::CUprocessState::CU_PROCESS_STATE_FAILED as u64,
+        ),
+        (
+            "CUDA_ERROR_ILLEGAL_STATE",
+            cu::CUresult::CUDA_ERROR_ILLEGAL_STATE as u64,
+        ),
+        (
+            "CUDA_ERROR_NOT_READY",
+            cu::CUresult::CUDA_ERROR_NOT_READY as u64,
+        ),
+        (
+            "CUDA_ERROR_NOT_SUPPORTED",
+            cu::CUresult::CUDA_ERROR_NOT_SUPPORTED as u64,
+        ),
+        (
+            "CUDA_ERROR_INVALID_VALUE",
+            cu::CUresult::CUDA_ERROR_INVALID_VALUE as u64,
+        ),
+        (
+            "CUDA_ERROR_NOT_INITIALIZED",
+            cu::CUresult::CUDA_ERROR_NOT_INITIALIZED as u64,
+        ),
         (
             "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT",
             cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as u64,

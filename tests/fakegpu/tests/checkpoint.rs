@@ -353,6 +353,12 @@ fn checkpoint_false_models_a_driver_without_the_api() {
             "{op}: the export says not supported"
         );
     }
+    // Before cuInit too, cuGetProcAddress does not find them.
+    let out = ctl(&fake, target.pid(), "lock", &[("CKPT_NO_INIT", "1")]);
+    assert_eq!(
+        field(&out, "getproc"),
+        format!("{} status=1", code(CUresult::CUDA_ERROR_NOT_FOUND))
+    );
     target.finish();
 }
 

@@ -101,6 +101,12 @@ const REQUIRED_CUDA: &[&str] = &[
     "cuGetErrorString",
     "cuGetProcAddress",
     "cuGetProcAddress_v2",
+    "cuCheckpointProcessGetRestoreThreadId",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
 ];
 
 const REQUIRED_NVML: &[&str] = &[

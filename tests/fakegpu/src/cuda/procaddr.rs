@@ -96,9 +96,16 @@ exports! {
 }
 
 /// Whether `symbol` is one an older driver lacks: the checkpoint API with `checkpoint =
-/// false` in the config (driver < 570). Loads the driver's config if nothing did yet.
+/// false` in the config (driver < 570). Before cuInit the config file is read for it (and
+/// nothing else: a bad config is reported by cuInit).
 fn absent_from_driver(symbol: &str) -> bool {
-    symbol.starts_with("cuCheckpoint") && crate::driver::load().is_some_and(|d| !d.checkpoint)
+    if !symbol.starts_with("cuCheckpoint") {
+        return false;
+    }
+    match crate::driver::loaded() {
+        Some(driver) => !driver.checkpoint,
+        None => crate::config::load().is_ok_and(|c| !c.checkpoint),
+    }
 }
 
 /// What a lookup found: the function, or the status to report.
@@ -229,6 +236,14 @@ mod tests {
         assert_eq!(
             ok("cuNope", 12000, 0),
             Err(Status::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
+        );
+        assert_eq!(
+            ok("cuCheckpointProcessLock", 12080, 0),
+            Ok(checkpoint::cuCheckpointProcessLock as *const () as usize)
+        );
+        assert_eq!(
+            ok("cuCheckpointProcessLock", 12070, 0),
+            Err(Status::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)
         );
         // Known to cuda.h but not simulated.
         assert_eq!(

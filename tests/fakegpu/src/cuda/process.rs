@@ -140,43 +140,57 @@ const GATE_RECHECK_NS: u64 = 20_000_000;
 /// slot this process holds (so `cuCheckpointProcessLock` can wait for it), and only created
 /// once no slot is locked or checkpointed (so a locked process's calls block).
 pub(crate) struct Gate {
-    /// Per driver device index: the slot + 1 this call is counted in, 0 for none.
-    entered: [u32; MAX_DEVICES],
-    nested: bool,
+    /// Driver device indices (bits) whose slot this call is counted in.
+    mask: u64,
+    /// Per driver device index: that slot.
+    slots: [u32; MAX_DEVICES],
+    pid: u32,
 }
 
 /// Pass the checkpoint gate: wait while this process is locked or checkpointed on any
 /// device, then count the call. Nested calls (an export calling another) pass freely.
 pub(crate) fn gate() -> Gate {
+    let nested = DEPTH
+        .try_with(|d| {
+            let depth = d.get();
+            d.set(depth.saturating_add(1));
+            depth > 0
+        })
+        .unwrap_or(true);
     let mut gate = Gate {
-        entered: [0; MAX_DEVICES],
-        nested: DEPTH
-            .try_with(|d| {
-                let depth = d.get();
-                d.set(depth.saturating_add(1));
-                depth > 0
-            })
-            .unwrap_or(true),
+        mask: 0,
+        slots: [0; MAX_DEVICES],
+        pid: 0,
     };
-    let Some(driver) = driver::loaded().filter(|_| !gate.nested) else {
+    if nested {
+        return gate;
+    }
+    let Some(driver) = driver::loaded() else {
         return gate;
     };
+    if HELD
+        .iter()
+        .take(driver.devices.len())
+        .all(|h| h.load(SeqCst) == 0)
+    {
+        return gate; // no slot: nothing a controller could lock
+    }
     let pid = getpid();
+    gate.pid = pid;
+    let devices = driver.devices.len().min(MAX_DEVICES);
     loop {
         let mut blocked = None;
-        for (index, device) in driver.devices.iter().enumerate().take(MAX_DEVICES) {
-            let held = HELD[index].load(SeqCst);
+        for (index, held) in HELD[..devices].iter().enumerate() {
+            let held = held.load(SeqCst);
             if held == 0 {
                 continue;
             }
-            let slot = (held - 1) as usize;
-            match device.state.enter_call(slot, pid) {
-                None => {}
-                Some(running) => {
-                    gate.entered[index] = held;
-                    if !running {
-                        blocked = Some((index, slot));
-                    }
+            let slot = held - 1;
+            if let Some(running) = driver.devices[index].state.enter_call(slot as usize, pid) {
+                gate.mask |= 1 << index;
+                gate.slots[index] = slot;
+                if !running {
+                    blocked = Some((index, slot as usize));
                 }
             }
         }
@@ -184,20 +198,19 @@ pub(crate) fn gate() -> Gate {
             return gate;
         };
         gate.leave(driver, pid);
-        if let Some(device) = driver.device(index) {
-            device.state.wait_running(slot, pid, GATE_RECHECK_NS);
-        }
+        driver.devices[index]
+            .state
+            .wait_running(slot, pid, GATE_RECHECK_NS);
     }
 }
 
 impl Gate {
     fn leave(&mut self, driver: &Driver, pid: u32) {
-        for (index, entered) in self.entered.iter_mut().enumerate() {
-            if *entered != 0 {
-                if let Some(device) = driver.device(index) {
-                    device.state.leave_call((*entered - 1) as usize, pid);
-                }
-                *entered = 0;
+        while self.mask != 0 {
+            let index = self.mask.trailing_zeros() as usize;
+            self.mask &= self.mask - 1;
+            if let Some(device) = driver.device(index) {
+                device.state.leave_call(self.slots[index] as usize, pid);
             }
         }
     }
@@ -206,8 +219,10 @@ impl Gate {
 impl Drop for Gate {
     fn drop(&mut self) {
         let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
-        if let Some(driver) = driver::loaded() {
-            self.leave(driver, getpid());
+        if self.mask != 0 {
+            if let Some(driver) = driver::loaded() {
+                self.leave(driver, self.pid);
+            }
         }
     }
 }

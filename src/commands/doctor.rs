@@ -132,12 +132,31 @@ pub fn all_checks(ctx: &Context) -> Vec<Check> {
     checks.push(check_state_dir("library directory", &ctx.lib_dir));
     checks.push(check_state_files(ctx));
     checks.push(check_watch(ctx));
+    checks.push(check_checkpoint(ctx));
     checks.push(check_root());
     checks.push(check_mps());
     if let Some(nvml) = &nvml {
         check_gpu_modes(nvml, &mut checks);
     }
     checks
+}
+
+/// Whether suspending a workload can release its device memory (the CUDA checkpoint API).
+fn check_checkpoint(ctx: &Context) -> Check {
+    const NAME: &str = "checkpoint API";
+    let library = match ctx.driver_library_dir() {
+        Ok(dir) => dir.map(|d| d.join(crate::paths::CUDA_SONAME)),
+        Err(e) => return Check::warn(NAME, format!("{e:#}"), "check the simulated driver"),
+    };
+    match crate::gpu::checkpoint::Checkpointer::open(library.as_deref()) {
+        Ok(Some(_)) => Check::ok(NAME, "available: a suspended workload's device memory can be moved to host memory"),
+        Ok(None) => Check::warn(
+            NAME,
+            "the driver has no checkpoint API: a suspended or preempted workload keeps its device memory",
+            "install NVIDIA driver 570 or later",
+        ),
+        Err(e) => Check::warn(NAME, e.to_string(), "check the NVIDIA driver installation (nvidia-smi)"),
+    }
 }
 
 /// Whether quotas are also enforced from outside the shim.

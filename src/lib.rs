@@ -13,6 +13,7 @@ pub mod context;
 pub mod error;
 pub mod gpu;
 pub mod identity;
+pub mod launch;
 pub mod lifecycle;
 pub mod listing;
 pub mod metrics;

@@ -1,0 +1,134 @@
+//! The admission: from a checked request to a recorded workload with its vGPU and cgroup.
+
+use anyhow::{Context as _, Result};
+use vgpu_abi::process::ProcessId;
+use vgpu_abi::usage::Tenant;
+
+use crate::admission::{self, Device};
+use crate::cgroup::{Cgroup, Layout, Limits};
+use crate::context::Context;
+use crate::error::UsageError;
+use crate::gpu::GpuInfo;
+use crate::state::workload::{WorkloadState, WORKLOAD_FORMAT};
+use crate::state::{intent, Partitions, Store, Workload};
+
+use super::ids::{default_name, new_id};
+use super::transaction::Admission;
+use super::{place, Launched, Placement, Request};
+
+/// Under the store lock: reconcile, place the workload (pool blocks, a partition, GPUs),
+/// check admission, create the vGPU, the cgroup and the record. On failure everything done
+/// here is undone ([`Admission`]).
+pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], request: &Request) -> Result<Launched> {
+    let devices: Vec<Device> = gpus
+        .iter()
+        .map(|g| Device { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory: g.memory_total })
+        .collect();
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile(store, &lock);
+    let (workloads, damaged) = store.workloads();
+    let damaged = crate::state::damaged::damaged_records(&damaged);
+
+    if let Some(name) = &request.name {
+        if workloads.iter().any(|w| &w.name == name) {
+            crate::usage!("a workload named {name:?} is already running");
+        }
+    }
+    let supervisor = ProcessId::current().context("cannot read this process's start time from /proc")?;
+    let id = new_id(&workloads, &damaged);
+    let mut workload = Workload {
+        format: WORKLOAD_FORMAT,
+        id: id.clone(),
+        name: request.name.clone().unwrap_or_else(|| default_name(&request.argv[0], &id)),
+        command: request.argv.clone(),
+        user: request.user.clone(),
+        gpus: Vec::new(),
+        vgpu: id.clone(),
+        partition: None,
+        priority: request.priority.get(),
+        compute_policy: request.compute_policy.unwrap_or(ctx.config.compute.policy),
+        pool_blocks: None,
+        pool_env: Vec::new(),
+        freq_sensitivity: request.freq_sensitivity,
+        cgroup: id.clone(),
+        supervisor: supervisor.into(),
+        pid: None,
+        state: WorkloadState::Starting,
+        suspended_reason: None,
+        created_unix_ms: crate::commands::run::now_ms(),
+        enforcement: None,
+    };
+    let mut tx = Admission::new(store, &id, lock);
+
+    let partition = match &request.placement {
+        Placement::Pool(ask) => {
+            place::on_pool(ctx, store, &mut tx, gpus, &devices, request, ask, &mut workload)?;
+            None
+        }
+        Placement::Partition(name) => Some(place::in_partition(store, &devices, name, &mut workload)?),
+        Placement::Gpus { wanted, count, compute_pct } => {
+            let partitions = Partitions::load(&store.partitions_path())?;
+            let chosen = match count {
+                // Stage 1 of the carbon planner decides the count. It may ask the intensity
+                // source (bounded by [carbon] timeout) while holding the store lock: the
+                // decision must see the same workloads the admission below sees.
+                Some((min, max)) => crate::commands::carbon::gpus_for_range(ctx, *min, *max, request.freq_sensitivity)?
+                    .iter()
+                    .map(u32::to_string)
+                    .collect(),
+                None => wanted.clone(),
+            };
+            place::on_gpus(&devices, &chosen, *compute_pct, request.mem, &workloads, &partitions.partitions, &damaged, &mut workload)?;
+            None
+        }
+    };
+
+    // Memory admission for every GPU slice of a vGPU of its own.
+    if workload.partition.is_none() && !request.oversubscribe {
+        check_memory(store, &devices, &workload)?;
+    }
+    // Who may write the vGPU's counters, and whether this workload may use the partition.
+    let tenant = crate::access::tenant_for(&workload, partition.as_ref()).map_err(|e| UsageError::new(e.to_string()))?;
+    let cgroup = create(store, layout, &mut tx, &workload, tenant, &request.limits)?;
+    tx.commit();
+    crate::stop_point::stop_point("run:recorded");
+    Ok(Launched { workload, cgroup })
+}
+
+/// Whether the workload's memory fits on each of its GPUs beside the others' (and no
+/// damaged record may hold that GPU).
+fn check_memory(store: &Store, devices: &[Device], workload: &Workload) -> Result<()> {
+    let (others, damaged) = store.workloads();
+    let damaged = crate::state::damaged::damaged_records(&damaged);
+    let others: Vec<Workload> = others.into_iter().filter(|w| w.id != workload.id).collect();
+    let partitions = Partitions::load(&store.partitions_path())?;
+    for g in &workload.gpus {
+        if let Some(device) = devices.iter().find(|d| d.uuid == g.uuid) {
+            admission::check_not_blocked(device, &damaged)
+                .and_then(|()| admission::check_fits(device, g.mem_bytes, &others, &partitions.partitions))
+                .map_err(anyhow::Error::msg)?;
+        }
+    }
+    Ok(())
+}
+
+/// Create the vGPU, the cgroup and the record, in the order reconcile relies on: the start
+/// intent first (if this process dies before the record exists, reconcile removes the
+/// cgroup: `recovery.rs`), the record last.
+fn create(store: &Store, layout: &Layout, tx: &mut Admission, workload: &Workload, tenant: Tenant, limits: &Limits) -> Result<Cgroup> {
+    tx.wrote_intent(intent::begin(store, intent::Op::Start, &[&workload.id])?);
+    let vgpu_dir = store.vgpu_dir(&workload.vgpu);
+    if workload.partition.is_none() {
+        tx.made_vgpu(vgpu_dir.clone());
+    }
+    if !workload.gpus.is_empty() {
+        super::ensure_vgpu(store, &vgpu_dir, workload, tenant)?;
+    }
+    let cgroup = Cgroup::create(layout, &workload.cgroup).context("creating the workload's cgroup")?;
+    tx.made_cgroup(&cgroup);
+    cgroup.apply(limits).context("setting cgroup limits")?;
+    crate::stop_point::stop_point("run:cgroup-created");
+    store.write_workload(workload)?;
+    tx.wrote_record();
+    Ok(cgroup)
+}

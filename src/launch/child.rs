@@ -1,0 +1,68 @@
+//! The workload's first process: started into its cgroup, waited for, and everything the
+//! workload held removed after it.
+
+use std::path::Path;
+use std::process::{Child, ExitStatus};
+
+use anyhow::{Context as _, Result};
+
+use crate::cgroup::Layout;
+use crate::context::Context;
+use crate::state::{Store, Workload, WorkloadState};
+
+use super::{workload_env, Launched, Request};
+
+/// Spawn the workload's command into its cgroup, as its user, and record its pid.
+pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<Child> {
+    let w = &launched.workload;
+    let env = workload_env(ctx, store, shim, w, request)?;
+    let procs = launched.cgroup.self_join_files().context("opening the cgroup's process lists")?;
+    let launch = crate::supervise::Launch {
+        argv: request.argv.clone(),
+        env,
+        cwd: request.cwd.clone(),
+        user: request.user.clone(),
+        cgroup_procs: procs,
+    };
+    let child = crate::supervise::spawn(launch).with_context(|| format!("cannot start {}", request.argv[0]))?;
+    crate::stop_point::stop_point("run:spawned");
+    {
+        // Re-read: a preemption may have changed the record since admission.
+        let _lock = store.lock()?;
+        let mut record = Workload::read(&store.workload_path(&w.id)).unwrap_or_else(|_| w.clone());
+        record.pid = Some(child.id());
+        if record.state == WorkloadState::Starting {
+            record.state = WorkloadState::Running;
+        }
+        store.write_workload(&record)?;
+    }
+    Ok(child)
+}
+
+/// Wait for the workload's first process, relaying the signals vgpu gets to it (resuming a
+/// suspended workload first, so that it can act on them).
+pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitStatus> {
+    let wake = {
+        let (store, id, name, cgroup) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone());
+        move |signal: i32| match crate::lifecycle::wake_to_terminate(&store, &id, &cgroup) {
+            Ok(true) => eprintln!("vgpu: {name} ({id}) was suspended: resumed so that it acts on signal {signal}"),
+            Ok(false) => {}
+            Err(e) => eprintln!("vgpu: warning: cannot resume suspended {name} ({id}) to deliver signal {signal}: {e:#}"),
+        }
+    };
+    crate::supervise::wait_relaying_signals(child, wake).context("waiting for the workload")
+}
+
+/// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record,
+/// and give back the workload's pool blocks.
+pub fn finish(store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
+    let lock = store.lock()?;
+    crate::lifecycle::teardown(store, w, Some(layout))?;
+    crate::lifecycle::reclaim_vgpu(store, &w.vgpu);
+    // Only a workload that holds pool blocks touches the pool's state (a damaged pool.json
+    // must not fail the others).
+    if w.pool_blocks.is_some() {
+        crate::pooling::release(store, &lock, &w.id)?;
+    }
+    Ok(())
+}

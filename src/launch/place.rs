@@ -1,0 +1,176 @@
+//! Where a workload runs: pool blocks, a partition's vGPU, or GPUs of its own.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+
+use crate::admission::{self, Device, MemSpec};
+use crate::context::Context;
+use crate::error::UsageError;
+use crate::gpu::GpuInfo;
+use crate::pool::{AllocState, PoolError};
+use crate::pooling::{self, pool_error};
+use crate::state::{DamagedRecord, Partition, Partitions, Store, Workload, WorkloadGpu, WorkloadState};
+
+use super::transaction::Admission;
+use super::{PoolAsk, Request};
+
+/// Blocks from the pool, preempting lower priorities; with `--wait`, queued until they are
+/// free. The workload gets a slice of each GPU its blocks are on.
+#[allow(clippy::too_many_arguments)]
+pub fn on_pool(
+    ctx: &Context,
+    store: &Store,
+    tx: &mut Admission,
+    gpus: &[GpuInfo],
+    devices: &[Device],
+    request: &Request,
+    ask: &PoolAsk,
+    workload: &mut Workload,
+) -> Result<()> {
+    let id = workload.id.clone();
+    let mut pool = pooling::current(ctx, store, gpus)?;
+    let pool_request = crate::pool::Request::for_tflops(&id, &workload.name, ask.tflops, ctx.config.pool.block_tflops, request.priority, ask.kind)
+        .map_err(pool_error)?;
+    match pool.admit(&pool_request) {
+        Ok(plan) => {
+            tx.asked_pool();
+            pooling::execute(store, tx.lock()?, &mut pool, plan)?;
+        }
+        Err(PoolError::NoRoom { .. }) if ask.wait.is_some() => {
+            pool.enqueue(&pool_request).map_err(pool_error)?;
+            pooling::save(store, &pool)?;
+            tx.asked_pool();
+            workload.state = WorkloadState::Waiting;
+            store.write_workload(workload)?;
+            tx.wrote_record();
+            eprintln!("vgpu: waiting for {} TFLOPS from the pool…", ask.tflops);
+            wait_for_blocks(store, tx, &id, ask.wait.flatten())?;
+            pool = pooling::load(store)?.context("the pool state disappeared while waiting")?;
+            workload.state = WorkloadState::Starting;
+        }
+        Err(e) => return Err(pool_error(e)),
+    }
+    let alloc = pool.allocation(&id).context("the pool did not record the allocation")?;
+    workload.pool_blocks = Some(alloc.held());
+    for share in pool.gpu_shares(&id) {
+        let Some(device) = share.device.uuid().and_then(|u| devices.iter().find(|d| d.uuid == u)) else { continue };
+        let fraction = share.percent() / 100.0;
+        let bytes = match request.mem {
+            Some(m) => m.bytes_of(device.memory),
+            None => (device.memory as f64 * fraction) as u64,
+        };
+        workload.gpus.push(WorkloadGpu {
+            index: device.index,
+            uuid: device.uuid.clone(),
+            mem_bytes: bytes,
+            device_bytes: device.memory,
+            compute_pct: u32::from(share.compute_percent()),
+        });
+    }
+    workload.pool_env = pool.declared_env(&id);
+    Ok(())
+}
+
+/// Poll, releasing the store lock between polls, until the pool has started workload `id`;
+/// returns with the lock held. On a timeout the admission's rollback removes its queue
+/// entry and record.
+fn wait_for_blocks(store: &Store, tx: &mut Admission, id: &str, limit: Option<Duration>) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        tx.unlock();
+        std::thread::sleep(Duration::from_millis(200));
+        let lock = tx.lock()?;
+        crate::lifecycle::reconcile(store, lock);
+        let mut pool = pooling::load(store)?.context("the pool state disappeared while waiting")?;
+        // Whoever released blocks settled the pool; settle again in case nobody did.
+        let plan = pool.settle();
+        pooling::execute(store, lock, &mut pool, plan)?;
+        match pool.allocation(id).map(|a| a.state) {
+            Some(AllocState::Running) => return Ok(()),
+            Some(_) => {}
+            None => anyhow::bail!("the pool dropped this request while it waited"),
+        }
+        if limit.is_some_and(|l| started.elapsed() >= l) {
+            anyhow::bail!("timed out after {} waiting for pool blocks", humantime::format_duration(limit.unwrap_or_default()));
+        }
+    }
+}
+
+/// A partition's vGPU, on its GPU; returns the partition.
+pub fn in_partition(store: &Store, devices: &[Device], name: &str, workload: &mut Workload) -> Result<Partition> {
+    let partitions = Partitions::load(&store.partitions_path())?;
+    let Some(p) = partitions.get(name) else {
+        crate::usage!("no partition {name:?} (see `vgpu partition list`)");
+    };
+    let device = devices
+        .iter()
+        .find(|d| d.uuid == p.gpu_uuid)
+        .with_context(|| format!("partition {name:?} is on GPU {} which is no longer present", p.gpu_uuid))?;
+    workload.gpus.push(WorkloadGpu {
+        index: device.index,
+        uuid: device.uuid.clone(),
+        mem_bytes: p.mem_bytes,
+        device_bytes: device.memory,
+        compute_pct: p.compute_pct,
+    });
+    workload.vgpu = p.vgpu_id();
+    workload.partition = Some(p.name.clone());
+    workload.compute_policy = p.compute_policy;
+    Ok(p.clone())
+}
+
+/// GPUs of its own: those `wanted` (by index or UUID), else the default pick.
+#[allow(clippy::too_many_arguments)]
+pub fn on_gpus(
+    devices: &[Device],
+    wanted: &[String],
+    compute_pct: u32,
+    mem: Option<MemSpec>,
+    workloads: &[Workload],
+    partitions: &[Partition],
+    damaged: &[DamagedRecord],
+    workload: &mut Workload,
+) -> Result<()> {
+    for device in select_gpus(devices, wanted, workloads, partitions, damaged)? {
+        let bytes = mem.map(|m| m.bytes_of(device.memory)).unwrap_or(device.memory);
+        workload.gpus.push(WorkloadGpu {
+            index: device.index,
+            uuid: device.uuid.clone(),
+            mem_bytes: bytes,
+            device_bytes: device.memory,
+            compute_pct,
+        });
+    }
+    Ok(())
+}
+
+fn select_gpus<'a>(
+    devices: &'a [Device],
+    wanted: &[String],
+    workloads: &[Workload],
+    partitions: &[Partition],
+    damaged: &[DamagedRecord],
+) -> Result<Vec<&'a Device>> {
+    if devices.is_empty() {
+        anyhow::bail!("the NVIDIA driver reports no GPU");
+    }
+    if wanted.is_empty() {
+        // A GPU a damaged record may hold memory on is picked only when every GPU is (and
+        // admission then refuses it, naming the record).
+        let open: Vec<Device> = devices.iter().filter(|d| admission::check_not_blocked(d, damaged).is_ok()).cloned().collect();
+        let candidates = if open.is_empty() { devices } else { &open[..] };
+        let pick = admission::pick_default(candidates, workloads, partitions).context("no GPU")?;
+        let device = devices.iter().find(|d| d.index == pick.index).context("no GPU")?;
+        return Ok(vec![device]);
+    }
+    let mut out: Vec<&Device> = Vec::new();
+    for query in wanted {
+        let device = admission::find_device(devices, query).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
+        if out.iter().any(|d| d.index == device.index) {
+            crate::usage!("--gpu {query} given twice");
+        }
+        out.push(device);
+    }
+    Ok(out)
+}

@@ -6,6 +6,7 @@ pub mod audit;
 pub mod carbon;
 pub mod cgroup;
 pub mod cli;
+pub mod clock;
 pub mod commands;
 pub mod compute;
 pub mod config;

@@ -155,7 +155,7 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
             })
             .collect()
     });
-    let age = crate::commands::run::now_ms().saturating_sub(w.created_unix_ms) / 1000;
+    let age = crate::clock::now_ms().saturating_sub(w.created_unix_ms) / 1000;
     Row {
         id: w.id.clone(),
         name: w.name.clone(),

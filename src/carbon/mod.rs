@@ -6,11 +6,15 @@
 //! * [`planner`]: the two-stage greedy planner (pure).
 //! * [`apply`]: turning a plan into NVML locked clocks or power limits, idempotently.
 //! * [`log`]: the decision log, `<lib_dir>/carbon.jsonl`.
+//! * [`host`]: what is planned with on this host (NVML devices, recorded workloads, the
+//!   intensity now); [`range`]: stage 1 for `vgpu run --gpus MIN-MAX`.
 
 pub mod apply;
 pub mod config;
+pub mod host;
 pub mod intensity;
 pub mod log;
 pub mod model;
 pub mod planner;
+pub mod range;
 pub mod workload;

@@ -7,18 +7,15 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::carbon::apply::{self, AppliedStore, Device, GpuOutcome, APPLIED_FILE};
-use crate::carbon::config::{check_intensity, CarbonConfig, MAX_INTENSITY};
-use crate::carbon::intensity::cache::{Cache, CACHE_FILE};
-use crate::carbon::intensity::{self, Intensity, Policy, Status};
+use crate::carbon::config::{check_intensity, MAX_INTENSITY};
+use crate::carbon::host;
+use crate::carbon::intensity::{Intensity, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
-use crate::carbon::model::Tunables;
 use crate::carbon::planner::{self, Plan, PlanRequest};
-use crate::carbon::workload::{current, Recorded, Workload};
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::Nvml;
 use crate::output::{print_json, table};
-use crate::state::{Store, WorkloadState};
 
 #[derive(Debug, Args)]
 pub struct CarbonArgs {
@@ -79,10 +76,6 @@ pub fn run(ctx: &Context, args: &CarbonArgs) -> Result<()> {
     }
 }
 
-fn tunables(config: &CarbonConfig) -> Result<Tunables> {
-    config.model_defaults().map_err(|e| UsageError::new(e.to_string()).into())
-}
-
 /// The intensity to plan with: `--intensity`, else the source with its fallbacks.
 fn current_intensity(ctx: &Context, given: Option<f64>, remember: bool) -> Result<Intensity> {
     let now = Utc::now();
@@ -92,15 +85,7 @@ fn current_intensity(ctx: &Context, given: Option<f64>, remember: bool) -> Resul
         })?;
         return Ok(Intensity::overridden(value, now));
     }
-    let config = &ctx.config.carbon;
-    let source = intensity::from_config(config).map_err(|e| UsageError::new(e.to_string()))?;
-    let cache = Cache::new(ctx.lib_path(CACHE_FILE));
-    let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember };
-    let found = intensity::resolve(source.as_ref(), &policy, now)?;
-    if let Some(note) = &found.note {
-        tracing::warn!("{note}");
-    }
-    Ok(found)
+    host::intensity_now(ctx, now, remember)
 }
 
 fn budget(ctx: &Context, given: Option<f64>) -> Result<f64> {
@@ -113,109 +98,25 @@ fn budget(ctx: &Context, given: Option<f64>) -> Result<f64> {
     }
 }
 
-fn open_nvml(ctx: &Context) -> Result<Nvml> {
-    ctx.nvml()?.context(NO_DRIVER)
-}
-
-/// NVML for a command that only looks (`plan`): as [`open_nvml`] for root, and making
+/// NVML for a command that only looks (`plan`): as [`host::open_nvml`] for root, and making
 /// nothing for anyone else (who could not).
 fn open_nvml_to_look(ctx: &Context) -> Result<Nvml> {
     if crate::read_only::is_root() {
-        open_nvml(ctx)
+        host::open_nvml(ctx)
     } else {
-        ctx.nvml_read_only()?.context(NO_DRIVER)
+        ctx.nvml_read_only()?.context(host::NO_DRIVER)
     }
-}
-
-const NO_DRIVER: &str = "no NVIDIA driver found (libnvidia-ml.so.1 not loadable); try --simulate";
-
-fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<Device>> {
-    let config = &ctx.config.carbon;
-    let devices = apply::read_devices(nvml, config, &tunables(config)?).context("reading the GPUs")?;
-    anyhow::ensure!(!devices.is_empty(), "the NVIDIA driver reports no GPUs");
-    Ok(devices)
-}
-
-/// The workloads to plan for: those `vgpu run` recorded (running ones, with a live
-/// supervisor), and every other GPU with compute processes as one workload.
-fn workloads(ctx: &Context, devices: &[Device]) -> Vec<Workload> {
-    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    let (stored, damaged) = store.workloads();
-    for e in damaged {
-        tracing::warn!("{e}");
-    }
-    let recorded: Vec<Recorded> = stored
-        .iter()
-        .filter(|w| matches!(w.state, WorkloadState::Running | WorkloadState::Starting) && w.supervisor_alive())
-        .map(|w| Recorded {
-            id: if w.name.is_empty() { w.id.clone() } else { w.name.clone() },
-            gpus: w.gpus.iter().map(|g| g.index).collect(),
-            freq_sensitivity: w.freq_sensitivity,
-        })
-        .collect();
-    let gpu_pids: Vec<(u32, Vec<u32>)> = devices.iter().map(|d| (d.state.index, d.pids.clone())).collect();
-    current(&recorded, gpu_pids)
-}
-
-/// Stage 1 for a workload about to start with `vgpu run --gpus MIN-MAX`: how many GPUs
-/// (and which, by NVML index) it gets under the carbon budget at the current intensity.
-/// Without a configured source and budget there is no carbon limit: it gets up to MAX of
-/// the GPUs no other workload holds. Fewer than MIN → an error that says why.
-pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option<f64>) -> Result<Vec<u32>> {
-    let nvml = open_nvml(ctx)?;
-    let devices = devices(ctx, &nvml)?;
-    let config = &ctx.config.carbon;
-    let limited = config.source.is_some() && config.budget_g_per_hour.is_some();
-    let (intensity, budget) = if limited {
-        (current_intensity(ctx, None, true)?.intensity, config.budget_g_per_hour)
-    } else {
-        (0.0, None)
-    };
-    let mut workloads = workloads(ctx, &devices);
-    let mut new = Workload::range("new workload", min, max);
-    if let Some(s) = sensitivity {
-        new = new.with_sensitivity(s);
-    }
-    workloads.push(new);
-    let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
-    let request = PlanRequest {
-        gpus: &models,
-        workloads: &workloads,
-        intensity,
-        budget_g_per_hour: budget,
-        tunables: tunables(config)?,
-    };
-    let plan = planner::plan(&request).map_err(|e| UsageError::new(e.to_string()))?;
-    tracing::debug!(
-        "stage 1 for --gpus {min}-{max}: {:?}; {:.1} gCO2/h predicted; {}",
-        plan.workloads.last().map(|w| &w.gpus),
-        plan.predicted_g_per_hour,
-        plan.notes.join("; ")
-    );
-    if !plan.budget_met {
-        eprintln!("vgpu: warning: the carbon budget cannot be met even at the lowest clocks; starting with the minimum of {min} GPU(s)");
-    }
-    let gpus = plan.workloads.last().map(|w| w.gpus.clone()).unwrap_or_default();
-    if gpus.len() < min {
-        let why = if limited {
-            format!("the carbon budget of {} gCO2/h at {intensity:.0} gCO2/kWh allows {}", budget.unwrap_or_default(), gpus.len())
-        } else {
-            format!("only {} GPU(s) are not held by other workloads", gpus.len())
-        };
-        anyhow::bail!("--gpus {min}-{max}: {why}");
-    }
-    Ok(gpus)
 }
 
 fn make_plan(ctx: &Context, devices: &[Device], intensity: &Intensity, budget: f64) -> Result<Plan> {
     let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
-    let workloads = workloads(ctx, devices);
+    let workloads = host::workloads(ctx, devices);
     let request = PlanRequest {
         gpus: &models,
         workloads: &workloads,
         intensity: intensity.intensity,
         budget_g_per_hour: Some(budget),
-        tunables: tunables(&ctx.config.carbon)?,
+        tunables: host::tunables(&ctx.config.carbon)?,
     };
     let plan = planner::plan(&request).context("planning")?;
     for step in &plan.steps {
@@ -266,7 +167,7 @@ struct PlanView<'a> {
 fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let budget = budget(ctx, args.budget)?;
     let nvml = open_nvml_to_look(ctx)?;
-    let devices = devices(ctx, &nvml)?;
+    let devices = host::devices(ctx, &nvml)?;
     let intensity = current_intensity(ctx, args.intensity, false)?;
     let plan = make_plan(ctx, &devices, &intensity, budget)?;
     if args.json {
@@ -303,8 +204,8 @@ fn summary(plan: &Plan, intensity: &Intensity) -> String {
 
 fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let budget = budget(ctx, args.budget)?;
-    let nvml = open_nvml(ctx)?;
-    let devices = devices(ctx, &nvml)?;
+    let nvml = host::open_nvml(ctx)?;
+    let devices = host::devices(ctx, &nvml)?;
     let intensity = current_intensity(ctx, args.intensity, true)?;
     let plan = make_plan(ctx, &devices, &intensity, budget)?;
     let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
@@ -327,8 +228,8 @@ fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
 }
 
 fn reset(ctx: &Context, args: &ResetArgs) -> Result<()> {
-    let nvml = open_nvml(ctx)?;
-    let devices = devices(ctx, &nvml)?;
+    let nvml = host::open_nvml(ctx)?;
+    let devices = host::devices(ctx, &nvml)?;
     let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
     let (outcomes, save_error) = apply::reset_all(&nvml, &devices, &store)?;
     let decision = Decision {

@@ -131,7 +131,7 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         mem_bytes: bytes,
         compute_pct: args.compute,
         compute_policy: args.compute_policy.unwrap_or(ctx.config.compute.policy),
-        created_unix_ms: crate::commands::run::now_ms(),
+        created_unix_ms: crate::clock::now_ms(),
         user: args.user.clone(),
         group: args.group.clone(),
     });

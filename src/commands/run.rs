@@ -264,7 +264,3 @@ fn explain_oom_kills(cgroup: &Cgroup, w: &Workload, request: &Request) {
     };
     eprintln!("vgpu: the kernel's OOM killer killed {kills} process(es) of {} ({}): {limit}", w.name, w.id);
 }
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}

@@ -55,7 +55,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         pid: None,
         state: WorkloadState::Starting,
         suspended_reason: None,
-        created_unix_ms: crate::commands::run::now_ms(),
+        created_unix_ms: crate::clock::now_ms(),
         enforcement: None,
     };
     let mut tx = Admission::new(store, &id, lock);
@@ -72,7 +72,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
                 // Stage 1 of the carbon planner decides the count. It may ask the intensity
                 // source (bounded by [carbon] timeout) while holding the store lock: the
                 // decision must see the same workloads the admission below sees.
-                Some((min, max)) => crate::commands::carbon::gpus_for_range(ctx, *min, *max, request.freq_sensitivity)?
+                Some((min, max)) => crate::carbon::range::gpus_for_range(ctx, *min, *max, request.freq_sensitivity)?
                     .iter()
                     .map(u32::to_string)
                     .collect(),

@@ -9,7 +9,7 @@ pub fn new_id(existing: &[Workload], damaged: &[DamagedRecord]) -> String {
     loop {
         let mut bytes = [0u8; 4];
         if getrandom(&mut bytes).is_err() {
-            let t = crate::commands::run::now_ms() ^ u64::from(std::process::id());
+            let t = crate::clock::now_ms() ^ u64::from(std::process::id());
             bytes = (t as u32).to_le_bytes();
         }
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();

@@ -183,7 +183,7 @@ impl Exporter {
             applied: &applied,
             intensity: intensity.as_ref(),
             budget_g_per_hour: ctx.config.carbon.budget_g_per_hour,
-            now_unix_ms: crate::commands::run::now_ms(),
+            now_unix_ms: crate::clock::now_ms(),
         };
         let (metrics, left_out) = collect::collect(&sources);
         problems.extend(left_out);

@@ -90,7 +90,7 @@ pub fn begin(store: &Store, op: Op, workloads: &[&str]) -> Result<Pending, State
         op,
         workloads: workloads.iter().map(|s| s.to_string()).collect(),
         writer: writer.into(),
-        created_unix_ms: now_ms(),
+        created_unix_ms: crate::clock::now_ms(),
     };
     atomic::write_json(&path, &intent)?;
     Ok(Pending { path })
@@ -160,10 +160,6 @@ fn ensure_dir(store: &Store) -> Result<PathBuf, StateError> {
     }
     super::dirs::ensure_dir(&dir, super::dirs::DIR_MODE)?;
     Ok(dir)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -275,7 +275,7 @@ pub fn killed(me: ProcessId, reason: &str, pids: Vec<u32>) -> Enforcement {
         reason: reason.to_string(),
         pids,
         by: me.into(),
-        since_unix_ms: crate::commands::run::now_ms(),
+        since_unix_ms: crate::clock::now_ms(),
     }
 }
 

@@ -1,0 +1,73 @@
+//! What the planner plans with on this host: its GPUs (through NVML), the workloads on them
+//! (the store's records, and everything else the driver sees), the model's tunables and the
+//! grid's intensity now.
+
+use anyhow::{Context as _, Result};
+use chrono::{DateTime, Utc};
+
+use crate::carbon::apply::{self, Device};
+use crate::carbon::config::CarbonConfig;
+use crate::carbon::intensity::cache::{Cache, CACHE_FILE};
+use crate::carbon::intensity::{self, Intensity, Policy};
+use crate::carbon::model::Tunables;
+use crate::carbon::workload::{current, Recorded, Workload};
+use crate::context::Context;
+use crate::error::UsageError;
+use crate::gpu::Nvml;
+use crate::state::{Store, WorkloadState};
+
+/// What is said when NVML cannot be loaded.
+pub const NO_DRIVER: &str = "no NVIDIA driver found (libnvidia-ml.so.1 not loadable); try --simulate";
+
+/// The power and speed model's tunables, from the config (bad ones are usage errors).
+pub fn tunables(config: &CarbonConfig) -> Result<Tunables> {
+    config.model_defaults().map_err(|e| UsageError::new(e.to_string()).into())
+}
+
+/// The intensity from the configured source, with its fallbacks; `remember`: cache a fresh
+/// reading.
+pub fn intensity_now(ctx: &Context, now: DateTime<Utc>, remember: bool) -> Result<Intensity> {
+    let config = &ctx.config.carbon;
+    let source = intensity::from_config(config).map_err(|e| UsageError::new(e.to_string()))?;
+    let cache = Cache::new(ctx.lib_path(CACHE_FILE));
+    let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember };
+    let found = intensity::resolve(source.as_ref(), &policy, now)?;
+    if let Some(note) = &found.note {
+        tracing::warn!("{note}");
+    }
+    Ok(found)
+}
+
+/// NVML, as root may use it.
+pub fn open_nvml(ctx: &Context) -> Result<Nvml> {
+    ctx.nvml()?.context(NO_DRIVER)
+}
+
+/// The GPUs, as the planner models them.
+pub fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<Device>> {
+    let config = &ctx.config.carbon;
+    let devices = apply::read_devices(nvml, config, &tunables(config)?).context("reading the GPUs")?;
+    anyhow::ensure!(!devices.is_empty(), "the NVIDIA driver reports no GPUs");
+    Ok(devices)
+}
+
+/// The workloads to plan for: those `vgpu run` recorded (running ones, with a live
+/// supervisor), and every other GPU with compute processes as one workload.
+pub fn workloads(ctx: &Context, devices: &[Device]) -> Vec<Workload> {
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let (stored, damaged) = store.workloads();
+    for e in damaged {
+        tracing::warn!("{e}");
+    }
+    let recorded: Vec<Recorded> = stored
+        .iter()
+        .filter(|w| matches!(w.state, WorkloadState::Running | WorkloadState::Starting) && w.supervisor_alive())
+        .map(|w| Recorded {
+            id: if w.name.is_empty() { w.id.clone() } else { w.name.clone() },
+            gpus: w.gpus.iter().map(|g| g.index).collect(),
+            freq_sensitivity: w.freq_sensitivity,
+        })
+        .collect();
+    let gpu_pids: Vec<(u32, Vec<u32>)> = devices.iter().map(|d| (d.state.index, d.pids.clone())).collect();
+    current(&recorded, gpu_pids)
+}

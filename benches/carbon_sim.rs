@@ -20,7 +20,7 @@
 
 use vgpu::carbon::model::{clock_factor, gpu_factor, GpuModel, Tunables, DEFAULT_IDLE_FRACTION};
 use vgpu::carbon::planner::{plan, PlanRequest};
-use vgpu::carbon::workload::Workload;
+use vgpu::carbon::workload::PlannedWorkload;
 
 const GPUS: usize = 8;
 const TICK_H: f64 = 0.25;
@@ -191,16 +191,16 @@ fn simulate(policy: Policy, jobs: &[Job], trace: &[f64]) -> Outcome {
                 vec![cap; GPUS]
             }
             Policy::Planner(budget) => {
-                let mut workloads: Vec<Workload> = running
+                let mut workloads: Vec<PlannedWorkload> = running
                     .iter()
                     .map(|r| {
-                        Workload::fixed(format!("j{}", r.job), r.gpus.iter().map(|&g| g as u32).collect())
+                        PlannedWorkload::fixed(format!("j{}", r.job), r.gpus.iter().map(|&g| g as u32).collect())
                             .with_sensitivity(jobs[r.job].sensitivity)
                     })
                     .collect();
                 let first_new = workloads.len();
                 workloads.extend(starting.iter().map(|&j| {
-                    Workload::range(format!("j{j}"), jobs[j].min, jobs[j].max).with_sensitivity(jobs[j].sensitivity)
+                    PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max).with_sensitivity(jobs[j].sensitivity)
                 }));
                 let request = PlanRequest {
                     gpus: &models,

@@ -240,7 +240,7 @@ fn leaks(host: &Host, known_ids: &BTreeSet<String>, cgroups_before: &BTreeSet<St
             out.push(format!("vGPU directory {name} owned by no workload"));
         }
     }
-    match vgpu::pooling::load(&host.store) {
+    match vgpu::pool_effects::load(&host.store) {
         Ok(Some(pool)) => {
             for a in pool.allocations() {
                 let Some(w) = workloads.iter().find(|w| w.id == a.id) else {

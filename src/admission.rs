@@ -10,7 +10,7 @@ use crate::state::{DamagedRecord, Partition, Workload};
 
 /// A device as admission sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Device {
+pub struct AdmissionGpu {
     pub index: u32,
     pub uuid: String,
     pub name: String,
@@ -82,14 +82,14 @@ fn total(holders: &[Holder]) -> u64 {
 }
 
 /// The GPU with the most unreserved memory (lowest index on ties).
-pub fn pick_default<'a>(devices: &'a [Device], workloads: &[Workload], partitions: &[Partition]) -> Option<&'a Device> {
+pub fn pick_default<'a>(devices: &'a [AdmissionGpu], workloads: &[Workload], partitions: &[Partition]) -> Option<&'a AdmissionGpu> {
     devices
         .iter()
         .max_by_key(|d| (d.memory.saturating_sub(reserved(&d.uuid, workloads, partitions)), std::cmp::Reverse(d.index)))
 }
 
 /// Refuse `bytes` on `device` if it does not fit, with a message naming what holds it.
-pub fn check_fits(device: &Device, bytes: u64, workloads: &[Workload], partitions: &[Partition]) -> Result<(), String> {
+pub fn check_fits(device: &AdmissionGpu, bytes: u64, workloads: &[Workload], partitions: &[Partition]) -> Result<(), String> {
     let holders = holders(&device.uuid, workloads, partitions);
     let reserved = total(&holders);
     let free = device.memory.saturating_sub(reserved);
@@ -115,7 +115,7 @@ pub fn check_fits(device: &Device, bytes: u64, workloads: &[Workload], partition
 /// Refuse any memory on `device` while a damaged workload record may hold some there: what
 /// it reserved is unknown, and a damaged record must never free its reservation. The
 /// message names the file and how to clear it.
-pub fn check_not_blocked(device: &Device, damaged: &[DamagedRecord]) -> Result<(), String> {
+pub fn check_not_blocked(device: &AdmissionGpu, damaged: &[DamagedRecord]) -> Result<(), String> {
     let Some(d) = damaged.iter().find(|d| d.may_hold(&device.uuid)) else { return Ok(()) };
     let cgroup = d.id.as_deref().map(|id| format!(" (in cgroup vgpu/{id})")).unwrap_or_default();
     Err(format!(
@@ -129,14 +129,14 @@ pub fn check_not_blocked(device: &Device, damaged: &[DamagedRecord]) -> Result<(
 }
 
 /// Find a device by index or UUID (a unique UUID prefix is enough).
-pub fn find_device<'a>(devices: &'a [Device], query: &str) -> Result<&'a Device, String> {
+pub fn find_device<'a>(devices: &'a [AdmissionGpu], query: &str) -> Result<&'a AdmissionGpu, String> {
     if let Ok(index) = query.parse::<u32>() {
         return devices
             .iter()
             .find(|d| d.index == index)
             .ok_or_else(|| format!("no GPU with index {index} (this host has {})", devices.len()));
     }
-    let matches: Vec<&Device> = devices.iter().filter(|d| d.uuid.starts_with(query)).collect();
+    let matches: Vec<&AdmissionGpu> = devices.iter().filter(|d| d.uuid.starts_with(query)).collect();
     match matches.as_slice() {
         [one] => Ok(one),
         [] => Err(format!("no GPU with UUID {query:?} (see `vgpu devices`)")),
@@ -152,8 +152,8 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
-    fn dev(index: u32, gib: u64) -> Device {
-        Device { index, uuid: format!("GPU-{index}"), name: "Sim".into(), memory: gib * GIB }
+    fn dev(index: u32, gib: u64) -> AdmissionGpu {
+        AdmissionGpu { index, uuid: format!("GPU-{index}"), name: "Sim".into(), memory: gib * GIB }
     }
 
     fn workload(name: &str, uuid: &str, gib: u64, partition: Option<&str>) -> Workload {

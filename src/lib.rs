@@ -22,7 +22,7 @@ pub mod output;
 pub mod paths;
 pub mod policy;
 pub mod pool;
-pub mod pooling;
+pub mod pool_effects;
 pub mod read_only;
 pub mod recovery;
 pub mod repair;

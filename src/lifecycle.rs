@@ -1,7 +1,7 @@
 //! What happens to workloads besides starting them: tearing one down, and reconciling the
 //! store with reality (supervisors that died, changes a killed command left half-done,
 //! cgroups and vGPU directories nobody owns, processes that died holding device memory).
-//! Every `vgpu` command that reads or changes workloads calls [`reconcile`] first, under
+//! Every `vgpu` command that reads or changes workloads calls [`reconcile_store`] first, under
 //! the store lock.
 
 use std::path::Path;
@@ -23,7 +23,7 @@ pub struct Reconciled {
 
 /// Clean up after dead supervisors and dead processes. Call with the store lock held.
 /// Says once, on stderr, what it cleaned (the workload files are gone afterwards).
-pub fn reconcile(store: &Store, lock: &StoreLock) -> Reconciled {
+pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
     let (workloads, damaged) = store.workloads();
     let mut out = Reconciled { damaged, ..Reconciled::default() };
     let layout = Layout::detect();
@@ -34,7 +34,7 @@ pub fn reconcile(store: &Store, lock: &StoreLock) -> Reconciled {
         // Only a workload of the pool touches its state: a damaged pool.json blocks pool
         // operations, not the clean-up of the others.
         let in_pool = w.pool_blocks.is_some() || w.state == crate::state::WorkloadState::Waiting;
-        let released = |()| if in_pool { crate::pooling::release(store, lock, &w.id) } else { Ok(()) };
+        let released = |()| if in_pool { crate::pool_effects::release(store, lock, &w.id) } else { Ok(()) };
         match teardown(store, &w, layout.as_ref()).and_then(released) {
             Ok(()) => {
                 eprintln!("vgpu: cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid);
@@ -43,7 +43,7 @@ pub fn reconcile(store: &Store, lock: &StoreLock) -> Reconciled {
             Err(e) => eprintln!("vgpu: warning: cannot clean up workload {} ({}): {e:#}", w.name, w.id),
         }
     }
-    if let Err(e) = crate::pooling::release_orphans(store, lock) {
+    if let Err(e) = crate::pool_effects::release_orphans(store, lock) {
         eprintln!("vgpu: warning: cannot tidy the compute pool: {e:#}");
     }
     // Changes a killed command left half-done, then whatever else is frozen or left over.

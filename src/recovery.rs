@@ -1,7 +1,7 @@
 //! Crash consistency: what reconcile does with changes a killed command left half-done.
 //!
 //! Every multi-step change records an intent first (`state::intent`). Under the store
-//! lock, reconcile (`lifecycle::reconcile`) then:
+//! lock, reconcile (`lifecycle::reconcile_store`) then:
 //!
 //! - **start** (`vgpu run` between creating the cgroup and writing the record): the cgroup
 //!   of a workload that has no record is removed (its vGPU directory and pool blocks are
@@ -64,7 +64,7 @@ pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>) {
         }
     }
     if settle {
-        if let Err(e) = crate::pooling::settle(store, lock) {
+        if let Err(e) = crate::pool_effects::settle(store, lock) {
             eprintln!("vgpu: warning: cannot settle the compute pool: {e:#}");
         }
     }
@@ -148,7 +148,7 @@ enum Known {
 
 impl Known {
     fn load(store: &Store) -> Known {
-        match crate::pooling::load(store) {
+        match crate::pool_effects::load(store) {
             Ok(pool) => Known::Pool(pool),
             Err(_) => Known::Unreadable,
         }

@@ -97,9 +97,9 @@ fn repair_record(store: &Store, lock: &StoreLock, layout: Option<&Layout>, d: &D
             also.push(dir.display().to_string());
         }
         // Its pool allocation, if the pool can be read.
-        if let Ok(Some(pool)) = crate::pooling::read(store) {
+        if let Ok(Some(pool)) = crate::pool_effects::read(store) {
             if pool.allocation(id).is_some() {
-                crate::pooling::release(store, lock, id).map_err(|e| format!("cannot release its pool blocks: {e:#}"))?;
+                crate::pool_effects::release(store, lock, id).map_err(|e| format!("cannot release its pool blocks: {e:#}"))?;
                 also.push("its pool blocks".into());
             }
         }
@@ -121,8 +121,8 @@ fn remove_entry(path: &Path) -> Result<(), String> {
 }
 
 fn repair_pool(store: &Store, report: &mut Report) {
-    let path = store.state_dir.join(crate::pooling::POOL_FILE);
-    let problem = match crate::pooling::read(store) {
+    let path = store.state_dir.join(crate::pool_effects::POOL_FILE);
+    let problem = match crate::pool_effects::read(store) {
         Err(e @ (StateError::Damaged { .. } | StateError::NotRegular { .. })) => e.to_string(),
         _ => return,
     };
@@ -144,7 +144,7 @@ fn repair_pool(store: &Store, report: &mut Report) {
         )));
         return;
     }
-    let aside = store.state_dir.join(format!("{}.damaged", crate::pooling::POOL_FILE));
+    let aside = store.state_dir.join(format!("{}.damaged", crate::pool_effects::POOL_FILE));
     match std::fs::rename(&path, &aside) {
         Ok(()) => report.removed.push(Removed {
             path: path.clone(),

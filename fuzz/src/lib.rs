@@ -180,7 +180,7 @@ pub fn workload_record(data: &[u8]) {
     // file may claim anything) must not break it.
     let records = [workload.clone(), workload.clone()];
     for gpu in &workload.gpus {
-        let device = vgpu::admission::Device {
+        let device = vgpu::admission::AdmissionGpu {
             index: gpu.index,
             uuid: gpu.uuid.clone(),
             name: "fuzz".into(),
@@ -241,7 +241,7 @@ pub fn pool_state(data: &[u8]) {
     use vgpu::pool::{KindFilter, Pool, Priority, Request};
     let mut pool: Pool = match serde_json::from_slice(data) {
         Ok(pool) => pool,
-        // As `vgpu` reports it (pooling::load reads it as a state file).
+        // As `vgpu` reports it (pool_effects::load reads it as a state file).
         Err(e) => {
             let path = PathBuf::from("/fuzz/pool.json");
             return assert_damaged("pool.json", &StateError::Damaged { path: path.clone(), message: e.to_string() }, &path);

@@ -24,7 +24,7 @@ use thiserror::Error;
 
 use super::config::CarbonConfig;
 use super::model::{self, GpuModel, ModelError, Tunables};
-use super::planner::{GpuPlan, Plan};
+use super::planner::{ClockPlan, GpuPlan};
 use crate::gpu::{explain, Nvml};
 
 pub const APPLIED_FILE: &str = "carbon-applied.json";
@@ -398,7 +398,7 @@ impl AppliedStore {
 
 /// One GPU as apply and the planner need it.
 #[derive(Debug, Clone)]
-pub struct Device {
+pub struct CarbonGpu {
     pub state: DeviceState,
     pub model: GpuModel,
     pub name: String,
@@ -407,12 +407,12 @@ pub struct Device {
 }
 
 /// Read every GPU: state, model inputs, processes.
-pub fn read_devices(nvml: &Nvml, config: &CarbonConfig, tunables: &Tunables) -> Result<Vec<Device>, ApplyError> {
+pub fn read_devices(nvml: &Nvml, config: &CarbonConfig, tunables: &Tunables) -> Result<Vec<CarbonGpu>, ApplyError> {
     let count = nvml.count().map_err(|source| ApplyError::Nvml { index: 0, what: "cannot count GPUs", source })?;
     (0..count).map(|index| read_device(nvml, index, config, tunables)).collect()
 }
 
-fn read_device(nvml: &Nvml, index: u32, config: &CarbonConfig, tunables: &Tunables) -> Result<Device, ApplyError> {
+fn read_device(nvml: &Nvml, index: u32, config: &CarbonConfig, tunables: &Tunables) -> Result<CarbonGpu, ApplyError> {
     let nvml_err = |what| move |source| ApplyError::Nvml { index, what, source };
     let device = nvml.device(index).map_err(nvml_err("cannot open"))?;
     let uuid = device.uuid().map_err(nvml_err("cannot read the UUID"))?;
@@ -434,7 +434,7 @@ fn read_device(nvml: &Nvml, index: u32, config: &CarbonConfig, tunables: &Tunabl
     let idle_w = config.power_idle_w.unwrap_or(max_w * model::DEFAULT_IDLE_FRACTION).min(max_w);
     let model = GpuModel::new(index, clocks, idle_w, max_w, tunables.gamma)?;
     let pids = device.running_compute_processes().map(|ps| ps.into_iter().map(|p| p.pid).collect()).unwrap_or_default();
-    Ok(Device { state, model, name, pids })
+    Ok(CarbonGpu { state, model, name, pids })
 }
 
 fn milliwatts(mw: u32) -> f64 {
@@ -463,8 +463,8 @@ fn supported_clocks(device: &nvml_wrapper::Device<'_>) -> Result<Vec<u32>, NvmlE
 /// only the next run's idempotence suffers).
 pub fn apply_plan(
     nvml: &Nvml,
-    devices: &[Device],
-    plan: &Plan,
+    devices: &[CarbonGpu],
+    plan: &ClockPlan,
     store: &AppliedStore,
 ) -> Result<(Vec<GpuOutcome>, Option<ApplyError>), ApplyError> {
     let _lock = store.lock()?;
@@ -489,7 +489,7 @@ pub fn apply_plan(
 }
 
 /// Undo every cap: unlock clocks, restore default power limits, forget the records.
-pub fn reset_all(nvml: &Nvml, devices: &[Device], store: &AppliedStore) -> Result<(Vec<GpuOutcome>, Option<ApplyError>), ApplyError> {
+pub fn reset_all(nvml: &Nvml, devices: &[CarbonGpu], store: &AppliedStore) -> Result<(Vec<GpuOutcome>, Option<ApplyError>), ApplyError> {
     let _lock = store.lock()?;
     let mut records = store.load();
     let before = records.clone();
@@ -523,7 +523,7 @@ pub fn reset_all(nvml: &Nvml, devices: &[Device], store: &AppliedStore) -> Resul
     Ok((outcomes, saved))
 }
 
-fn outcome(gpu: &GpuPlan, dev: &Device, run: Execution) -> GpuOutcome {
+fn outcome(gpu: &GpuPlan, dev: &CarbonGpu, run: Execution) -> GpuOutcome {
     GpuOutcome {
         index: gpu.index,
         uuid: dev.state.uuid.clone(),
@@ -540,7 +540,7 @@ fn outcome(gpu: &GpuPlan, dev: &Device, run: Execution) -> GpuOutcome {
 }
 
 /// The plan's GPU entries joined with the devices, in plan order.
-pub fn targets<'a>(plan: &'a Plan, devices: &'a [Device]) -> impl Iterator<Item = (&'a GpuPlan, &'a Device)> {
+pub fn targets<'a>(plan: &'a ClockPlan, devices: &'a [CarbonGpu]) -> impl Iterator<Item = (&'a GpuPlan, &'a CarbonGpu)> {
     plan.gpus.iter().filter_map(move |gpu| devices.iter().find(|d| d.state.index == gpu.index).map(|d| (gpu, d)))
 }
 

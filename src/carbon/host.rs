@@ -5,12 +5,12 @@
 use anyhow::{Context as _, Result};
 use chrono::{DateTime, Utc};
 
-use crate::carbon::apply::{self, Device};
+use crate::carbon::apply::{self, CarbonGpu};
 use crate::carbon::config::CarbonConfig;
 use crate::carbon::intensity::cache::{Cache, CACHE_FILE};
 use crate::carbon::intensity::{self, Intensity, Policy};
 use crate::carbon::model::Tunables;
-use crate::carbon::workload::{current, Recorded, Workload};
+use crate::carbon::workload::{current, Recorded, PlannedWorkload};
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::Nvml;
@@ -44,7 +44,7 @@ pub fn open_nvml(ctx: &Context) -> Result<Nvml> {
 }
 
 /// The GPUs, as the planner models them.
-pub fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<Device>> {
+pub fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<CarbonGpu>> {
     let config = &ctx.config.carbon;
     let devices = apply::read_devices(nvml, config, &tunables(config)?).context("reading the GPUs")?;
     anyhow::ensure!(!devices.is_empty(), "the NVIDIA driver reports no GPUs");
@@ -53,7 +53,7 @@ pub fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<Device>> {
 
 /// The workloads to plan for: those `vgpu run` recorded (running ones, with a live
 /// supervisor), and every other GPU with compute processes as one workload.
-pub fn workloads(ctx: &Context, devices: &[Device]) -> Vec<Workload> {
+pub fn workloads(ctx: &Context, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let (stored, damaged) = store.workloads();
     for e in damaged {

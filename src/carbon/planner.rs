@@ -33,13 +33,13 @@ use serde::Serialize;
 use thiserror::Error;
 
 use super::model::{clock_factor, g_per_hour, gpu_factor, GpuModel, Tunables};
-use super::workload::{GpuDemand, Workload};
+use super::workload::{GpuDemand, PlannedWorkload};
 
 /// Everything the planner looks at.
 #[derive(Debug, Clone)]
 pub struct PlanRequest<'a> {
     pub gpus: &'a [GpuModel],
-    pub workloads: &'a [Workload],
+    pub workloads: &'a [PlannedWorkload],
     /// gCO2/kWh.
     pub intensity: f64,
     /// gCO2/h for all GPUs; `None`: unlimited.
@@ -67,7 +67,7 @@ pub enum PlanError {
 
 /// The outcome: a clock for every GPU, a GPU set for every workload.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Plan {
+pub struct ClockPlan {
     /// gCO2/kWh the plan was made for.
     pub intensity: f64,
     pub budget_g_per_hour: Option<f64>,
@@ -169,7 +169,7 @@ struct Planner<'a> {
 }
 
 /// Make the plan.
-pub fn plan(req: &PlanRequest<'_>) -> Result<Plan, PlanError> {
+pub fn plan(req: &PlanRequest<'_>) -> Result<ClockPlan, PlanError> {
     let mut planner = Planner::new(req)?;
     let mandatory_fits = planner.place_mandatory();
     let mut budget_met = true;
@@ -396,7 +396,7 @@ impl<'a> Planner<'a> {
         }
     }
 
-    fn finish(self, budget_met: bool) -> Plan {
+    fn finish(self, budget_met: bool) -> ClockPlan {
         let intensity = self.req.intensity;
         let gpus: Vec<GpuPlan> = (0..self.req.gpus.len())
             .map(|g| {
@@ -430,7 +430,7 @@ impl<'a> Planner<'a> {
             })
             .collect();
         let predicted_power_w: f64 = gpus.iter().map(|g| g.power_w).sum();
-        Plan {
+        ClockPlan {
             intensity,
             budget_g_per_hour: self.req.budget_g_per_hour,
             predicted_g_per_hour: g_per_hour(predicted_power_w, intensity),

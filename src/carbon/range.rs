@@ -4,7 +4,7 @@ use anyhow::Result;
 
 use crate::carbon::host;
 use crate::carbon::planner::{self, PlanRequest};
-use crate::carbon::workload::Workload;
+use crate::carbon::workload::PlannedWorkload;
 use crate::context::Context;
 use crate::error::UsageError;
 
@@ -23,7 +23,7 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
         (0.0, None)
     };
     let mut workloads = host::workloads(ctx, &devices);
-    let mut new = Workload::range("new workload", min, max);
+    let mut new = PlannedWorkload::range("new workload", min, max);
     if let Some(s) = sensitivity {
         new = new.with_sensitivity(s);
     }

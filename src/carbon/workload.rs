@@ -26,7 +26,7 @@ pub enum GpuDemand {
 
 /// One workload as the planner sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Workload {
+pub struct PlannedWorkload {
     /// Shown in plans and logged.
     pub id: String,
     pub gpus: GpuDemand,
@@ -37,21 +37,21 @@ pub struct Workload {
     pub work: f64,
 }
 
-impl Workload {
-    pub fn fixed(id: impl Into<String>, gpus: Vec<u32>) -> Workload {
-        Workload { id: id.into(), gpus: GpuDemand::Fixed(gpus), freq_sensitivity: None, work: 1.0 }
+impl PlannedWorkload {
+    pub fn fixed(id: impl Into<String>, gpus: Vec<u32>) -> PlannedWorkload {
+        PlannedWorkload { id: id.into(), gpus: GpuDemand::Fixed(gpus), freq_sensitivity: None, work: 1.0 }
     }
 
-    pub fn range(id: impl Into<String>, min: usize, max: usize) -> Workload {
-        Workload { id: id.into(), gpus: GpuDemand::Range { min, max }, freq_sensitivity: None, work: 1.0 }
+    pub fn range(id: impl Into<String>, min: usize, max: usize) -> PlannedWorkload {
+        PlannedWorkload { id: id.into(), gpus: GpuDemand::Range { min, max }, freq_sensitivity: None, work: 1.0 }
     }
 
-    pub fn with_sensitivity(mut self, sensitivity: f64) -> Workload {
+    pub fn with_sensitivity(mut self, sensitivity: f64) -> PlannedWorkload {
         self.freq_sensitivity = Some(sensitivity);
         self
     }
 
-    pub fn with_work(mut self, work: f64) -> Workload {
+    pub fn with_work(mut self, work: f64) -> PlannedWorkload {
         self.work = work;
         self
     }
@@ -59,7 +59,7 @@ impl Workload {
 
 /// Whatever knows the host's workloads.
 pub trait WorkloadSource {
-    fn workloads(&self) -> anyhow::Result<Vec<Workload>>;
+    fn workloads(&self) -> anyhow::Result<Vec<PlannedWorkload>>;
 }
 
 /// A workload `vgpu run` recorded, as the planner needs it.
@@ -80,14 +80,14 @@ pub struct Host<'a> {
 }
 
 impl WorkloadSource for Host<'_> {
-    fn workloads(&self) -> anyhow::Result<Vec<Workload>> {
+    fn workloads(&self) -> anyhow::Result<Vec<PlannedWorkload>> {
         Ok(current(self.recorded, self.gpu_pids.iter().cloned()))
     }
 }
 
 /// Recorded workloads (those sharing a GPU merged into one, with the highest sensitivity
 /// among them), then one workload per other GPU that has compute processes.
-pub fn current(recorded: &[Recorded], gpu_pids: impl IntoIterator<Item = (u32, Vec<u32>)>) -> Vec<Workload> {
+pub fn current(recorded: &[Recorded], gpu_pids: impl IntoIterator<Item = (u32, Vec<u32>)>) -> Vec<PlannedWorkload> {
     // Groups of positions in `recorded`, with their GPUs.
     let mut groups: Vec<(Vec<usize>, Vec<u32>)> = Vec::new();
     for (i, r) in recorded.iter().enumerate().filter(|(_, r)| !r.gpus.is_empty()) {
@@ -105,12 +105,12 @@ pub fn current(recorded: &[Recorded], gpu_pids: impl IntoIterator<Item = (u32, V
     }
     groups.sort_by_key(|(members, _)| members[0]);
     let taken: Vec<u32> = groups.iter().flat_map(|(_, g)| g.iter().copied()).collect();
-    let mut out: Vec<Workload> = groups
+    let mut out: Vec<PlannedWorkload> = groups
         .into_iter()
         .map(|(members, gpus)| {
             let ids: Vec<&str> = members.iter().map(|&m| recorded[m].id.as_str()).collect();
             let sensitivity = members.iter().filter_map(|&m| recorded[m].freq_sensitivity).reduce(f64::max);
-            Workload { freq_sensitivity: sensitivity, ..Workload::fixed(ids.join("+"), gpus) }
+            PlannedWorkload { freq_sensitivity: sensitivity, ..PlannedWorkload::fixed(ids.join("+"), gpus) }
         })
         .collect();
     out.extend(from_gpu_processes(gpu_pids.into_iter().filter(|(index, _)| !taken.contains(index))));
@@ -121,19 +121,19 @@ pub fn current(recorded: &[Recorded], gpu_pids: impl IntoIterator<Item = (u32, V
 pub struct GpuProcesses<'a>(pub &'a [GpuInfo]);
 
 impl WorkloadSource for GpuProcesses<'_> {
-    fn workloads(&self) -> anyhow::Result<Vec<Workload>> {
+    fn workloads(&self) -> anyhow::Result<Vec<PlannedWorkload>> {
         Ok(from_gpu_processes(self.0.iter().map(|gpu| (gpu.index, gpu.processes.iter().map(|p| p.pid).collect()))))
     }
 }
 
 /// One workload per GPU (NVML index, compute-process pids) that has processes, named by them.
-pub fn from_gpu_processes(gpus: impl IntoIterator<Item = (u32, Vec<u32>)>) -> Vec<Workload> {
+pub fn from_gpu_processes(gpus: impl IntoIterator<Item = (u32, Vec<u32>)>) -> Vec<PlannedWorkload> {
     gpus.into_iter()
         .filter(|(_, pids)| !pids.is_empty())
         .map(|(index, pids)| {
             let label = if pids.len() == 1 { "pid" } else { "pids" };
             let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-            Workload::fixed(format!("{label} {}", list.join(",")), vec![index])
+            PlannedWorkload::fixed(format!("{label} {}", list.join(",")), vec![index])
         })
         .collect()
 }
@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn busy_gpus_become_one_workload_each() {
         let found = from_gpu_processes([(0, vec![]), (1, vec![42]), (2, vec![7, 8])]);
-        assert_eq!(found, vec![Workload::fixed("pid 42", vec![1]), Workload::fixed("pids 7,8", vec![2])]);
+        assert_eq!(found, vec![PlannedWorkload::fixed("pid 42", vec![1]), PlannedWorkload::fixed("pids 7,8", vec![2])]);
     }
 
     #[test]
@@ -170,9 +170,9 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                Workload { freq_sensitivity: Some(0.5), ..Workload::fixed("a+b+c", vec![0, 2]) },
-                Workload::fixed("d", vec![3]),
-                Workload::fixed("pid 11", vec![1]),
+                PlannedWorkload { freq_sensitivity: Some(0.5), ..PlannedWorkload::fixed("a+b+c", vec![0, 2]) },
+                PlannedWorkload::fixed("d", vec![3]),
+                PlannedWorkload::fixed("pid 11", vec![1]),
             ]
         );
     }

@@ -6,12 +6,12 @@ use chrono::Utc;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use crate::carbon::apply::{self, AppliedStore, Device, GpuOutcome, APPLIED_FILE};
+use crate::carbon::apply::{self, AppliedStore, CarbonGpu, GpuOutcome, APPLIED_FILE};
 use crate::carbon::config::{check_intensity, MAX_INTENSITY};
 use crate::carbon::host;
 use crate::carbon::intensity::{Intensity, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
-use crate::carbon::planner::{self, Plan, PlanRequest};
+use crate::carbon::planner::{self, ClockPlan, PlanRequest};
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::Nvml;
@@ -108,7 +108,7 @@ fn open_nvml_to_look(ctx: &Context) -> Result<Nvml> {
     }
 }
 
-fn make_plan(ctx: &Context, devices: &[Device], intensity: &Intensity, budget: f64) -> Result<Plan> {
+fn make_plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budget: f64) -> Result<ClockPlan> {
     let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
     let workloads = host::workloads(ctx, devices);
     let request = PlanRequest {
@@ -160,7 +160,7 @@ fn status_suffix(status: Status) -> &'static str {
 #[derive(Serialize)]
 struct PlanView<'a> {
     #[serde(flatten)]
-    plan: &'a Plan,
+    plan: &'a ClockPlan,
     intensity_source: &'a Intensity,
 }
 
@@ -191,7 +191,7 @@ fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
     Ok(())
 }
 
-fn summary(plan: &Plan, intensity: &Intensity) -> String {
+fn summary(plan: &ClockPlan, intensity: &Intensity) -> String {
     format!(
         "intensity {:.0} gCO2/kWh ({}), budget {:.1} gCO2/h, predicted {:.1} gCO2/h{}",
         plan.intensity,

@@ -32,7 +32,7 @@ pub enum Action {
 pub fn suspend_or_resume(ctx: &Context, args: &IdArgs, action: Action) -> Result<()> {
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(&store, &lock);
+    crate::lifecycle::reconcile_store(&store, &lock);
     let (workloads, _) = store.workloads();
     let w = crate::lifecycle::find(&workloads, &args.id)?.clone();
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
@@ -91,7 +91,7 @@ pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {
     let signal = parse_signal(&args.signal)?;
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(&store, &lock);
+    crate::lifecycle::reconcile_store(&store, &lock);
     let (workloads, _) = store.workloads();
     let w = crate::lifecycle::find(&workloads, &args.id)?.clone();
     drop(lock);

@@ -98,7 +98,7 @@ fn repair(ctx: &Context, json: bool) -> Result<()> {
     }
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(&store, &lock);
+    crate::lifecycle::reconcile_store(&store, &lock);
     let report = crate::repair::repair(&store, &lock);
     drop(lock);
     if json {
@@ -301,7 +301,7 @@ fn check_state_files(ctx: &Context) -> Check {
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let (workloads, errors) = store.workloads();
     let mut damaged: Vec<String> = crate::state::damaged::damaged_records(&errors).iter().map(|d| d.path.display().to_string()).collect();
-    if let Err(StateError::Damaged { path, .. } | StateError::NotRegular { path, .. }) = crate::pooling::read(&store) {
+    if let Err(StateError::Damaged { path, .. } | StateError::NotRegular { path, .. }) = crate::pool_effects::read(&store) {
         damaged.push(path.display().to_string());
     }
     if damaged.is_empty() {

@@ -5,7 +5,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use vgpu_abi::size::format_size;
 
-use crate::admission::{self, Device, MemSpec};
+use crate::admission::{self, AdmissionGpu, MemSpec};
 use crate::compute::{ComputePolicy, LiveChange};
 use crate::context::Context;
 use crate::error::UsageError;
@@ -101,10 +101,10 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
     let Some(nvml) = ctx.nvml()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
-    let devices: Vec<Device> = nvml
+    let devices: Vec<AdmissionGpu> = nvml
         .inventory()?
         .into_iter()
-        .map(|g| Device { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
+        .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
         .collect();
     let device = admission::find_device(&devices, &args.gpu).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
     let bytes = mem.bytes_of(device.memory);
@@ -112,7 +112,7 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
 
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(&store, &lock);
+    crate::lifecycle::reconcile_store(&store, &lock);
     let mut parts = Partitions::load(&store.partitions_path())?;
     if parts.get(&args.name).is_some() {
         crate::usage!("partition {:?} already exists", args.name);
@@ -208,7 +208,7 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     }
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(&store, &lock);
+    crate::lifecycle::reconcile_store(&store, &lock);
     let mut parts = Partitions::load(&store.partitions_path())?;
     let Some(pos) = parts.partitions.iter().position(|p| p.name == args.name) else {
         crate::usage!("no partition {:?} (see `vgpu partition list`)", args.name);
@@ -272,7 +272,7 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
 fn remove(ctx: &Context, args: &RemoveArgs) -> Result<()> {
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(&store, &lock);
+    crate::lifecycle::reconcile_store(&store, &lock);
     let mut parts = Partitions::load(&store.partitions_path())?;
     let Some(pos) = parts.partitions.iter().position(|p| p.name == args.name) else {
         crate::usage!("no partition {:?} (see `vgpu partition list`)", args.name);

@@ -34,14 +34,14 @@ pub fn run(ctx: &Context, args: &PoolArgs) -> Result<()> {
     let view = match Access::take(&store)? {
         // As every command: reconcile, then settle what waits for blocks.
         Access::Writer(lock) => {
-            crate::lifecycle::reconcile(&store, &lock);
-            let mut pool = crate::pooling::current(ctx, &store, &gpus)?;
+            crate::lifecycle::reconcile_store(&store, &lock);
+            let mut pool = crate::pool_effects::current(ctx, &store, &gpus)?;
             let plan = pool.settle();
-            crate::pooling::execute(&store, &lock, &mut pool, plan)?;
+            crate::pool_effects::execute(&store, &lock, &mut pool, plan)?;
             pool.view()
         }
         // The pool as saved: nothing settled, nothing written.
-        Access::ReadOnly(_) => crate::pooling::current(ctx, &store, &gpus)?.view(),
+        Access::ReadOnly(_) => crate::pool_effects::current(ctx, &store, &gpus)?.view(),
     };
     if args.json {
         return print_json(&view);
@@ -60,16 +60,16 @@ fn inventory(nvml: Option<crate::gpu::Nvml>) -> Result<Vec<crate::gpu::GpuInfo>>
 /// `vgpu pool compact`: root's, under the store lock (waited for, as every change).
 fn compact(ctx: &Context, store: &Store) -> Result<()> {
     if !crate::read_only::is_root() {
-        anyhow::bail!("vgpu pool compact must run as root (through sudo): it rewrites {}", store.state_dir.join(crate::pooling::POOL_FILE).display());
+        anyhow::bail!("vgpu pool compact must run as root (through sudo): it rewrites {}", store.state_dir.join(crate::pool_effects::POOL_FILE).display());
     }
     let gpus = inventory(ctx.nvml()?)?;
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(store, &lock);
-    let mut pool = crate::pooling::current(ctx, store, &gpus)?;
+    crate::lifecycle::reconcile_store(store, &lock);
+    let mut pool = crate::pool_effects::current(ctx, store, &gpus)?;
     let plan = pool.settle();
-    crate::pooling::execute(store, &lock, &mut pool, plan)?;
+    crate::pool_effects::execute(store, &lock, &mut pool, plan)?;
     let moved = pool.compact();
-    crate::pooling::save(store, &pool)?;
+    crate::pool_effects::save(store, &pool)?;
     println!("{}", if moved { "compacted the pool" } else { "the pool was already compact" });
     Ok(())
 }

@@ -13,7 +13,7 @@ use crate::context::Context;
 use crate::error::UsageError;
 use crate::launch::{self, Launched, Placement, PoolAsk, Request, ShimVar};
 use crate::pool::{KindFilter, Priority};
-use crate::pooling::pool_error;
+use crate::pool_effects::pool_error;
 use crate::state::{Store, Workload};
 
 #[derive(Debug, Args)]

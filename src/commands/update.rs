@@ -58,7 +58,7 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     }
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(&store, &lock);
+    crate::lifecycle::reconcile_store(&store, &lock);
     let (workloads, _) = store.workloads();
 
     // Check everything and open every usage file first: nothing is written unless all can be.

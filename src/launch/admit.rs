@@ -4,7 +4,7 @@ use anyhow::{Context as _, Result};
 use vgpu_abi::process::ProcessId;
 use vgpu_abi::usage::Tenant;
 
-use crate::admission::{self, Device};
+use crate::admission::{self, AdmissionGpu};
 use crate::cgroup::{Cgroup, Layout, Limits};
 use crate::context::Context;
 use crate::error::UsageError;
@@ -20,12 +20,12 @@ use super::{place, Launched, Placement, Request};
 /// check admission, create the vGPU, the cgroup and the record. On failure everything done
 /// here is undone ([`Admission`]).
 pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], request: &Request) -> Result<Launched> {
-    let devices: Vec<Device> = gpus
+    let devices: Vec<AdmissionGpu> = gpus
         .iter()
-        .map(|g| Device { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory: g.memory_total })
+        .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory: g.memory_total })
         .collect();
     let lock = store.lock()?;
-    crate::lifecycle::reconcile(store, &lock);
+    crate::lifecycle::reconcile_store(store, &lock);
     let (workloads, damaged) = store.workloads();
     let damaged = crate::state::damaged::damaged_records(&damaged);
 
@@ -97,7 +97,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
 
 /// Whether the workload's memory fits on each of its GPUs beside the others' (and no
 /// damaged record may hold that GPU).
-fn check_memory(store: &Store, devices: &[Device], workload: &Workload) -> Result<()> {
+fn check_memory(store: &Store, devices: &[AdmissionGpu], workload: &Workload) -> Result<()> {
     let (others, damaged) = store.workloads();
     let damaged = crate::state::damaged::damaged_records(&damaged);
     let others: Vec<Workload> = others.into_iter().filter(|w| w.id != workload.id).collect();

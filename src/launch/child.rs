@@ -62,7 +62,7 @@ pub fn finish(store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
     // Only a workload that holds pool blocks touches the pool's state (a damaged pool.json
     // must not fail the others).
     if w.pool_blocks.is_some() {
-        crate::pooling::release(store, &lock, &w.id)?;
+        crate::pool_effects::release(store, &lock, &w.id)?;
     }
     Ok(())
 }

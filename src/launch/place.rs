@@ -4,12 +4,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 
-use crate::admission::{self, Device, MemSpec};
+use crate::admission::{self, AdmissionGpu, MemSpec};
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::GpuInfo;
 use crate::pool::{AllocState, PoolError};
-use crate::pooling::{self, pool_error};
+use crate::pool_effects::{self, pool_error};
 use crate::state::{DamagedRecord, Partition, Partitions, Store, Workload, WorkloadGpu, WorkloadState};
 
 use super::transaction::Admission;
@@ -23,30 +23,30 @@ pub fn on_pool(
     store: &Store,
     tx: &mut Admission,
     gpus: &[GpuInfo],
-    devices: &[Device],
+    devices: &[AdmissionGpu],
     request: &Request,
     ask: &PoolAsk,
     workload: &mut Workload,
 ) -> Result<()> {
     let id = workload.id.clone();
-    let mut pool = pooling::current(ctx, store, gpus)?;
+    let mut pool = pool_effects::current(ctx, store, gpus)?;
     let pool_request = crate::pool::Request::for_tflops(&id, &workload.name, ask.tflops, ctx.config.pool.block_tflops, request.priority, ask.kind)
         .map_err(pool_error)?;
     match pool.admit(&pool_request) {
         Ok(plan) => {
             tx.asked_pool();
-            pooling::execute(store, tx.lock()?, &mut pool, plan)?;
+            pool_effects::execute(store, tx.lock()?, &mut pool, plan)?;
         }
         Err(PoolError::NoRoom { .. }) if ask.wait.is_some() => {
             pool.enqueue(&pool_request).map_err(pool_error)?;
-            pooling::save(store, &pool)?;
+            pool_effects::save(store, &pool)?;
             tx.asked_pool();
             workload.state = WorkloadState::Waiting;
             store.write_workload(workload)?;
             tx.wrote_record();
             eprintln!("vgpu: waiting for {} TFLOPS from the pool…", ask.tflops);
             wait_for_blocks(store, tx, &id, ask.wait.flatten())?;
-            pool = pooling::load(store)?.context("the pool state disappeared while waiting")?;
+            pool = pool_effects::load(store)?.context("the pool state disappeared while waiting")?;
             workload.state = WorkloadState::Starting;
         }
         Err(e) => return Err(pool_error(e)),
@@ -81,11 +81,11 @@ fn wait_for_blocks(store: &Store, tx: &mut Admission, id: &str, limit: Option<Du
         tx.unlock();
         std::thread::sleep(Duration::from_millis(200));
         let lock = tx.lock()?;
-        crate::lifecycle::reconcile(store, lock);
-        let mut pool = pooling::load(store)?.context("the pool state disappeared while waiting")?;
+        crate::lifecycle::reconcile_store(store, lock);
+        let mut pool = pool_effects::load(store)?.context("the pool state disappeared while waiting")?;
         // Whoever released blocks settled the pool; settle again in case nobody did.
         let plan = pool.settle();
-        pooling::execute(store, lock, &mut pool, plan)?;
+        pool_effects::execute(store, lock, &mut pool, plan)?;
         match pool.allocation(id).map(|a| a.state) {
             Some(AllocState::Running) => return Ok(()),
             Some(_) => {}
@@ -98,7 +98,7 @@ fn wait_for_blocks(store: &Store, tx: &mut Admission, id: &str, limit: Option<Du
 }
 
 /// A partition's vGPU, on its GPU; returns the partition.
-pub fn in_partition(store: &Store, devices: &[Device], name: &str, workload: &mut Workload) -> Result<Partition> {
+pub fn in_partition(store: &Store, devices: &[AdmissionGpu], name: &str, workload: &mut Workload) -> Result<Partition> {
     let partitions = Partitions::load(&store.partitions_path())?;
     let Some(p) = partitions.get(name) else {
         crate::usage!("no partition {name:?} (see `vgpu partition list`)");
@@ -123,7 +123,7 @@ pub fn in_partition(store: &Store, devices: &[Device], name: &str, workload: &mu
 /// GPUs of its own: those `wanted` (by index or UUID), else the default pick.
 #[allow(clippy::too_many_arguments)]
 pub fn on_gpus(
-    devices: &[Device],
+    devices: &[AdmissionGpu],
     wanted: &[String],
     compute_pct: u32,
     mem: Option<MemSpec>,
@@ -146,25 +146,25 @@ pub fn on_gpus(
 }
 
 fn select_gpus<'a>(
-    devices: &'a [Device],
+    devices: &'a [AdmissionGpu],
     wanted: &[String],
     workloads: &[Workload],
     partitions: &[Partition],
     damaged: &[DamagedRecord],
-) -> Result<Vec<&'a Device>> {
+) -> Result<Vec<&'a AdmissionGpu>> {
     if devices.is_empty() {
         anyhow::bail!("the NVIDIA driver reports no GPU");
     }
     if wanted.is_empty() {
         // A GPU a damaged record may hold memory on is picked only when every GPU is (and
         // admission then refuses it, naming the record).
-        let open: Vec<Device> = devices.iter().filter(|d| admission::check_not_blocked(d, damaged).is_ok()).cloned().collect();
+        let open: Vec<AdmissionGpu> = devices.iter().filter(|d| admission::check_not_blocked(d, damaged).is_ok()).cloned().collect();
         let candidates = if open.is_empty() { devices } else { &open[..] };
         let pick = admission::pick_default(candidates, workloads, partitions).context("no GPU")?;
         let device = devices.iter().find(|d| d.index == pick.index).context("no GPU")?;
         return Ok(vec![device]);
     }
-    let mut out: Vec<&Device> = Vec::new();
+    let mut out: Vec<&AdmissionGpu> = Vec::new();
     for query in wanted {
         let device = admission::find_device(devices, query).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
         if out.iter().any(|d| d.index == device.index) {

@@ -6,7 +6,7 @@
 //! next reconcile relies on (`recovery.rs`). The start intent is written before the first
 //! step reconcile would have to undo (the vGPU, the cgroup) and removed by `commit`, once the
 //! record exists; pool blocks without a record are the pool's orphans
-//! (`pooling::release_orphans`). The rollback itself runs under the store lock, and leaves
+//! (`pool_effects::release_orphans`). The rollback itself runs under the store lock, and leaves
 //! the intent in place when an undo fails, so that reconcile tries again once this process
 //! has exited.
 
@@ -131,7 +131,7 @@ impl<'s> Admission<'s> {
                     }
                     Ok(())
                 }
-                Step::PoolBlocks => crate::pooling::release(store, lock, id).map_err(|e| ("pool blocks", format!("{e:#}"))),
+                Step::PoolBlocks => crate::pool_effects::release(store, lock, id).map_err(|e| ("pool blocks", format!("{e:#}"))),
             };
             if let Err((what, e)) = undone {
                 tracing::warn!("undoing the admission of {id}: cannot remove its {what}: {e}");

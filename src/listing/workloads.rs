@@ -36,7 +36,7 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
     let access = Access::take(store)?;
     let read_only = access.read_only();
     let reconciled = match &access {
-        Access::Writer(lock) => Some(crate::lifecycle::reconcile(store, lock)),
+        Access::Writer(lock) => Some(crate::lifecycle::reconcile_store(store, lock)),
         Access::ReadOnly(_) => None,
     };
     drop(access);

@@ -138,7 +138,7 @@ fn workloads(s: &Sources<'_>) -> Vec<WorkloadMetrics> {
 
 /// The stored pool, or — before any workload used it — the pool this host's devices make.
 fn pool(s: &Sources<'_>) -> Result<PoolMetrics, MetricsError> {
-    let pool = match crate::pooling::read(s.store) {
+    let pool = match crate::pool_effects::read(s.store) {
         Ok(Some(pool)) => pool,
         Ok(None) => {
             let nvml: Vec<NvmlGpu> = s

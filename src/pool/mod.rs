@@ -39,7 +39,7 @@ pub use config::PoolConfig;
 pub use error::PoolError;
 pub use inventory::{Device, Inventory, NvmlGpu};
 pub use kind::{DeviceKind, KindFilter};
-pub use plan::{Plan, Suspension, Workload};
+pub use plan::{Plan, Suspension, WorkloadRef};
 pub use priority::Priority;
 pub use request::{blocks_for, parse_tflops, Request};
 pub use state::{AllocState, Allocation, DeviceShare, Pool, Share};

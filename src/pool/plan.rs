@@ -27,9 +27,9 @@ pub struct Suspension {
     pub by: String,
 }
 
-/// A workload named in a plan.
+/// A workload named in a plan, by id and name (its record is `state::Workload`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Workload {
+pub struct WorkloadRef {
     pub id: String,
     pub name: String,
 }
@@ -40,8 +40,8 @@ pub struct Plan {
     changes: Vec<(u64, Change)>,
     new: Option<Allocation>,
     suspend: Vec<Suspension>,
-    resume: Vec<Workload>,
-    start: Vec<Workload>,
+    resume: Vec<WorkloadRef>,
+    start: Vec<WorkloadRef>,
 }
 
 impl Plan {
@@ -51,12 +51,12 @@ impl Plan {
     }
 
     /// Then thaw these (suspended workloads whose blocks are back), highest priority first.
-    pub fn resume(&self) -> &[Workload] {
+    pub fn resume(&self) -> &[WorkloadRef] {
         &self.resume
     }
 
     /// Waiting workloads that now have their blocks and may start, highest priority first.
-    pub fn start(&self) -> &[Workload] {
+    pub fn start(&self) -> &[WorkloadRef] {
         &self.start
     }
 
@@ -247,7 +247,7 @@ impl<'p> Scratch<'p> {
             if before.state == change.state && before.shares == change.shares {
                 continue;
             }
-            let workload = Workload { id: before.id.clone(), name: before.name.clone() };
+            let workload = WorkloadRef { id: before.id.clone(), name: before.name.clone() };
             match (before.state, change.state) {
                 (AllocState::Running, AllocState::Suspended) => plan.suspend.push(Suspension {
                     id: before.id.clone(),

@@ -48,7 +48,7 @@ fn state(pool: &Pool, id: &str) -> AllocState {
     pool.allocation(id).unwrap().state
 }
 
-fn ids(workloads: &[Workload]) -> Vec<&str> {
+fn ids(workloads: &[WorkloadRef]) -> Vec<&str> {
     workloads.iter().map(|w| w.id.as_str()).collect()
 }
 

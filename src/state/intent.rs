@@ -3,7 +3,7 @@
 //!
 //! Every such change runs under the store lock, so an intent that a command holding the
 //! lock finds was left by a writer that died half-way (the writer's pid and start time say
-//! which: a recycled pid cannot pass for it). `lifecycle::reconcile` then finishes or
+//! which: a recycled pid cannot pass for it). `lifecycle::reconcile_store` then finishes or
 //! undoes the change (`recovery.rs`) and removes the intent.
 
 use std::path::{Path, PathBuf};

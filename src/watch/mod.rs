@@ -315,12 +315,12 @@ impl Watch {
                 return;
             }
         };
-        let found = crate::lifecycle::reconcile(&self.store, &lock);
+        let found = crate::lifecycle::reconcile_store(&self.store, &lock);
         // A damaged file stays until `vgpu doctor --repair`: one warning, not one a round.
         let damaged: BTreeSet<String> = found.damaged.iter().map(|e| e.to_string()).collect();
         events.extend(damaged.difference(&self.damaged).map(|message| Event::warn(message.clone())));
         self.damaged = damaged;
-        if let Err(e) = crate::pooling::settle(&self.store, &lock) {
+        if let Err(e) = crate::pool_effects::settle(&self.store, &lock) {
             events.push(Event::warn(format!("cannot settle the compute pool: {e:#}")));
         }
     }

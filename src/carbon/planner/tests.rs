@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::carbon::model::{GpuModel, Tunables};
-use crate::carbon::workload::Workload;
+use crate::carbon::workload::PlannedWorkload;
 
 /// An H100-like GPU: 345–1980 MHz in 15 MHz steps, 100–700 W.
 fn h100(index: u32) -> GpuModel {
@@ -18,21 +18,21 @@ fn small(index: u32) -> GpuModel {
 
 fn request<'a>(
     gpus: &'a [GpuModel],
-    workloads: &'a [Workload],
+    workloads: &'a [PlannedWorkload],
     intensity: f64,
     budget: Option<f64>,
 ) -> PlanRequest<'a> {
     PlanRequest { gpus, workloads, intensity, budget_g_per_hour: budget, tunables: Tunables::default() }
 }
 
-fn clocks(plan: &Plan) -> Vec<u32> {
+fn clocks(plan: &ClockPlan) -> Vec<u32> {
     plan.gpus.iter().map(|g| g.clock_mhz).collect()
 }
 
 #[test]
 fn unlimited_budget_runs_everything_at_maximum_and_idle_gpus_at_minimum() {
     let gpus = [small(0), small(1), small(2)];
-    let work = [Workload::fixed("a", vec![0]), Workload::fixed("b", vec![2])];
+    let work = [PlannedWorkload::fixed("a", vec![0]), PlannedWorkload::fixed("b", vec![2])];
     let plan = plan(&request(&gpus, &work, 300.0, None)).unwrap();
     assert_eq!(clocks(&plan), vec![2000, 500, 2000]);
     assert!(plan.budget_met);
@@ -45,7 +45,7 @@ fn unlimited_budget_runs_everything_at_maximum_and_idle_gpus_at_minimum() {
 #[test]
 fn zero_intensity_means_no_limit() {
     let gpus = [small(0)];
-    let work = [Workload::fixed("a", vec![0])];
+    let work = [PlannedWorkload::fixed("a", vec![0])];
     let plan = plan(&request(&gpus, &work, 0.0, Some(0.0))).unwrap();
     assert_eq!(clocks(&plan), vec![2000]);
     assert_eq!(plan.predicted_g_per_hour, 0.0);
@@ -54,7 +54,7 @@ fn zero_intensity_means_no_limit() {
 #[test]
 fn budget_below_the_lowest_clocks_is_reported_and_lowest_clocks_planned() {
     let gpus = [small(0), small(1)];
-    let work = [Workload::fixed("a", vec![0, 1])];
+    let work = [PlannedWorkload::fixed("a", vec![0, 1])];
     // Lowest clocks: 2 × P(500) = 2 × (50 + 200/16) = 125 W = 50 g/h at 400 g/kWh.
     let plan = plan(&request(&gpus, &work, 400.0, Some(49.0))).unwrap();
     assert!(!plan.budget_met);
@@ -66,7 +66,7 @@ fn budget_below_the_lowest_clocks_is_reported_and_lowest_clocks_planned() {
 #[test]
 fn budget_stops_the_raise_at_the_first_step_that_does_not_fit() {
     let gpus = [small(0)];
-    let work = [Workload::fixed("a", vec![0])];
+    let work = [PlannedWorkload::fixed("a", vec![0])];
     // P: 500 → 62.5 W, 1000 → 100 W, 1500 → 162.5 W, 2000 → 250 W. At 1000 g/kWh, g/h = W.
     for (budget, want) in [(62.5, 500), (99.9, 500), (100.0, 1000), (200.0, 1500), (250.0, 2000)] {
         let plan = plan(&request(&gpus, &work, 1000.0, Some(budget))).unwrap();
@@ -78,7 +78,7 @@ fn budget_stops_the_raise_at_the_first_step_that_does_not_fit() {
 #[test]
 fn delta_f_steps_by_at_least_that_much() {
     let gpus = [h100(0)];
-    let work = [Workload::fixed("a", vec![0])];
+    let work = [PlannedWorkload::fixed("a", vec![0])];
     let mut req = request(&gpus, &work, 100.0, None);
     req.tunables.delta_f_mhz = Some(100);
     let plan = plan(&req).unwrap();
@@ -92,7 +92,7 @@ fn delta_f_steps_by_at_least_that_much() {
 fn sensitive_workloads_are_raised_first() {
     let gpus = [small(0), small(1)];
     let work =
-        [Workload::fixed("memory-bound", vec![0]).with_sensitivity(0.2), Workload::fixed("compute-bound", vec![1])];
+        [PlannedWorkload::fixed("memory-bound", vec![0]).with_sensitivity(0.2), PlannedWorkload::fixed("compute-bound", vec![1])];
     // Room for one step above the lowest clocks (125 W) but not two.
     let plan = plan(&request(&gpus, &work, 1000.0, Some(125.0 + 40.0))).unwrap();
     assert_eq!(clocks(&plan), vec![500, 1000]);
@@ -101,7 +101,7 @@ fn sensitive_workloads_are_raised_first() {
 #[test]
 fn insensitive_workloads_are_raised_last() {
     let gpus = [small(0), small(1)];
-    let work = [Workload::fixed("io", vec![0]).with_sensitivity(0.0), Workload::fixed("cpu", vec![1])];
+    let work = [PlannedWorkload::fixed("io", vec![0]).with_sensitivity(0.0), PlannedWorkload::fixed("cpu", vec![1])];
     let plan = plan(&request(&gpus, &work, 1000.0, Some(250.0 + 62.5))).unwrap();
     assert_eq!(clocks(&plan), vec![500, 2000]);
     let unlimited = super::plan(&request(&gpus, &work, 1000.0, None)).unwrap();
@@ -112,10 +112,10 @@ fn insensitive_workloads_are_raised_last() {
 fn stage1_gives_mins_then_spare_gpus_by_benefit_within_max() {
     let gpus: Vec<GpuModel> = (0..6).map(h100).collect();
     let work = [
-        Workload::fixed("running", vec![0]),
-        Workload::range("wide", 1, 8),
-        Workload::range("narrow", 2, 2),
-        Workload::range("short", 1, 4).with_work(0.25),
+        PlannedWorkload::fixed("running", vec![0]),
+        PlannedWorkload::range("wide", 1, 8),
+        PlannedWorkload::range("narrow", 2, 2),
+        PlannedWorkload::range("short", 1, 4).with_work(0.25),
     ];
     let plan = plan(&request(&gpus, &work, 200.0, None)).unwrap();
     let counts: Vec<usize> = plan.workloads.iter().map(|w| w.gpus.len()).collect();
@@ -131,7 +131,7 @@ fn stage1_gives_mins_then_spare_gpus_by_benefit_within_max() {
 #[test]
 fn stage1_stops_at_each_workloads_max_and_leaves_the_rest_idle() {
     let gpus: Vec<GpuModel> = (0..5).map(small).collect();
-    let work = [Workload::range("a", 1, 2), Workload::range("b", 1, 1)];
+    let work = [PlannedWorkload::range("a", 1, 2), PlannedWorkload::range("b", 1, 1)];
     let plan = plan(&request(&gpus, &work, 200.0, None)).unwrap();
     assert_eq!(plan.workloads[0].gpus, vec![0, 2]);
     assert_eq!(plan.workloads[1].gpus, vec![1]);
@@ -141,7 +141,7 @@ fn stage1_stops_at_each_workloads_max_and_leaves_the_rest_idle() {
 #[test]
 fn stage1_budget_limit_leaves_gpus_unassigned_at_lowest_clocks() {
     let gpus: Vec<GpuModel> = (0..4).map(small).collect();
-    let work = [Workload::range("a", 1, 4)];
+    let work = [PlannedWorkload::range("a", 1, 4)];
     // Lowest: 1 × 62.5 + 3 × 50 = 212.5 W; each extra GPU adds 12.5 W.
     let plan = plan(&request(&gpus, &work, 1000.0, Some(230.0))).unwrap();
     assert_eq!(plan.workloads[0].gpus, vec![0, 1]);
@@ -154,7 +154,7 @@ fn stage1_budget_limit_leaves_gpus_unassigned_at_lowest_clocks() {
 #[test]
 fn a_workload_whose_min_does_not_fit_is_not_placed() {
     let gpus = [small(0), small(1)];
-    let work = [Workload::fixed("a", vec![1]), Workload::range("b", 2, 4)];
+    let work = [PlannedWorkload::fixed("a", vec![1]), PlannedWorkload::range("b", 2, 4)];
     let plan = plan(&request(&gpus, &work, 100.0, None)).unwrap();
     assert!(plan.workloads[1].gpus.is_empty());
     assert_eq!(plan.workloads[1].clock_mhz, None);
@@ -164,13 +164,13 @@ fn a_workload_whose_min_does_not_fit_is_not_placed() {
 #[test]
 fn bad_requests_are_refused() {
     let gpus = [small(0)];
-    let cases: Vec<(Vec<Workload>, f64, Option<f64>, &str)> = vec![
-        (vec![Workload::fixed("a", vec![3])], 1.0, None, "no GPU 3"),
-        (vec![Workload::fixed("a", vec![0]), Workload::fixed("b", vec![0])], 1.0, None, "already held by workload a"),
-        (vec![Workload::range("a", 0, 2)], 1.0, None, "invalid GPU range 0-2"),
-        (vec![Workload::range("a", 3, 2)], 1.0, None, "invalid GPU range 3-2"),
-        (vec![Workload::fixed("a", vec![0]).with_sensitivity(2.0)], 1.0, None, "sensitivity"),
-        (vec![Workload::fixed("a", vec![0]).with_work(0.0)], 1.0, None, "work"),
+    let cases: Vec<(Vec<PlannedWorkload>, f64, Option<f64>, &str)> = vec![
+        (vec![PlannedWorkload::fixed("a", vec![3])], 1.0, None, "no GPU 3"),
+        (vec![PlannedWorkload::fixed("a", vec![0]), PlannedWorkload::fixed("b", vec![0])], 1.0, None, "already held by workload a"),
+        (vec![PlannedWorkload::range("a", 0, 2)], 1.0, None, "invalid GPU range 0-2"),
+        (vec![PlannedWorkload::range("a", 3, 2)], 1.0, None, "invalid GPU range 3-2"),
+        (vec![PlannedWorkload::fixed("a", vec![0]).with_sensitivity(2.0)], 1.0, None, "sensitivity"),
+        (vec![PlannedWorkload::fixed("a", vec![0]).with_work(0.0)], 1.0, None, "work"),
         (vec![], -1.0, None, "intensity"),
         (vec![], f64::NAN, None, "intensity"),
         (vec![], 1.0, Some(-3.0), "budget"),
@@ -186,7 +186,7 @@ fn heterogeneous_gpus_of_one_workload_snap_down_to_their_own_clocks() {
     let a = GpuModel::new(0, vec![600, 1200, 1800], 50.0, 300.0, 2.0).unwrap();
     let b = GpuModel::new(1, vec![500, 1000, 1500, 2000], 50.0, 300.0, 2.0).unwrap();
     let gpus = [a, b];
-    let work = [Workload::fixed("a", vec![0, 1])];
+    let work = [PlannedWorkload::fixed("a", vec![0, 1])];
     let plan = plan(&request(&gpus, &work, 100.0, None)).unwrap();
     assert_eq!(clocks(&plan), vec![1800, 1500]);
 }
@@ -212,7 +212,7 @@ fn make_gpus(n: usize, spec: (u32, u32, usize, f64, f64, f64), jitter: &[(u32, f
 /// Workloads over `n` GPUs: each GPU is left free (2 in 5), held by a one-GPU fixed workload,
 /// or part of a two-GPU one; plus range workloads. Half the time only range workloads, so
 /// that stage 1 has GPUs to hand out.
-fn workloads_strategy(n: usize) -> impl Strategy<Value = Vec<Workload>> {
+fn workloads_strategy(n: usize) -> impl Strategy<Value = Vec<PlannedWorkload>> {
     let fixed = proptest::collection::vec((0u8..5, proptest::option::of(0.0..=1.0f64), 0.2..5.0f64), n);
     let ranges =
         proptest::collection::vec((1usize..3, 0usize..4, proptest::option::of(0.0..=1.0f64), 0.2..5.0f64), 0..4);
@@ -224,25 +224,25 @@ fn workloads_strategy(n: usize) -> impl Strategy<Value = Vec<Workload>> {
             match kind {
                 0 | 1 => g += 1,
                 3 if g + 1 < fixed.len() => {
-                    out.push(Workload {
+                    out.push(PlannedWorkload {
                         freq_sensitivity: sens,
-                        ..Workload::fixed(format!("f{g}"), vec![g as u32, g as u32 + 1]).with_work(work)
+                        ..PlannedWorkload::fixed(format!("f{g}"), vec![g as u32, g as u32 + 1]).with_work(work)
                     });
                     g += 2;
                 }
                 _ => {
-                    out.push(Workload {
+                    out.push(PlannedWorkload {
                         freq_sensitivity: sens,
-                        ..Workload::fixed(format!("f{g}"), vec![g as u32]).with_work(work)
+                        ..PlannedWorkload::fixed(format!("f{g}"), vec![g as u32]).with_work(work)
                     });
                     g += 1;
                 }
             }
         }
         for (i, (min, extra, sens, work)) in ranges.into_iter().enumerate() {
-            out.push(Workload {
+            out.push(PlannedWorkload {
                 freq_sensitivity: sens,
-                ..Workload::range(format!("r{i}"), min, min + extra).with_work(work)
+                ..PlannedWorkload::range(format!("r{i}"), min, min + extra).with_work(work)
             });
         }
         out
@@ -254,7 +254,7 @@ prop_compose! {
         (jitter in proptest::collection::vec((0u32..3, 0.0..100.0f64), if hetero { n } else { 0 }),
          work in workloads_strategy(n), n in Just(n), spec in Just(spec),
          delta in proptest::option::of(1u32..200))
-        -> (Vec<GpuModel>, Vec<Workload>, Option<u32>)
+        -> (Vec<GpuModel>, Vec<PlannedWorkload>, Option<u32>)
     {
         let jitter: Vec<(u32, f64)> = jitter.into_iter().map(|(s, w)| (s * 7, w)).collect();
         (make_gpus(n, spec, &jitter), work, delta)
@@ -263,7 +263,7 @@ prop_compose! {
 
 fn req_with<'a>(
     gpus: &'a [GpuModel],
-    work: &'a [Workload],
+    work: &'a [PlannedWorkload],
     delta: Option<u32>,
     intensity: f64,
     budget: Option<f64>,
@@ -359,9 +359,9 @@ proptest! {
                                            intensity in 1.0..1000.0f64, budget in 0.0..1500.0f64, delta in proptest::option::of(1u32..200)) {
         let gpus = make_gpus(3, spec, &[]);
         let jobs = [
-            Workload::fixed("low", vec![0]).with_sensitivity(hi * lo_frac).with_work(work),
-            Workload::fixed("high", vec![1]).with_sensitivity(hi).with_work(work),
-            Workload::fixed("other", vec![2]),
+            PlannedWorkload::fixed("low", vec![0]).with_sensitivity(hi * lo_frac).with_work(work),
+            PlannedWorkload::fixed("high", vec![1]).with_sensitivity(hi).with_work(work),
+            PlannedWorkload::fixed("other", vec![2]),
         ];
         let plan = plan(&req_with(&gpus, &jobs, delta, intensity, Some(budget))).unwrap();
         prop_assert!(plan.gpus[1].clock_mhz >= plan.gpus[0].clock_mhz, "{:?}", clocks(&plan));
@@ -373,8 +373,8 @@ proptest! {
                                                  other_sens in 0.0..=1.0f64, intensity in 1.0..1000.0f64, budget in 0.0..2000.0f64,
                                                  delta in proptest::option::of(1u32..200)) {
         let gpus = make_gpus(3, spec, &[]);
-        let twin = |id: &str, g: u32| Workload { freq_sensitivity: sens, ..Workload::fixed(id, vec![g]).with_work(work) };
-        let jobs = [twin("a", 0), Workload::fixed("c", vec![1]).with_sensitivity(other_sens), twin("b", 2)];
+        let twin = |id: &str, g: u32| PlannedWorkload { freq_sensitivity: sens, ..PlannedWorkload::fixed(id, vec![g]).with_work(work) };
+        let jobs = [twin("a", 0), PlannedWorkload::fixed("c", vec![1]).with_sensitivity(other_sens), twin("b", 2)];
         let plan = plan(&req_with(&gpus, &jobs, delta, intensity, Some(budget))).unwrap();
         let (a, b) = (plan.gpus[0].clock_mhz, plan.gpus[2].clock_mhz);
         let (lo, hi) = (a.min(b), a.max(b));

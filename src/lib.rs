@@ -1,32 +1,34 @@
-//! vgpu as a library: everything the `vgpu` binary does, in modules the tests can reach.
+//! vgpu as a library: everything the `vgpu` binary does. The modules the binary, the
+//! integration tests, the benchmarks and the fuzz targets use are `pub`; the rest is
+//! `pub(crate)`.
 
-pub mod access;
+pub(crate) mod access;
 pub mod admission;
 pub mod audit;
 pub mod carbon;
 pub mod cgroup;
 pub mod cli;
-pub mod clock;
+pub(crate) mod clock;
 pub mod commands;
-pub mod compute;
+pub(crate) mod compute;
 pub mod config;
 pub mod context;
 pub mod error;
-pub mod gpu;
-pub mod identity;
-pub mod launch;
-pub mod lifecycle;
+pub(crate) mod gpu;
+pub(crate) mod identity;
+pub(crate) mod launch;
+pub(crate) mod lifecycle;
 pub mod listing;
 pub mod metrics;
-pub mod output;
-pub mod paths;
-pub mod policy;
+pub(crate) mod output;
+pub(crate) mod paths;
+pub(crate) mod policy;
 pub mod pool;
 pub mod pool_effects;
-pub mod read_only;
-pub mod recovery;
-pub mod repair;
+pub(crate) mod read_only;
+pub(crate) mod recovery;
+pub(crate) mod repair;
 pub mod state;
-pub mod stop_point;
-pub mod supervise;
+pub(crate) mod stop_point;
+pub(crate) mod supervise;
 pub mod watch;

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use nvml_wrapper::error::NvmlError;
 
-pub use inventory::{GpuInfo, GpuProcess};
+pub use inventory::GpuInfo;
 
 /// An initialised NVML library.
 pub struct Nvml {

@@ -4,10 +4,10 @@
 //! * [`admit`] (`admit.rs`): under the store lock, reconcile, place the workload
 //!   (`place.rs`: pool blocks, a partition, or GPUs chosen directly or by the carbon
 //!   planner), check memory admission, and create its vGPU, cgroup and record — all through
-//!   one [`Admission`] (`transaction.rs`) that undoes, in reverse order, whatever it did
+//!   one `Admission` (`transaction.rs`) that undoes, in reverse order, whatever it did
 //!   unless it is committed.
 //! * [`ensure_vgpu`] (`vgpu.rs`): the vGPU directory, files and board slots.
-//! * [`workload_env`] (`env.rs`): the child's environment, and [`SHIM_ENV`], the variables
+//! * [`workload_env`] (`env.rs`): the child's environment, and `SHIM_ENV`, the variables
 //!   nothing may replace.
 //! * [`start`], [`supervise`], [`finish`] (`child.rs`): spawn into the cgroup and record the
 //!   pid, wait relaying signals, and tear down on every exit path.
@@ -31,8 +31,7 @@ use crate::state::{UserSpec, Workload};
 
 pub use admit::admit;
 pub use child::{finish, start, supervise};
-pub use env::{shim_var, workload_env, ShimVar, SHIM_ENV};
-pub use transaction::Admission;
+pub use env::{shim_var, workload_env, ShimVar};
 pub use vgpu::ensure_vgpu;
 
 /// A workload to launch, checked (`vgpu run`'s options, validated).

@@ -14,7 +14,7 @@ pub(crate) mod compute;
 pub mod config;
 pub mod context;
 pub mod error;
-pub(crate) mod gpu;
+pub mod gpu;
 pub(crate) mod identity;
 pub(crate) mod launch;
 pub(crate) mod lifecycle;

@@ -201,3 +201,38 @@ fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
     unsafe { libc::kill(pids[0].as_i64().unwrap() as i32, libc::SIGKILL) };
     low.wait().unwrap();
 }
+
+/// Issue 12's measured scenario: on a 10-TFLOPS GPU, `low` (priority 1, 8 TFLOPS) holds 80 %
+/// of the memory as its default share; `high` (priority 5, 5 TFLOPS, so 50 %) could take the
+/// blocks but not the memory, since a frozen workload keeps its device memory. It is refused
+/// before anyone is frozen: the stop point after the victims' freeze is never reached, and
+/// low never stops.
+#[test]
+fn a_preemption_that_cannot_serve_the_memory_freezes_nobody() {
+    let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
+    sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 10\n");
+    let counter = sim.path("counter");
+    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
+    let mut low = spawn(&sim, &["run", "--tflops", "8", "--priority", "1", "--name", "low", "--", "sh", "-c", &script]);
+    let read = || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+    wait_for("low to make progress", || read() > 100);
+    let low_row = sim.json(&["ps", "--json"])[0].clone();
+    assert_eq!(low_row["gpus"][0]["mem_quota"].as_u64(), Some((24u64 << 30) * 8 / 10), "{low_row}");
+    let out = sim
+        .vgpu(&["run", "--tflops", "5", "--priority", "5", "--name", "high", "--", "true"])
+        .env("VGPU_TEST_STOP_AT", "preempt:frozen")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "refused, not killed at the stop point: {err}");
+    assert!(err.contains("5 TFLOPS were available by suspending low, but not the memory; nobody was suspended") && err.contains("does not fit"), "{err}");
+    let layout = vgpu::cgroup::Layout::detect().expect("cgroups");
+    let cgroup = vgpu::cgroup::Cgroup::open(&layout, low_row["id"].as_str().unwrap()).unwrap();
+    assert_eq!(cgroup.state().unwrap(), vgpu::cgroup::FreezerState::Thawed);
+    let at = read();
+    wait_for("low to keep running", || read() > at + 100);
+    let ps = sim.json(&["ps", "--json"]);
+    assert_eq!((ps.as_array().unwrap().len(), ps[0]["state"].as_str()), (1, Some("running")), "{ps}");
+    sim.vgpu(&["kill", "--signal", "KILL", "low"]).assert().success();
+    low.wait().unwrap();
+}

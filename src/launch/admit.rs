@@ -97,7 +97,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
 
 /// Whether the workload's memory fits on each of its GPUs beside the others' (and no
 /// damaged record may hold that GPU).
-fn check_memory(store: &Store, devices: &[AdmissionGpu], workload: &Workload) -> Result<()> {
+pub(super) fn check_memory(store: &Store, devices: &[AdmissionGpu], workload: &Workload) -> Result<()> {
     let (others, damaged) = store.workloads();
     let damaged = crate::state::damaged::damaged_records(&damaged);
     let others: Vec<Workload> = others.into_iter().filter(|w| w.id != workload.id).collect();

@@ -12,6 +12,7 @@ use crate::pool::{AllocState, PoolError};
 use crate::pool_effects::{self, pool_error};
 use crate::state::{DamagedRecord, Partition, Partitions, Store, Workload, WorkloadGpu, WorkloadState};
 
+use super::admit::check_memory;
 use super::transaction::Admission;
 use super::{PoolAsk, Request};
 
@@ -34,6 +35,17 @@ pub fn on_pool(
         .map_err(pool_error)?;
     match pool.admit(&pool_request) {
         Ok(plan) => {
+            // Memory is decided with the blocks, before anyone is frozen: the slices the
+            // plan would give, checked against every reservation (a frozen victim keeps its
+            // device memory), on a copy of the pool. Refused here, nobody was touched.
+            if !request.oversubscribe {
+                let mut planned = pool.clone();
+                planned.apply(plan.clone()).map_err(pool_error)?;
+                let mut trial = workload.clone();
+                slices(&planned, devices, request, &mut trial);
+                check_memory(store, devices, &trial)
+                    .map_err(|e| e.context(format!("{} TFLOPS were available{}, but not the memory; nobody was suspended", ask.tflops, preempting(&plan))))?;
+            }
             tx.asked_pool();
             pool_effects::execute(store, tx.lock()?, &mut pool, plan)?;
         }
@@ -53,7 +65,15 @@ pub fn on_pool(
     }
     let alloc = pool.allocation(&id).context("the pool did not record the allocation")?;
     workload.pool_blocks = Some(alloc.held());
-    for share in pool.gpu_shares(&id) {
+    slices(&pool, devices, request, workload);
+    workload.pool_env = pool.declared_env(&id);
+    Ok(())
+}
+
+/// The workload's slice of each GPU its blocks are on: a compute share of blocks/GPU blocks,
+/// and memory as asked (`--mem`) or in the same proportion.
+fn slices(pool: &crate::pool::Pool, devices: &[AdmissionGpu], request: &Request, workload: &mut Workload) {
+    for share in pool.gpu_shares(&workload.id) {
         let Some(device) = share.device.uuid().and_then(|u| devices.iter().find(|d| d.uuid == u)) else { continue };
         let fraction = share.percent() / 100.0;
         let bytes = match request.mem {
@@ -68,8 +88,16 @@ pub fn on_pool(
             compute_pct: u32::from(share.compute_percent()),
         });
     }
-    workload.pool_env = pool.declared_env(&id);
-    Ok(())
+}
+
+/// " by suspending low, other" when the plan preempts, else "".
+fn preempting(plan: &crate::pool::Plan) -> String {
+    let names: Vec<&str> = plan.suspend().iter().map(|s| s.name.as_str()).collect();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" by suspending {}", names.join(", "))
+    }
 }
 
 /// Poll, releasing the store lock between polls, until the pool has started workload `id`;

@@ -19,11 +19,45 @@ pub struct Reconciled {
     pub cleaned: Vec<Workload>,
     /// Damaged workload files (left in place, reported).
     pub damaged: Vec<StateError>,
+    /// What it did and could not do, in order.
+    pub notes: Vec<Note>,
 }
 
-/// Clean up after dead supervisors and dead processes. Call with the store lock held.
-/// Says once, on stderr, what it cleaned (the workload files are gone afterwards).
+/// Something reconcile did, or could not do: one line, without the `vgpu: ` prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub text: String,
+}
+
+impl Note {
+    pub fn did(text: impl Into<String>) -> Note {
+        Note { warning: false, text: text.into() }
+    }
+    pub fn warn(text: impl Into<String>) -> Note {
+        Note { warning: true, text: text.into() }
+    }
+}
+
+/// Print a note on stderr as commands do (`vgpu: …`, `vgpu: warning: …`); a closed stderr
+/// is not an error worth dying for.
+pub fn say(note: &Note) {
+    use std::io::Write as _;
+    let prefix = if note.warning { "vgpu: warning: " } else { "vgpu: " };
+    let _ = writeln!(std::io::stderr(), "{prefix}{}", note.text);
+}
+
+/// Clean up after dead supervisors and dead processes, and say on stderr what was done
+/// ([`reconcile_quietly`], then each note). Call with the store lock held.
 pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
+    let found = reconcile_quietly(store, lock);
+    found.notes.iter().for_each(say);
+    found
+}
+
+/// Clean up after dead supervisors and dead processes; what was done is in the notes (the
+/// workload files are gone afterwards). Call with the store lock held.
+pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
     let (workloads, damaged) = store.workloads();
     let mut out = Reconciled { damaged, ..Reconciled::default() };
     let layout = Layout::detect();
@@ -37,18 +71,18 @@ pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
         let released = |()| if in_pool { crate::pool_effects::release(store, lock, &w.id) } else { Ok(()) };
         match teardown(store, &w, layout.as_ref()).and_then(released) {
             Ok(()) => {
-                eprintln!("vgpu: cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid);
+                out.notes.push(Note::did(format!("cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid)));
                 out.cleaned.push(w);
             }
-            Err(e) => eprintln!("vgpu: warning: cannot clean up workload {} ({}): {e:#}", w.name, w.id),
+            Err(e) => out.notes.push(Note::warn(format!("cannot clean up workload {} ({}): {e:#}", w.name, w.id))),
         }
     }
     if let Err(e) = crate::pool_effects::release_orphans(store, lock) {
-        eprintln!("vgpu: warning: cannot tidy the compute pool: {e:#}");
+        out.notes.push(Note::warn(format!("cannot tidy the compute pool: {e:#}")));
     }
     // Changes a killed command left half-done, then whatever else is frozen or left over.
-    crate::recovery::half_done(store, lock, layout.as_ref());
-    crate::recovery::align_all(store, layout.as_ref());
+    crate::recovery::half_done(store, lock, layout.as_ref(), &mut out.notes);
+    crate::recovery::align_all(store, layout.as_ref(), &mut out.notes);
     crate::recovery::remove_stray_cgroups(store, layout.as_ref());
     crate::recovery::remove_dead_temp_files(store);
     remove_orphan_vgpus(store);

@@ -32,6 +32,7 @@ use anyhow::{Context as _, Result};
 use crate::cgroup::{Cgroup, CgroupError, FreezerState, Layout};
 use crate::pool::{AllocState, Pool};
 use crate::state::intent::{self, Intent, Op};
+use crate::lifecycle::Note;
 use crate::state::{Store, StoreLock, Workload, WorkloadState};
 
 /// How old a cgroup with no record and no process must be before reconcile removes it.
@@ -39,7 +40,7 @@ pub const STRAY_GRACE: Duration = Duration::from_secs(60);
 
 /// Finish or undo the changes whose intent was left by a command that died. Call with the
 /// store lock held.
-pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>) {
+pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>, notes: &mut Vec<Note>) {
     let (intents, damaged) = intent::list(store);
     for e in damaged {
         tracing::warn!("{e}; left in place");
@@ -54,18 +55,18 @@ pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>) {
         }
         let result = match (intent.op, layout) {
             (_, None) => Ok(()),
-            (Op::Start, Some(layout)) => undo_start(store, layout, &intent),
-            (Op::Suspend | Op::Resume | Op::Pool, Some(layout)) => realign(store, layout, &intent),
+            (Op::Start, Some(layout)) => undo_start(store, layout, &intent, notes),
+            (Op::Suspend | Op::Resume | Op::Pool, Some(layout)) => realign(store, layout, &intent, notes),
         };
         settle |= intent.op == Op::Pool;
         match result.and_then(|()| intent::remove(&path).map_err(anyhow::Error::from)) {
             Ok(()) => {}
-            Err(e) => eprintln!("vgpu: warning: cannot finish the {:?} left by pid {}: {e:#}", intent.op, intent.writer.pid),
+            Err(e) => notes.push(Note::warn(format!("cannot finish the {:?} left by pid {}: {e:#}", intent.op, intent.writer.pid))),
         }
     }
     if settle {
         if let Err(e) = crate::pool_effects::settle(store, lock) {
-            eprintln!("vgpu: warning: cannot settle the compute pool: {e:#}");
+            notes.push(Note::warn(format!("cannot settle the compute pool: {e:#}")));
         }
     }
 }
@@ -73,7 +74,7 @@ pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>) {
 /// A `vgpu run` died between creating the cgroup and writing the record: remove the cgroup
 /// of each named workload that has no record (one with a record is the record's business:
 /// a dead supervisor's workload is torn down by reconcile).
-fn undo_start(store: &Store, layout: &Layout, intent: &Intent) -> Result<()> {
+fn undo_start(store: &Store, layout: &Layout, intent: &Intent, notes: &mut Vec<Note>) -> Result<()> {
     for id in &intent.workloads {
         if std::fs::symlink_metadata(store.workload_path(id)).is_ok() {
             continue;
@@ -81,7 +82,7 @@ fn undo_start(store: &Store, layout: &Layout, intent: &Intent) -> Result<()> {
         match Cgroup::open(layout, id) {
             Ok(cgroup) => {
                 cgroup.remove().with_context(|| format!("removing the cgroup of {id}"))?;
-                eprintln!("vgpu: removed the cgroup of {id}: its `vgpu run` died before recording it");
+                notes.push(Note::did(format!("removed the cgroup of {id}: its `vgpu run` died before recording it")));
             }
             Err(CgroupError::NotFound { .. }) => {}
             Err(e) => return Err(e).with_context(|| format!("opening the cgroup of {id}")),
@@ -92,12 +93,12 @@ fn undo_start(store: &Store, layout: &Layout, intent: &Intent) -> Result<()> {
 
 /// Bring every workload an intent names to what the saved state says (freezing again where
 /// the pool holds it suspended).
-fn realign(store: &Store, layout: &Layout, intent: &Intent) -> Result<()> {
+fn realign(store: &Store, layout: &Layout, intent: &Intent, notes: &mut Vec<Note>) -> Result<()> {
     let pool = Known::load(store);
     let (workloads, _) = store.workloads();
     for w in workloads.iter().filter(|w| intent.workloads.contains(&w.id) && w.supervisor_alive()) {
         if let Some(what) = align(store, layout, &pool, &workloads, w, true)? {
-            eprintln!("vgpu: {} ({}) {what}", w.name, w.id);
+            notes.push(Note::did(format!("{} ({}) {what}", w.name, w.id)));
         }
     }
     Ok(())
@@ -105,20 +106,20 @@ fn realign(store: &Store, layout: &Layout, intent: &Intent) -> Result<()> {
 
 /// The generic rule, on every reconcile: no live workload stays frozen unless its record or
 /// the pool says it is suspended; a manual suspension found thawed is recorded as undone.
-pub fn align_all(store: &Store, layout: Option<&Layout>) {
+pub fn align_all(store: &Store, layout: Option<&Layout>, notes: &mut Vec<Note>) {
     let Some(layout) = layout else { return };
     let pool = Known::load(store);
     let (workloads, _) = store.workloads();
     for w in workloads.iter().filter(|w| w.supervisor_alive()) {
         match align(store, layout, &pool, &workloads, w, false) {
-            Ok(Some(what)) => eprintln!("vgpu: {} ({}) {what}", w.name, w.id),
+            Ok(Some(what)) => notes.push(Note::did(format!("{} ({}) {what}", w.name, w.id))),
             Ok(None) => {}
-            Err(e) => eprintln!("vgpu: warning: cannot check whether {} ({}) is frozen: {e:#}", w.name, w.id),
+            Err(e) => notes.push(Note::warn(format!("cannot check whether {} ({}) is frozen: {e:#}", w.name, w.id))),
         }
         match clear_dead_throttle(store, w) {
-            Ok(true) => eprintln!("vgpu: {} ({}) is no longer throttled: the vgpu watch that throttled it is gone", w.name, w.id),
+            Ok(true) => notes.push(Note::did(format!("{} ({}) is no longer throttled: the vgpu watch that throttled it is gone", w.name, w.id))),
             Ok(false) => {}
-            Err(e) => eprintln!("vgpu: warning: cannot clear the throttle of {} ({}): {e:#}", w.name, w.id),
+            Err(e) => notes.push(Note::warn(format!("cannot clear the throttle of {} ({}): {e:#}", w.name, w.id))),
         }
     }
 }
@@ -387,8 +388,10 @@ mod tests {
         w.enforcement = Some(throttle(me));
         store.write_workload(&w).unwrap();
         cgroup.freeze().unwrap();
-        align_all(&store, Some(&layout));
+        let mut notes = Vec::new();
+        align_all(&store, Some(&layout), &mut notes);
         assert_eq!(cgroup.state().unwrap(), FreezerState::Frozen);
+        assert!(notes.is_empty(), "{notes:?}");
         assert!(Workload::read(&store.workload_path(&w.id)).unwrap().enforcement.is_some());
         // Its watch was killed: thawed and the throttle cleared, frozen or not.
         let dead = vgpu_abi::process::ProcessId { start_time: me.start_time + 1, ..me };
@@ -398,8 +401,10 @@ mod tests {
             if frozen {
                 cgroup.freeze().unwrap();
             }
-            align_all(&store, Some(&layout));
+            let mut notes = Vec::new();
+            align_all(&store, Some(&layout), &mut notes);
             assert_eq!(cgroup.state().unwrap(), FreezerState::Thawed);
+            assert!(notes.iter().any(|n| !n.warning && n.text.ends_with("is no longer throttled: the vgpu watch that throttled it is gone")), "{notes:?}");
             let record = Workload::read(&store.workload_path(&w.id)).unwrap();
             assert_eq!(record.enforcement, None, "frozen: {frozen}");
             assert_eq!(record.state, WorkloadState::Running);
@@ -423,8 +428,10 @@ mod tests {
         dead.writer.start_time += 1;
         crate::state::atomic::write_json(&path, &dead).unwrap();
         drop(pending);
-        half_done(&store, &lock, Some(&layout));
+        let mut notes = Vec::new();
+        half_done(&store, &lock, Some(&layout), &mut notes);
         assert_eq!(Cgroup::list(&layout).unwrap(), vec!["other"]);
+        assert_eq!(notes, [Note::did("removed the cgroup of a1b2c3d4: its `vgpu run` died before recording it")]);
         assert!(intent::list(&store).0.is_empty(), "the intent is removed once undone");
     }
 }

@@ -555,15 +555,19 @@ fn the_units_capabilities_are_enough_to_reconcile_other_users_workloads() {
     assert!(vgpu_dir.join("procs").is_dir());
 
     // Without the capabilities, the watch cannot: the oracle can fail.
-    let mut bare = Watch::spawn_via(&sim, &["setpriv", "--bounding-set", "-all", "--no-new-privs", "--"], &[]);
-    bare.expect_line(&format!("vgpu: warning: cannot clean up workload orphan ({id})"));
-    bare.stop(Signal::SIGTERM);
+    let mut bare = Watch::spawn_via(&sim, &["setpriv", "--bounding-set", "-all", "--no-new-privs", "--"], &[("VGPU_LOG", "vgpu=debug")]);
+    let warning = format!("vgpu watch: warning: cannot clean up workload orphan ({id})");
+    bare.expect_line(&warning);
+    // It fails again every round, and says so once.
+    bare.expect_line("round 4 done");
+    let lines = bare.stop(Signal::SIGTERM);
+    assert_eq!(lines.iter().filter(|l| l.contains(&warning)).count(), 1, "{}", lines.join("\n"));
     assert!(row(&sim, "orphan").is_some() && vgpu_dir.exists());
 
     // With the unit's, it cleans up after the orphan and leaves the live one alone.
     let set = unit_bounding_set();
     let mut watch = Watch::spawn_via(&sim, &["setpriv", "--bounding-set", &set, "--no-new-privs", "--"], &[]);
-    watch.expect_line(&format!("vgpu: cleaned up workload orphan ({id})"));
+    watch.expect_line(&format!("vgpu watch: cleaned up workload orphan ({id})"));
     watch.ready();
     watch.signal(Signal::SIGHUP);
     watch.expect_line("reloaded the config"); // a few rounds more
@@ -676,9 +680,9 @@ fn without_nvml_it_still_reconciles_says_so_once_and_takes_nvml_up_on_reload() {
     let driver = sim.path("watch-gpus.toml");
     std::fs::write(&driver, "not toml [[").unwrap();
     let mut watch = Watch::spawn(&sim, &[("FAKEGPU_CONFIG", driver.to_str().unwrap())]);
-    watch.expect_line("vgpu: cleaned up workload orphan");
     let said = watch.expect_line("reconciling only");
     assert!(said.starts_with("vgpu watch: warning: the simulated driver did not initialise"), "{said}");
+    watch.expect_line("vgpu watch: cleaned up workload orphan");
     watch.ready();
     assert!(row(&sim, "orphan").is_none());
 

@@ -88,7 +88,8 @@ pub struct Watch {
     gpu_problem: Option<String>,
     /// Said by the next round (what `start` and `reload` found about NVML).
     pending: Vec<Event>,
-    /// The damaged state files the last reconcile found, each warned about once.
+    /// What the last reconcile warned about (damaged files, clean-ups that failed): each
+    /// said once, until it goes away.
     damaged: BTreeSet<String>,
     /// Whether the driver was found not to report workload processes' memory (said once).
     memory_blind: bool,
@@ -315,14 +316,23 @@ impl Watch {
                 return;
             }
         };
-        let found = crate::lifecycle::reconcile_store(&self.store, &lock);
-        // A damaged file stays until `vgpu doctor --repair`: one warning, not one a round.
-        let damaged: BTreeSet<String> = found.damaged.iter().map(|e| e.to_string()).collect();
-        events.extend(damaged.difference(&self.damaged).map(|message| Event::warn(message.clone())));
-        self.damaged = damaged;
-        if let Err(e) = crate::pool_effects::settle(&self.store, &lock) {
-            events.push(Event::warn(format!("cannot settle the compute pool: {e:#}")));
+        let found = crate::lifecycle::reconcile_quietly(&self.store, &lock);
+        // A damaged file stays until `vgpu doctor --repair`, and a clean-up that fails
+        // fails again next round: each warning is said once, until it goes away and comes
+        // back. What reconcile did is said every time.
+        let mut warnings: BTreeSet<String> = found.damaged.iter().map(|e| e.to_string()).collect();
+        for note in found.notes {
+            if note.warning {
+                warnings.insert(note.text);
+            } else {
+                events.push(Event::info(note.text));
+            }
         }
+        if let Err(e) = crate::pool_effects::settle(&self.store, &lock) {
+            warnings.insert(format!("cannot settle the compute pool: {e:#}"));
+        }
+        events.extend(warnings.difference(&self.damaged).map(|message| Event::warn(message.clone())));
+        self.damaged = warnings;
     }
 
     pub fn store(&self) -> &Store {

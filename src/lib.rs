@@ -28,6 +28,7 @@ pub mod pool_effects;
 pub(crate) mod read_only;
 pub(crate) mod recovery;
 pub(crate) mod repair;
+pub(crate) mod resize;
 pub mod state;
 pub(crate) mod stop_point;
 pub(crate) mod supervise;

@@ -25,7 +25,7 @@ pub enum PartitionCommand {
     Create(CreateArgs),
     /// List partitions
     List(crate::cli::JsonArgs),
-    /// Change a partition's compute share or policy, live for the workloads running in it
+    /// Change a partition's memory, compute share or policy, live for the workloads running in it
     Update(UpdateArgs),
     /// Remove a partition (refused while a workload uses it)
     Remove(RemoveArgs),
@@ -59,10 +59,13 @@ pub struct CreateArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("change").args(["compute", "compute_policy"]).required(true).multiple(true)))]
+#[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
     /// Partition name
     pub name: String,
+    /// New device memory: 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
+    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
+    pub mem: Option<String>,
     /// New share of the GPU's compute, percent (1-100)
     #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true)]
     pub compute: Option<u32>,
@@ -192,6 +195,8 @@ fn list(ctx: &Context, json: bool) -> Result<()> {
 #[derive(Serialize)]
 struct Updated {
     name: String,
+    mem_bytes: u64,
+    previous_mem_bytes: u64,
     compute_pct: u32,
     previous_compute_pct: u32,
     compute_policy: ComputePolicy,
@@ -204,8 +209,13 @@ struct Updated {
 
 fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        anyhow::bail!("vgpu partition update must run as root (through sudo): it changes the share of running workloads");
+        anyhow::bail!("vgpu partition update must run as root (through sudo): it changes the limits of running workloads");
     }
+    let mem = args.mem.as_deref().map(MemSpec::parse).transpose().map_err(|e| UsageError::new(format!("--mem: {e}")))?;
+    let devices = match mem {
+        Some(_) => crate::commands::update::admission_devices(ctx)?,
+        None => Vec::new(),
+    };
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
     crate::lifecycle::reconcile_store(&store, &lock);
@@ -221,21 +231,56 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     } else {
         None
     };
+    if let Some(usage) = &usage {
+        if !usage.limits_writable() {
+            anyhow::bail!("{}: only root can change a vGPU's limits", usage.path().display());
+        }
+    }
+    let (workloads, damaged) = store.workloads();
+    // A raise goes through admission beside every other reservation on the GPU; a cut must
+    // leave what the partition's workloads use. Checked before anything is written.
+    let quota = match mem {
+        Some(spec) => {
+            let damaged = crate::state::damaged::damaged_records(&damaged);
+            Some(crate::resize::plan_partition(&before, spec, &devices, &workloads, &parts.partitions, &damaged, usage.as_ref()).map_err(|e| {
+                if e.is_usage() {
+                    anyhow::Error::from(UsageError::new(e.to_string()))
+                } else {
+                    anyhow::Error::from(e)
+                }
+            })?)
+        }
+        None => None,
+    };
+    let quotas: Vec<crate::resize::QuotaChange> = quota.into_iter().collect();
+    if let Some(usage) = &usage {
+        crate::resize::apply(&format!("partition {}", before.name), usage, &quotas)?;
+    }
     let after = {
         let p = &mut parts.partitions[pos];
         p.compute_pct = args.compute.unwrap_or(p.compute_pct);
         p.compute_policy = args.compute_policy.unwrap_or(p.compute_policy);
+        if let Some(q) = quotas.first() {
+            p.mem_bytes = q.mem_bytes;
+        }
         p.clone()
     };
-    parts.save(&store.partitions_path())?;
-    if let Some(usage) = &usage {
-        crate::compute::apply_live(usage, None, LiveChange { compute_pct: args.compute, policy: args.compute_policy })?;
+    if let Err(e) = parts.save(&store.partitions_path()) {
+        if let Some(usage) = &usage {
+            crate::resize::undo(usage, &quotas);
+        }
+        return Err(e.into());
     }
-    let (workloads, _) = store.workloads();
+    if let Some(usage) = &usage {
+        if args.compute.is_some() || args.compute_policy.is_some() {
+            crate::compute::apply_live(usage, None, LiveChange { compute_pct: args.compute, policy: args.compute_policy })?;
+        }
+    }
     let mut ids = Vec::new();
     for mut w in workloads.into_iter().filter(|w| w.partition.as_deref() == Some(args.name.as_str())) {
         for g in &mut w.gpus {
             g.compute_pct = after.compute_pct;
+            g.mem_bytes = after.mem_bytes;
         }
         w.compute_policy = after.compute_policy;
         store.write_workload(&w)?;
@@ -244,6 +289,8 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     drop(lock);
     let updated = Updated {
         name: after.name.clone(),
+        mem_bytes: after.mem_bytes,
+        previous_mem_bytes: before.mem_bytes,
         compute_pct: after.compute_pct,
         previous_compute_pct: before.compute_pct,
         compute_policy: after.compute_policy,
@@ -254,16 +301,23 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     if args.json {
         return print_json(&updated);
     }
+    let mut changes = Vec::new();
+    if mem.is_some() {
+        changes.push(format!("memory on GPU {} {} → {}", after.gpu_index, format_size(updated.previous_mem_bytes), format_size(updated.mem_bytes)));
+    }
+    if args.compute.is_some() || args.compute_policy.is_some() {
+        changes.push(format!(
+            "compute {}% {} (was {}% {})",
+            updated.compute_pct, updated.compute_policy, updated.previous_compute_pct, updated.previous_compute_policy
+        ));
+    }
     println!(
-        "updated partition {}: compute {}% {} (was {}% {}){}",
+        "updated partition {}: {}{}",
         updated.name,
-        updated.compute_pct,
-        updated.compute_policy,
-        updated.previous_compute_pct,
-        updated.previous_compute_policy,
+        changes.join("; "),
         match updated.workloads.len() {
             0 => String::new(),
-            n => format!("; {n} running workload(s) follow within one period"),
+            n => format!("; {n} running workload(s) follow at their next allocation or launch"),
         }
     );
     Ok(())

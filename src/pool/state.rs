@@ -139,6 +139,18 @@ impl Pool {
         self.by_id.get(id).and_then(|seq| self.allocations.get(seq))
     }
 
+    /// Change the priority of workload `id`'s allocation (`vgpu update --priority`); false
+    /// if it has none. Settle afterwards: the change may let it preempt, or be preempted.
+    pub fn set_priority(&mut self, id: &str, priority: Priority) -> bool {
+        match self.by_id.get(id).and_then(|seq| self.allocations.get_mut(seq)) {
+            Some(a) => {
+                a.priority = priority;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Counts every change; a [`Plan`] is valid only for the generation it was made from.
     ///
     /// [`Plan`]: super::plan::Plan

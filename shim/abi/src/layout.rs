@@ -95,8 +95,11 @@ pub struct UsageHeader {
 pub struct DeviceRecord {
     /// The device UUID as NVML prints it (`GPU-…` or `MIG-…`), NUL-padded.
     pub uuid: [u8; MAX_UUID_LEN + 1],
-    /// The memory quota in bytes (limit). Fixed at creation.
-    pub quota_bytes: u64,
+    /// The memory quota in bytes (limit). Changed live by `vgpu update --mem` and `vgpu
+    /// partition update --mem` (`UsageFile::set_quota`): processes read it at every
+    /// reservation and every `cuMemGetInfo`/NVML answer, and a reservation re-reads it after
+    /// its compare-and-swap, so a lowered quota is never exceeded (`crate::usage`).
+    pub quota_bytes: AtomicU64,
     /// Bytes reserved by all processes of the vGPU: the shared counter. Changed only by the
     /// compare-and-swap loop of the reserve protocol, by releases, by reclaim and reconcile.
     pub used_bytes: AtomicU64,

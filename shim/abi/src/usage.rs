@@ -3,7 +3,9 @@
 //!
 //! Hot path (no lock, no allocation, no system call but `clock_gettime`):
 //! - [`UsageFile::try_reserve`]: one compare-and-swap loop on the device's `used_bytes`
-//!   checks the quota and adds in one atomic step; then the process's own record is raised.
+//!   checks the quota and adds in one atomic step, then re-reads the quota (which `vgpu
+//!   update --mem` may lower live: [`UsageFile::lower_quota`]) and undoes the step if it no
+//!   longer fits; then the process's own record is raised.
 //! - [`UsageFile::release`]: the reverse.
 //!
 //! Both are bracketed by the process's `ops_begun`/`ops_ended` counters, so anyone can tell
@@ -386,7 +388,40 @@ impl UsageFile {
     }
 
     pub fn quota_bytes(&self, index: usize) -> u64 {
-        self.limit(index).quota_bytes
+        self.limit(index).quota_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Change the memory quota of device `index` live. Root only (the limits file).
+    ///
+    /// Running processes see it at their next reservation and in `cuMemGetInfo`/NVML. A
+    /// lowered quota is safe against reservations in flight: [`UsageFile::try_reserve`]
+    /// re-reads the quota after its compare-and-swap and gives the bytes back if they no
+    /// longer fit, so once this store is done, any reservation whose compare-and-swap comes
+    /// later either fits the new quota or is undone (all `SeqCst`). What was reserved
+    /// before is in `used_bytes`: a caller that lowers the quota reads it after this store
+    /// and, finding it above the new quota, puts the old quota back
+    /// ([`UsageFile::lower_quota`] does both).
+    pub fn set_quota(&self, index: usize, bytes: u64) -> io::Result<()> {
+        self.check_limits_writable()?;
+        self.limit(index).quota_bytes.store(bytes, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Lower (or set) the quota of device `index` to `bytes` unless more than that is in use:
+    /// store the new quota, then read the shared counter; above the new quota (in use
+    /// before, or a reservation that slipped in between), the old quota goes back and the
+    /// use is returned as the error. Root only.
+    pub fn lower_quota(&self, index: usize, bytes: u64) -> io::Result<Result<(), u64>> {
+        self.check_limits_writable()?;
+        let limit = &self.limit(index).quota_bytes;
+        let old = limit.swap(bytes, Ordering::SeqCst);
+        let used = self.record(index).used_bytes.load(Ordering::SeqCst);
+        if used > bytes {
+            // Only a quota another root writer set in between is kept as it is.
+            let _ = limit.compare_exchange(bytes, old, Ordering::SeqCst, Ordering::SeqCst);
+            return Ok(Err(used));
+        }
+        Ok(Ok(()))
     }
 
     pub fn used_bytes(&self, index: usize) -> u64 {
@@ -534,7 +569,7 @@ impl UsageFile {
     pub fn try_reserve(&self, proc: &ProcFile, dev: usize, bytes: u64) -> Result<(), OverQuota> {
         debug_assert!(proc.is_writable());
         let total = self.record(dev);
-        let quota = self.limit(dev).quota_bytes;
+        let quota = self.limit(dev).quota_bytes.load(Ordering::SeqCst);
         let mine = proc.device(dev);
         let header = proc.header();
         header.ops_begun.fetch_add(1, Ordering::SeqCst);
@@ -551,6 +586,17 @@ impl UsageFile {
                 .compare_exchange_weak(current, next, Ordering::SeqCst, Ordering::SeqCst)
             {
                 Ok(_) => {
+                    // The quota may have been lowered since it was read: read again after
+                    // the compare-and-swap. A `set_quota` that this load does not see comes
+                    // after it, so its caller's read of the counter sees these bytes.
+                    let now = self.limit(dev).quota_bytes.load(Ordering::SeqCst);
+                    if next > now {
+                        saturating_sub(&total.used_bytes, bytes);
+                        break Err(OverQuota {
+                            quota_bytes: now,
+                            used_bytes: current,
+                        });
+                    }
                     let own = mine.used_bytes.fetch_add(bytes, Ordering::SeqCst).wrapping_add(bytes);
                     raise_peak(&mine.peak_bytes, own);
                     raise_peak(&total.peak_bytes, next);
@@ -851,7 +897,7 @@ fn layout_bytes(magic: [u8; 8], created_unix_ns: u64, devices: &[DeviceQuota], l
         let limit = |v: u32| if limits { v } else { 0 };
         let record = DeviceRecord {
             uuid,
-            quota_bytes: if limits { dev.quota_bytes } else { 0 },
+            quota_bytes: AtomicU64::new(if limits { dev.quota_bytes } else { 0 }),
             used_bytes: AtomicU64::new(0),
             peak_bytes: AtomicU64::new(0),
             compute_pct: AtomicU32::new(limit(dev.compute_pct)),

@@ -1,0 +1,253 @@
+//! Live resize, end to end through the real binary on the simulated driver (as root, real
+//! cgroups): `vgpu update --mem` and `vgpu partition update --mem` change a running vGPU's
+//! quota, which its shim-governed processes follow at their next allocation; a raise goes
+//! through admission and a cut below what is in use is refused, each changing nothing; and
+//! `vgpu update --priority` reaches the record and the limits file.
+
+mod common;
+#[path = "support/process.rs"]
+mod process;
+#[path = "support/workload.rs"]
+mod workload;
+
+use std::path::PathBuf;
+use std::process::Child;
+
+use common::{wait_for, Sim};
+use vgpu_abi::usage::UsageFile;
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+const ONE_GPU: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
+
+/// A workload whose shell runs gpu_workload processes on request: the test writes
+/// `cmd.N` ("hold MIB": allocate and keep it until `release.N` exists, `ready.N` once
+/// allocated; "try MIB": allocate and exit) and reads `rc.N`, each such process's exit status.
+struct Driven {
+    child: Child,
+    dir: PathBuf,
+    next: usize,
+}
+
+impl Driven {
+    fn start(sim: &Sim, name: &str, run_args: &[&str]) -> Driven {
+        let bin = workload::workload_bin().display().to_string();
+        let dir = sim.path(name);
+        std::fs::create_dir(&dir).unwrap();
+        let d = dir.display();
+        let script = format!(
+            "i=0; while [ ! -e {d}/done ]; do \
+               if [ -e {d}/cmd.$i ]; then read mode mib < {d}/cmd.$i; \
+                 if [ \"$mode\" = hold ]; then (\"{bin}\" idle 0.01 --alloc-mib $mib --ready {d}/ready.$i --go {d}/release.$i >/dev/null 2>&1; echo $? > {d}/rc.$i.t; mv {d}/rc.$i.t {d}/rc.$i) & \
+                 else \"{bin}\" idle 0.01 --alloc-mib $mib >/dev/null 2>{d}/err.$i; echo $? > {d}/rc.$i.t; mv {d}/rc.$i.t {d}/rc.$i; fi; \
+                 i=$((i+1)); \
+               fi; sleep 0.02; \
+             done; wait"
+        );
+        let mut args = vec!["run", "--name", name];
+        args.extend_from_slice(run_args);
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let child = sim.spawn(&args);
+        wait_for(&format!("workload {name} to run"), || {
+            ps(sim).iter().any(|w| w["name"] == name && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty())
+        });
+        Driven { child, dir, next: 0 }
+    }
+
+    fn send(&mut self, line: &str) -> usize {
+        let n = self.next;
+        self.next += 1;
+        let tmp = self.dir.join("cmd.tmp");
+        std::fs::write(&tmp, format!("{line}\n")).unwrap();
+        std::fs::rename(&tmp, self.dir.join(format!("cmd.{n}"))).unwrap();
+        n
+    }
+
+    fn rc(&self, n: usize) -> i32 {
+        let path = self.dir.join(format!("rc.{n}"));
+        wait_for(&format!("{}", path.display()), || path.exists());
+        std::fs::read_to_string(&path).unwrap().trim().parse().unwrap()
+    }
+
+    /// Whether a new process of the workload can allocate `mib` MiB (it exits at once); a
+    /// failure must be the quota's (out of memory).
+    fn can_allocate(&mut self, mib: u64) -> bool {
+        let n = self.send(&format!("try {mib}"));
+        if self.rc(n) == 0 {
+            return true;
+        }
+        let err = std::fs::read_to_string(self.dir.join(format!("err.{n}"))).unwrap_or_default();
+        assert!(err.contains("cuMemAlloc") && err.contains("OUT_OF_MEMORY"), "not refused by the quota: {err}");
+        false
+    }
+
+    /// A process that allocates `mib` MiB and keeps it; the handle releases it.
+    fn hold(&mut self, mib: u64) -> usize {
+        let n = self.send(&format!("hold {mib}"));
+        let ready = self.dir.join(format!("ready.{n}"));
+        let rc = self.dir.join(format!("rc.{n}"));
+        wait_for("the holder's allocation", || ready.exists() || rc.exists());
+        assert!(ready.exists(), "the holder of {mib} MiB failed");
+        n
+    }
+
+    fn release(&self, n: usize) {
+        std::fs::write(self.dir.join(format!("release.{n}")), b"").unwrap();
+        assert_eq!(self.rc(n), 0);
+    }
+
+    fn stop(mut self) {
+        std::fs::write(self.dir.join("done"), b"").unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+fn ps(sim: &Sim) -> Vec<serde_json::Value> {
+    sim.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
+}
+
+fn row(sim: &Sim, name: &str) -> serde_json::Value {
+    ps(sim).into_iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("no workload {name} in ps"))
+}
+
+fn quota(sim: &Sim, vgpu: &str) -> u64 {
+    UsageFile::open(&sim.path(&format!("run/vgpus/{vgpu}/usage"))).expect("the vGPU's usage file").quota_bytes(0)
+}
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The store's files, for "nothing changed" checks.
+fn snapshot(sim: &Sim) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<(PathBuf, Vec<u8>)> = common::files_below(&sim.path("run/workloads"))
+        .into_iter()
+        .chain(common::files_below(&sim.path("lib")))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn update_mem_raises_through_admission_and_lowers_down_to_what_is_used() {
+    let sim = Sim::new(ONE_GPU);
+    let mut w = Driven::start(&sim, "train", &["--gpu", "0", "--mem", "1G"]);
+    let other = Driven::start(&sim, "other", &["--gpu", "0", "--mem", "12G"]);
+    let id = row(&sim, "train")["id"].as_str().unwrap().to_string();
+    assert!(!w.can_allocate(1536), "1.5 GiB within a 1 GiB quota");
+
+    // Raised: a new process of it can, and ps and the limits file say 2 GiB.
+    let out = sim.vgpu(&["update", &id[..4], "--mem", "2G"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(line.trim(), format!("updated train ({id}): memory on GPU 0 1 GiB → 2 GiB"));
+    assert_eq!(quota(&sim, &id), 2 * GIB);
+    assert_eq!(row(&sim, "train")["gpus"][0]["mem_quota"], 2 * GIB);
+    assert!(w.can_allocate(1536), "1.5 GiB within a 2 GiB quota");
+
+    // Beyond what admission allows (16 GiB - 12 GiB held by the other): refused, naming the
+    // holder; nothing changed.
+    let before = snapshot(&sim);
+    let out = sim.vgpu(&["update", "train", "--mem", "5G"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("does not fit on GPU 0") && err.contains("workload other") && err.contains("12 GiB"), "{err}");
+    assert_eq!(snapshot(&sim), before);
+    assert_eq!(quota(&sim, &id), 2 * GIB);
+    // Up to what is left is fine, as a percentage too (25% of 16 GiB).
+    let out = sim.json(&["update", "train", "--mem", "25%", "--json"]);
+    assert_eq!(out[0]["gpus"][0]["mem_bytes"], 4 * GIB);
+    assert_eq!(out[0]["gpus"][0]["previous_mem_bytes"], 2 * GIB);
+    assert_eq!(quota(&sim, &id), 4 * GIB);
+
+    // Below what is in use: refused with both figures, nothing changed.
+    let held = w.hold(1536);
+    let before = snapshot(&sim);
+    let out = sim.vgpu(&["update", "train", "--mem", "1G"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(err.contains("to 1 GiB") && err.contains("1.50 GiB is in use"), "{err}");
+    assert_eq!(snapshot(&sim), before);
+    assert_eq!(quota(&sim, &id), 4 * GIB);
+
+    // Above what is in use: done, and the shim refuses what passes the new quota.
+    sim.vgpu(&["update", "train", "--mem", "2G"]).assert().success();
+    assert_eq!(quota(&sim, &id), 2 * GIB);
+    assert!(!w.can_allocate(768), "1.5 GiB held + 768 MiB over a 2 GiB quota");
+    assert!(w.can_allocate(256));
+    w.release(held);
+
+    // A bad id among good ones changes nothing; so does a usage error.
+    let before = snapshot(&sim);
+    sim.vgpu(&["update", "train", "nosuch", "--mem", "3G"]).assert().failure();
+    sim.vgpu(&["update", "train", "--mem", "0"]).assert().code(2);
+    assert_eq!(snapshot(&sim), before);
+    assert_eq!(quota(&sim, &id), 2 * GIB);
+    w.stop();
+    other.stop();
+}
+
+#[test]
+fn partition_update_mem_resizes_its_shared_vgpu() {
+    let sim = Sim::new(ONE_GPU);
+    sim.vgpu(&["partition", "create", "team", "--gpu", "0", "--mem", "1G"]).assert().success();
+    sim.vgpu(&["partition", "create", "big", "--gpu", "0", "--mem", "12G"]).assert().success();
+    let mut w = Driven::start(&sim, "member", &["--partition", "team"]);
+    let id = row(&sim, "member")["id"].as_str().unwrap().to_string();
+    assert!(!w.can_allocate(1536));
+
+    // A workload in a partition is resized through its partition.
+    let out = sim.vgpu(&["update", &id, "--mem", "2G"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).contains("vgpu partition update team"), "{}", stderr_of(&out));
+
+    let out = sim.vgpu(&["partition", "update", "team", "--mem", "2G"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("updated partition team: memory on GPU 0 1 GiB → 2 GiB"));
+    assert_eq!(quota(&sim, "p-team"), 2 * GIB);
+    assert_eq!(row(&sim, "member")["gpus"][0]["mem_quota"], 2 * GIB);
+    let listed = sim.json(&["partition", "list", "--json"]);
+    assert_eq!(listed.as_array().unwrap().iter().find(|p| p["name"] == "team").unwrap()["mem_bytes"], 2 * GIB);
+    assert!(w.can_allocate(1536));
+
+    // Past admission: refused naming the other partition; below use: both figures.
+    let before = snapshot(&sim);
+    let out = sim.vgpu(&["partition", "update", "team", "--mem", "5G"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("partition big 12 GiB"), "{}", stderr_of(&out));
+    let held = w.hold(1536);
+    let out = sim.vgpu(&["partition", "update", "team", "--mem", "1G"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("1.50 GiB is in use"), "{}", stderr_of(&out));
+    assert_eq!(snapshot(&sim), before);
+    assert_eq!(quota(&sim, "p-team"), 2 * GIB);
+
+    // Above use: done, and the shim holds the new line.
+    sim.vgpu(&["partition", "update", "team", "--mem", "1792M"]).assert().success();
+    assert_eq!(quota(&sim, "p-team"), 1792 * MIB);
+    assert!(!w.can_allocate(512));
+    assert!(w.can_allocate(128));
+    w.release(held);
+    w.stop();
+}
+
+#[test]
+fn update_priority_reaches_ps_and_the_limits_file() {
+    let sim = Sim::new(ONE_GPU);
+    let w = Driven::start(&sim, "prio", &["--gpu", "0", "--mem", "1G", "--priority", "40"]);
+    let id = row(&sim, "prio")["id"].as_str().unwrap().to_string();
+    let out = sim.vgpu(&["update", "prio", "--priority", "90"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("updated prio ({id}): priority 40 → 90"));
+    assert_eq!(row(&sim, "prio")["priority"], 90);
+    let usage = UsageFile::open(&sim.path(&format!("run/vgpus/{id}/usage"))).unwrap();
+    assert_eq!(usage.priority(0), 90);
+    sim.vgpu(&["update", "prio", "--priority", "101"]).assert().code(2);
+    assert_eq!(row(&sim, "prio")["priority"], 90);
+    w.stop();
+}

@@ -251,3 +251,33 @@ fn update_priority_reaches_ps_and_the_limits_file() {
     assert_eq!(row(&sim, "prio")["priority"], 90);
     w.stop();
 }
+
+#[test]
+fn update_priority_reaches_the_pool_allocation_and_settles_the_pool() {
+    let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
+    sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 0.5\n\n[[pool.device]]\nkind = \"npu\"\nname = \"sim-npu\"\ntflops = 10\nenv = \"SIM_NPU_VISIBLE\"\n");
+    let state = |name: &str| ps(&sim).into_iter().find(|w| w["name"] == name).map(|w| w["state"].as_str().unwrap_or("").to_string());
+    let mut holder = sim.spawn(&["run", "--tflops", "10", "--kind", "npu", "--priority", "20", "--name", "holder", "--", "sleep", "60"]);
+    wait_for("holder", || state("holder").as_deref() == Some("running"));
+    let marker = sim.path("waiter-ran");
+    let mut waiter = sim.spawn(&["run", "--tflops", "4", "--kind", "npu", "--priority", "20", "--wait", "--name", "waiter", "--", "touch", marker.to_str().unwrap()]);
+    wait_for("the waiter to queue", || state("waiter").as_deref() == Some("waiting"));
+
+    // A waiting workload's priority can change: raised above the holder's, it preempts it.
+    let out = sim.vgpu(&["update", "waiter", "--priority", "90"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let pool = sim.json(&["pool", "--json"]);
+    let priority_of = |pool: &serde_json::Value, name: &str| {
+        pool["allocations"].as_array().unwrap().iter().find(|a| a["name"] == name).map(|a| a["priority"].clone())
+    };
+    assert!(matches!(priority_of(&pool, "waiter"), Some(p) if p == 90) || marker.exists(), "{pool}");
+    assert!(waiter.wait().unwrap().success());
+    assert!(marker.exists(), "the waiter ran once its priority let it preempt");
+    wait_for("the holder to run again", || state("holder").as_deref() == Some("running"));
+    // The holder's own priority: in ps and in its allocation.
+    sim.vgpu(&["update", "holder", "--priority", "60"]).assert().success();
+    assert_eq!(row(&sim, "holder")["priority"], 60);
+    assert_eq!(priority_of(&sim.json(&["pool", "--json"]), "holder"), Some(serde_json::json!(60)));
+    sim.vgpu(&["kill", "--signal", "KILL", "holder"]).assert().success();
+    holder.wait().unwrap();
+}

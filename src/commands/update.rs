@@ -202,7 +202,8 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         }
         if let Some(p) = priority {
             w.priority = p.get();
-            if w.pool_blocks.is_some() {
+            // A pool workload holds blocks, or waits for them (no blocks recorded yet).
+            if w.pool_blocks.is_some() || w.state == WorkloadState::Waiting {
                 pool_changed |= set_pool_priority(&store, &w.id, p)?;
             }
         }

@@ -253,8 +253,22 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         None => None,
     };
     let quotas: Vec<crate::resize::QuotaChange> = quota.into_iter().collect();
+    // partitions.json never reserves less than the limits file allows (crash safety without
+    // an intent): a raise is saved first, a cut after the limits file took it.
+    if let Some(q) = quotas.first().filter(|q| q.mem_bytes > q.previous_mem_bytes) {
+        let mut raised = parts.clone();
+        raised.partitions[pos].mem_bytes = q.mem_bytes;
+        raised.save(&store.partitions_path())?;
+    }
     if let Some(usage) = &usage {
-        crate::resize::apply(&format!("partition {}", before.name), usage, &quotas)?;
+        if let Err(e) = crate::resize::apply(&format!("partition {}", before.name), usage, &quotas) {
+            if quotas.iter().any(|q| q.mem_bytes > q.previous_mem_bytes) {
+                if let Err(undo) = parts.save(&store.partitions_path()) {
+                    tracing::warn!("could not put back partition {}'s memory in partitions.json: {undo}", before.name);
+                }
+            }
+            return Err(e.into());
+        }
     }
     let after = {
         let p = &mut parts.partitions[pos];

@@ -169,17 +169,46 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         targets.push(Target { workload: w.clone(), usage: Some(usage), quotas });
     }
 
-    // The quotas first, all or none: a cut that a reservation overtook undoes them all.
-    for (n, t) in targets.iter().enumerate() {
-        let Some(usage) = &t.usage else { continue };
-        if let Err(e) = resize::apply(&resize::workload_name(&t.workload), usage, &t.quotas) {
-            for done in &targets[..n] {
-                if let Some(u) = &done.usage {
-                    resize::undo(u, &done.quotas);
-                }
+    // Crash safety without an intent: a record never reserves less than its limits file
+    // allows. So a raise is recorded first (the larger of the two quotas per GPU), then
+    // the quotas are written, all or none (a cut that a reservation overtook undoes them
+    // all, and the records go back), then the records get their final figures below.
+    let mut raised: Vec<&Workload> = Vec::new();
+    let mut result = Ok(());
+    for t in targets.iter().filter(|t| t.quotas.iter().any(|q| q.mem_bytes > q.previous_mem_bytes)) {
+        let mut w = t.workload.clone();
+        for g in &mut w.gpus {
+            if let Some(q) = t.quotas.iter().find(|q| q.uuid == g.uuid) {
+                g.mem_bytes = q.mem_bytes.max(q.previous_mem_bytes);
             }
-            return Err(resize_error(e));
         }
+        result = store.write_workload(&w).map_err(anyhow::Error::from);
+        if result.is_err() {
+            break;
+        }
+        raised.push(&t.workload);
+    }
+    if result.is_ok() {
+        for (n, t) in targets.iter().enumerate() {
+            let Some(usage) = &t.usage else { continue };
+            if let Err(e) = resize::apply(&resize::workload_name(&t.workload), usage, &t.quotas) {
+                for done in &targets[..n] {
+                    if let Some(u) = &done.usage {
+                        resize::undo(u, &done.quotas);
+                    }
+                }
+                result = Err(resize_error(e));
+                break;
+            }
+        }
+    }
+    if let Err(e) = result {
+        for w in raised {
+            if let Err(undo) = store.write_workload(w) {
+                tracing::warn!("could not put back the record of {}: {undo}", resize::workload_name(w));
+            }
+        }
+        return Err(e);
     }
 
     let change = LiveChange { compute_pct: args.compute, policy: args.compute_policy };

@@ -52,6 +52,15 @@ impl ResizeError {
     pub fn is_usage(&self) -> bool {
         matches!(self, ResizeError::InPartition { .. } | ResizeError::NoGpu { .. })
     }
+
+    /// As the CLI reports it: a usage error (exit 2) or a refusal (exit 1).
+    pub fn into_cli(self) -> anyhow::Error {
+        if self.is_usage() {
+            crate::error::UsageError::new(self.to_string()).into()
+        } else {
+            self.into()
+        }
+    }
 }
 
 /// One device's quota change in one vGPU.

@@ -242,13 +242,7 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     let quota = match mem {
         Some(spec) => {
             let damaged = crate::state::damaged::damaged_records(&damaged);
-            Some(crate::resize::plan_partition(&before, spec, &devices, &workloads, &parts.partitions, &damaged, usage.as_ref()).map_err(|e| {
-                if e.is_usage() {
-                    anyhow::Error::from(UsageError::new(e.to_string()))
-                } else {
-                    anyhow::Error::from(e)
-                }
-            })?)
+            Some(crate::resize::plan_partition(&before, spec, &devices, &workloads, &parts.partitions, &damaged, usage.as_ref()).map_err(crate::resize::ResizeError::into_cli)?)
         }
         None => None,
     };
@@ -267,7 +261,7 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
                     tracing::warn!("could not put back partition {}'s memory in partitions.json: {undo}", before.name);
                 }
             }
-            return Err(e.into());
+            return Err(e.into_cli());
         }
     }
     let after = {

@@ -78,14 +78,6 @@ struct Target {
     quotas: Vec<QuotaChange>,
 }
 
-fn resize_error(e: ResizeError) -> anyhow::Error {
-    if e.is_usage() {
-        UsageError::new(e.to_string()).into()
-    } else {
-        anyhow::Error::from(e)
-    }
-}
-
 pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu update must run as root (through sudo): it changes the limits of running workloads");
@@ -158,7 +150,7 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
             anyhow::bail!("{}: only root can change a vGPU's limits", path.display());
         }
         let quotas = match mem {
-            Some(spec) => resize::plan_workload(w, spec, &devices, &view, &partitions, &damaged, &usage).map_err(resize_error)?,
+            Some(spec) => resize::plan_workload(w, spec, &devices, &view, &partitions, &damaged, &usage).map_err(ResizeError::into_cli)?,
             None => Vec::new(),
         };
         if let Some(planned) = view.iter_mut().find(|o| o.id == w.id) {
@@ -197,7 +189,7 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
                         resize::undo(u, &done.quotas);
                     }
                 }
-                result = Err(resize_error(e));
+                result = Err(e.into_cli());
                 break;
             }
         }

@@ -33,7 +33,7 @@ impl Held {
         args.extend_from_slice(&["--", "sh", "-c", &script]);
         let child = sim.spawn(&args);
         wait_for(&format!("workload {name} to run"), || {
-            ps(sim).iter().any(|w| w["name"] == name && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty())
+            sim.ps().iter().any(|w| w["name"] == name && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty())
         });
         Held { child, done }
     }
@@ -42,14 +42,6 @@ impl Held {
         std::fs::write(&self.done, b"").unwrap();
         assert!(self.child.wait().unwrap().success());
     }
-}
-
-fn ps(sim: &Sim) -> Vec<serde_json::Value> {
-    sim.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
-}
-
-fn row(sim: &Sim, name: &str) -> serde_json::Value {
-    ps(sim).into_iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("no workload {name} in ps"))
 }
 
 fn usage_of(sim: &Sim, vgpu: &str) -> UsageFile {
@@ -69,7 +61,7 @@ fn record(sim: &Sim, id: &str) -> serde_json::Value {
 fn run_puts_share_policy_and_priority_in_the_usage_file_and_makes_the_board() {
     let sim = Sim::new(TWO_GPUS);
     let held = Held::start(&sim, "fair30", &["--gpu", "1", "--mem", "1G", "--compute", "30", "--compute-policy", "fair", "--priority", "70"]);
-    let w = row(&sim, "fair30");
+    let w = sim.row("fair30");
     let id = w["id"].as_str().unwrap();
     let usage = usage_of(&sim, id);
     let devices = usage.devices();
@@ -106,7 +98,7 @@ fn the_config_policy_is_the_default_and_the_flag_wins() {
     sim.write_vgpu_config("[compute]\npolicy = \"fair\"\n");
     let by_config = Held::start(&sim, "byconfig", &["--gpu", "0", "--mem", "1G", "--compute", "40"]);
     let by_flag = Held::start(&sim, "byflag", &["--gpu", "1", "--mem", "1G", "--compute", "40", "--compute-policy", "strict"]);
-    let id = |name: &str| row(&sim, name)["id"].as_str().unwrap().to_string();
+    let id = |name: &str| sim.row(name)["id"].as_str().unwrap().to_string();
     assert_eq!(shares(&usage_of(&sim, &id("byconfig"))), [(40, Policy::Fair)]);
     assert_eq!(shares(&usage_of(&sim, &id("byflag"))), [(40, Policy::Strict)]);
     by_config.stop();
@@ -134,14 +126,14 @@ fn a_bad_config_policy_is_an_error_naming_the_key() {
 fn update_changes_a_running_workloads_share_live() {
     let sim = Sim::new(TWO_GPUS);
     let held = Held::start(&sim, "both", &["--gpu", "0", "--gpu", "1", "--mem", "1G", "--compute", "30"]);
-    let id = row(&sim, "both")["id"].as_str().unwrap().to_string();
+    let id = sim.row("both")["id"].as_str().unwrap().to_string();
     let usage = usage_of(&sim, &id);
     assert_eq!(shares(&usage), [(30, Policy::Strict), (30, Policy::Strict)]);
 
     sim.vgpu(&["update", &id[..4], "--compute", "60"]).assert().success().stdout(predicate::str::contains("compute 60%,60% strict (was 30%,30% strict)"));
     // The same mapping sees the change: this is what the running shim reads.
     assert_eq!(shares(&usage), [(60, Policy::Strict), (60, Policy::Strict)]);
-    let w = row(&sim, "both");
+    let w = sim.row("both");
     assert_eq!(w["compute_pct"], 60);
     assert_eq!(w["gpus"][0]["compute_pct"], 60);
     assert_eq!(w["gpus"][1]["compute_pct"], 60);
@@ -155,7 +147,7 @@ fn update_changes_a_running_workloads_share_live() {
     assert_eq!(out[0]["gpus"][0]["compute_pct"], 60);
     assert_eq!(out[0]["gpus"][0]["previous_compute_pct"], 60);
     assert_eq!(shares(&usage), [(60, Policy::Fair), (60, Policy::Fair)]);
-    assert_eq!(row(&sim, "both")["compute_policy"], "fair");
+    assert_eq!(sim.row("both")["compute_policy"], "fair");
     assert_eq!(record(&sim, &id)["compute_policy"], "fair");
     held.stop();
 }
@@ -166,7 +158,7 @@ fn update_refuses_bad_requests_and_changes_nothing() {
     sim.vgpu(&["partition", "create", "svc", "--gpu", "1", "--mem", "2G", "--compute", "50"]).assert().success();
     let mine = Held::start(&sim, "mine", &["--gpu", "0", "--mem", "1G", "--compute", "30"]);
     let inpart = Held::start(&sim, "inpart", &["--partition", "svc"]);
-    let id = row(&sim, "mine")["id"].as_str().unwrap().to_string();
+    let id = sim.row("mine")["id"].as_str().unwrap().to_string();
     let record_path = sim.path(&format!("run/workloads/{id}.json"));
     let before = std::fs::read(&record_path).unwrap();
     let usage = usage_of(&sim, &id);
@@ -190,8 +182,8 @@ fn update_refuses_bad_requests_and_changes_nothing() {
     }
     assert_eq!(shares(&usage), [(30, Policy::Strict)]);
     assert_eq!(std::fs::read(&record_path).unwrap(), before, "a refused update changed the record");
-    let pid = row(&sim, "inpart")["id"].as_str().unwrap().to_string();
-    assert_eq!(row(&sim, "inpart")["compute_pct"], 50);
+    let pid = sim.row("inpart")["id"].as_str().unwrap().to_string();
+    assert_eq!(sim.row("inpart")["compute_pct"], 50);
     assert_eq!(record(&sim, &pid)["gpus"][0]["compute_pct"], 50);
 
     // Not root: one clear line, nothing changed.
@@ -235,7 +227,7 @@ fn partition_update_changes_the_definition_and_the_live_vgpu() {
     assert_eq!(std::fs::metadata(&slot).unwrap().permissions().mode() & 0o7777, 0o644, "a root-only partition's slot");
     let usage = usage_of(&sim, "p-svc");
     assert_eq!(shares(&usage), [(40, Policy::Fair)]);
-    let w = row(&sim, "server");
+    let w = sim.row("server");
     assert_eq!((w["compute_pct"].clone(), w["compute_policy"].clone()), (40.into(), "fair".into()));
 
     // While it runs: live.
@@ -243,7 +235,7 @@ fn partition_update_changes_the_definition_and_the_live_vgpu() {
     assert_eq!(out["live"], true);
     assert_eq!(out["workloads"][0], w["id"]);
     assert_eq!(shares(&usage), [(70, Policy::Strict)]);
-    let w = row(&sim, "server");
+    let w = sim.row("server");
     assert_eq!((w["compute_pct"].clone(), w["compute_policy"].clone()), (70.into(), "strict".into()));
     let list = sim.json(&["partition", "list", "--json"]);
     assert_eq!((list[0]["compute_pct"].clone(), list[0]["compute_policy"].clone()), (70.into(), "strict".into()));
@@ -265,7 +257,7 @@ fn partition_update_changes_the_definition_and_the_live_vgpu() {
 fn ps_shows_the_measured_share_and_gpu_time() {
     let sim = Sim::new(TWO_GPUS);
     let held = Held::start(&sim, "busy", &["--gpu", "0", "--mem", "1G", "--compute", "30"]);
-    let w = row(&sim, "busy");
+    let w = sim.row("busy");
     let id = w["id"].as_str().unwrap().to_string();
     let pid = w["pids"][0].as_u64().unwrap() as u32;
     let usage = usage_of(&sim, &id);
@@ -280,7 +272,7 @@ fn ps_shows_the_measured_share_and_gpu_time() {
     let proc = usage.register(ProcessId { pid, start_time: start_time(pid).unwrap() }).unwrap();
     usage.charge_process(&proc, 0, 1_500_000_000);
 
-    let w = row(&sim, "busy");
+    let w = sim.row("busy");
     assert_eq!(w["compute_pct"], 30);
     assert_eq!(w["compute_measured_pct"], 28.0);
     assert_eq!(w["gpu_time_ns"], 3_000_000_000u64);
@@ -299,7 +291,7 @@ fn ps_shows_the_measured_share_and_gpu_time() {
 
     // Idle again (the window went stale): no measured share, shown as "-".
     ledger.last_window_end_ns.store(1, std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(row(&sim, "busy")["compute_measured_pct"], serde_json::Value::Null);
+    assert_eq!(sim.row("busy")["compute_measured_pct"], serde_json::Value::Null);
     held.stop();
 }
 
@@ -308,7 +300,7 @@ fn a_pool_workloads_share_follows_its_blocks_and_only_its_policy_updates() {
     let sim = Sim::new(TWO_GPUS);
     sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA A16-sim\" = 10\n");
     let held = Held::start(&sim, "pooled", &["--tflops", "3", "--compute-policy", "fair", "--priority", "80"]);
-    let w = row(&sim, "pooled");
+    let w = sim.row("pooled");
     let id = w["id"].as_str().unwrap().to_string();
     let usage = usage_of(&sim, &id);
     // 3 of the GPU's 10 blocks: 30 %.

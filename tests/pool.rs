@@ -21,6 +21,20 @@ fn spawn(sim: &Sim, args: &[&str]) -> Child {
     sim.spawn(args)
 }
 
+/// Workload `low` (`vgpu run ARGS --name low`), a shell counting into a file as fast as it
+/// can, once it has counted to 100; and how far it has counted.
+fn counting(sim: &Sim, args: &[&str]) -> (Child, impl Fn() -> u64) {
+    let counter = sim.path("counter");
+    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
+    let mut argv = vec!["run"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--name", "low", "--", "sh", "-c", &script]);
+    let low = spawn(sim, &argv);
+    let read = move || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+    wait_for("low to make progress", || read() > 100);
+    (low, read)
+}
+
 fn ranges_of(pool: &Value, name: &str) -> Value {
     pool["allocations"].as_array().unwrap().iter().find(|a| a["name"] == name).map(|a| a["ranges"].clone()).unwrap_or(Value::Null)
 }
@@ -114,11 +128,7 @@ fn bad_pool_requests_are_usage_errors_and_allocate_nothing() {
 #[test]
 fn preemption_suspends_lower_priority_work_and_resumes_it() {
     let sim = ten_block_pool();
-    let counter = sim.path("counter");
-    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
-    let mut low = spawn(&sim, &["run", "--tflops", "8", "--kind", "npu", "--priority", "10", "--name", "low", "--", "sh", "-c", &script]);
-    let read = || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
-    wait_for("low to make progress", || read() > 100);
+    let (mut low, read) = counting(&sim, &["--tflops", "8", "--kind", "npu", "--priority", "10"]);
 
     // Equal or lower priority cannot preempt: refused, naming the holder.
     sim.vgpu(&["run", "--tflops", "5", "--kind", "npu", "--priority", "10", "--", "true"])
@@ -170,11 +180,7 @@ fn waiting_request_starts_when_blocks_free_up() {
 #[test]
 fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
     let sim = ten_block_pool();
-    let counter = sim.path("counter");
-    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
-    let mut low = spawn(&sim, &["run", "--tflops", "8", "--kind", "npu", "--priority", "10", "--name", "low", "--", "sh", "-c", &script]);
-    let read = || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
-    wait_for("low to make progress", || read() > 100);
+    let (mut low, read) = counting(&sim, &["--tflops", "8", "--kind", "npu", "--priority", "10"]);
     let row = sim.json(&["ps", "--json"])[0].clone();
     let (id, pids) = (row["id"].as_str().unwrap().to_string(), row["pids"].as_array().unwrap().clone());
     assert_eq!(pids.len(), 1, "{row}");
@@ -211,11 +217,7 @@ fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
 fn a_preemption_that_cannot_serve_the_memory_freezes_nobody() {
     let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
     sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 10\n");
-    let counter = sim.path("counter");
-    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
-    let mut low = spawn(&sim, &["run", "--tflops", "8", "--priority", "1", "--name", "low", "--", "sh", "-c", &script]);
-    let read = || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
-    wait_for("low to make progress", || read() > 100);
+    let (mut low, read) = counting(&sim, &["--tflops", "8", "--priority", "1"]);
     let low_row = sim.json(&["ps", "--json"])[0].clone();
     assert_eq!(low_row["gpus"][0]["mem_quota"].as_u64(), Some((24u64 << 30) * 8 / 10), "{low_row}");
     let out = sim

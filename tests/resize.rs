@@ -49,7 +49,7 @@ impl Driven {
         args.extend_from_slice(&["--", "sh", "-c", &script]);
         let child = sim.spawn(&args);
         wait_for(&format!("workload {name} to run"), || {
-            ps(sim).iter().any(|w| w["name"] == name && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty())
+            sim.ps().iter().any(|w| w["name"] == name && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty())
         });
         Driven { child, dir, next: 0 }
     }
@@ -102,14 +102,6 @@ impl Driven {
     }
 }
 
-fn ps(sim: &Sim) -> Vec<serde_json::Value> {
-    sim.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
-}
-
-fn row(sim: &Sim, name: &str) -> serde_json::Value {
-    ps(sim).into_iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("no workload {name} in ps"))
-}
-
 fn quota(sim: &Sim, vgpu: &str) -> u64 {
     UsageFile::open(&sim.path(&format!("run/vgpus/{vgpu}/usage"))).expect("the vGPU's usage file").quota_bytes(0)
 }
@@ -138,7 +130,7 @@ fn update_mem_raises_through_admission_and_lowers_down_to_what_is_used() {
     let sim = Sim::new(ONE_GPU);
     let mut w = Driven::start(&sim, "train", &["--gpu", "0", "--mem", "1G"]);
     let other = Driven::start(&sim, "other", &["--gpu", "0", "--mem", "12G"]);
-    let id = row(&sim, "train")["id"].as_str().unwrap().to_string();
+    let id = sim.row("train")["id"].as_str().unwrap().to_string();
     assert!(!w.can_allocate(1536), "1.5 GiB within a 1 GiB quota");
 
     // Raised: a new process of it can, and ps and the limits file say 2 GiB.
@@ -147,7 +139,7 @@ fn update_mem_raises_through_admission_and_lowers_down_to_what_is_used() {
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(line.trim(), format!("updated train ({id}): memory on GPU 0 1 GiB → 2 GiB"));
     assert_eq!(quota(&sim, &id), 2 * GIB);
-    assert_eq!(row(&sim, "train")["gpus"][0]["mem_quota"], 2 * GIB);
+    assert_eq!(sim.row("train")["gpus"][0]["mem_quota"], 2 * GIB);
     assert!(w.can_allocate(1536), "1.5 GiB within a 2 GiB quota");
 
     // Beyond what admission allows (16 GiB - 12 GiB held by the other): refused, naming the
@@ -198,7 +190,7 @@ fn partition_update_mem_resizes_its_shared_vgpu() {
     sim.vgpu(&["partition", "create", "team", "--gpu", "0", "--mem", "1G"]).assert().success();
     sim.vgpu(&["partition", "create", "big", "--gpu", "0", "--mem", "12G"]).assert().success();
     let mut w = Driven::start(&sim, "member", &["--partition", "team"]);
-    let id = row(&sim, "member")["id"].as_str().unwrap().to_string();
+    let id = sim.row("member")["id"].as_str().unwrap().to_string();
     assert!(!w.can_allocate(1536));
 
     // A workload in a partition is resized through its partition.
@@ -210,7 +202,7 @@ fn partition_update_mem_resizes_its_shared_vgpu() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("updated partition team: memory on GPU 0 1 GiB → 2 GiB"));
     assert_eq!(quota(&sim, "p-team"), 2 * GIB);
-    assert_eq!(row(&sim, "member")["gpus"][0]["mem_quota"], 2 * GIB);
+    assert_eq!(sim.row("member")["gpus"][0]["mem_quota"], 2 * GIB);
     let listed = sim.json(&["partition", "list", "--json"]);
     assert_eq!(listed.as_array().unwrap().iter().find(|p| p["name"] == "team").unwrap()["mem_bytes"], 2 * GIB);
     assert!(w.can_allocate(1536));
@@ -240,15 +232,15 @@ fn partition_update_mem_resizes_its_shared_vgpu() {
 fn update_priority_reaches_ps_and_the_limits_file() {
     let sim = Sim::new(ONE_GPU);
     let w = Driven::start(&sim, "prio", &["--gpu", "0", "--mem", "1G", "--priority", "40"]);
-    let id = row(&sim, "prio")["id"].as_str().unwrap().to_string();
+    let id = sim.row("prio")["id"].as_str().unwrap().to_string();
     let out = sim.vgpu(&["update", "prio", "--priority", "90"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("updated prio ({id}): priority 40 → 90"));
-    assert_eq!(row(&sim, "prio")["priority"], 90);
+    assert_eq!(sim.row("prio")["priority"], 90);
     let usage = UsageFile::open(&sim.path(&format!("run/vgpus/{id}/usage"))).unwrap();
     assert_eq!(usage.priority(0), 90);
     sim.vgpu(&["update", "prio", "--priority", "101"]).assert().code(2);
-    assert_eq!(row(&sim, "prio")["priority"], 90);
+    assert_eq!(sim.row("prio")["priority"], 90);
     w.stop();
 }
 
@@ -256,7 +248,7 @@ fn update_priority_reaches_ps_and_the_limits_file() {
 fn update_priority_reaches_the_pool_allocation_and_settles_the_pool() {
     let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
     sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 0.5\n\n[[pool.device]]\nkind = \"npu\"\nname = \"sim-npu\"\ntflops = 10\nenv = \"SIM_NPU_VISIBLE\"\n");
-    let state = |name: &str| ps(&sim).into_iter().find(|w| w["name"] == name).map(|w| w["state"].as_str().unwrap_or("").to_string());
+    let state = |name: &str| sim.ps().into_iter().find(|w| w["name"] == name).map(|w| w["state"].as_str().unwrap_or("").to_string());
     let mut holder = sim.spawn(&["run", "--tflops", "10", "--kind", "npu", "--priority", "20", "--name", "holder", "--", "sleep", "60"]);
     wait_for("holder", || state("holder").as_deref() == Some("running"));
     let marker = sim.path("waiter-ran");
@@ -276,7 +268,7 @@ fn update_priority_reaches_the_pool_allocation_and_settles_the_pool() {
     wait_for("the holder to run again", || state("holder").as_deref() == Some("running"));
     // The holder's own priority: in ps and in its allocation.
     sim.vgpu(&["update", "holder", "--priority", "60"]).assert().success();
-    assert_eq!(row(&sim, "holder")["priority"], 60);
+    assert_eq!(sim.row("holder")["priority"], 60);
     assert_eq!(priority_of(&sim.json(&["pool", "--json"]), "holder"), Some(serde_json::json!(60)));
     sim.vgpu(&["kill", "--signal", "KILL", "holder"]).assert().success();
     holder.wait().unwrap();

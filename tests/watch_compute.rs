@@ -103,14 +103,6 @@ fn share(kernels: u64) -> f64 {
     kernels as f64 * KERNEL_MS / WINDOW_MS * 100.0
 }
 
-fn ps(sim: &Sim) -> Vec<Value> {
-    sim.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
-}
-
-fn row(sim: &Sim, name: &str) -> Value {
-    ps(sim).into_iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("no workload {name} in ps"))
-}
-
 /// The workload's record as it is on disk (read without running vgpu, whose reconcile
 /// would change it).
 fn record(sim: &Sim, id: &str) -> Value {
@@ -120,7 +112,7 @@ fn record(sim: &Sim, id: &str) -> Value {
 fn id_of(sim: &Sim, name: &str) -> String {
     let mut id = String::new();
     wait_for(&format!("workload {name} to be recorded running"), || {
-        let rows = ps(sim);
+        let rows = sim.ps();
         match rows.iter().find(|w| w["name"] == name && w["state"] == "running") {
             Some(w) => {
                 id = w["id"].as_str().unwrap().to_string();
@@ -178,7 +170,7 @@ fn a_workload_bypassing_the_shim_is_throttled_to_its_share_and_one_within_it_is_
     // (a) The watch throttles it, says why, and the record shows it.
     let throttling = line(&mut watch, "throttling workload bypass (");
     assert!(throttling.contains("GPU 0 at ") && throttling.contains("% by the driver, share 30%, the shim sees 0%"), "{throttling}");
-    let r = row(&sim, "bypass");
+    let r = sim.row("bypass");
     assert_eq!(r["enforcement"]["action"], "throttled", "{r:#}");
     assert_eq!(r["enforcement"]["by"]["pid"], watch.pid(), "{r:#}");
     assert!(r["enforcement"]["reason"].as_str().unwrap().contains("share 30%"), "{r:#}");
@@ -187,7 +179,7 @@ fn a_workload_bypassing_the_shim_is_throttled_to_its_share_and_one_within_it_is_
     wait_counted(&sim, "throttle", "bypass");
 
     // (c) The shim holds the other to its share: the watch leaves it alone.
-    let g = row(&sim, "governed");
+    let g = sim.row("governed");
     assert!(g["enforcement"].is_null(), "{g:#}");
 
     let (bypass, governed) = (windows(bypass), windows(governed));
@@ -220,7 +212,7 @@ fn under_compute_kill_the_bypassing_process_is_terminated_and_the_reason_recorde
     assert!(term.contains("of workload killme (") && term.contains("over its compute share unseen by the shim: GPU 0 at "), "{term}");
     let pid: u64 = term.split("SIGTERM to pid ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
     assert_eq!(wait_status(&status), 128 + 15, "gpu_workload died of SIGTERM");
-    let r = row(&sim, "killme");
+    let r = sim.row("killme");
     assert_eq!(r["enforcement"]["action"], "killed", "{r:#}");
     assert!(r["enforcement"]["reason"].as_str().unwrap().starts_with("over its compute share unseen by the shim"), "{r:#}");
     assert_eq!(r["enforcement"]["pids"], serde_json::json!([pid]), "{r:#}");
@@ -251,7 +243,7 @@ fn throttling_that_cannot_hold_long_kernels_escalates_to_a_kill() {
     assert!(term.contains("throttling did not bring it down: GPU 0 at "), "{term}");
     line(&mut watch, "stopped throttling workload long (");
     assert_eq!(wait_status(&status), 128 + 15, "gpu_workload died of SIGTERM (thawed to act on it)");
-    let r = row(&sim, "long");
+    let r = sim.row("long");
     assert_eq!(r["enforcement"]["action"], "killed", "{r:#}");
     assert!(r["enforcement"]["reason"].as_str().unwrap().starts_with("throttling did not bring it down"), "{r:#}");
     assert!(!frozen(r["id"].as_str().unwrap()), "thawed");

@@ -163,12 +163,7 @@ mod tests {
     use super::*;
     use crate::state::intent;
 
-    fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
-        store.ensure_dirs().unwrap();
-        (dir, store)
-    }
+    use crate::state::temp_store as store;
 
     /// Intent, vGPU directory and record, as `admit` makes them (no cgroup: that needs root).
     fn half_admitted<'s>(store: &'s Store, id: &str) -> Admission<'s> {

@@ -166,12 +166,7 @@ fn ensure_dir(store: &Store) -> Result<PathBuf, StateError> {
 mod tests {
     use super::*;
 
-    fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
-        store.ensure_dirs().unwrap();
-        (dir, store)
-    }
+    use crate::state::temp_store as store;
 
     #[test]
     fn written_before_and_removed_after() {

@@ -69,6 +69,15 @@ pub fn is_plain_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
 }
 
+/// A store in a new temporary directory, its directories made (for unit tests).
+#[cfg(test)]
+pub(crate) fn temp_store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+    store.ensure_dirs().unwrap();
+    (dir, store)
+}
+
 impl StateError {
     pub fn io(path: &Path, source: std::io::Error) -> StateError {
         StateError::Io { path: path.to_path_buf(), source }

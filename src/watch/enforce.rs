@@ -308,9 +308,7 @@ mod tests {
     use crate::state::workload::tests::sample;
 
     fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
-        store.ensure_dirs().unwrap();
+        let (dir, store) = crate::state::temp_store();
         store.write_workload(&sample()).unwrap();
         (dir, store)
     }

@@ -102,6 +102,18 @@ impl Sim {
     }
 }
 
+impl Sim {
+    /// `vgpu ps --json`'s rows.
+    pub fn ps(&self) -> Vec<serde_json::Value> {
+        self.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
+    }
+
+    /// The `vgpu ps --json` row of workload `name`; fails the test when there is none.
+    pub fn row(&self, name: &str) -> serde_json::Value {
+        self.ps().into_iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("no workload {name} in ps"))
+    }
+}
+
 /// Poll `f` every 50 ms for up to 20 s; panic naming `what` if it never holds.
 pub fn wait_for<F: FnMut() -> bool>(what: &str, mut f: F) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

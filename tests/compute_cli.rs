@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Child;
 
-use common::{wait_for, Sim};
+use common::Sim;
 use predicates::prelude::*;
 use vgpu_abi::compute::Policy;
 use vgpu_abi::process::{start_time, ProcessId};
@@ -28,13 +28,7 @@ impl Held {
     fn start(sim: &Sim, name: &str, run_args: &[&str]) -> Held {
         let done = sim.path(&format!("{name}.done"));
         let script = format!("i=0; while [ ! -e {d} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done", d = done.display());
-        let mut args = vec!["run", "--name", name];
-        args.extend_from_slice(run_args);
-        args.extend_from_slice(&["--", "sh", "-c", &script]);
-        let child = sim.spawn(&args);
-        wait_for(&format!("workload {name} to run"), || {
-            sim.ps().iter().any(|w| w["name"] == name && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty())
-        });
+        let child = sim.spawn_running(name, run_args, &script);
         Held { child, done }
     }
 

@@ -44,13 +44,7 @@ impl Driven {
                fi; sleep 0.02; \
              done; wait"
         );
-        let mut args = vec!["run", "--name", name];
-        args.extend_from_slice(run_args);
-        args.extend_from_slice(&["--", "sh", "-c", &script]);
-        let child = sim.spawn(&args);
-        wait_for(&format!("workload {name} to run"), || {
-            sim.ps().iter().any(|w| w["name"] == name && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty())
-        });
+        let child = sim.spawn_running(name, run_args, &script);
         Driven { child, dir, next: 0 }
     }
 

@@ -27,6 +27,8 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 pub struct Round<'a> {
     pub store: &'a Store,
     pub workloads: &'a [Workload],
+    /// The workloads' vGPU files, as read this round.
+    pub files: &'a [enforce::VgpuFiles<'a>],
     pub snapshot: &'a Snapshot,
     pub config: &'a WatchConfig,
     pub now: Instant,
@@ -52,7 +54,7 @@ impl ComputeEnforcer {
 
     /// One round against a snapshot: judge, act, say what was done.
     pub fn round(&mut self, r: &Round<'_>, terminations: &mut Terminations, records: &mut Records, events: &mut Vec<Event>) {
-        let figures = enforce::vgpu_compute(r.store, r.workloads, r.snapshot);
+        let figures = enforce::vgpu_compute(r.files, r.snapshot);
         let settings = Settings { policy: r.config.compute, tolerance_pct: r.config.compute_tolerance, window: r.config.compute_window, settle: throttle::PERIOD };
         let verdicts = self.audit.observe(r.now, &figures, &settings);
         let mut wanted: BTreeMap<String, f64> = BTreeMap::new();

@@ -24,7 +24,7 @@ const RECORD_WAIT: Duration = Duration::from_millis(500);
 /// One vGPU as the audits see it: the workloads that use it and what its usage file says
 /// (root reads every tenant's; the figures in it are the tenant's to write, so they only
 /// explain and pick whom to blame).
-struct VgpuFiles<'a> {
+pub struct VgpuFiles<'a> {
     vgpu: &'a str,
     members: Vec<&'a Workload>,
     cgroups: HashSet<&'a str>,
@@ -33,8 +33,8 @@ struct VgpuFiles<'a> {
 }
 
 impl<'a> VgpuFiles<'a> {
-    /// Every vGPU the workloads use, once.
-    fn all(store: &Store, workloads: &'a [Workload]) -> Vec<VgpuFiles<'a>> {
+    /// Every vGPU the workloads use, once: read once per round, for both audits.
+    pub fn all(store: &Store, workloads: &'a [Workload]) -> Vec<VgpuFiles<'a>> {
         let mut vgpus: Vec<&str> = workloads.iter().map(|w| w.vgpu.as_str()).collect();
         vgpus.sort_unstable();
         vgpus.dedup();
@@ -76,9 +76,9 @@ impl<'a> VgpuFiles<'a> {
 }
 
 /// Each vGPU's memory on each GPU where it has processes or a quota.
-pub fn vgpu_memory(store: &Store, workloads: &[Workload], snapshot: &Snapshot) -> Vec<VgpuMemory> {
+pub fn vgpu_memory(files: &[VgpuFiles<'_>], snapshot: &Snapshot) -> Vec<VgpuMemory> {
     let mut out = Vec::new();
-    for v in VgpuFiles::all(store, workloads) {
+    for v in files {
         for gpu in &snapshot.gpus {
             // The quota the shim enforces (root's limits file), else the record's.
             let quota = v.device(gpu).map(|(_, d)| d.quota_bytes).or(v.recorded(gpu).map(|g| g.mem_bytes));
@@ -109,9 +109,9 @@ pub fn vgpu_memory(store: &Store, workloads: &[Workload], snapshot: &Snapshot) -
 /// Each vGPU's compute on each GPU of it: its share there (the limits file's, else the
 /// record's), its ledger's measured share, and its processes' NVML utilization and the GPU
 /// time the shim charged to each.
-pub fn vgpu_compute(store: &Store, workloads: &[Workload], snapshot: &Snapshot) -> Vec<VgpuCompute> {
+pub fn vgpu_compute(files: &[VgpuFiles<'_>], snapshot: &Snapshot) -> Vec<VgpuCompute> {
     let mut out = Vec::new();
-    for v in VgpuFiles::all(store, workloads) {
+    for v in files {
         for gpu in &snapshot.gpus {
             let device = v.device(gpu).map(|(_, d)| d);
             let Some(share_pct) = device.map(|d| d.compute_pct).or(v.recorded(gpu).map(|g| g.compute_pct)) else { continue };

@@ -254,7 +254,8 @@ impl Watch {
             ));
         }
         self.memory_blind = blind;
-        let figures = enforce::vgpu_memory(&self.store, &workloads, snapshot);
+        let files = enforce::VgpuFiles::all(&self.store, &workloads);
+        let figures = enforce::vgpu_memory(&files, snapshot);
         for breach in self.memory.observe(now, &figures, config.context_allowance, config.grace) {
             for (id, processes) in enforce::by_workload(&breach, &owners) {
                 let fresh: Vec<_> = processes.into_iter().filter(|p| !self.terminations.is_pending(*p)).collect();
@@ -277,7 +278,7 @@ impl Watch {
                 }
             }
         }
-        let round = compute::Round { store: &self.store, workloads: &workloads, snapshot, config: &config, now, counters: self.metrics.enforcements() };
+        let round = compute::Round { store: &self.store, workloads: &workloads, files: &files, snapshot, config: &config, now, counters: self.metrics.enforcements() };
         self.compute.round(&round, &mut self.terminations, &mut self.records, events);
         let vgpu_gpus: HashSet<String> = workloads.iter().flat_map(|w| w.gpus.iter().map(|g| g.uuid.clone())).collect();
         self.unmanaged = unmanaged::find(snapshot, &vgpu_gpus, &[self.me.pid]);

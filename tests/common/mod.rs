@@ -108,6 +108,19 @@ impl Sim {
         self.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
     }
 
+    /// `vgpu run --name NAME RUN_ARGS… -- sh -c SCRIPT` in the background, once `vgpu ps`
+    /// shows it running with its process.
+    pub fn spawn_running(&self, name: &str, run_args: &[&str], script: &str) -> std::process::Child {
+        let mut args = vec!["run", "--name", name];
+        args.extend_from_slice(run_args);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        let child = self.spawn(&args);
+        wait_for(&format!("workload {name} to run"), || {
+            self.ps().iter().any(|w| w["name"] == name && w["state"] == "running" && w["pids"].as_array().is_some_and(|p| !p.is_empty()))
+        });
+        child
+    }
+
     /// The `vgpu ps --json` row of workload `name`; fails the test when there is none.
     pub fn row(&self, name: &str) -> serde_json::Value {
         self.ps().into_iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("no workload {name} in ps"))

@@ -13,6 +13,8 @@ use common::{field, Fake, Holder};
 use cudarc::driver::sys::CUresult;
 use fakegpu::state::CheckpointState;
 
+/// Every operation the controller probe knows: the six functions.
+const ALL_OPS: [&str; 6] = ["get_state", "tid", "lock", "checkpoint", "restore", "unlock"];
 const GIB: u64 = 1 << 30;
 
 /// One 4 GiB device, so that memory runs out quickly.
@@ -304,14 +306,7 @@ fn illegal_transitions_bad_pids_and_arguments() {
     child.wait().expect("reap");
     let no_cuda = std::process::id().to_string();
     for bad in [no_cuda, dead.to_string(), "0".into(), "-1".into()] {
-        for op in [
-            "get_state",
-            "tid",
-            "lock",
-            "checkpoint",
-            "restore",
-            "unlock",
-        ] {
+        for op in ALL_OPS {
             expect(&fake, &bad, op, CUDA_ERROR_INVALID_VALUE);
         }
     }
@@ -333,14 +328,7 @@ fn illegal_transitions_bad_pids_and_arguments() {
 fn checkpoint_false_models_a_driver_without_the_api() {
     let fake = Fake::with_config(&format!("checkpoint = false\n{SMALL}"));
     let target = spawn_target(&fake, 1024, None, "100us");
-    for op in [
-        "get_state",
-        "tid",
-        "lock",
-        "checkpoint",
-        "restore",
-        "unlock",
-    ] {
+    for op in ALL_OPS {
         let out = ctl(&fake, target.pid(), op, &[]);
         assert_eq!(
             field(&out, "getproc"),

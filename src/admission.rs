@@ -57,13 +57,15 @@ pub struct Holder {
 }
 
 /// Memory reserved on `uuid`: partitions, and workloads that have a vGPU of their own
-/// (workloads in a partition live inside the partition's reservation).
+/// (workloads in a partition live inside the partition's reservation), except those
+/// suspended with their memory on the host (`Workload::memory_on_host`): theirs is free
+/// until they resume, which they do only once it fits again ([`check_fits_back`]).
 pub fn holders(uuid: &str, workloads: &[Workload], partitions: &[Partition]) -> Vec<Holder> {
     let mut out = Vec::new();
     for p in partitions.iter().filter(|p| p.gpu_uuid == uuid) {
         out.push(Holder { what: format!("partition {}", p.name), bytes: p.mem_bytes });
     }
-    for w in workloads.iter().filter(|w| w.partition.is_none()) {
+    for w in workloads.iter().filter(|w| w.partition.is_none() && !w.memory_on_host()) {
         for g in w.gpus.iter().filter(|g| g.uuid == uuid) {
             out.push(Holder { what: format!("workload {} ({})", w.name, w.id), bytes: g.mem_bytes });
         }
@@ -110,6 +112,35 @@ pub fn check_fits(device: &AdmissionGpu, bytes: u64, workloads: &[Workload], par
     }
     msg.push_str(" (use --oversubscribe to allow it anyway)");
     Err(msg)
+}
+
+/// Whether a workload suspended with its memory on the host may resume: each of its
+/// slices must fit beside what the others (not itself) hold now, on the device sizes its
+/// record keeps. Workloads in a partition resume inside the partition's reservation, which
+/// never left.
+pub fn check_fits_back(workload: &Workload, others: &[Workload], partitions: &[Partition]) -> Result<(), String> {
+    if !workload.memory_on_host() || workload.partition.is_some() {
+        return Ok(());
+    }
+    let others: Vec<Workload> = others.iter().filter(|w| w.id != workload.id).cloned().collect();
+    for g in &workload.gpus {
+        let holders = holders(&g.uuid, &others, partitions);
+        let free = g.device_bytes.saturating_sub(total(&holders));
+        if g.mem_bytes > free {
+            let mut msg = format!(
+                "its {} of GPU {} are in host memory and do not fit back yet: {} unreserved",
+                format_size(g.mem_bytes),
+                g.index,
+                format_size(free)
+            );
+            if !holders.is_empty() {
+                let list: Vec<String> = holders.iter().map(|h| format!("{} {}", h.what, format_size(h.bytes))).collect();
+                let _ = write!(msg, "; held by {}", list.join(", "));
+            }
+            return Err(msg);
+        }
+    }
+    Ok(())
 }
 
 /// Refuse any memory on `device` while a damaged workload record may hold some there: what
@@ -176,6 +207,7 @@ mod tests {
             pid: None,
             state: WorkloadState::Running,
             suspended_reason: None,
+            suspended_memory: None,
             created_unix_ms: 0,
             enforcement: None,
         }

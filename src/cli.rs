@@ -61,10 +61,10 @@ pub enum Command {
     Run(Box<crate::commands::run::RunArgs>),
     /// List workloads with their quotas and usage
     Ps(crate::commands::ps::PsArgs),
-    /// Freeze a workload (cgroup freezer)
+    /// Suspend a workload: its GPU memory moved to host memory where the driver can (CUDA checkpoint API), then frozen
     Suspend(crate::commands::control::IdArgs),
-    /// Thaw a suspended workload
-    Resume(crate::commands::control::IdArgs),
+    /// Resume a suspended workload, once its memory fits back on the GPU
+    Resume(crate::commands::control::ResumeArgs),
     /// Send a signal to every process of a workload
     Kill(crate::commands::control::KillArgs),
     /// Change running workloads' compute share or policy, live

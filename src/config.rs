@@ -33,6 +33,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// `[watch]`: how `vgpu watch` audits, enforces and exports metrics.
     pub watch: crate::watch::config::WatchConfig,
+    /// `[suspend]`: whether suspension moves device memory to host memory.
+    pub suspend: crate::suspension::config::SuspendConfig,
 }
 
 /// `[policy]`: what a user who runs vgpu through sudo may do. By default a workload runs as

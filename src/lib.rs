@@ -32,4 +32,5 @@ pub(crate) mod resize;
 pub mod state;
 pub(crate) mod stop_point;
 pub(crate) mod supervise;
+pub mod suspension;
 pub mod watch;

@@ -217,11 +217,10 @@ pub fn wake_to_terminate(store: &Store, id: &str, cgroup: &str) -> Result<bool> 
     if cgroup.state().with_context(|| format!("reading the freezer state of {id}"))? == crate::cgroup::FreezerState::Thawed {
         return Ok(false);
     }
-    cgroup.thaw().with_context(|| format!("resuming {id}"))?;
+    crate::suspension::wake(&cgroup).with_context(|| format!("resuming {id}"))?;
     if let Ok(mut record) = Workload::read(&store.workload_path(id)) {
         if record.state == crate::state::WorkloadState::Suspended {
-            record.state = crate::state::WorkloadState::Running;
-            record.suspended_reason = None;
+            record.set_resumed();
             store.write_workload(&record)?;
         }
     }

@@ -48,6 +48,11 @@ pub struct Row {
     /// are 0 (unknown), and the compute share and policy are the record's.
     pub usage_readable: bool,
     pub suspended_reason: Option<String>,
+    /// While suspended: where its device memory is, `host` (moved by the CUDA checkpoint
+    /// API; free on the GPU for others) or `device` (frozen with its memory held).
+    pub suspended_memory: Option<&'static str>,
+    /// Why a suspended workload's memory stayed on the device.
+    pub suspended_memory_why: Option<String>,
     /// What `vgpu watch` did to it and why (killed or throttled), if anything.
     pub enforcement: Option<Enforcement>,
     pub age_seconds: u64,
@@ -173,6 +178,11 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
         supervisor_alive: w.supervisor_alive(),
         usage_readable: usage.is_some(),
         suspended_reason: w.suspended_reason.clone(),
+        suspended_memory: suspended_memory(w).map(|m| m.place()),
+        suspended_memory_why: match suspended_memory(w) {
+            Some(crate::state::SuspendedMemory::Device { why }) => Some(why),
+            _ => None,
+        },
         enforcement: w.enforcement.clone(),
         age_seconds: age,
         command: w.command.clone(),
@@ -191,4 +201,12 @@ mod tests {
         assert_eq!(ppm_to_pct(123_456), 12.3);
         assert_eq!(ppm_to_pct(0), 0.0);
     }
+}
+
+/// Where a suspended workload's memory is; a record from before suspension could release
+/// memory reads as held on the device.
+fn suspended_memory(w: &Workload) -> Option<crate::state::SuspendedMemory> {
+    (w.state == crate::state::WorkloadState::Suspended).then(|| {
+        w.suspended_memory.clone().unwrap_or(crate::state::SuspendedMemory::Device { why: "suspended by an older vgpu".into() })
+    })
 }

@@ -8,7 +8,7 @@ use crate::cgroup::{Cgroup, Layout};
 use crate::context::Context;
 use crate::gpu::GpuInfo;
 use crate::pool::{Inventory, NvmlGpu, Plan, Pool, PoolError};
-use crate::state::{atomic, intent, StateError, Store, StoreLock, WorkloadState};
+use crate::state::{atomic, intent, StateError, Store, StoreLock, SuspendedMemory, Workload};
 
 pub const POOL_FILE: &str = "pool.json";
 
@@ -66,48 +66,74 @@ pub fn current(ctx: &Context, store: &Store, gpus: &[GpuInfo]) -> Result<Pool> {
     Ok(pool)
 }
 
-/// Carry out `plan`: freeze what it suspends (undoing the freezes if one fails, so nobody
-/// stays frozen for nothing and nothing is recorded), thaw what it resumes, record it in
-/// the pool, save, and update the workload records. An intent naming the workloads it
-/// freezes or thaws is recorded first and removed last: if this process dies between the
-/// steps, the next reconcile brings them to what the saved pool says (`recovery.rs`).
-pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) -> Result<()> {
+/// Carry out `plan`: suspend what it suspends (`suspension::suspend`: checkpointed where
+/// the driver can, then frozen; undoing them all if one fails, so nobody stays suspended
+/// for nothing and nothing is recorded), resume what it resumes, record it in the pool,
+/// save, and update the workload records. An intent naming the workloads it suspends or
+/// resumes is recorded first and removed last: if this process dies between the steps,
+/// the next reconcile brings them to what the saved pool says (`recovery.rs`).
+///
+/// Returns where each suspended workload's memory went. A resume whose memory cannot be
+/// put back on the GPU undoes the whole plan and fails with [`ResumeRefused`].
+pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) -> Result<Vec<(String, SuspendedMemory)>> {
     if plan.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let touched: Vec<&str> = plan.suspend().iter().map(|s| s.id.as_str()).chain(plan.resume().iter().map(|r| r.id.as_str())).collect();
     let intent = if touched.is_empty() { None } else { Some(intent::begin(store, intent::Op::Pool, &touched)?) };
     let layout = Layout::detect();
     let (workloads, _) = store.workloads();
+    let record_of = |id: &str| workloads.iter().find(|w| w.id == id);
     let cgroup_of = |id: &str| -> Result<Cgroup> {
-        let w = workloads.iter().find(|w| w.id == id).context("it has no record")?;
+        let w = record_of(id).context("it has no record")?;
         let layout = layout.as_ref().context("this host has no cgroup filesystem")?;
         Cgroup::open(layout, &w.cgroup).context("its cgroup cannot be opened")
     };
-    let mut frozen: Vec<Cgroup> = Vec::new();
-    for s in plan.suspend() {
-        // A victim that cannot be frozen is a failed freeze, whatever the reason: recorded
-        // as suspended it would keep running on blocks given away.
-        if let Err(e) = cgroup_of(&s.id).and_then(|cgroup| {
-            cgroup.freeze()?;
-            frozen.push(cgroup);
-            Ok(())
-        }) {
-            for c in &frozen {
-                let _ = c.thaw();
+    let mut suspended: Vec<(Cgroup, String, SuspendedMemory)> = Vec::new();
+    let undo_suspensions = |suspended: &[(Cgroup, String, SuspendedMemory)]| {
+        for (cgroup, id, memory) in suspended.iter().rev() {
+            if let Err(e) = crate::suspension::resume(cgroup, Some(memory)) {
+                eprintln!("vgpu: warning: cannot resume {id} again: {e}");
             }
-            return Err(e).with_context(|| format!("cannot suspend {} ({}) to make room; nothing was changed", s.name, s.id));
+        }
+    };
+    for s in plan.suspend() {
+        // A victim that cannot be suspended is a failed suspension, whatever the reason:
+        // recorded as suspended it would keep running on blocks given away.
+        match cgroup_of(&s.id).and_then(|cgroup| {
+            let memory = crate::suspension::suspend(&cgroup)?;
+            Ok((cgroup, memory))
+        }) {
+            Ok((cgroup, memory)) => suspended.push((cgroup, s.id.clone(), memory)),
+            Err(e) => {
+                undo_suspensions(&suspended);
+                return Err(e).with_context(|| format!("cannot suspend {} ({}) to make room; nothing was changed", s.name, s.id));
+            }
         }
     }
-    if !frozen.is_empty() {
+    if !suspended.is_empty() {
         crate::stop_point::stop_point("preempt:frozen");
     }
+    let mut resumed: Vec<(Cgroup, &str)> = Vec::new();
     for r in plan.resume() {
-        if let Ok(cgroup) = cgroup_of(&r.id) {
-            if let Err(e) = cgroup.thaw() {
-                eprintln!("vgpu: warning: cannot resume {} ({}): {e}", r.name, r.id);
+        let Ok(cgroup) = cgroup_of(&r.id) else { continue };
+        let memory = record_of(&r.id).and_then(|w| w.suspended_memory.clone());
+        if let Err(e) = crate::suspension::resume(&cgroup, memory.as_ref()) {
+            // Put everything back as it was; the caller settles without this one.
+            for (cgroup, id) in resumed.iter().rev() {
+                match crate::suspension::suspend(cgroup) {
+                    Ok(SuspendedMemory::Host) => {}
+                    Ok(SuspendedMemory::Device { why }) => eprintln!("vgpu: warning: {id} is suspended again with its memory on the GPU: {why}"),
+                    Err(e) => eprintln!("vgpu: warning: cannot suspend {id} again: {e}"),
+                }
             }
+            undo_suspensions(&suspended);
+            if let Some(intent) = intent {
+                intent.done();
+            }
+            return Err(anyhow::Error::new(ResumeRefused { id: r.id.clone(), reason: e.to_string() }));
         }
+        resumed.push((cgroup, &r.id));
     }
     // Who preempted whom, by name: the preemptor may be the request being admitted, which
     // has no record yet.
@@ -115,25 +141,29 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
         plan.granted()
             .filter(|a| a.id == id)
             .map(|a| a.name.clone())
-            .or_else(|| workloads.iter().find(|w| w.id == id).map(|w| w.name.clone()))
+            .or_else(|| record_of(id).map(|w| w.name.clone()))
             .unwrap_or_else(|| id.to_string())
     };
-    let suspended: Vec<(String, String)> = plan.suspend().iter().map(|s| (s.id.clone(), name_of(&s.by))).collect();
-    let resumed: Vec<String> = plan.resume().iter().map(|r| r.id.clone()).collect();
+    let by: Vec<(String, String)> = plan.suspend().iter().map(|s| (s.id.clone(), name_of(&s.by))).collect();
+    let resumed: Vec<String> = resumed.into_iter().map(|(_, id)| id.to_string()).collect();
+    let memory: Vec<(String, SuspendedMemory)> = suspended.into_iter().map(|(_, id, m)| (id, m)).collect();
     pool.apply(plan).map_err(pool_error)?;
     save(store, pool)?;
     if intent.is_some() {
         crate::stop_point::stop_point("preempt:saved");
     }
-    for mut w in workloads {
-        if let Some((_, by_name)) = suspended.iter().find(|(id, _)| *id == w.id) {
-            w.state = WorkloadState::Suspended;
-            w.suspended_reason = Some(format!("preempted by {by_name}"));
+    for mut w in workloads.clone() {
+        if let Some((_, by_name)) = by.iter().find(|(id, _)| *id == w.id) {
+            let place = memory.iter().find(|(id, _)| *id == w.id).map(|(_, m)| m.clone()).unwrap_or(SuspendedMemory::Device { why: "unknown".into() });
+            let said = match &place {
+                SuspendedMemory::Host => "its device memory is in host memory".to_string(),
+                SuspendedMemory::Device { why } => format!("its device memory stays on the GPU: {why}"),
+            };
+            w.set_suspended(format!("preempted by {by_name}"), place);
             store.write_workload(&w)?;
-            eprintln!("vgpu: suspended {} ({}): preempted by {by_name}", w.name, w.id);
+            eprintln!("vgpu: suspended {} ({}): preempted by {by_name}; {said}", w.name, w.id);
         } else if resumed.contains(&w.id) {
-            w.state = WorkloadState::Running;
-            w.suspended_reason = None;
+            w.set_resumed();
             store.write_workload(&w)?;
             eprintln!("vgpu: resumed {} ({})", w.name, w.id);
         }
@@ -141,14 +171,99 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
     if let Some(intent) = intent {
         intent.done();
     }
-    Ok(())
+    Ok(memory)
 }
 
-/// Resume (or start) whoever fits now, as after a release.
+/// A plan's resume that the driver refused (its memory does not fit back on the GPU): the
+/// plan was undone; settle again without it.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot resume {id}: {reason}")]
+pub struct ResumeRefused {
+    pub id: String,
+    pub reason: String,
+}
+
+/// Resume (or start) whoever fits now, as after a release. A suspended workload whose
+/// memory is in host memory resumes only once it fits beside the others'; until then it
+/// keeps its turn and its blocks wait for it, unless others can use them meanwhile.
 pub fn settle(store: &Store, lock: &StoreLock) -> Result<()> {
     let Some(mut pool) = load(store)? else { return Ok(()) };
-    let plan = pool.settle();
-    execute(store, lock, &mut pool, plan)
+    settle_pool(store, lock, &mut pool)
+}
+
+/// [`settle`] on a pool already loaded.
+pub fn settle_pool(store: &Store, lock: &StoreLock, pool: &mut Pool) -> Result<()> {
+    let mut held = std::collections::BTreeSet::new();
+    // Each round holds one more workload back, so this ends.
+    loop {
+        let plan = pool.settle_without(&held);
+        if let Some(id) = first_not_fitting(store, &plan)? {
+            held.insert(id);
+            continue;
+        }
+        match execute(store, lock, pool, plan) {
+            Ok(_) => return Ok(()),
+            Err(e) => match e.downcast::<ResumeRefused>() {
+                Ok(refused) => {
+                    eprintln!("vgpu: warning: {refused}; it stays suspended");
+                    held.insert(refused.id);
+                }
+                Err(e) => return Err(e),
+            },
+        }
+    }
+}
+
+/// The first workload the plan resumes whose memory, in host memory, does not fit back
+/// beside what the others hold (those the plan suspends still hold theirs: whether the
+/// driver can move it is known only once tried).
+fn first_not_fitting(store: &Store, plan: &Plan) -> Result<Option<String>> {
+    if plan.resume().is_empty() {
+        return Ok(None);
+    }
+    let (mut workloads, _) = store.workloads();
+    let partitions = crate::state::Partitions::load(&store.partitions_path())?;
+    for r in plan.resume() {
+        let Some(at) = workloads.iter().position(|w| w.id == r.id) else { continue };
+        if crate::admission::check_fits_back(&workloads[at], &workloads, &partitions.partitions).is_err() {
+            return Ok(Some(r.id.clone()));
+        }
+        workloads[at].set_resumed();
+    }
+    Ok(None)
+}
+
+/// Plan a pool request: [`Pool::admit`], whose settling of others leaves out those whose
+/// memory would not fit back (as [`settle`] does).
+/// The outer error is the store's; the inner one the pool's decision.
+pub fn admit(store: &Store, pool: &Pool, request: &crate::pool::Request) -> Result<Result<Plan, PoolError>> {
+    let mut held = std::collections::BTreeSet::new();
+    loop {
+        let plan = match pool.admit_without(request, &held) {
+            Ok(plan) => plan,
+            Err(e) => return Ok(Err(e)),
+        };
+        match first_not_fitting(store, &plan)? {
+            Some(id) => {
+                held.insert(id);
+            }
+            None => return Ok(Ok(plan)),
+        }
+    }
+}
+
+/// The workload records as `plan` would leave them: those it resumes running, and those it
+/// suspends with their memory on the host if `victims_release_memory`, else held.
+pub fn planned_workloads(store: &Store, plan: &Plan, victims_release_memory: bool) -> Vec<Workload> {
+    let (mut workloads, _) = store.workloads();
+    for w in &mut workloads {
+        if plan.resume().iter().any(|r| r.id == w.id) {
+            w.set_resumed();
+        } else if victims_release_memory && plan.suspend().iter().any(|s| s.id == w.id) {
+            w.set_suspended("planned".into(), SuspendedMemory::Host);
+        }
+    }
+    workloads
 }
 
 /// Give a workload's blocks back and resume (or start) whoever now fits.
@@ -159,8 +274,7 @@ pub fn release(store: &Store, lock: &StoreLock, id: &str) -> Result<()> {
     }
     pool.release(id).map_err(pool_error)?;
     save(store, &pool)?;
-    let plan = pool.settle();
-    execute(store, lock, &mut pool, plan)
+    settle_pool(store, lock, &mut pool)
 }
 
 /// Drop pool entries whose workload record is gone (a `vgpu run` killed while waiting, or

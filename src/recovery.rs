@@ -196,34 +196,43 @@ fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Wor
             if frozen && preempted(w) {
                 return Ok(None);
             }
-            if !frozen {
-                cgroup.freeze()?;
-            }
+            let memory = if frozen { crate::suspension::memory_of(&cgroup) } else { crate::suspension::suspend(&cgroup)? };
             let by = by.map(|id| all.iter().find(|o| o.id == id).map(|o| o.name.clone()).unwrap_or(id)).unwrap_or_else(|| "a higher priority".into());
-            record.state = WorkloadState::Suspended;
-            record.suspended_reason = Some(format!("preempted by {by}"));
+            record.set_suspended(format!("preempted by {by}"), memory);
             if frozen {
                 "recorded as suspended: the pool gave its blocks away before the change was recorded"
             } else {
-                "frozen again: the pool holds it suspended (a change was cut short)"
+                "suspended again: the pool holds it suspended (a change was cut short)"
             }
         }
         _ => {
             let suspended = w.state == WorkloadState::Suspended;
-            if (frozen && suspended && !preempted(w)) || (!frozen && !suspended) {
-                return Ok(None); // suspended by hand and frozen, or running and thawed: true
+            if frozen && suspended && !preempted(w) {
+                return Ok(None); // suspended by hand and frozen: true
             }
-            record.suspended_reason = None;
+            if !frozen && !suspended {
+                // Running and thawed. A suspension killed between checkpointing its
+                // processes and freezing them left them locked: let them run.
+                if refreeze && crate::suspension::resume(&cgroup, None)? > 0 {
+                    return Ok(Some("resumed: a suspension cut short had left its GPU work locked"));
+                }
+                return Ok(None);
+            }
             if frozen {
-                cgroup.thaw()?;
+                // Thawed, and its memory put back; if that does not fit, it stays
+                // suspended (the pool holds its turn, or it was suspended by hand).
+                if let Err(e) = crate::suspension::resume(&cgroup, w.suspended_memory.as_ref()) {
+                    tracing::warn!("{} ({}): {e}", w.name, w.id);
+                    return Ok(None);
+                }
+                record.set_resumed();
                 if !suspended {
                     "thawed: a change froze it and died before recording it"
                 } else {
-                    record.state = WorkloadState::Running;
                     "thawed: the pool gave its blocks back"
                 }
             } else {
-                record.state = WorkloadState::Running;
+                record.set_resumed();
                 "recorded as running: a resume thawed it and died before recording it"
             }
         }

@@ -22,8 +22,16 @@ pub const STOP_POINTS: &[&str] = &[
     // Tearing a workload down (its vgpu run after it exited, or a reconcile after its
     // supervisor died): its cgroup is gone, its vGPU directory and record are not.
     "exit:cgroup-removed",
+    // Suspending a workload (vgpu suspend, preemption): a process is locked (its CUDA calls
+    // blocked), not checkpointed yet.
+    "suspend:locked",
+    // Suspending: every CUDA process is checkpointed (memory on the host), the cgroup is not
+    // frozen yet.
+    "suspend:checkpointed",
     // vgpu suspend: the cgroup is frozen, the record still says running.
     "suspend:frozen",
+    // Resuming: a process's memory is back on the GPU, it is still locked.
+    "resume:restored",
     // vgpu resume: the cgroup is thawed, the record still says suspended.
     "resume:thawed",
     // Any pool change (preemption by `vgpu run --tflops`, or a resume): the victims are

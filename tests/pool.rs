@@ -215,7 +215,9 @@ fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
 /// low never stops.
 #[test]
 fn a_preemption_that_cannot_serve_the_memory_freezes_nobody() {
-    let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
+    // A driver without the checkpoint API (older than 570): a frozen victim keeps its
+    // memory (with it, see tests/suspend_memory.rs).
+    let sim = Sim::with_config("checkpoint = false\n\n[[device]]\nname = \"NVIDIA L4\"\nmemory = \"24GiB\"\n");
     sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 10\n");
     let (mut low, read) = counting(&sim, &["--tflops", "8", "--priority", "1"]);
     let low_row = sim.json(&["ps", "--json"])[0].clone();
@@ -227,7 +229,7 @@ fn a_preemption_that_cannot_serve_the_memory_freezes_nobody() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "refused, not killed at the stop point: {err}");
-    assert!(err.contains("5 TFLOPS were available by suspending low, but not the memory; nobody was suspended") && err.contains("does not fit"), "{err}");
+    assert!(err.contains("5 TFLOPS were available by suspending low, but not the memory (a suspended workload keeps its GPU memory here") && err.contains("nobody was suspended") && err.contains("does not fit"), "{err}");
     let layout = vgpu::cgroup::Layout::detect().expect("cgroups");
     let cgroup = vgpu::cgroup::Cgroup::open(&layout, low_row["id"].as_str().unwrap()).unwrap();
     assert_eq!(cgroup.state().unwrap(), vgpu::cgroup::FreezerState::Thawed);

@@ -6,7 +6,7 @@ use nix::sys::signal::Signal;
 
 use crate::cgroup::{Cgroup, FreezerState, Layout};
 use crate::context::Context;
-use crate::state::{intent, Store, WorkloadState};
+use crate::state::{intent, Partitions, Store, SuspendedMemory, WorkloadState};
 
 #[derive(Debug, Args)]
 pub struct IdArgs {
@@ -23,68 +23,98 @@ pub struct KillArgs {
     pub signal: String,
 }
 
-#[derive(Debug, Clone, Copy)]
-pub enum Action {
-    Suspend,
-    Resume,
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// Workload id (a unique prefix is enough) or name
+    pub id: String,
+    /// When its memory (moved to host memory while suspended) does not fit back on the GPU
+    /// yet: wait (up to DURATION, e.g. --wait=10m; default forever) instead of refusing
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true, default_missing_value = "forever")]
+    pub wait: Option<String>,
 }
 
-pub fn suspend_or_resume(ctx: &Context, args: &IdArgs, action: Action) -> Result<()> {
+/// `vgpu suspend ID`: its CUDA processes checkpointed where the driver can (device memory
+/// to host memory), then its cgroup frozen.
+pub fn suspend(ctx: &Context, args: &IdArgs) -> Result<()> {
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let lock = store.lock()?;
     crate::lifecycle::reconcile_store(&store, &lock);
     let (workloads, _) = store.workloads();
     let w = crate::lifecycle::find(&workloads, &args.id)?.clone();
-    let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
-    let cgroup = Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))?;
+    if w.state == WorkloadState::Suspended {
+        println!("{} ({}) is already suspended", w.name, w.id);
+        return Ok(());
+    }
+    let cgroup = open_cgroup(&w)?;
+    // The intent is recorded before anything is touched: if this command dies before the
+    // record is written, the next reconcile undoes the suspension (restores, thaws).
+    let intent = intent::begin(&store, intent::Op::Suspend, &[&w.id])?;
+    let memory = crate::suspension::suspend(&cgroup).with_context(|| format!("suspending {} ({})", w.name, w.id))?;
+    crate::stop_point::stop_point("suspend:frozen");
     let mut record = w.clone();
-    // The intent is recorded before the freezer is touched: if this command dies before the
-    // record is written, the next reconcile undoes a suspend and finishes a resume.
-    let intent = match action {
-        Action::Suspend => {
-            if w.state == WorkloadState::Suspended {
-                println!("{} ({}) is already suspended", w.name, w.id);
-                return Ok(());
-            }
-            let intent = intent::begin(&store, intent::Op::Suspend, &[&w.id])?;
-            cgroup.freeze().with_context(|| format!("suspending {}", w.id))?;
-            crate::stop_point::stop_point("suspend:frozen");
-            record.state = WorkloadState::Suspended;
-            record.suspended_reason = Some("manual".into());
-            intent
-        }
-        Action::Resume => {
-            if let Some(reason) = w.suspended_reason.as_deref().filter(|r| r.starts_with("preempted")) {
-                anyhow::bail!(
-                    "{} ({}) is {reason}: it resumes by itself when its pool blocks are free again",
-                    w.name,
-                    w.id
-                );
-            }
-            // A frozen cgroup is thawed whatever the record says.
-            let frozen = cgroup.state().with_context(|| format!("reading the freezer state of {}", w.id))? != FreezerState::Thawed;
-            if w.state != WorkloadState::Suspended && !frozen {
-                println!("{} ({}) is not suspended", w.name, w.id);
-                return Ok(());
-            }
-            let intent = intent::begin(&store, intent::Op::Resume, &[&w.id])?;
-            cgroup.thaw().with_context(|| format!("resuming {}", w.id))?;
-            crate::stop_point::stop_point("resume:thawed");
-            if record.state == WorkloadState::Suspended {
-                record.state = WorkloadState::Running;
-            }
-            record.suspended_reason = None;
-            intent
-        }
-    };
+    record.set_suspended("manual".into(), memory.clone());
     store.write_workload(&record)?;
     intent.done();
-    let verb = match action {
-        Action::Suspend => "suspended",
-        Action::Resume => "resumed",
-    };
-    println!("{verb} {} ({})", w.name, w.id);
+    match memory {
+        SuspendedMemory::Host => println!("suspended {} ({}): its device memory is in host memory", w.name, w.id),
+        SuspendedMemory::Device { why } => println!("suspended {} ({}): frozen, its device memory held on the GPU ({why})", w.name, w.id),
+    }
     Ok(())
+}
+
+/// `vgpu resume ID [--wait]`: thawed, and its memory restored if it was moved to host
+/// memory, once that fits beside the others' again.
+pub fn resume(ctx: &Context, args: &ResumeArgs) -> Result<()> {
+    let limit = crate::commands::wait_limit(args.wait.as_deref())?;
+    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    let started = std::time::Instant::now();
+    let mut said_waiting = false;
+    loop {
+        let lock = store.lock()?;
+        crate::lifecycle::reconcile_store(&store, &lock);
+        let (workloads, _) = store.workloads();
+        let w = crate::lifecycle::find(&workloads, &args.id)?.clone();
+        if let Some(reason) = w.suspended_reason.as_deref().filter(|r| r.starts_with("preempted")) {
+            anyhow::bail!("{} ({}) is {reason}: it resumes by itself when its pool blocks are free again", w.name, w.id);
+        }
+        let cgroup = open_cgroup(&w)?;
+        // A frozen cgroup is thawed whatever the record says.
+        let frozen = cgroup.state().with_context(|| format!("reading the freezer state of {}", w.id))? != FreezerState::Thawed;
+        if w.state != WorkloadState::Suspended && !frozen {
+            println!("{} ({}) is not suspended", w.name, w.id);
+            return Ok(());
+        }
+        let partitions = Partitions::load(&store.partitions_path())?;
+        if let Err(reason) = crate::admission::check_fits_back(&w, &workloads, &partitions.partitions) {
+            let Some(limit) = limit else {
+                anyhow::bail!("cannot resume {} ({}): {reason} (`vgpu resume --wait` waits until it fits)", w.name, w.id);
+            };
+            if limit.is_some_and(|l| started.elapsed() >= l) {
+                anyhow::bail!("cannot resume {} ({}): still waiting after {}: {reason}", w.name, w.id, humantime::format_duration(limit.unwrap_or_default()));
+            }
+            if !said_waiting {
+                eprintln!("vgpu: waiting to resume {} ({}): {reason}…", w.name, w.id);
+                said_waiting = true;
+            }
+            drop(lock);
+            std::thread::sleep(crate::commands::WAIT_POLL);
+            continue;
+        }
+        let intent = intent::begin(&store, intent::Op::Resume, &[&w.id])?;
+        crate::suspension::resume(&cgroup, w.suspended_memory.as_ref()).with_context(|| format!("resuming {} ({})", w.name, w.id))?;
+        crate::stop_point::stop_point("resume:thawed");
+        let mut record = w.clone();
+        record.set_resumed();
+        store.write_workload(&record)?;
+        intent.done();
+        println!("resumed {} ({})", w.name, w.id);
+        return Ok(());
+    }
+}
+
+fn open_cgroup(w: &crate::state::Workload) -> Result<Cgroup> {
+    let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
+    Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))
 }
 
 pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {

@@ -20,14 +20,15 @@ use crate::context::Context;
 /// Run the command; the result is the process exit code (`vgpu run` passes its
 /// workload's through).
 pub fn dispatch(ctx: &Context, command: &Command) -> Result<u8> {
+    crate::suspension::configure(ctx);
     let done = |r: Result<()>| r.map(|()| 0);
     match command {
         Command::Devices(args) => done(devices::run(ctx, args)),
         Command::Doctor(args) => done(doctor::run(ctx, args)),
         Command::Run(args) => run::run(ctx, args),
         Command::Ps(args) => done(ps::run(ctx, args)),
-        Command::Suspend(args) => done(control::suspend_or_resume(ctx, args, control::Action::Suspend)),
-        Command::Resume(args) => done(control::suspend_or_resume(ctx, args, control::Action::Resume)),
+        Command::Suspend(args) => done(control::suspend(ctx, args)),
+        Command::Resume(args) => done(control::resume(ctx, args)),
         Command::Kill(args) => done(control::kill(ctx, args)),
         Command::Update(args) => done(update::run(ctx, args)),
         Command::Partition(args) => done(partition::run(ctx, args)),
@@ -35,5 +36,20 @@ pub fn dispatch(ctx: &Context, command: &Command) -> Result<u8> {
         Command::Pool(args) => done(pool::run(ctx, args)),
         Command::Watch(args) => done(watch::run(ctx, args)),
         Command::Completions(args) => done(completions::run(args)),
+    }
+}
+
+/// How often a command that `--wait`s tries again (each try under the store lock).
+pub const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `--wait[=DURATION]`: None without the flag (refuse instead of waiting); Some(None)
+/// without a value (wait forever); Some(Some(limit)).
+pub fn wait_limit(text: Option<&str>) -> Result<Option<Option<std::time::Duration>>> {
+    match text {
+        None => Ok(None),
+        Some("forever") => Ok(Some(None)),
+        Some(text) => humantime::parse_duration(text)
+            .map(|d| Some(Some(d)))
+            .map_err(|e| crate::error::UsageError::new(format!("--wait {text:?}: {e}")).into()),
     }
 }

@@ -36,8 +36,7 @@ pub fn run(ctx: &Context, args: &PoolArgs) -> Result<()> {
         Access::Writer(lock) => {
             crate::lifecycle::reconcile_store(&store, &lock);
             let mut pool = crate::pool_effects::current(ctx, &store, &gpus)?;
-            let plan = pool.settle();
-            crate::pool_effects::execute(&store, &lock, &mut pool, plan)?;
+            crate::pool_effects::settle_pool(&store, &lock, &mut pool)?;
             pool.view()
         }
         // The pool as saved: nothing settled, nothing written.
@@ -66,8 +65,7 @@ fn compact(ctx: &Context, store: &Store) -> Result<()> {
     let lock = store.lock()?;
     crate::lifecycle::reconcile_store(store, &lock);
     let mut pool = crate::pool_effects::current(ctx, store, &gpus)?;
-    let plan = pool.settle();
-    crate::pool_effects::execute(store, &lock, &mut pool, plan)?;
+    crate::pool_effects::settle_pool(store, &lock, &mut pool)?;
     let moved = pool.compact();
     crate::pool_effects::save(store, &pool)?;
     println!("{}", if moved { "compacted the pool" } else { "the pool was already compact" });

@@ -103,7 +103,10 @@ fn workload_table(rows: &[Row]) -> comfy_table::Table {
             .collect();
         let mut state = match (&r.enforcement, &r.suspended_reason) {
             (Some(e), _) => format!("{}: {}", e.action.as_str(), e.reason),
-            (None, Some(why)) => format!("{} ({why})", r.state),
+            (None, Some(why)) => match r.suspended_memory {
+                Some(place) => format!("{} ({why}; memory on {place})", r.state),
+                None => format!("{} ({why})", r.state),
+            },
             (None, None) => r.state.clone(),
         };
         if !r.supervisor_alive {

@@ -158,11 +158,7 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         Some(text) => Some(PoolAsk {
             tflops: crate::pool::parse_tflops(text).map_err(pool_error)?,
             kind: args.kind.as_deref().unwrap_or("any").parse::<KindFilter>().map_err(pool_error)?,
-            wait: match args.wait.as_deref() {
-                None => None,
-                Some("forever") => Some(None),
-                Some(text) => Some(Some(humantime::parse_duration(text).map_err(|e| UsageError::new(format!("--wait {text:?}: {e}")))?)),
-            },
+            wait: crate::commands::wait_limit(args.wait.as_deref())?,
         }),
         None => None,
     };

@@ -55,6 +55,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         pid: None,
         state: WorkloadState::Starting,
         suspended_reason: None,
+        suspended_memory: None,
         created_unix_ms: crate::clock::now_ms(),
         enforcement: None,
     };
@@ -98,7 +99,12 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
 /// Whether the workload's memory fits on each of its GPUs beside the others' (and no
 /// damaged record may hold that GPU).
 pub(super) fn check_memory(store: &Store, devices: &[AdmissionGpu], workload: &Workload) -> Result<()> {
-    let (others, damaged) = store.workloads();
+    check_memory_among(store, devices, workload, store.workloads().0)
+}
+
+/// [`check_memory`] beside `others` as given (the records as a plan would leave them).
+pub(super) fn check_memory_among(store: &Store, devices: &[AdmissionGpu], workload: &Workload, others: Vec<Workload>) -> Result<()> {
+    let (_, damaged) = store.workloads();
     let damaged = crate::state::damaged::damaged_records(&damaged);
     let others: Vec<Workload> = others.into_iter().filter(|w| w.id != workload.id).collect();
     let partitions = Partitions::load(&store.partitions_path())?;

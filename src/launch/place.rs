@@ -10,9 +10,9 @@ use crate::error::UsageError;
 use crate::gpu::GpuInfo;
 use crate::pool::{AllocState, PoolError};
 use crate::pool_effects::{self, pool_error};
-use crate::state::{DamagedRecord, Partition, Partitions, Store, Workload, WorkloadGpu, WorkloadState};
+use crate::state::{DamagedRecord, Partition, Partitions, Store, SuspendedMemory, Workload, WorkloadGpu, WorkloadState};
 
-use super::admit::check_memory;
+use super::admit::{check_memory, check_memory_among};
 use super::transaction::Admission;
 use super::{PoolAsk, Request};
 
@@ -33,21 +33,39 @@ pub fn on_pool(
     let mut pool = pool_effects::current(ctx, store, gpus)?;
     let pool_request = crate::pool::Request::for_tflops(&id, &workload.name, ask.tflops, ctx.config.pool.block_tflops, request.priority, ask.kind)
         .map_err(pool_error)?;
-    match pool.admit(&pool_request) {
+    match pool_effects::admit(store, &pool, &pool_request)? {
         Ok(plan) => {
-            // Memory is decided with the blocks, before anyone is frozen: the slices the
-            // plan would give, checked against every reservation (a frozen victim keeps its
-            // device memory), on a copy of the pool. Refused here, nobody was touched.
+            // Memory is decided with the blocks, before anyone is suspended: the slices the
+            // plan would give, checked against every reservation as the plan would leave
+            // them (a victim's memory is free if the driver can move it to host memory), on
+            // a copy of the pool. Refused here, nobody was touched.
+            let releases = crate::suspension::releases_memory();
+            let mut trial = workload.clone();
             if !request.oversubscribe {
                 let mut planned = pool.clone();
                 planned.apply(plan.clone()).map_err(pool_error)?;
-                let mut trial = workload.clone();
                 slices(&planned, devices, request, &mut trial);
-                check_memory(store, devices, &trial)
-                    .map_err(|e| e.context(format!("{} TFLOPS were available{}, but not the memory; nobody was suspended", ask.tflops, preempting(&plan))))?;
+                let others = pool_effects::planned_workloads(store, &plan, releases.is_ok());
+                check_memory_among(store, devices, &trial, others).map_err(|e| {
+                    let held = match (&releases, plan.suspend().is_empty()) {
+                        (Err(why), false) => format!(" (a suspended workload keeps its GPU memory here: {why})"),
+                        _ => String::new(),
+                    };
+                    e.context(format!("{} TFLOPS were available{}, but not the memory{held}; nobody was suspended", ask.tflops, preempting(&plan)))
+                })?;
             }
             tx.asked_pool();
-            pool_effects::execute(store, tx.lock()?, &mut pool, plan)?;
+            let moved = pool_effects::execute(store, tx.lock()?, &mut pool, plan)?;
+            // A victim whose processes the driver would not checkpoint kept its memory:
+            // check again as things are. Refused, the transaction gives the blocks back
+            // and the victims resume.
+            if !request.oversubscribe {
+                if let Some((id, SuspendedMemory::Device { why })) = moved.iter().find(|(_, m)| *m != SuspendedMemory::Host) {
+                    check_memory(store, devices, &trial).map_err(|e| {
+                        e.context(format!("{} TFLOPS were available, but not the memory: the memory of {id} could not be moved off the GPU ({why}); it resumes", ask.tflops))
+                    })?;
+                }
+            }
         }
         Err(PoolError::NoRoom { .. }) if ask.wait.is_some() => {
             pool.enqueue(&pool_request).map_err(pool_error)?;
@@ -112,8 +130,7 @@ fn wait_for_blocks(store: &Store, tx: &mut Admission, id: &str, limit: Option<Du
         crate::lifecycle::reconcile_store(store, lock);
         let mut pool = pool_effects::load(store)?.context("the pool state disappeared while waiting")?;
         // Whoever released blocks settled the pool; settle again in case nobody did.
-        let plan = pool.settle();
-        pool_effects::execute(store, lock, &mut pool, plan)?;
+        pool_effects::settle_pool(store, lock, &mut pool)?;
         match pool.allocation(id).map(|a| a.state) {
             Some(AllocState::Running) => return Ok(()),
             Some(_) => {}

@@ -131,6 +131,12 @@ impl Pool {
     /// may use have ([`PoolError::TooLarge`], at once), or no room even with preemption
     /// ([`PoolError::NoRoom`], naming the holders; queue it with [`Pool::enqueue`] to wait).
     pub fn admit(&self, request: &Request) -> Result<Plan, PoolError> {
+        self.admit_without(request, &std::collections::BTreeSet::new())
+    }
+
+    /// [`Pool::admit`], whose settling leaves the workloads in `held` where they are (see
+    /// [`Pool::settle_without`]).
+    pub fn admit_without(&self, request: &Request, held: &std::collections::BTreeSet<String>) -> Result<Plan, PoolError> {
         self.check_request(request)?;
         let claim = Claim {
             id: &request.id,
@@ -139,6 +145,7 @@ impl Pool {
             eligible: self.inventory.eligible(request.kind),
         };
         let mut scratch = Scratch::new(self);
+        scratch.held = held.clone();
         let Some((shares, _)) = scratch.grant(&claim) else {
             return Err(self.no_room(request, &claim.eligible));
         };

@@ -9,7 +9,7 @@
 
 use std::cell::OnceCell;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::error::PoolError;
 use super::map::{BlockMap, DeviceRuns};
@@ -89,6 +89,9 @@ pub(crate) struct Scratch<'p> {
     /// Built on first need: plans that preempt nobody never pay for it.
     index: OnceCell<Index>,
     new: Option<Allocation>,
+    /// Suspended or waiting workloads that settling leaves where they are (their memory
+    /// does not fit back yet: a fact outside the pool's).
+    pub held: BTreeSet<String>,
 }
 
 /// What makes preemption cheap to plan on a large pool.
@@ -125,6 +128,7 @@ impl<'p> Scratch<'p> {
             order: Vec::new(),
             index: OnceCell::new(),
             new: None,
+            held: BTreeSet::new(),
         }
     }
 

@@ -9,7 +9,7 @@
 //! the free blocks and those of lower-priority running workloads.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
 
 use super::allocate::Claim;
 use super::plan::{Plan, Scratch};
@@ -19,7 +19,14 @@ impl Pool {
     /// Plan who resumes or starts now. Changes nothing; see [`Pool::apply`]. An empty plan
     /// when nobody can.
     pub fn settle(&self) -> Plan {
+        self.settle_without(&BTreeSet::new())
+    }
+
+    /// [`Pool::settle`], leaving the workloads in `held` suspended or waiting (their
+    /// memory does not fit back yet); their blocks may serve others meanwhile.
+    pub fn settle_without(&self, held: &BTreeSet<String>) -> Plan {
         let mut scratch = Scratch::new(self);
+        scratch.held = held.clone();
         scratch.settle();
         scratch.into_plan()
     }
@@ -32,7 +39,7 @@ impl Scratch<'_> {
         let mut queue: BinaryHeap<_> = pool
             .allocations
             .values()
-            .filter(|a| self.state(a.seq).is_some_and(|s| s != AllocState::Running))
+            .filter(|a| self.state(a.seq).is_some_and(|s| s != AllocState::Running) && !self.held.contains(&a.id))
             .map(|a| (a.priority, Reverse(a.seq)))
             .collect();
         while let Some((priority, Reverse(seq))) = queue.pop() {

@@ -91,6 +91,10 @@ pub struct Workload {
     pub state: WorkloadState,
     /// Why it is suspended, e.g. "manual" or "preempted by <id>".
     pub suspended_reason: Option<String>,
+    /// While suspended: where its device memory is (None: running, or recorded before
+    /// suspension released memory, which reads as held on the device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended_memory: Option<SuspendedMemory>,
     pub created_unix_ms: u64,
     /// What `vgpu watch` is doing to it, and why (None: nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,6 +116,29 @@ impl EnforcementAction {
         match self {
             EnforcementAction::Throttled => "throttled",
             EnforcementAction::Killed => "killed",
+        }
+    }
+}
+
+/// Where a suspended workload's device memory is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "on", rename_all = "lowercase")]
+pub enum SuspendedMemory {
+    /// Its CUDA processes were checkpointed (the CUDA checkpoint API): their device memory
+    /// is in host memory and the GPU's is free for others. Its quota stays its own: it
+    /// resumes once that fits again.
+    Host,
+    /// Only frozen: its device memory stays allocated on the GPU. `why` says why the
+    /// checkpoint API was not used (an older driver, a process it refused, the config).
+    Device { why: String },
+}
+
+impl SuspendedMemory {
+    /// `host` or `device`, as `vgpu ps` shows it.
+    pub fn place(&self) -> &'static str {
+        match self {
+            SuspendedMemory::Host => "host",
+            SuspendedMemory::Device { .. } => "device",
         }
     }
 }
@@ -198,6 +225,28 @@ impl Workload {
         atomic::write_json(path, self)
     }
 
+    /// Record it suspended, for `reason`, with its memory where `memory` says.
+    pub fn set_suspended(&mut self, reason: String, memory: SuspendedMemory) {
+        self.state = WorkloadState::Suspended;
+        self.suspended_reason = Some(reason);
+        self.suspended_memory = Some(memory);
+    }
+
+    /// Record it running again (a suspended one resumed).
+    pub fn set_resumed(&mut self) {
+        if self.state == WorkloadState::Suspended {
+            self.state = WorkloadState::Running;
+        }
+        self.suspended_reason = None;
+        self.suspended_memory = None;
+    }
+
+    /// Whether its device memory is off the GPUs (suspended through the checkpoint API):
+    /// admission counts that memory as free, and it resumes only once it fits again.
+    pub fn memory_on_host(&self) -> bool {
+        self.state == WorkloadState::Suspended && self.suspended_memory == Some(SuspendedMemory::Host)
+    }
+
     /// Whether its supervisor (the exact process, not a recycled pid) still runs.
     pub fn supervisor_alive(&self) -> bool {
         ProcessId::from(self.supervisor).is_alive()
@@ -233,6 +282,7 @@ pub(crate) mod tests {
             pid: None,
             state: WorkloadState::Running,
             suspended_reason: None,
+            suspended_memory: None,
             created_unix_ms: 0,
             enforcement: None,
         }

@@ -98,6 +98,7 @@ pub struct Watch {
 impl Watch {
     /// Take the single-instance lock (refusing when another watch holds it) and open NVML.
     pub fn start(ctx: Context) -> Result<Watch, StartError> {
+        crate::suspension::configure(&ctx);
         let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
         store.ensure_dirs().map_err(StartError::State)?;
         let instance = match StoreLock::acquire_within(&ctx.state_path(INSTANCE_LOCK), Duration::ZERO) {
@@ -192,6 +193,7 @@ impl Watch {
         }
         let (state_dir, lib_dir) = (self.ctx.state_dir.clone(), self.ctx.lib_dir.clone());
         self.ctx = Context { state_dir, lib_dir, ..ctx };
+        crate::suspension::configure(&self.ctx);
         if self.nvml.is_none() {
             self.open_nvml();
             events.append(&mut self.pending);

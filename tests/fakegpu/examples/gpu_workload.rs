@@ -23,7 +23,10 @@
 //! and exits 0. A driver error prints one line naming the call and the code, and exits 1.
 //!
 //! `idle` launches nothing (it sleeps in 10 ms steps): with `--alloc-mib N` it just holds
-//! memory. `--alloc-mib N` allocates N MiB with `cuMemAlloc_v2` once set up (before
+//! memory. `churn` allocates `--churn-mib` MiB (default 64) and frees it again, every step.
+//! `--progress FILE`: after every step, FILE holds the number of steps done so far.
+//! `--stop FILE`: end (as after SECONDS) once FILE exists. At the
+//! end, the `--alloc-mib` allocation is freed (a driver that lost it fails the run). `--alloc-mib N` allocates N MiB with `cuMemAlloc_v2` once set up (before
 //! `--ready`). `--real-dlsym` resolves `cuGetProcAddress_v2` with glibc's own `dlsym` (taken
 //! with `dlvsym` from libc's handle), not the `dlsym` the program links to: the way a program
 //! escapes a shim that interposes `dlsym` — for tests of `vgpu watch`.
@@ -59,6 +62,7 @@ enum Shape {
     Graph,
     Multi,
     Idle,
+    Churn,
 }
 
 struct Args {
@@ -71,12 +75,16 @@ struct Args {
     window_ms: u64,
     go: Option<String>,
     alloc_mib: u64,
+    churn_mib: u64,
+    progress: Option<String>,
+    stop: Option<String>,
     real_dlsym: bool,
 }
 
-const USAGE: &str = "usage: gpu_workload sync|storm|ex|coop|legacy|graph|multi|idle SECONDS \
+const USAGE: &str = "usage: gpu_workload sync|storm|ex|coop|legacy|graph|multi|idle|churn SECONDS \
                      [--kernel-us N] [--batch N] [--device N] [--ready FILE] \
-                     [--window-ms N] [--go FILE] [--alloc-mib N] [--real-dlsym]";
+                     [--window-ms N] [--go FILE] [--alloc-mib N] [--churn-mib N] \
+                     [--progress FILE] [--stop FILE] [--real-dlsym]";
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let [shape, seconds, rest @ ..] = args else {
@@ -91,6 +99,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         "graph" => Shape::Graph,
         "multi" => Shape::Multi,
         "idle" => Shape::Idle,
+        "churn" => Shape::Churn,
         other => return Err(format!("unknown shape `{other}`")),
     };
     let seconds: f64 = seconds
@@ -108,6 +117,9 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         window_ms: 1000,
         go: None,
         alloc_mib: 0,
+        churn_mib: 64,
+        progress: None,
+        stop: None,
         real_dlsym: false,
     };
     let mut rest = rest.iter();
@@ -136,6 +148,9 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--window-ms" => parsed.window_ms = number()?,
             "--go" => parsed.go = Some(value.clone()),
             "--alloc-mib" => parsed.alloc_mib = number()?,
+            "--churn-mib" => parsed.churn_mib = number()?,
+            "--progress" => parsed.progress = Some(value.clone()),
+            "--stop" => parsed.stop = Some(value.clone()),
             other => return Err(format!("unknown option `{other}`")),
         }
     }
@@ -539,6 +554,17 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
             std::thread::sleep(Duration::from_millis(10));
             Ok(0)
         }),
+        Shape::Churn => {
+            let alloc = proc_fn!(driver, "cuMemAlloc", unsafe extern "C" fn(*mut c_ulonglong, usize) -> Cu);
+            let free = proc_fn!(driver, "cuMemFree", unsafe extern "C" fn(c_ulonglong) -> Cu);
+            let bytes = (args.churn_mib as usize) << 20;
+            Box::new(move |_stats| {
+                let mut ptr: c_ulonglong = 0;
+                call!(alloc, &mut ptr, bytes);
+                call!(free, ptr);
+                Ok(0)
+            })
+        }
         Shape::Multi => {
             let f = proc_fn!(
                 driver,
@@ -568,10 +594,10 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
         }
     };
 
+    let mut held: c_ulonglong = 0;
     if args.alloc_mib > 0 {
         let alloc = proc_fn!(driver, "cuMemAlloc", unsafe extern "C" fn(*mut c_ulonglong, usize) -> Cu);
-        let mut ptr: c_ulonglong = 0;
-        call!(alloc, &mut ptr, (args.alloc_mib as usize) << 20);
+        call!(alloc, &mut held, (args.alloc_mib as usize) << 20);
     }
     if let Some(path) = &args.ready {
         if let Err(e) = std::fs::write(path, b"ready\n") {
@@ -589,10 +615,26 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
     };
     let limit = Duration::from_secs_f64(args.seconds);
     let start = Instant::now();
-    while start.elapsed() < limit {
+    let mut steps: u64 = 0;
+    let stopped = || args.stop.as_deref().is_some_and(|f| std::path::Path::new(f).exists());
+    while start.elapsed() < limit && !stopped() {
         let kernels = step(&mut stats)?;
         call!(sync, stream);
         stats.completed(kernels, start.elapsed());
+        steps += 1;
+        if let Some(path) = &args.progress {
+            // Written whole then renamed: a reader never sees a partial number.
+            let tmp = format!("{path}.tmp");
+            if std::fs::write(&tmp, format!("{steps}\n")).and_then(|()| std::fs::rename(&tmp, path)).is_err() {
+                eprintln!("gpu_workload: cannot write {path}");
+            }
+        }
+    }
+    // The allocation held all along is still valid: freeing it proves it came back intact
+    // after a checkpoint (a driver that lost it answers CUDA_ERROR_INVALID_VALUE).
+    if held != 0 {
+        let free = proc_fn!(driver, "cuMemFree", unsafe extern "C" fn(c_ulonglong) -> Cu);
+        call!(free, held);
     }
     Ok((stats, start.elapsed().as_secs_f64()))
 }

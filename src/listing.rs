@@ -190,6 +190,14 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
     }
 }
 
+/// Where a suspended workload's memory is; a record from before suspension could release
+/// memory reads as held on the device.
+fn suspended_memory(w: &Workload) -> Option<crate::state::SuspendedMemory> {
+    (w.state == crate::state::WorkloadState::Suspended).then(|| {
+        w.suspended_memory.clone().unwrap_or(crate::state::SuspendedMemory::Device { why: "suspended by an older vgpu".into() })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,12 +209,4 @@ mod tests {
         assert_eq!(ppm_to_pct(123_456), 12.3);
         assert_eq!(ppm_to_pct(0), 0.0);
     }
-}
-
-/// Where a suspended workload's memory is; a record from before suspension could release
-/// memory reads as held on the device.
-fn suspended_memory(w: &Workload) -> Option<crate::state::SuspendedMemory> {
-    (w.state == crate::state::WorkloadState::Suspended).then(|| {
-        w.suspended_memory.clone().unwrap_or(crate::state::SuspendedMemory::Device { why: "suspended by an older vgpu".into() })
-    })
 }

@@ -8,6 +8,7 @@ mod process;
 #[path = "support/workload.rs"]
 mod workload;
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::Duration;
@@ -195,12 +196,15 @@ fn resume_waits_until_the_memory_fits_back() {
 
     let mut waiting = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
     waiting.args(["--simulate", "resume", "--wait", "first"]).envs(sim.env()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let waiting = waiting.spawn().expect("resume --wait");
+    let mut waiting = waiting.spawn().expect("resume --wait");
+    // Its first line says it waits (and why); only then does second end.
+    let mut lines = BufReader::new(waiting.stderr.take().expect("stderr")).lines();
+    let line = lines.next().expect("a line").expect("read");
+    assert!(line.contains("waiting to resume first") && line.contains("held by workload second"), "{line}");
     let (code, err) = second.finish();
     assert_eq!(code, Some(0), "{err}");
-    let out = waiting.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stderr(&out).contains("waiting to resume first"), "{}", stderr(&out));
+    let status = waiting.wait().expect("wait");
+    assert!(status.success(), "{:?}", lines.map_while(Result::ok).collect::<Vec<_>>());
     assert_eq!(first.row()["state"], "running");
     assert_eq!(used(&sim), 12 * GIB);
     let (code, err) = first.finish();

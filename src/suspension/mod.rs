@@ -30,8 +30,10 @@ use crate::state::SuspendedMemory;
 
 pub use driver::configure;
 
-/// `CUDA_ERROR_INVALID_VALUE`: the driver's answer for a pid that is not a CUDA process.
-const NOT_A_CUDA_PROCESS: u32 = 1;
+/// The driver's answers for a pid that is not a CUDA process: `CUDA_ERROR_INVALID_VALUE`
+/// (what cuda.h documents) and `CUDA_ERROR_NOT_INITIALIZED` (what drivers 570–580 also
+/// answer for a process that never initialised CUDA).
+const NOT_A_CUDA_PROCESS: [u32; 2] = [1, 3];
 
 /// How often suspend looks again for CUDA processes that started while it checkpointed.
 const ROUNDS: usize = 3;
@@ -169,40 +171,44 @@ fn cuda_processes(checkpointer: &Checkpointer, cgroup: &Cgroup) -> Result<Result
     for pid in pids.into_iter().filter_map(|p| u32::try_from(p).ok()) {
         match checkpointer.state(pid) {
             Ok(state) => out.push((pid, state)),
-            Err(e) if e.code() == Some(NOT_A_CUDA_PROCESS) => {}
+            Err(e) if e.code().is_some_and(|c| NOT_A_CUDA_PROCESS.contains(&c)) => {}
             Err(e) => return Ok(Err(e.to_string())),
         }
     }
     Ok(Ok(out))
 }
 
-/// Lock and checkpoint every CUDA process not checkpointed yet. `Ok(Err(why))`: the driver
-/// refused one (the others may be locked or checkpointed: the caller restores them).
+/// Lock every CUDA process, then checkpoint every one not checkpointed yet — all locked
+/// first, as CRIU's CUDA plugin does, so that no process is checkpointed while another one
+/// still runs work that waits on it. `Ok(Err(why))`: the driver refused one (the others
+/// may be locked or checkpointed: the caller restores them).
 fn checkpoint_all(checkpointer: &Checkpointer, cgroup: &Cgroup, timeout: std::time::Duration) -> Result<Result<(), String>, SuspendError> {
     let processes = match cuda_processes(checkpointer, cgroup)? {
         Ok(p) => p,
         Err(why) => return Ok(Err(why)),
     };
-    let step = |pid: u32, state: ProcessState| -> Result<(), CheckpointError> {
-        match state {
-            ProcessState::Running => {
-                checkpointer.lock(pid, timeout)?;
-                crate::stop_point::stop_point("suspend:locked");
-                checkpointer.checkpoint(pid)
-            }
-            ProcessState::Locked => checkpointer.checkpoint(pid),
-            ProcessState::Checkpointed => Ok(()),
-            ProcessState::Failed | ProcessState::Other(_) => Err(CheckpointError::Driver {
-                call: format!("cuCheckpointProcessGetState(pid {pid})"),
-                code: 0,
-                name: format!("the process is in state {state:?}"),
-            }),
-        }
+    let unknown = |pid: u32, state: ProcessState| CheckpointError::Driver {
+        call: format!("cuCheckpointProcessGetState(pid {pid})"),
+        code: 0,
+        name: format!("the process is in state {state:?}"),
     };
-    for (pid, state) in processes {
-        if let Err(e) = step(pid, state) {
-            return Ok(Err(e.to_string()));
-        }
+    let lock = |&(pid, state): &(u32, ProcessState)| match state {
+        ProcessState::Running => checkpointer.lock(pid, timeout),
+        ProcessState::Locked | ProcessState::Checkpointed => Ok(()),
+        ProcessState::Failed | ProcessState::Other(_) => Err(unknown(pid, state)),
+    };
+    if let Err(e) = processes.iter().try_for_each(lock) {
+        return Ok(Err(e.to_string()));
+    }
+    if !processes.is_empty() {
+        crate::stop_point::stop_point("suspend:locked");
+    }
+    let checkpoint = |&(pid, state): &(u32, ProcessState)| match state {
+        ProcessState::Checkpointed => Ok(()),
+        _ => checkpointer.checkpoint(pid),
+    };
+    if let Err(e) = processes.iter().try_for_each(checkpoint) {
+        return Ok(Err(e.to_string()));
     }
     Ok(Ok(()))
 }

@@ -232,6 +232,11 @@ fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Wor
                     "thawed: the pool gave its blocks back"
                 }
             } else {
+                // A resume thawed it and died: finish it (restore what is still on the host).
+                if let Err(e) = crate::suspension::resume(&cgroup, w.suspended_memory.as_ref()) {
+                    tracing::warn!("{} ({}): {e}", w.name, w.id);
+                    return Ok(None);
+                }
                 record.set_resumed();
                 "recorded as running: a resume thawed it and died before recording it"
             }

@@ -240,3 +240,26 @@ fn a_preemption_that_cannot_serve_the_memory_freezes_nobody() {
     sim.vgpu(&["kill", "--signal", "KILL", "low"]).assert().success();
     low.wait().unwrap();
 }
+
+#[test]
+fn a_waiting_request_waits_for_the_memory_too() {
+    use std::io::{BufRead, BufReader};
+    // Without the checkpoint API, suspending low would not free its memory.
+    let sim = Sim::with_config("checkpoint = false\n\n[[device]]\nname = \"NVIDIA L4\"\nmemory = \"24GiB\"\n");
+    sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 10\n");
+    let (mut low, _read) = counting(&sim, &["--tflops", "8", "--priority", "1"]);
+    let mut high = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    high.args(["--simulate", "run", "--tflops", "5", "--priority", "5", "--wait", "--name", "high", "--", "true"])
+        .envs(sim.env())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut high = high.spawn().unwrap();
+    let mut lines = BufReader::new(high.stderr.take().unwrap()).lines();
+    let line = lines.next().unwrap().unwrap();
+    assert!(line.contains("waiting for the memory") && line.contains("nobody was suspended"), "{line}");
+    assert_eq!(sim.row("low")["state"], "running", "nobody is suspended while it waits");
+    sim.vgpu(&["kill", "--signal", "KILL", "low"]).assert().success();
+    low.wait().unwrap();
+    let status = high.wait().unwrap();
+    assert!(status.success(), "{:?}", lines.map_while(Result::ok).collect::<Vec<_>>());
+}

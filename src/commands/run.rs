@@ -40,7 +40,7 @@ pub struct RunArgs {
     /// Which kind of device the pool blocks come from: gpu, npu, fpga or any
     #[arg(long, value_name = "KIND", requires = "tflops")]
     pub kind: Option<String>,
-    /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks instead of refusing
+    /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks and memory instead of refusing
     #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops")]
     pub wait: Option<String>,
     /// Number of whole GPUs, or a range MIN-MAX the carbon planner chooses from (stage 1)

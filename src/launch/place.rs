@@ -30,62 +30,94 @@ pub fn on_pool(
     workload: &mut Workload,
 ) -> Result<()> {
     let id = workload.id.clone();
-    let mut pool = pool_effects::current(ctx, store, gpus)?;
     let pool_request = crate::pool::Request::for_tflops(&id, &workload.name, ask.tflops, ctx.config.pool.block_tflops, request.priority, ask.kind)
         .map_err(pool_error)?;
-    match pool_effects::admit(store, &pool, &pool_request)? {
-        Ok(plan) => {
-            // Memory is decided with the blocks, before anyone is suspended: the slices the
-            // plan would give, checked against every reservation as the plan would leave
-            // them (a victim's memory is free if the driver can move it to host memory), on
-            // a copy of the pool. Refused here, nobody was touched.
-            let releases = crate::suspension::releases_memory();
-            let mut trial = workload.clone();
-            if !request.oversubscribe {
-                let mut planned = pool.clone();
-                planned.apply(plan.clone()).map_err(pool_error)?;
-                slices(&planned, devices, request, &mut trial);
-                let others = pool_effects::planned_workloads(store, &plan, releases.is_ok());
-                check_memory_among(store, devices, &trial, others).map_err(|e| {
-                    let held = match (&releases, plan.suspend().is_empty()) {
-                        (Err(why), false) => format!(" (a suspended workload keeps its GPU memory here: {why})"),
-                        _ => String::new(),
-                    };
-                    e.context(format!("{} TFLOPS were available{}, but not the memory{held}; nobody was suspended", ask.tflops, preempting(&plan)))
-                })?;
-            }
-            tx.asked_pool();
-            let moved = pool_effects::execute(store, tx.lock()?, &mut pool, plan)?;
-            // A victim whose processes the driver would not checkpoint kept its memory:
-            // check again as things are. Refused, the transaction gives the blocks back
-            // and the victims resume.
-            if !request.oversubscribe {
-                if let Some((id, SuspendedMemory::Device { why })) = moved.iter().find(|(_, m)| *m != SuspendedMemory::Host) {
-                    check_memory(store, devices, &trial).map_err(|e| {
-                        e.context(format!("{} TFLOPS were available, but not the memory: the memory of {id} could not be moved off the GPU ({why}); it resumes", ask.tflops))
-                    })?;
+    let started = Instant::now();
+    let mut said_waiting = false;
+    let pool = loop {
+        let mut pool = pool_effects::current(ctx, store, gpus)?;
+        match pool_effects::admit(store, &pool, &pool_request)? {
+            Ok(plan) => {
+                let mut trial = workload.clone();
+                if !request.oversubscribe {
+                    if let Err(e) = check_planned_memory(store, devices, request, ask, &pool, &plan, &mut trial) {
+                        // With --wait, a request whose memory does not fit waits for it
+                        // (others exiting, shrinking, or suspended to host memory).
+                        let Some(limit) = ask.wait else { return Err(e) };
+                        if limit.is_some_and(|l| started.elapsed() >= l) {
+                            return Err(e.context(format!("timed out after {} waiting for the memory", humantime::format_duration(limit.unwrap_or_default()))));
+                        }
+                        if !said_waiting {
+                            eprintln!("vgpu: waiting for the memory: {e:#}…");
+                            said_waiting = true;
+                        }
+                        tx.unlock();
+                        std::thread::sleep(crate::commands::WAIT_POLL);
+                        crate::lifecycle::reconcile_store(store, tx.lock()?);
+                        continue;
+                    }
                 }
+                tx.asked_pool();
+                let moved = pool_effects::execute(store, tx.lock()?, &mut pool, plan)?;
+                // A victim whose processes the driver would not checkpoint kept its memory:
+                // check again as things are. Refused, the transaction gives the blocks back
+                // and the victims resume.
+                if !request.oversubscribe {
+                    if let Some((id, SuspendedMemory::Device { why })) = moved.iter().find(|(_, m)| *m != SuspendedMemory::Host) {
+                        check_memory(store, devices, &trial).map_err(|e| {
+                            e.context(format!("{} TFLOPS were available, but not the memory: the memory of {id} could not be moved off the GPU ({why}); it resumes", ask.tflops))
+                        })?;
+                    }
+                }
+                break pool;
             }
+            Err(PoolError::NoRoom { .. }) if ask.wait.is_some() => {
+                pool.enqueue(&pool_request).map_err(pool_error)?;
+                pool_effects::save(store, &pool)?;
+                tx.asked_pool();
+                workload.state = WorkloadState::Waiting;
+                store.write_workload(workload)?;
+                tx.wrote_record();
+                eprintln!("vgpu: waiting for {} TFLOPS from the pool…", ask.tflops);
+                wait_for_blocks(store, tx, &id, ask.wait.flatten())?;
+                workload.state = WorkloadState::Starting;
+                break pool_effects::load(store)?.context("the pool state disappeared while waiting")?;
+            }
+            Err(e) => return Err(pool_error(e)),
         }
-        Err(PoolError::NoRoom { .. }) if ask.wait.is_some() => {
-            pool.enqueue(&pool_request).map_err(pool_error)?;
-            pool_effects::save(store, &pool)?;
-            tx.asked_pool();
-            workload.state = WorkloadState::Waiting;
-            store.write_workload(workload)?;
-            tx.wrote_record();
-            eprintln!("vgpu: waiting for {} TFLOPS from the pool…", ask.tflops);
-            wait_for_blocks(store, tx, &id, ask.wait.flatten())?;
-            pool = pool_effects::load(store)?.context("the pool state disappeared while waiting")?;
-            workload.state = WorkloadState::Starting;
-        }
-        Err(e) => return Err(pool_error(e)),
-    }
+    };
     let alloc = pool.allocation(&id).context("the pool did not record the allocation")?;
     workload.pool_blocks = Some(alloc.held());
     slices(&pool, devices, request, workload);
     workload.pool_env = pool.declared_env(&id);
     Ok(())
+}
+
+/// Memory is decided with the blocks, before anyone is suspended: the slices `plan` would
+/// give (into `trial`), checked against every reservation as the plan would leave them (a
+/// victim's memory is free if the driver can move it to host memory), on a copy of the
+/// pool. Refused here, nobody was touched.
+fn check_planned_memory(
+    store: &Store,
+    devices: &[AdmissionGpu],
+    request: &Request,
+    ask: &PoolAsk,
+    pool: &crate::pool::Pool,
+    plan: &crate::pool::Plan,
+    trial: &mut Workload,
+) -> Result<()> {
+    let releases = crate::suspension::releases_memory();
+    let mut planned = pool.clone();
+    planned.apply(plan.clone()).map_err(pool_error)?;
+    slices(&planned, devices, request, trial);
+    let others = pool_effects::planned_workloads(store, plan, releases.is_ok());
+    check_memory_among(store, devices, trial, others).map_err(|e| {
+        let held = match (&releases, plan.suspend().is_empty()) {
+            (Err(why), false) => format!(" (a suspended workload keeps its GPU memory here: {why})"),
+            _ => String::new(),
+        };
+        e.context(format!("{} TFLOPS were available{}, but not the memory{held}; nobody was suspended", ask.tflops, preempting(plan)))
+    })
 }
 
 /// The workload's slice of each GPU its blocks are on: a compute share of blocks/GPU blocks,

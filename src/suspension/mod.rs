@@ -205,7 +205,10 @@ fn checkpoint_all(checkpointer: &Checkpointer, cgroup: &Cgroup, timeout: std::ti
     }
     let checkpoint = |&(pid, state): &(u32, ProcessState)| match state {
         ProcessState::Checkpointed => Ok(()),
-        _ => checkpointer.checkpoint(pid),
+        _ => {
+            tracing::info!("checkpointing process {pid} of {}", cgroup.name());
+            checkpointer.checkpoint(pid)
+        }
     };
     if let Err(e) = processes.iter().try_for_each(checkpoint) {
         return Ok(Err(e.to_string()));
@@ -232,6 +235,7 @@ fn restore_all(checkpointer: &Checkpointer, cgroup: &Cgroup) -> Result<usize, (S
     let mut restored = Vec::new();
     for &(pid, state) in &processes {
         if state == ProcessState::Checkpointed {
+            tracing::info!("restoring process {pid} of {}", cgroup.name());
             checkpointer.restore(pid).map_err(|e| (e.to_string(), restored.clone()))?;
             restored.push(pid);
             crate::stop_point::stop_point("resume:restored");

@@ -147,7 +147,7 @@ impl Pool {
         let mut scratch = Scratch::new(self);
         scratch.held = held.clone();
         let Some((shares, _)) = scratch.grant(&claim) else {
-            return Err(self.no_room(request, &claim.eligible));
+            return Err(self.no_room(request.blocks, request.priority, &claim.eligible, None));
         };
         let alloc = Allocation {
             id: request.id.clone(),
@@ -167,12 +167,15 @@ impl Pool {
         Ok(scratch.into_plan())
     }
 
-    fn no_room(&self, request: &Request, eligible: &[usize]) -> PoolError {
+    /// Why `requested` blocks for a claim of `priority` on the `eligible` devices cannot be
+    /// had: the free blocks, and the running holders that may not be preempted (but
+    /// `claimant`, a running workload asking for more).
+    pub(crate) fn no_room(&self, requested: u64, priority: Priority, eligible: &[usize], claimant: Option<&str>) -> PoolError {
         let free = eligible.iter().map(|&d| self.map.device(d).free()).sum();
         let mut holders: Vec<Holder> = self
             .allocations
             .values()
-            .filter(|a| a.state == AllocState::Running && a.priority >= request.priority)
+            .filter(|a| a.state == AllocState::Running && a.priority >= priority && Some(a.id.as_str()) != claimant)
             .filter_map(|a| {
                 let blocks: u64 = a.shares.iter().filter(|s| eligible.contains(&s.device)).map(|s| s.blocks).sum();
                 (blocks > 0).then(|| Holder {
@@ -184,6 +187,6 @@ impl Pool {
             })
             .collect();
         holders.sort_by(|a, b| b.blocks.cmp(&a.blocks).then_with(|| a.id.cmp(&b.id)));
-        PoolError::NoRoom { requested: request.blocks, free, holders }
+        PoolError::NoRoom { requested, free, holders }
     }
 }

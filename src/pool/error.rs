@@ -54,6 +54,15 @@ pub enum PoolError {
     #[error("{}", no_room(*.requested, *.free, .holders))]
     NoRoom { requested: u64, free: u64, holders: Vec<Holder> },
 
+    #[error("{name} ({id}) runs on {devices} pool devices and keeps at least one block on each: ask for at least {devices} blocks, not {requested}")]
+    ResizeBelowDevices { id: String, name: String, devices: usize, requested: u64 },
+
+    #[error("{requested} blocks requested for {name} ({id}) but the devices it runs on have {available} blocks; a running workload cannot move to other devices")]
+    ResizeTooLarge { id: String, name: String, requested: u64, available: u64 },
+
+    #[error("{name} ({id}) is {state} in the pool: its blocks can change only while it runs")]
+    NotRunning { id: String, name: String, state: super::state::AllocState },
+
     #[error("workload {0:?} already has an entry in the pool")]
     DuplicateWorkload(String),
 
@@ -83,6 +92,8 @@ impl PoolError {
                 | PoolError::DuplicateDevice(_)
                 | PoolError::UnknownGpuModel { .. }
                 | PoolError::TooLarge { .. }
+                | PoolError::ResizeBelowDevices { .. }
+                | PoolError::ResizeTooLarge { .. }
         )
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! - [`inventory`]: devices → regions → block numbers.
 //! - [`map`], [`compact`]: who owns which block; compaction.
-//! - [`allocate`], [`preempt`], [`resume`]: decisions, returned as a [`Plan`].
+//! - [`allocate`], [`preempt`], [`resume`], [`resize`]: decisions, returned as a [`Plan`].
 //! - [`state`]: the [`Pool`] value the state store keeps; [`view`]: what `vgpu pool` shows.
 //!
 //! How a caller uses it (all under the state store's lock):
@@ -15,6 +15,7 @@
 //! exit:    pool.release(id)? → plan = pool.settle() → freeze plan.suspend, thaw
 //!          plan.resume → pool.apply(plan)? → save
 //! compact: pool.compact() → save
+//! update:  plan = pool.resize(id, blocks)?   // like admit, on the devices it runs on
 //! ```
 
 pub mod allocate;
@@ -28,6 +29,7 @@ pub mod plan;
 pub mod preempt;
 pub mod priority;
 pub mod request;
+pub mod resize;
 pub mod resume;
 pub mod state;
 pub mod view;

@@ -218,6 +218,27 @@ impl<'p> Scratch<'p> {
         self.record(seq, Change { state: AllocState::Running, shares, preempted_by: None });
     }
 
+    /// Record that running `seq` now holds `shares` instead (a resize): the caller has
+    /// checked that the blocks it gains are free.
+    pub fn reshape(&mut self, seq: u64, shares: Vec<Share>) {
+        let old = self.shares(seq).to_vec();
+        for s in &old {
+            self.free[s.device] += s.blocks;
+        }
+        for s in &shares {
+            self.free[s.device] -= s.blocks;
+        }
+        if let (Some(index), Some(a)) = (self.index.get_mut(), self.pool.allocations.get(&seq)) {
+            for s in &old {
+                index.running_at[s.device][rank(a.priority)] -= s.blocks;
+            }
+            for s in &shares {
+                index.running_at[s.device][rank(a.priority)] += s.blocks;
+            }
+        }
+        self.record(seq, Change { state: AllocState::Running, shares, preempted_by: None });
+    }
+
     fn record(&mut self, seq: u64, change: Change) {
         if self.changed.insert(seq, change).is_none() {
             self.order.push(seq);
@@ -284,10 +305,16 @@ impl Pool {
         }
         // Work on copies of the devices touched, so that a surprise leaves the pool as it was.
         let mut devices: HashMap<usize, DeviceRuns> = HashMap::new();
+        // Whether a change moves blocks: it stops or starts running, or a running
+        // allocation is resized (it gives all its blocks back and takes its new count).
+        let moves = |before: &Allocation, change: &Change| {
+            (before.state == AllocState::Running) != (change.state == AllocState::Running)
+                || (change.state == AllocState::Running && before.shares != change.shares)
+        };
         // Free first: suspended workloads' blocks are what the others take.
         for (seq, change) in &plan.changes {
             let before = self.allocations.get(seq).ok_or(PoolError::StalePlan)?;
-            if before.state == AllocState::Running && change.state != AllocState::Running {
+            if before.state == AllocState::Running && moves(before, change) {
                 for s in &before.shares {
                     copy_of(&mut devices, &self.map, s.device).release(*seq);
                 }
@@ -296,10 +323,7 @@ impl Pool {
         let newly_running = plan
             .changes
             .iter()
-            .filter(|(seq, c)| {
-                c.state == AllocState::Running
-                    && self.allocations.get(seq).is_some_and(|a| a.state != AllocState::Running)
-            })
+            .filter(|(seq, c)| c.state == AllocState::Running && self.allocations.get(seq).is_some_and(|a| moves(a, c)))
             .map(|(seq, c)| (*seq, &c.shares))
             .chain(plan.new.as_ref().map(|a| (a.seq, &a.shares)));
         for (seq, shares) in newly_running {
@@ -313,6 +337,10 @@ impl Pool {
         }
         for (seq, change) in plan.changes {
             if let Some(alloc) = self.allocations.get_mut(&seq) {
+                if change.state != AllocState::Waiting {
+                    // A resize changes the count; otherwise it is the same.
+                    alloc.blocks = change.shares.iter().map(|s| s.blocks).sum();
+                }
                 alloc.state = change.state;
                 alloc.shares = change.shares;
                 alloc.preempted_by = change.preempted_by;

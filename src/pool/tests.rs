@@ -212,6 +212,92 @@ fn bad_requests_are_typed_errors() {
     ));
 }
 
+// ---- resize (`vgpu update --tflops`) ----
+
+/// `vgpu update --tflops`: resize and record (all freezes succeed).
+fn resize(pool: &mut Pool, id: &str, blocks: u64) -> Plan {
+    let plan = pool.resize(id, blocks).unwrap();
+    pool.apply(plan.clone()).unwrap();
+    plan
+}
+
+fn shares_of(pool: &Pool, id: &str) -> Vec<(usize, u64)> {
+    pool.allocation(id).unwrap().shares.iter().map(|s| (s.device, s.blocks)).collect()
+}
+
+#[test]
+fn a_raise_takes_free_blocks_on_its_own_devices_only() {
+    let mut pool = pool_of(&[(DeviceKind::Gpu, 10.0), (DeviceKind::Gpu, 10.0)]);
+    run(&mut pool, "a", 4, 50);
+    let plan = resize(&mut pool, "a", 9);
+    assert!(plan.suspend().is_empty() && plan.granted().is_none());
+    assert_eq!(shares_of(&pool, "a"), [(0, 9)]);
+    assert_eq!(pool.allocation("a").unwrap().blocks, 9);
+    assert_eq!(ranges(&pool, "a"), [[1, 9]]);
+    // Device 1 is wholly free, but "a" runs on device 0 only.
+    let err = pool.resize("a", 11).unwrap_err();
+    assert!(matches!(err, PoolError::ResizeTooLarge { requested: 11, available: 10, .. }), "{err:?}");
+    assert!(err.is_usage());
+    pool.check().unwrap();
+}
+
+#[test]
+fn a_lower_gives_blocks_back_and_settles_in_the_same_plan() {
+    let mut pool = pool_of(&[(DeviceKind::Gpu, 10.0)]);
+    run(&mut pool, "big", 8, 50);
+    run(&mut pool, "low", 2, 10);
+    pool.enqueue(&request("waiter", 4, 50, KindFilter::Any)).unwrap();
+    let plan = resize(&mut pool, "big", 4);
+    assert_eq!(ids(plan.start()), ["waiter"]);
+    assert_eq!(shares_of(&pool, "big"), [(0, 4)]);
+    assert_eq!(state(&pool, "waiter"), AllocState::Running);
+    pool.check().unwrap();
+    // Never below one block per device it runs on.
+    let err = pool.resize("big", 0).unwrap_err();
+    assert!(matches!(err, PoolError::ResizeBelowDevices { devices: 1, requested: 0, .. }), "{err:?}");
+    assert!(err.is_usage());
+    assert!(pool.resize("big", 4).unwrap().is_empty(), "the same size plans nothing");
+}
+
+#[test]
+fn a_raise_preempts_strictly_lower_priority_only_and_a_lower_resumes_it() {
+    let mut pool = pool_of(&[(DeviceKind::Gpu, 10.0)]);
+    run(&mut pool, "train", 4, 50);
+    run(&mut pool, "low", 6, 10);
+    let plan = resize(&mut pool, "train", 8);
+    assert_eq!(suspended_ids(&plan), ["low"]);
+    assert_eq!(plan.suspend()[0].by, "train");
+    assert_eq!(state(&pool, "low"), AllocState::Suspended);
+    assert_eq!(shares_of(&pool, "train"), [(0, 8)]);
+    let plan = resize(&mut pool, "train", 4);
+    assert_eq!(ids(plan.resume()), ["low"]);
+    assert_eq!(state(&pool, "low"), AllocState::Running);
+    pool.check().unwrap();
+}
+
+#[test]
+fn a_raise_against_equal_or_higher_priority_is_refused_naming_them() {
+    let mut pool = pool_of(&[(DeviceKind::Gpu, 10.0)]);
+    run(&mut pool, "train", 4, 50);
+    run(&mut pool, "peer", 6, 50);
+    let before = pool.clone();
+    let err = pool.resize("train", 6).unwrap_err();
+    match &err {
+        PoolError::NoRoom { requested: 2, free: 0, holders } => {
+            assert_eq!(holders.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(), ["peer"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!err.is_usage());
+    assert_eq!(pool, before);
+    assert!(matches!(pool.resize("nosuch", 2), Err(PoolError::UnknownWorkload(_))));
+    // Not running: refused.
+    let mut pool = pool_of(&[(DeviceKind::Gpu, 10.0)]);
+    run(&mut pool, "low", 8, 10);
+    run(&mut pool, "high", 5, 90);
+    assert!(matches!(pool.resize("low", 2), Err(PoolError::NotRunning { .. })));
+}
+
 // ---- preemption ----
 
 #[test]
@@ -523,6 +609,8 @@ mod properties {
         /// The workload exits, is killed, or its supervisor is found dead.
         Exit(usize),
         Compact,
+        /// `vgpu update --tflops`: a live workload to `blocks`; `freeze_fails` as for Run.
+        Resize { pick: usize, blocks: u64, freeze_fails: bool },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -532,6 +620,8 @@ mod properties {
             ),
             3 => any::<usize>().prop_map(Op::Exit),
             1 => Just(Op::Compact),
+            2 => (any::<usize>(), 0u64..=16, proptest::bool::weighted(0.1))
+                .prop_map(|(pick, blocks, freeze_fails)| Op::Resize { pick, blocks, freeze_fails }),
         ]
     }
 
@@ -676,6 +766,59 @@ mod properties {
                         let before = pool.view();
                         pool.compact();
                         prop_assert_eq!(pool.view(), before, "an at-rest pool is already compact");
+                    }
+                    Op::Resize { pick, blocks, freeze_fails } => {
+                        if live.is_empty() {
+                            continue;
+                        }
+                        let id = live[pick % live.len()].clone();
+                        let before = pool.clone();
+                        let old = pool.allocation(&id).unwrap().clone();
+                        match pool.resize(&id, blocks) {
+                            Ok(plan) => {
+                                prop_assert_eq!(old.state, AllocState::Running);
+                                prop_assert_eq!(&pool, &before, "planning changes nothing");
+                                for s in plan.suspend() {
+                                    let victim = pool.allocation(&s.id).unwrap();
+                                    let by = pool.allocation(&s.by).unwrap().priority;
+                                    prop_assert!(victim.priority < by, "only strictly lower priorities are preempted");
+                                    prop_assert!(s.id != id, "a resize never suspends its own workload");
+                                }
+                                if blocks > old.held() {
+                                    prop_assert!(plan.resume().is_empty() || !plan.suspend().is_empty(), "a raise resumes only what its preemption freed");
+                                } else {
+                                    prop_assert!(plan.suspend().iter().all(|s| s.by != id), "a lower preempts nobody for itself");
+                                }
+                                if freeze_fails {
+                                    drop(plan);
+                                    prop_assert_eq!(&pool, &before);
+                                    continue;
+                                }
+                                pool.apply(plan).unwrap();
+                                let now = pool.allocation(&id).unwrap();
+                                prop_assert_eq!(now.state, AllocState::Running);
+                                prop_assert_eq!(now.held(), blocks);
+                                prop_assert_eq!(now.blocks, blocks);
+                                let devices = |a: &Allocation| a.shares.iter().map(|s| s.device).collect::<Vec<_>>();
+                                prop_assert_eq!(devices(now), devices(&old), "same devices");
+                                prop_assert!(now.shares.iter().all(|s| s.blocks >= 1));
+                                // Its devices keep their sizes; the others keep theirs.
+                                placed.insert(id.clone(), now.shares.clone());
+                            }
+                            Err(e) => {
+                                prop_assert_eq!(&pool, &before, "a refused resize changes nothing");
+                                match e {
+                                    PoolError::NotRunning { .. } => prop_assert!(old.state != AllocState::Running),
+                                    PoolError::ResizeBelowDevices { devices, .. } => prop_assert!((blocks as usize) < devices),
+                                    PoolError::ResizeTooLarge { available, .. } => prop_assert!(blocks > available),
+                                    PoolError::NoRoom { holders, .. } => {
+                                        prop_assert!(blocks > old.held());
+                                        prop_assert!(holders.iter().all(|h| h.id != id && h.priority >= old.priority.get()));
+                                    }
+                                    other => prop_assert!(false, "unexpected error {other}"),
+                                }
+                            }
+                        }
                     }
                 }
                 for a in pool.allocations().filter(|a| a.state != AllocState::Waiting) {

@@ -267,3 +267,119 @@ fn update_priority_reaches_the_pool_allocation_and_settles_the_pool() {
     sim.vgpu(&["kill", "--signal", "KILL", "holder"]).assert().success();
     holder.wait().unwrap();
 }
+
+// ---- `--wait`: a change the host refuses for now is made once it can be ----
+
+/// `vgpu --simulate ARGS…` in the background, its stdout and stderr into files.
+struct Background {
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl Background {
+    fn start(sim: &Sim, tag: &str, args: &[&str]) -> Background {
+        let (out, err) = (sim.path(&format!("{tag}.out")), sim.path(&format!("{tag}.err")));
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        cmd.arg("--simulate").args(args).env_remove("VGPU_SIMULATE").env("VGPU_LOG", "vgpu=warn");
+        for (k, v) in sim.env() {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .expect("spawn vgpu");
+        Background { child, out, err }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Once it says it waits: its one line about it.
+    fn waiting(&self) -> String {
+        wait_for("vgpu update to say it waits", || self.stderr().contains("vgpu: waiting: "));
+        self.stderr()
+    }
+
+    fn finish(mut self) -> (std::process::ExitStatus, String, String) {
+        let status = self.child.wait().unwrap();
+        (status, std::fs::read_to_string(&self.out).unwrap_or_default(), self.stderr())
+    }
+}
+
+#[test]
+fn update_mem_cut_with_wait_completes_once_the_workload_frees_memory() {
+    let sim = Sim::new(ONE_GPU);
+    let mut w = Driven::start(&sim, "train", &["--gpu", "0", "--mem", "4G"]);
+    let id = sim.row("train")["id"].as_str().unwrap().to_string();
+    let held = w.hold(1536);
+
+    // Ctrl-C while it waits: it dies of the signal and nothing changed.
+    let before = snapshot(&sim);
+    let bg = Background::start(&sim, "int", &["update", "train", "--mem", "1G", "--wait"]);
+    bg.waiting();
+    // SAFETY: kill(2) on the pid of the child this test started.
+    unsafe { libc::kill(bg.child.id() as i32, libc::SIGINT) };
+    let (status, _, err) = bg.finish();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGINT), "{err}");
+    assert_eq!(snapshot(&sim), before);
+    assert_eq!(quota(&sim, &id), 4 * GIB);
+
+    let bg = Background::start(&sim, "cut", &["update", "train", "--mem", "1G", "--wait"]);
+    let err = bg.waiting();
+    assert!(err.contains("1.50 GiB in use on GPU 0, above the new 1 GiB"), "{err}");
+    assert_eq!(err.matches("waiting").count(), 1, "one line when it starts waiting: {err}");
+    // Meanwhile the shim keeps allocating under the old quota.
+    assert!(w.can_allocate(1024), "1.5 GiB held + 1 GiB within the old 4 GiB");
+    assert_eq!(quota(&sim, &id), 4 * GIB);
+    w.release(held);
+    let (status, out, err) = bg.finish();
+    assert!(status.success(), "{err}");
+    assert_eq!(out.trim(), format!("updated train ({id}): memory on GPU 0 4 GiB → 1 GiB"));
+    assert_eq!(quota(&sim, &id), GIB);
+    assert_eq!(sim.row("train")["gpus"][0]["mem_quota"], GIB);
+    assert!(!w.can_allocate(1536), "the new quota holds");
+    w.stop();
+}
+
+#[test]
+fn update_mem_raise_with_wait_completes_when_another_workload_exits() {
+    let sim = Sim::new(ONE_GPU);
+    let w = Driven::start(&sim, "train", &["--gpu", "0", "--mem", "1G"]);
+    let other = Driven::start(&sim, "other", &["--gpu", "0", "--mem", "12G"]);
+    let id = sim.row("train")["id"].as_str().unwrap().to_string();
+    let bg = Background::start(&sim, "raise", &["update", "train", "--mem", "5G", "--wait"]);
+    let err = bg.waiting();
+    assert!(err.contains("does not fit on GPU 0") && err.contains("workload other"), "{err}");
+    assert_eq!(quota(&sim, &id), GIB);
+    other.stop();
+    let (status, out, err) = bg.finish();
+    assert!(status.success(), "{err}");
+    assert_eq!(out.trim(), format!("updated train ({id}): memory on GPU 0 1 GiB → 5 GiB"));
+    assert_eq!(quota(&sim, &id), 5 * GIB);
+    w.stop();
+}
+
+#[test]
+fn update_wait_that_times_out_changes_nothing() {
+    let sim = Sim::new(ONE_GPU);
+    let mut w = Driven::start(&sim, "train", &["--gpu", "0", "--mem", "4G"]);
+    let id = sim.row("train")["id"].as_str().unwrap().to_string();
+    let held = w.hold(1536);
+    let before = snapshot(&sim);
+    let started = std::time::Instant::now();
+    let out = sim.vgpu(&["update", "train", "--mem", "1G", "--wait=1s"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    let err = stderr_of(&out);
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("vgpu: error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(errors[0].contains("timed out after 1s") && errors[0].contains("nothing was changed"), "{err}");
+    assert_eq!(snapshot(&sim), before);
+    assert_eq!(quota(&sim, &id), 4 * GIB);
+    sim.vgpu(&["update", "train", "--mem", "1G", "--wait", "soon"]).assert().code(2);
+    w.release(held);
+    w.stop();
+}

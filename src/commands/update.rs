@@ -1,5 +1,5 @@
 //! `vgpu update ID… [--mem SIZE|PCT%] [--compute PCT] [--compute-policy POLICY]
-//! [--priority P]`: change running workloads' limits live.
+//! [--priority P] [--tflops N] [--wait[=DURATION]]`: change running workloads' limits live.
 //!
 //! Under the store lock, every workload named is checked and its vGPU's usage file opened
 //! before anything is written, so a bad ID, a damaged file or a refused GPU changes
@@ -8,6 +8,18 @@
 //! shim at every allocation and memory query), the share, policy and priority beside them
 //! (re-read on every launch), and everything into the workload's record, where `vgpu ps`
 //! shows it; a pool allocation takes the new priority and the pool settles.
+//!
+//! `--tflops` resizes a pool workload's blocks on the devices it runs on
+//! ([`crate::pool::Pool::resize`]), planned with the other checks, so memory is decided
+//! before anyone is frozen; the plan is then carried out like a request's (preempting or
+//! settling), and its new compute share per GPU (its blocks there / the GPU's blocks) is
+//! written live. With `--wait`, a change that the host refuses for now (a cut below what is
+//! in use, a raise that does not fit, blocks held by others) is tried again, each try a
+//! whole one under the store lock, until it can be made.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use clap::Args;
@@ -21,12 +33,13 @@ use crate::compute::{ComputePolicy, LiveChange};
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::output::print_json;
-use crate::pool::Priority;
+use crate::pool::{Plan, Pool, PoolError, Priority};
+use crate::pool_effects::pool_error;
 use crate::resize::{self, QuotaChange, ResizeError};
 use crate::state::{Partitions, Store, Workload, WorkloadState};
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy", "priority"]).required(true).multiple(true)))]
+#[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy", "priority", "tflops"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
     /// Workloads, by id (a unique prefix is enough) or name
     #[arg(required = true, value_name = "ID")]
@@ -43,6 +56,12 @@ pub struct UpdateArgs {
     /// New priority, 0-100 (higher is served first and may preempt in the pool); through sudo, at most the config's [policy] max_priority
     #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub priority: Option<String>,
+    /// New compute from the pool, in TFLOPS (whole blocks), for a workload started with --tflops: more or fewer blocks on the GPUs it runs on; lower-priority work may be suspended for a raise
+    #[arg(long, value_name = "N", allow_negative_numbers = true, conflicts_with = "compute")]
+    pub tflops: Option<String>,
+    /// Wait (up to DURATION, e.g. 10m; default forever) until the change can be made instead of refusing: a memory cut below what is in use, a raise that does not fit, TFLOPS held by others
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever")]
+    pub wait: Option<String>,
     /// Print what changed as JSON
     #[arg(long)]
     pub json: bool,
@@ -57,7 +76,19 @@ struct Updated {
     previous_compute_policy: ComputePolicy,
     priority: i32,
     previous_priority: i32,
+    /// Pool workloads: TFLOPS (and blocks) held, now and before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tflops: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_tflops: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blocks: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_blocks: Option<u64>,
     gpus: Vec<UpdatedGpu>,
+    /// What the pool change did to others (suspended, resumed, started), for the line.
+    #[serde(skip)]
+    others: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -78,6 +109,17 @@ struct Target {
     quotas: Vec<QuotaChange>,
 }
 
+/// What the command line asks, parsed and checked once, before any try.
+struct Asked {
+    mem: Option<MemSpec>,
+    priority: Option<Priority>,
+    /// `--tflops` in blocks, and the block size.
+    blocks: Option<u64>,
+    block_tflops: f64,
+    /// `--wait`: None no; Some(None) forever; Some(Some(d)) up to d.
+    wait: Option<Option<Duration>>,
+}
+
 pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu update must run as root (through sudo): it changes the limits of running workloads");
@@ -86,20 +128,124 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     let priority = match args.priority.as_deref() {
         None => None,
         Some(text) => {
-            let asked = text.parse::<Priority>().map_err(crate::pool_effects::pool_error)?;
+            let asked = text.parse::<Priority>().map_err(pool_error)?;
             // Through sudo, only as high as [policy] grants the caller, as for `vgpu run`.
             let sudo_uid = std::env::var("SUDO_UID").ok();
             let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
             Some(crate::policy::check_run(&ctx.config.policy, caller.as_ref(), Some(asked), false).map_err(|e| UsageError::new(e.to_string()))?)
         }
     };
+    let block_tflops = ctx.config.pool.block_tflops;
+    let blocks = match args.tflops.as_deref() {
+        None => None,
+        Some(text) => {
+            let tflops = crate::pool::parse_tflops(text).map_err(pool_error)?;
+            if args.ids.len() > 1 {
+                crate::usage!("--tflops changes one workload at a time (its blocks, and whom they preempt, are its own)");
+            }
+            Some(crate::pool::blocks_for(tflops, block_tflops).map_err(pool_error)?)
+        }
+    };
+    let wait = match args.wait.as_deref() {
+        None => None,
+        Some("forever") => Some(None),
+        Some(text) => Some(Some(humantime::parse_duration(text).map_err(|e| UsageError::new(format!("--wait {text:?}: {e}")))?)),
+    };
+    let asked = Asked { mem, priority, blocks, block_tflops, wait };
     let devices = match mem {
         Some(_) => admission_devices(ctx)?,
         None => Vec::new(),
     };
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+
+    let out = match asked.wait {
+        None => attempt(args, &asked, &store, &devices)?,
+        Some(limit) => wait_until_done(args, &asked, &store, &devices, limit)?,
+    };
+    if args.json {
+        return print_json(&out);
+    }
+    for u in &out {
+        println!("updated {} ({}): {}", u.name, u.id, describe(u, &asked, args));
+    }
+    Ok(())
+}
+
+/// `--wait`: try until the change is made, the store lock released between tries. A
+/// refusal the host may lift (memory in use or held by others, blocks held by others) is
+/// waited out; any other error ends it. SIGINT or SIGTERM while waiting ends it too, with
+/// nothing changed (a try under way finishes first: it changes all or nothing).
+fn wait_until_done(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[AdmissionGpu], limit: Option<Duration>) -> Result<Vec<Updated>> {
+    const POLL: Duration = Duration::from_millis(200);
+    let signalled = Arc::new(AtomicUsize::new(0));
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        signal_hook::flag::register_usize(sig, Arc::clone(&signalled), sig as usize).context("installing the signal handlers for --wait")?;
+    }
+    let interrupted = || -> Result<()> {
+        let sig = signalled.load(Ordering::SeqCst);
+        if sig == 0 {
+            return Ok(());
+        }
+        eprintln!("vgpu: interrupted while waiting; nothing was changed");
+        // Die of the signal, as without the handler (the caller sees how it ended).
+        let sig = i32::try_from(sig).unwrap_or(libc::SIGTERM);
+        signal_hook::low_level::emulate_default_handler(sig).context("re-raising the signal")?;
+        anyhow::bail!("interrupted while waiting; nothing was changed")
+    };
+    let started = Instant::now();
+    let mut announced = false;
+    loop {
+        interrupted()?;
+        match attempt(args, asked, store, devices) {
+            Ok(out) => return Ok(out),
+            Err(e) => {
+                let Some(reason) = wait_reason(&e) else { return Err(e) };
+                if !announced {
+                    eprintln!("vgpu: waiting: {reason}…");
+                    announced = true;
+                }
+                if let Some(limit) = limit {
+                    if started.elapsed() >= limit {
+                        anyhow::bail!("timed out after {} waiting ({reason}); nothing was changed", humantime::format_duration(limit));
+                    }
+                }
+            }
+        }
+        let until = Instant::now() + POLL;
+        while Instant::now() < until && signalled.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Why a refused try may succeed later (the line `--wait` prints), or None if it cannot.
+fn wait_reason(e: &anyhow::Error) -> Option<String> {
+    if let Some(r) = e.downcast_ref::<ResizeError>() {
+        return match r {
+            ResizeError::BelowUse { what, gpu, asked, used } => Some(format!(
+                "{what}: {} in use on GPU {gpu}, above the new {}",
+                format_size(*used),
+                format_size(*asked)
+            )),
+            ResizeError::Refused { what, reason } => Some(format!("{what}: {reason}")),
+            _ => None,
+        };
+    }
+    match e.downcast_ref::<PoolError>() {
+        Some(PoolError::NoRoom { requested, free, holders }) => {
+            let held: Vec<String> = holders.iter().map(|h| format!("{} ({}, priority {}, {} blocks)", h.name, h.id, h.priority, h.blocks)).collect();
+            let held = if held.is_empty() { String::new() } else { format!(", the rest held by {}", held.join(", ")) };
+            Some(format!("{requested} more blocks, {free} free on its devices{held}"))
+        }
+        _ => None,
+    }
+}
+
+/// One try, under the store lock: everything checked, then all of it done, or nothing.
+fn attempt(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[AdmissionGpu]) -> Result<Vec<Updated>> {
+    let Asked { mem, priority, blocks, block_tflops, .. } = *asked;
     let lock = store.lock()?;
-    crate::lifecycle::reconcile_store(&store, &lock);
+    crate::lifecycle::reconcile_store(store, &lock);
     let (workloads, damaged) = store.workloads();
     let damaged = crate::state::damaged::damaged_records(&damaged);
     let partitions = match mem {
@@ -130,10 +276,20 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
                 w.id
             );
         }
+        if blocks.is_some() && w.pool_blocks.is_none() && w.state != WorkloadState::Waiting {
+            crate::usage!(
+                "{} ({}) holds no compute pool blocks (it was not started with --tflops): change its share with --compute",
+                w.name,
+                w.id
+            );
+        }
         let limits_only = mem.is_none() && args.compute.is_none() && args.compute_policy.is_none();
-        if w.state == WorkloadState::Waiting || w.gpus.is_empty() {
-            // A waiting workload has no vGPU yet: only its priority (its place in the pool's queue) can change.
-            if !limits_only {
+        // A waiting workload has no vGPU yet: only its priority (its place in the pool's
+        // queue) can change. One whose pool blocks are all on declared devices has none
+        // either: its priority and its blocks can.
+        let waiting = w.state == WorkloadState::Waiting;
+        if waiting || w.gpus.is_empty() {
+            if !limits_only || (waiting && blocks.is_some()) {
                 crate::usage!("{} ({}) has no GPU yet (it is {}): update it once it runs", w.name, w.id, w.state.as_str());
             }
             targets.push(Target { workload: w.clone(), usage: None, quotas: Vec::new() });
@@ -150,7 +306,7 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
             anyhow::bail!("{}: only root can change a vGPU's limits", path.display());
         }
         let quotas = match mem {
-            Some(spec) => resize::plan_workload(w, spec, &devices, &view, &partitions, &damaged, &usage).map_err(ResizeError::into_cli)?,
+            Some(spec) => resize::plan_workload(w, spec, devices, &view, &partitions, &damaged, &usage).map_err(ResizeError::into_cli)?,
             None => Vec::new(),
         };
         if let Some(planned) = view.iter_mut().find(|o| o.id == w.id) {
@@ -160,6 +316,13 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         }
         targets.push(Target { workload: w.clone(), usage: Some(usage), quotas });
     }
+
+    // The blocks, planned with the rest (one target: checked in `run`): the new priority
+    // counts, and nobody is frozen before the memory was decided above.
+    let resize_plan = match (blocks, targets.first()) {
+        (Some(blocks), Some(t)) => Some(plan_blocks(store, &t.workload, blocks, priority)?),
+        _ => None,
+    };
 
     // Crash safety without an intent: a record never reserves less than its limits file
     // allows. So a raise is recorded first (the larger of the two quotas per GPU), then
@@ -180,17 +343,33 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         }
         raised.push(&t.workload);
     }
+    let undo_quotas = |targets: &[Target]| {
+        for done in targets {
+            if let Some(u) = &done.usage {
+                resize::undo(u, &done.quotas);
+            }
+        }
+    };
     if result.is_ok() {
         for (n, t) in targets.iter().enumerate() {
             let Some(usage) = &t.usage else { continue };
             if let Err(e) = resize::apply(&resize::workload_name(&t.workload), usage, &t.quotas) {
-                for done in &targets[..n] {
-                    if let Some(u) = &done.usage {
-                        resize::undo(u, &done.quotas);
-                    }
-                }
+                undo_quotas(&targets[..n]);
                 result = Err(e.into_cli());
                 break;
+            }
+        }
+    }
+    // Then the blocks: freezing whom the plan preempts (all or none), thawing whom it
+    // resumes, recording it. Refused there, the quotas go back too.
+    let mut resized: Option<Resized> = None;
+    if let (Ok(()), Some((mut pool, plan, previous))) = (&result, resize_plan) {
+        let others = others_of(&plan);
+        match crate::pool_effects::execute(store, &lock, &mut pool, plan) {
+            Ok(()) => resized = Some(Resized { pool, previous, others }),
+            Err(e) => {
+                undo_quotas(&targets);
+                result = Err(e);
             }
         }
     }
@@ -209,9 +388,17 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
     for Target { workload: mut w, usage, quotas } in targets {
         let before = w.clone();
         let uuids: Vec<&str> = before.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        // The resized workload's new share of each GPU: its blocks there / the GPU's blocks.
+        let shares: Vec<(String, u32)> = match &resized {
+            Some(r) => r.pool.gpu_shares(&w.id).iter().filter_map(|s| Some((s.device.uuid()?.to_string(), u32::from(s.compute_percent())))).collect(),
+            None => Vec::new(),
+        };
         if let Some(usage) = &usage {
             if change.compute_pct.is_some() || change.policy.is_some() {
                 crate::compute::apply_live(usage, Some(&uuids), change)?;
+            }
+            for (uuid, pct) in &shares {
+                crate::compute::apply_live(usage, Some(&[uuid.as_str()]), LiveChange { compute_pct: Some(*pct), policy: None })?;
             }
             if let Some(p) = priority {
                 for uuid in &uuids {
@@ -225,19 +412,31 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
             w.priority = p.get();
             // A pool workload holds blocks, or waits for them (no blocks recorded yet).
             if w.pool_blocks.is_some() || w.state == WorkloadState::Waiting {
-                pool_changed |= set_pool_priority(&store, &w.id, p)?;
+                pool_changed |= set_pool_priority(store, &w.id, p)?;
             }
         }
         for g in &mut w.gpus {
             if let Some(pct) = args.compute {
                 g.compute_pct = pct;
             }
+            if let Some((_, pct)) = shares.iter().find(|(u, _)| *u == g.uuid) {
+                g.compute_pct = *pct;
+            }
             if let Some(q) = quotas.iter().find(|q| q.uuid == g.uuid) {
                 g.mem_bytes = q.mem_bytes;
             }
         }
+        let mut others = Vec::new();
+        let mut pool_figures = (None, None);
+        if let Some(r) = &resized {
+            let held = r.pool.allocation(&w.id).map(|a| a.held());
+            w.pool_blocks = held.or(w.pool_blocks);
+            pool_figures = (Some(r.previous), w.pool_blocks);
+            others = r.others.clone();
+        }
         w.compute_policy = args.compute_policy.unwrap_or(w.compute_policy);
         store.write_workload(&w)?;
+        let tflops = |b: Option<u64>| b.map(|b| round_tflops(b as f64 * block_tflops));
         out.push(Updated {
             id: w.id.clone(),
             name: w.name.clone(),
@@ -245,6 +444,10 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
             previous_compute_policy: before.compute_policy,
             priority: w.priority,
             previous_priority: before.priority,
+            tflops: tflops(pool_figures.1),
+            previous_tflops: tflops(pool_figures.0),
+            blocks: pool_figures.1,
+            previous_blocks: pool_figures.0,
             gpus: w
                 .gpus
                 .iter()
@@ -258,40 +461,96 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
                     previous_mem_bytes: b.mem_bytes,
                 })
                 .collect(),
+            others,
         });
     }
     if pool_changed {
         // A new priority may preempt, or be preempted, like a new request.
-        crate::pool_effects::settle(&store, &lock)?;
+        crate::pool_effects::settle(store, &lock)?;
     }
     drop(lock);
+    Ok(out)
+}
 
-    if args.json {
-        return print_json(&out);
+/// A pool resize carried out: the pool as recorded, the blocks held before, and what it did
+/// to others.
+struct Resized {
+    pool: Pool,
+    previous: u64,
+    others: Vec<String>,
+}
+
+/// Plan workload `w`'s resize to `blocks` (with its new `priority`, if any): the pool it
+/// was planned on, the plan, and the blocks held before. Refused: nothing changed.
+fn plan_blocks(store: &Store, w: &Workload, blocks: u64, priority: Option<Priority>) -> Result<(Pool, Plan, u64)> {
+    let what = resize::workload_name(w);
+    let mut pool = crate::pool_effects::load(store)?.with_context(|| format!("{what}: there is no pool state"))?;
+    let previous = pool.allocation(&w.id).with_context(|| format!("{what} has no entry in the compute pool state"))?.held();
+    if let Some(p) = priority {
+        pool.set_priority(&w.id, p);
     }
-    for u in &out {
-        let mut parts = Vec::new();
-        if mem.is_some() {
-            parts.extend(u.gpus.iter().map(|g| {
-                format!("memory on GPU {} {} → {}", g.index, format_size(g.previous_mem_bytes), format_size(g.mem_bytes))
-            }));
+    let plan = pool.resize(&w.id, blocks).map_err(|e| {
+        let usage = e.is_usage();
+        let change = if blocks > previous { "raise" } else { "lower" };
+        let e = anyhow::Error::new(e).context(format!("cannot {change} {what} from {previous} to {blocks} blocks"));
+        if usage {
+            UsageError::new(format!("{e:#}")).into()
+        } else {
+            e
         }
-        if args.compute.is_some() || args.compute_policy.is_some() {
-            let shares = |f: fn(&UpdatedGpu) -> u32| u.gpus.iter().map(|g| format!("{}%", f(g))).collect::<Vec<_>>().join(",");
-            parts.push(format!(
-                "compute {} {} (was {} {})",
-                shares(|g| g.compute_pct),
-                u.compute_policy,
-                shares(|g| g.previous_compute_pct),
-                u.previous_compute_policy
-            ));
-        }
-        if priority.is_some() {
-            parts.push(format!("priority {} → {}", u.previous_priority, u.priority));
-        }
-        println!("updated {} ({}): {}", u.name, u.id, parts.join("; "));
+    })?;
+    Ok((pool, plan, previous))
+}
+
+/// What a pool plan does to workloads other than the one resized, for the line.
+fn others_of(plan: &Plan) -> Vec<String> {
+    plan.suspend()
+        .iter()
+        .map(|s| format!("suspended {} ({}) to make room", s.name, s.id))
+        .chain(plan.resume().iter().map(|r| format!("resumed {} ({})", r.name, r.id)))
+        .chain(plan.start().iter().map(|r| format!("started {} ({})", r.name, r.id)))
+        .collect()
+}
+
+/// TFLOPS as people read them: at most two decimals (blocks of 0.1 TFLOPS add up unevenly).
+fn round_tflops(t: f64) -> f64 {
+    (t * 100.0).round() / 100.0
+}
+
+/// The line's account of one workload's change.
+fn describe(u: &Updated, asked: &Asked, args: &UpdateArgs) -> String {
+    let mut parts = Vec::new();
+    if let (Some(before), Some(now)) = (u.previous_tflops, u.tflops) {
+        let shares: Vec<String> = u
+            .gpus
+            .iter()
+            .map(|g| format!("GPU {} compute {}% → {}%", g.index, g.previous_compute_pct, g.compute_pct))
+            .collect();
+        let shares = if shares.is_empty() { String::new() } else { format!(" ({})", shares.join(", ")) };
+        parts.push(format!("{before} → {now} TFLOPS{shares}"));
     }
-    Ok(())
+    if asked.mem.is_some() {
+        parts.extend(
+            u.gpus
+                .iter()
+                .map(|g| format!("memory on GPU {} {} → {}", g.index, format_size(g.previous_mem_bytes), format_size(g.mem_bytes))),
+        );
+    }
+    if args.compute.is_some() || args.compute_policy.is_some() {
+        let shares = |f: fn(&UpdatedGpu) -> u32| u.gpus.iter().map(|g| format!("{}%", f(g))).collect::<Vec<_>>().join(",");
+        parts.push(format!(
+            "compute {} {} (was {} {})",
+            shares(|g| g.compute_pct),
+            u.compute_policy,
+            shares(|g| g.previous_compute_pct),
+            u.previous_compute_policy
+        ));
+    }
+    if asked.priority.is_some() {
+        parts.push(format!("priority {} → {}", u.previous_priority, u.priority));
+    }
+    parts.extend(u.others.iter().cloned());
+    parts.join("; ")
 }
 
 /// The GPUs as admission sees them (NVML).

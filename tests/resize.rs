@@ -1,8 +1,10 @@
 //! Live resize, end to end through the real binary on the simulated driver (as root, real
 //! cgroups): `vgpu update --mem` and `vgpu partition update --mem` change a running vGPU's
 //! quota, which its shim-governed processes follow at their next allocation; a raise goes
-//! through admission and a cut below what is in use is refused, each changing nothing; and
-//! `vgpu update --priority` reaches the record and the limits file.
+//! through admission and a cut below what is in use is refused, each changing nothing (or,
+//! with `--wait`, is made once it can be); `vgpu update --priority` reaches the record and
+//! the limits file; and `vgpu update --tflops` resizes a pool workload's blocks, preempting
+//! or settling, its compute share following live.
 
 mod common;
 #[path = "support/process.rs"]
@@ -381,5 +383,169 @@ fn update_wait_that_times_out_changes_nothing() {
     assert_eq!(quota(&sim, &id), 4 * GIB);
     sim.vgpu(&["update", "train", "--mem", "1G", "--wait", "soon"]).assert().code(2);
     w.release(held);
+    w.stop();
+}
+
+// ---- `--tflops`: a pool workload's blocks, on the GPU it runs on ----
+
+/// A host whose pool is one 10-TFLOPS GPU: 10 blocks, each 10 % of it.
+fn ten_block_gpu() -> Sim {
+    let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
+    sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 10\n");
+    sim
+}
+
+/// A pool workload counting into a file as fast as it can, seen running; and how far it
+/// has counted.
+fn counting(sim: &Sim, name: &str, run_args: &[&str]) -> (Child, impl Fn() -> u64) {
+    let counter = sim.path(&format!("{name}.count"));
+    let script = format!("i=0; while :; do i=$((i+1)); echo $i > {}; done", counter.display());
+    let child = sim.spawn_running(name, run_args, &script);
+    let read = move || std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+    wait_for(&format!("{name} to make progress"), || read() > 100);
+    (child, read)
+}
+
+fn keeps_counting(what: &str, read: &impl Fn() -> u64) {
+    let at = read();
+    wait_for(what, || read() > at + 100);
+}
+
+fn compute_of(sim: &Sim, id: &str) -> u32 {
+    UsageFile::open(&sim.path(&format!("run/vgpus/{id}/usage"))).expect("the vGPU's usage file").compute_pct(0)
+}
+
+fn blocks_in_pool(sim: &Sim, name: &str) -> serde_json::Value {
+    let pool = sim.json(&["pool", "--json"]);
+    pool["allocations"].as_array().unwrap().iter().find(|a| a["name"] == name).map(|a| a["blocks"].clone()).unwrap_or_default()
+}
+
+fn kill(sim: &Sim, name: &str, mut child: Child) {
+    sim.vgpu(&["kill", "--signal", "KILL", name]).assert().success();
+    child.wait().unwrap();
+}
+
+#[test]
+fn update_tflops_raise_takes_free_blocks_and_the_share_follows_live() {
+    let sim = ten_block_gpu();
+    let (train, read) = counting(&sim, "train", &["--tflops", "4"]);
+    let id = sim.row("train")["id"].as_str().unwrap().to_string();
+    assert_eq!((compute_of(&sim, &id), sim.row("train")["gpus"][0]["compute_pct"].as_u64()), (40, Some(40)));
+
+    let out = sim.vgpu(&["update", "train", "--tflops", "6"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("updated train ({id}): 4 → 6 TFLOPS (GPU 0 compute 40% → 60%)"));
+    assert_eq!(compute_of(&sim, &id), 60);
+    let row = sim.row("train");
+    assert_eq!((row["gpus"][0]["compute_pct"].as_u64(), row["state"].as_str()), (Some(60), Some("running")), "{row}");
+    assert_eq!(blocks_in_pool(&sim, "train"), 6);
+    keeps_counting("train to keep running", &read);
+
+    // --json: the TFLOPS before and after; and down again.
+    let out = sim.json(&["update", "train", "--tflops", "3", "--json"]);
+    assert_eq!((out[0]["previous_tflops"].as_f64(), out[0]["tflops"].as_f64()), (Some(6.0), Some(3.0)), "{out}");
+    assert_eq!((out[0]["gpus"][0]["previous_compute_pct"].as_u64(), out[0]["gpus"][0]["compute_pct"].as_u64()), (Some(60), Some(30)));
+    assert_eq!(compute_of(&sim, &id), 30);
+    // Past the GPU's 10 blocks, or below one block: usage errors, nothing changed.
+    sim.vgpu(&["update", "train", "--tflops", "11"]).assert().code(2);
+    sim.vgpu(&["update", "train", "--tflops", "0"]).assert().code(2);
+    assert_eq!(compute_of(&sim, &id), 30);
+    kill(&sim, "train", train);
+}
+
+#[test]
+fn update_tflops_raise_preempts_lower_priority_and_lowering_resumes_it() {
+    let sim = ten_block_gpu();
+    let (low, low_count) = counting(&sim, "low", &["--tflops", "5", "--priority", "10"]);
+    let (train, _) = counting(&sim, "train", &["--tflops", "4", "--priority", "50"]);
+    let (id, low_id) = (sim.row("train")["id"].as_str().unwrap().to_string(), sim.row("low")["id"].as_str().unwrap().to_string());
+
+    let out = sim.vgpu(&["update", "train", "--tflops", "8"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("updated train ({id}): 4 → 8 TFLOPS (GPU 0 compute 40% → 80%); suspended low ({low_id}) to make room")
+    );
+    let row = sim.row("low");
+    assert_eq!((row["state"].as_str(), row["suspended_reason"].as_str()), (Some("suspended"), Some("preempted by train")), "{row}");
+    let frozen_at = low_count();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(low_count(), frozen_at, "the preempted workload kept running");
+    assert_eq!(compute_of(&sim, &id), 80);
+
+    let out = sim.vgpu(&["update", "train", "--tflops", "4"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("; resumed low ({low_id})")), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(sim.row("low")["state"], "running");
+    keeps_counting("low to resume", &low_count);
+    kill(&sim, "train", train);
+    kill(&sim, "low", low);
+}
+
+#[test]
+fn update_tflops_raise_against_higher_priority_is_refused_or_waits() {
+    let sim = ten_block_gpu();
+    let (train, _) = counting(&sim, "train", &["--tflops", "4", "--priority", "50"]);
+    let (high, high_count) = counting(&sim, "high", &["--tflops", "6", "--priority", "90"]);
+    let id = sim.row("train")["id"].as_str().unwrap().to_string();
+
+    let before = snapshot(&sim);
+    let out = sim.vgpu(&["update", "train", "--tflops", "6"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot raise train") && err.contains("high (") && err.contains("priority 90"), "{err}");
+    assert_eq!(snapshot(&sim), before);
+    assert_eq!(compute_of(&sim, &id), 40);
+    assert_eq!(sim.row("high")["state"], "running");
+    keeps_counting("high to keep running", &high_count);
+    let out = sim.vgpu(&["update", "train", "--tflops", "6", "--wait=300ms"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("timed out"), "{}", stderr_of(&out));
+    assert_eq!(snapshot(&sim), before);
+
+    // With --wait: done once high exits.
+    let bg = Background::start(&sim, "raise", &["update", "train", "--tflops", "6", "--wait"]);
+    let err = bg.waiting();
+    assert!(err.contains("2 more blocks, 0 free") && err.contains("high ("), "{err}");
+    assert_eq!(compute_of(&sim, &id), 40);
+    kill(&sim, "high", high);
+    let (status, out, err) = bg.finish();
+    assert!(status.success(), "{err}");
+    assert_eq!(out.trim(), format!("updated train ({id}): 4 → 6 TFLOPS (GPU 0 compute 40% → 60%)"));
+    assert_eq!(compute_of(&sim, &id), 60);
+    kill(&sim, "train", train);
+}
+
+#[test]
+fn update_tflops_lower_starts_a_waiting_workload() {
+    let sim = ten_block_gpu();
+    // Memory as asked, not in proportion to the blocks: lowering the blocks leaves it.
+    let (holder, _) = counting(&sim, "holder", &["--tflops", "10", "--mem", "4G"]);
+    let marker = sim.path("waiter-ran");
+    let mut waiter = sim.spawn(&["run", "--tflops", "4", "--mem", "4G", "--wait", "--name", "waiter", "--", "touch", marker.to_str().unwrap()]);
+    wait_for("the waiter to queue", || sim.ps().iter().any(|w| w["name"] == "waiter" && w["state"] == "waiting"));
+    // A waiting workload's blocks cannot change yet.
+    sim.vgpu(&["update", "waiter", "--tflops", "2"]).assert().code(2);
+    let out = sim.vgpu(&["update", "holder", "--tflops", "6"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("10 → 6 TFLOPS (GPU 0 compute 100% → 60%); started waiter ("), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(waiter.wait().unwrap().success());
+    assert!(marker.exists(), "the waiter ran in the blocks given back");
+    kill(&sim, "holder", holder);
+}
+
+#[test]
+fn update_tflops_on_a_workload_outside_the_pool_is_a_usage_error() {
+    let sim = ten_block_gpu();
+    let w = Driven::start(&sim, "plain", &["--gpu", "0", "--mem", "1G"]);
+    let before = snapshot(&sim);
+    let out = sim.vgpu(&["update", "plain", "--tflops", "4"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr_of(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("holds no compute pool blocks"), "{err}");
+    assert_eq!(snapshot(&sim), before);
+    sim.vgpu(&["update", "plain", "other", "--tflops", "4"]).assert().code(2);
     w.stop();
 }

@@ -10,7 +10,8 @@
 //! The compute pool (`--tflops`) fixes a workload's per-GPU share when it is admitted
 //! (blocks held on the GPU / blocks of the GPU): preemption suspends the whole workload and
 //! resumption gives it the same number of blocks on the same devices, and compaction only
-//! relabels blocks within a device, so the share in the usage file never needs rewriting.
+//! relabels blocks within a device, so only `vgpu update --tflops` (a resize of its blocks)
+//! rewrites the share, through the same live change as `--compute`.
 
 use std::path::Path;
 

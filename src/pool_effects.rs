@@ -234,20 +234,26 @@ fn first_not_fitting(store: &Store, plan: &Plan) -> Result<Option<String>> {
 }
 
 /// Plan a pool request: [`Pool::admit`], whose settling of others leaves out those whose
-/// memory would not fit back (as [`settle`] does).
-/// The outer error is the store's; the inner one the pool's decision.
+/// memory would not fit back (as [`settle`] does). The outer error is the store's; the
+/// inner one the pool's decision.
 pub fn admit(store: &Store, pool: &Pool, request: &crate::pool::Request) -> Result<Result<Plan, PoolError>> {
+    plan_fitting(store, |held| pool.admit_without(request, held))
+}
+
+/// Plan with `plan`, holding back (from its settling) each workload whose memory would not
+/// fit back, until none is left.
+pub fn plan_fitting(store: &Store, plan: impl Fn(&std::collections::BTreeSet<String>) -> Result<Plan, PoolError>) -> Result<Result<Plan, PoolError>> {
     let mut held = std::collections::BTreeSet::new();
     loop {
-        let plan = match pool.admit_without(request, &held) {
-            Ok(plan) => plan,
+        let planned = match plan(&held) {
+            Ok(planned) => planned,
             Err(e) => return Ok(Err(e)),
         };
-        match first_not_fitting(store, &plan)? {
+        match first_not_fitting(store, &planned)? {
             Some(id) => {
                 held.insert(id);
             }
-            None => return Ok(Ok(plan)),
+            None => return Ok(Ok(planned)),
         }
     }
 }

@@ -381,7 +381,7 @@ fn update_wait_that_times_out_changes_nothing() {
     assert!(errors[0].contains("timed out after 1s") && errors[0].contains("nothing was changed"), "{err}");
     assert_eq!(snapshot(&sim), before);
     assert_eq!(quota(&sim, &id), 4 * GIB);
-    sim.vgpu(&["update", "train", "--mem", "1G", "--wait", "soon"]).assert().code(2);
+    sim.vgpu(&["update", "train", "--mem", "1G", "--wait=soon"]).assert().code(2);
     w.release(held);
     w.stop();
 }

@@ -59,8 +59,8 @@ pub struct UpdateArgs {
     /// New compute from the pool, in TFLOPS (whole blocks), for a workload started with --tflops: more or fewer blocks on the GPUs it runs on; lower-priority work may be suspended for a raise
     #[arg(long, value_name = "N", allow_negative_numbers = true, conflicts_with = "compute")]
     pub tflops: Option<String>,
-    /// Wait (up to DURATION, e.g. 10m; default forever) until the change can be made instead of refusing: a memory cut below what is in use, a raise that does not fit, TFLOPS held by others
-    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever")]
+    /// Wait (up to DURATION, e.g. --wait=10m; default forever) until the change can be made instead of refusing: a memory cut below what is in use, a raise that does not fit, TFLOPS held by others
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true, default_missing_value = "forever")]
     pub wait: Option<String>,
     /// Print what changed as JSON
     #[arg(long)]
@@ -146,11 +146,7 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
             Some(crate::pool::blocks_for(tflops, block_tflops).map_err(pool_error)?)
         }
     };
-    let wait = match args.wait.as_deref() {
-        None => None,
-        Some("forever") => Some(None),
-        Some(text) => Some(Some(humantime::parse_duration(text).map_err(|e| UsageError::new(format!("--wait {text:?}: {e}")))?)),
-    };
+    let wait = crate::commands::wait_limit(args.wait.as_deref())?;
     let asked = Asked { mem, priority, blocks, block_tflops, wait };
     let devices = match mem {
         Some(_) => admission_devices(ctx)?,
@@ -366,7 +362,7 @@ fn attempt(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[Admission
     if let (Ok(()), Some((mut pool, plan, previous))) = (&result, resize_plan) {
         let others = others_of(&plan);
         match crate::pool_effects::execute(store, &lock, &mut pool, plan) {
-            Ok(()) => resized = Some(Resized { pool, previous, others }),
+            Ok(_) => resized = Some(Resized { pool, previous, others }),
             Err(e) => {
                 undo_quotas(&targets);
                 result = Err(e);
@@ -489,7 +485,7 @@ fn plan_blocks(store: &Store, w: &Workload, blocks: u64, priority: Option<Priori
     if let Some(p) = priority {
         pool.set_priority(&w.id, p);
     }
-    let plan = pool.resize(&w.id, blocks).map_err(|e| {
+    let plan = crate::pool_effects::plan_fitting(store, |held| pool.resize_without(&w.id, blocks, held))?.map_err(|e| {
         let usage = e.is_usage();
         let change = if blocks > previous { "raise" } else { "lower" };
         let e = anyhow::Error::new(e).context(format!("cannot {change} {what} from {previous} to {blocks} blocks"));

@@ -24,6 +24,12 @@ impl Pool {
     /// Errors: no such allocation, one that is not running, fewer blocks than devices or
     /// more than its devices have (usage errors), or no room even with preemption.
     pub fn resize(&self, id: &str, blocks: u64) -> Result<Plan, PoolError> {
+        self.resize_without(id, blocks, &std::collections::BTreeSet::new())
+    }
+
+    /// [`Pool::resize`], whose settling leaves the workloads in `held` where they are (see
+    /// [`Pool::settle_without`]).
+    pub fn resize_without(&self, id: &str, blocks: u64, held_back: &std::collections::BTreeSet<String>) -> Result<Plan, PoolError> {
         let alloc = self.allocation(id).ok_or_else(|| PoolError::UnknownWorkload(id.to_string()))?;
         if alloc.state != AllocState::Running {
             return Err(PoolError::NotRunning { id: id.to_string(), name: alloc.name.clone(), state: alloc.state });
@@ -38,6 +44,7 @@ impl Pool {
         }
         let held = alloc.held();
         let mut scratch = Scratch::new(self);
+        scratch.held = held_back.clone();
         if blocks < held {
             scratch.reshape(alloc.seq, shrink(&alloc.shares, held - blocks));
         } else if blocks > held {

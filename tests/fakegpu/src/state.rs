@@ -34,7 +34,7 @@ pub const DEFAULT_STATE_DIR: &str = "/tmp/fakegpu";
 /// "FAKEGPU" + layout number; a file with anything else at its start is recreated.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU\x01");
 /// Bumped whenever [`Layout`] changes.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 /// Processes that can hold memory on one device at the same time.
 pub const SLOTS: usize = 512;
 /// Kernel intervals remembered for utilization (a ring; a process's back-to-back kernels
@@ -44,6 +44,8 @@ pub const TIMELINE: usize = 65_536;
 const SCAN_SLACK_NS: u64 = 1_000_000_000;
 /// A slot's pid while some process is reclaiming it.
 const RECLAIMING: u32 = u32::MAX;
+/// Bits of a pid in a [`Slot::ckpt_owner`] word (Linux's `PID_MAX_LIMIT` is 2^22).
+const OWNER_PID_BITS: u32 = 22;
 
 /// The state directory in use: `$FAKEGPU_STATE` or [`DEFAULT_STATE_DIR`].
 pub fn state_dir() -> PathBuf {
@@ -109,6 +111,50 @@ pub(crate) mod ckpt {
     pub const RESTORING: u32 = 0x12;
 }
 
+/// A controller's operation under way on a process (a transient slot state), as tests see
+/// it in [`DeviceState::checkpoint_op`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointOp {
+    /// `cuCheckpointProcessLock` waiting for the process's calls and kernels.
+    Locking,
+    /// `cuCheckpointProcessCheckpoint` copying device memory to the host.
+    Checkpointing,
+    /// `cuCheckpointProcessRestore` copying it back.
+    Restoring,
+}
+
+/// The owner word of controller `id`: `start_time << 22 | pid`, one word so that taking
+/// over a dead owner is one compare-and-swap that a later process with the same pid cannot
+/// pass. `None` for a pid or start time out of range (never on Linux).
+pub(crate) fn owner_word(id: ProcessId) -> Option<u64> {
+    (id.pid != 0 && id.pid < 1 << OWNER_PID_BITS && id.start_time < 1 << (64 - OWNER_PID_BITS))
+        .then(|| id.start_time << OWNER_PID_BITS | u64::from(id.pid))
+}
+
+/// The controller an owner word names.
+fn owner_id(word: u64) -> ProcessId {
+    ProcessId {
+        pid: (word & ((1 << OWNER_PID_BITS) - 1)) as u32,
+        start_time: word >> OWNER_PID_BITS,
+    }
+}
+
+/// Whether the controller `word` names is gone (0, no owner, is never dead).
+fn owner_dead(word: u64) -> bool {
+    word != 0 && !owner_id(word).is_alive()
+}
+
+/// What [`DeviceState::ckpt_claim`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// The slot's operations are the caller's until [`DeviceState::ckpt_release`].
+    Taken,
+    /// A live controller's operation is under way.
+    Busy,
+    /// The process no longer holds the slot.
+    Gone,
+}
+
 #[repr(C)]
 struct Slot {
     pid: AtomicU32,
@@ -127,6 +173,11 @@ struct Slot {
     in_calls: AtomicU32,
     /// The thread that took the slot (`cuCheckpointProcessGetRestoreThreadId`).
     restore_tid: AtomicU32,
+    /// The controller whose checkpoint operation this slot is in ([`owner_word`]: pid and
+    /// start time), 0 for none. Claimed with a CAS from 0 *before* the state leaves a
+    /// stable state and released after it reaches one, so a transient state always has its
+    /// owner recorded; a dead owner's operation is resolved by whoever notices it.
+    ckpt_owner: AtomicU64,
 }
 
 /// One interval of the device's timeline: a kernel, or a process's kernels back to back.
@@ -359,9 +410,11 @@ impl DeviceState {
         self.layout().created_ns.load(SeqCst)
     }
 
-    /// Give back the memory of every dead process; returns the bytes reclaimed.
+    /// Give back the memory of every dead process, and resolve the checkpoint operations of
+    /// dead controllers ([`resolve_abandoned`](Self::resolve_abandoned)); returns the bytes
+    /// that left the device.
     pub fn reclaim_dead(&self) -> u64 {
-        let mut reclaimed = 0;
+        let mut reclaimed = self.resolve_abandoned();
         for slot in &self.layout().slots {
             let pid = slot.pid.load(Acquire);
             if pid == 0 || pid == RECLAIMING {
@@ -403,6 +456,7 @@ impl DeviceState {
         }
         slot.in_calls.store(0, SeqCst);
         slot.restore_tid.store(0, SeqCst);
+        slot.ckpt_owner.store(0, SeqCst);
         slot.start_time.store(0, SeqCst);
         slot.ckpt_state.store(ckpt::RUNNING, SeqCst);
         futex_wake(&slot.ckpt_state);
@@ -440,6 +494,8 @@ impl DeviceState {
             for (index, slot) in slots.iter().enumerate() {
                 if slot.pid.compare_exchange(0, me.pid, SeqCst, SeqCst).is_ok() {
                     slot.bytes.store(0, SeqCst);
+                    slot.ckpt_bytes.store(0, SeqCst);
+                    slot.ckpt_owner.store(0, SeqCst);
                     slot.ckpt_state.store(ckpt::RUNNING, SeqCst);
                     slot.restore_tid.store(crate::ffi::gettid(), SeqCst);
                     slot.start_time.store(me.start_time, Release);
@@ -644,6 +700,118 @@ impl DeviceState {
         moved
     }
 
+    /// Take slot `index` of `pid` for an operation of controller `me` (an [`owner_word`]):
+    /// a CAS of the owner from 0. A dead controller's leftover operation is resolved first
+    /// and its ownership taken over; a live one's makes it [`Claim::Busy`].
+    pub(crate) fn ckpt_claim(&self, index: usize, pid: u32, me: u64) -> Claim {
+        loop {
+            let Some(slot) = self.owned_slot(index, pid) else {
+                return Claim::Gone;
+            };
+            let owner = slot.ckpt_owner.load(SeqCst);
+            if owner == 0 {
+                if slot
+                    .ckpt_owner
+                    .compare_exchange(0, me, SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    return Claim::Taken;
+                }
+            } else if owner != me && owner_dead(owner) {
+                if self.take_over(slot, owner, me) {
+                    return Claim::Taken;
+                }
+            } else {
+                return Claim::Busy;
+            }
+        }
+    }
+
+    /// Give slot `index` back after an operation of `me` (nothing if `me` no longer owns it).
+    pub(crate) fn ckpt_release(&self, index: usize, pid: u32, me: u64) {
+        if let Some(slot) = self.owned_slot(index, pid) {
+            let _ = slot.ckpt_owner.compare_exchange(me, 0, SeqCst, SeqCst);
+        }
+    }
+
+    /// Resolve the operations of dead controllers on every slot, as the driver would have
+    /// finished them on the target's side: an abandoned lock ends like a timed-out one
+    /// (LOCKING → RUNNING), an abandoned checkpoint is finished (its memory leaves the
+    /// device, → CHECKPOINTED), an abandoned restore is undone (what it put back leaves the
+    /// device again, → CHECKPOINTED). Returns the bytes that left the device.
+    pub(crate) fn resolve_abandoned(&self) -> u64 {
+        let mut me = None;
+        let mut freed = 0;
+        for slot in &self.layout().slots {
+            let owner = slot.ckpt_owner.load(SeqCst);
+            if !owner_dead(owner) {
+                continue;
+            }
+            let me = *me.get_or_insert_with(|| ProcessId::current().and_then(owner_word));
+            let Some(me) = me else {
+                return freed; // cannot name ourselves: leave it to another process
+            };
+            let before = self.used();
+            if self.take_over(slot, owner, me) {
+                let _ = slot.ckpt_owner.compare_exchange(me, 0, SeqCst, SeqCst);
+            }
+            freed += before.saturating_sub(self.used());
+        }
+        freed
+    }
+
+    /// Take `slot`'s operations over from dead controller `dead` for `me` and resolve the
+    /// transient state it left (see [`resolve_abandoned`](Self::resolve_abandoned));
+    /// `false` if another process took it first. Every step can be repeated, so a resolver
+    /// killed half-way is resolved in turn.
+    fn take_over(&self, slot: &Slot, dead: u64, me: u64) -> bool {
+        if slot
+            .ckpt_owner
+            .compare_exchange(dead, me, SeqCst, SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        let state = slot.ckpt_state.load(SeqCst);
+        let to = match state {
+            ckpt::LOCKING => ckpt::RUNNING,
+            ckpt::CHECKPOINTING | ckpt::RESTORING => {
+                // Finishing a checkpoint and undoing a restore are the same move: the
+                // slot's device memory goes to the host.
+                self.slot_to_host(slot);
+                ckpt::CHECKPOINTED
+            }
+            _ => return true, // it died before or after its transient state
+        };
+        if slot
+            .ckpt_state
+            .compare_exchange(state, to, SeqCst, SeqCst)
+            .is_ok()
+        {
+            futex_wake(&slot.ckpt_state);
+        }
+        true
+    }
+
+    /// The checkpoint operation under way on `pid` (on its first slot in one) and the pid
+    /// of the controller that owns it (0 if it is not recorded).
+    pub fn checkpoint_op(&self, pid: u32) -> Option<(CheckpointOp, u32)> {
+        self.layout()
+            .slots
+            .iter()
+            .filter(|s| pid != 0 && pid != RECLAIMING && s.pid.load(Acquire) == pid)
+            .find_map(|s| {
+                let op = match s.ckpt_state.load(SeqCst) {
+                    ckpt::LOCKING => CheckpointOp::Locking,
+                    ckpt::CHECKPOINTING => CheckpointOp::Checkpointing,
+                    ckpt::RESTORING => CheckpointOp::Restoring,
+                    _ => return None,
+                };
+                let owner = s.ckpt_owner.load(SeqCst);
+                Some((op, if owner == 0 { 0 } else { owner_id(owner).pid }))
+            })
+    }
+
     /// Calls of slot `index`'s process in flight (0 if `pid` no longer owns it).
     pub(crate) fn in_calls(&self, index: usize, pid: u32) -> u32 {
         self.owned_slot(index, pid)
@@ -660,9 +828,13 @@ impl DeviceState {
     /// as host memory. Off the slot first, then off `used`: a controller dying in between
     /// leaves `used` too high, never too low.
     pub(crate) fn checkpoint_memory(&self, index: usize, pid: u32) {
-        let Some(slot) = self.owned_slot(index, pid) else {
-            return;
-        };
+        if let Some(slot) = self.owned_slot(index, pid) {
+            self.slot_to_host(slot);
+        }
+    }
+
+    /// [`checkpoint_memory`](Self::checkpoint_memory) of one slot; repeating it is harmless.
+    fn slot_to_host(&self, slot: &Slot) {
         let bytes = slot.bytes.swap(0, SeqCst);
         slot.ckpt_bytes.fetch_add(bytes, SeqCst);
         self.unreserve(bytes);
@@ -910,7 +1082,8 @@ mod tests {
 
     #[test]
     fn layout_is_stable() {
-        assert_eq!(std::mem::size_of::<Slot>(), 64);
+        assert_eq!(std::mem::size_of::<Slot>(), 72);
+        assert_eq!(LAYOUT_VERSION, 4, "bump it with every change of Layout");
         assert_eq!(std::mem::size_of::<Interval>(), 32);
         assert_eq!(FILE_SIZE % 8, 0);
     }
@@ -1054,6 +1227,88 @@ mod tests {
         );
         assert_eq!((s.used(), s.processes().len()), (0, 0));
         assert_eq!(s.ckpt_state(slot, pid), None);
+    }
+
+    #[test]
+    fn a_dead_controllers_operations_are_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DeviceState::open(dir.path(), "GPU-o", 1).unwrap();
+        let pid = me().pid;
+        let slot = s.claim_slot(me()).unwrap();
+        assert!(s.try_reserve(600, 1000));
+        s.slot_add(slot, 600);
+        let live = owner_word(me()).unwrap();
+        // This process's pid with another start time: a controller whose pid was recycled.
+        let dead = owner_word(ProcessId {
+            pid,
+            start_time: me().start_time + 1,
+        })
+        .unwrap();
+        let begin = |owner, from, to| {
+            assert_eq!(s.ckpt_claim(slot, pid, owner), Claim::Taken);
+            assert!(s.ckpt_transition(slot, pid, from, to));
+        };
+
+        begin(dead, ckpt::RUNNING, ckpt::LOCKING);
+        assert_eq!(s.checkpoint_op(pid), Some((CheckpointOp::Locking, pid)));
+        assert_eq!(s.reclaim_dead(), 0);
+        assert_eq!(
+            s.ckpt_state(slot, pid),
+            Some(ckpt::RUNNING),
+            "lock abandoned"
+        );
+        assert_eq!(s.checkpoint_op(pid), None);
+
+        begin(live, ckpt::RUNNING, ckpt::LOCKING);
+        s.reclaim_dead();
+        assert_eq!(
+            s.ckpt_state(slot, pid),
+            Some(ckpt::LOCKING),
+            "a live owner's stays"
+        );
+        assert_eq!(s.ckpt_claim(slot, pid, live), Claim::Busy);
+        assert!(s.ckpt_transition(slot, pid, ckpt::LOCKING, ckpt::LOCKED));
+        s.ckpt_release(slot, pid, live);
+
+        begin(dead, ckpt::LOCKED, ckpt::CHECKPOINTING);
+        assert_eq!(s.reclaim_dead(), 600, "an abandoned checkpoint is finished");
+        assert_eq!(s.ckpt_state(slot, pid), Some(ckpt::CHECKPOINTED));
+        assert_eq!((s.used(), s.bytes_of(pid)), (0, 0));
+
+        begin(dead, ckpt::CHECKPOINTED, ckpt::RESTORING);
+        assert!(s.restore_memory(slot, pid, 1000));
+        assert_eq!(s.used(), 600);
+        // The next controller's claim resolves it first (an abandoned restore is undone).
+        assert_eq!(s.ckpt_claim(slot, pid, live), Claim::Taken);
+        assert_eq!(s.ckpt_state(slot, pid), Some(ckpt::CHECKPOINTED));
+        assert_eq!((s.used(), s.bytes_of(pid)), (0, 0));
+        s.ckpt_release(slot, pid, live);
+        assert_eq!(s.release_slot(slot, me()), 0);
+    }
+
+    #[test]
+    fn owner_words_round_trip() {
+        let id = ProcessId {
+            pid: (1 << 22) - 1,
+            start_time: (1 << 42) - 1,
+        };
+        assert_eq!(owner_id(owner_word(id).unwrap()), id);
+        assert_eq!(
+            owner_word(ProcessId {
+                pid: 1 << 22,
+                start_time: 1
+            }),
+            None
+        );
+        assert_eq!(
+            owner_word(ProcessId {
+                pid: 0,
+                start_time: 1
+            }),
+            None
+        );
+        assert!(!owner_dead(0), "no owner is not a dead one");
+        assert!(!owner_dead(owner_word(me()).unwrap()));
     }
 
     #[test]

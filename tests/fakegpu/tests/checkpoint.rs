@@ -7,11 +7,12 @@
 mod common;
 
 use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{field, Fake, Holder};
 use cudarc::driver::sys::CUresult;
-use fakegpu::state::CheckpointState;
+use fakegpu::state::{CheckpointOp, CheckpointState, DeviceState};
 
 /// Every operation the controller probe knows: the six functions.
 const ALL_OPS: [&str; 6] = ["get_state", "tid", "lock", "checkpoint", "restore", "unlock"];
@@ -19,6 +20,7 @@ const GIB: u64 = 1 << 30;
 
 /// One 4 GiB device, so that memory runs out quickly.
 const SMALL: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"4GiB\"\n";
+
 
 const RUNNING: &str = "0";
 const LOCKED: &str = "1";
@@ -75,6 +77,46 @@ fn spawn_target(fake: &Fake, mib: u64, progress: Option<&Path>, kernel: &str) ->
         cmd.env("CKPT_PROGRESS", p);
     }
     Holder::spawn(&mut cmd)
+}
+
+/// Start the controller on `op` without waiting for it (it is to be killed).
+fn spawn_ctl(fake: &Fake, pid: u32, op: &str, env: &[(&str, &str)]) -> Child {
+    let mut cmd = fake.probe("ckpt_ctl");
+    cmd.env("CKPT_OP", op)
+        .env("CKPT_PID", pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn ckpt_ctl")
+}
+
+/// Poll the shared state until `pid` is in operation `op`, which must be owned by
+/// `controller`: true; false if the controller exited first (its status must be success).
+fn wait_op(state: &DeviceState, pid: u32, op: CheckpointOp, controller: &mut Child) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((seen, owner)) = state.checkpoint_op(pid) {
+            if seen == op {
+                assert_eq!(owner, controller.id(), "{op:?} is owned by its controller");
+                return true;
+            }
+        }
+        if let Some(status) = controller.try_wait().expect("try_wait ckpt_ctl") {
+            assert!(status.success(), "ckpt_ctl exited with {status}");
+            return false;
+        }
+        assert!(Instant::now() < deadline, "{pid} never got to {op:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// SIGKILL the controller and reap it.
+fn kill(mut controller: Child) {
+    controller.kill().expect("SIGKILL ckpt_ctl");
+    let status = controller.wait().expect("reap ckpt_ctl");
+    assert!(!status.success(), "ckpt_ctl finished before it was killed");
 }
 
 fn progress(path: &Path) -> u64 {
@@ -377,3 +419,52 @@ fn a_target_killed_while_checkpointed_or_locked_leaks_nothing() {
     spawn_target(&fake, 4096, None, "100us").finish();
     assert_eq!(states[0].used(), 0);
 }
+
+#[test]
+fn a_controller_killed_while_its_lock_waits_leaves_the_target_running() {
+    let fake = Fake::with_config(SMALL);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("progress");
+    // Each iteration synchronizes on a 1 s kernel: a lock waits for it.
+    let target = spawn_target(&fake, 1024, Some(&file), "1s");
+    let pid = target.pid();
+    let states = fake.states();
+    wait_progress(&file, 1);
+
+    let mut killed = false;
+    for _ in 0..5 {
+        let mut controller = spawn_ctl(&fake, pid, "lock", &[("CKPT_TIMEOUT_MS", "600000")]);
+        if wait_op(&states[0], pid, CheckpointOp::Locking, &mut controller) {
+            kill(controller);
+            killed = true;
+            break;
+        }
+        // The lock caught the target between two kernels and succeeded at once.
+        expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    }
+    assert!(killed, "no lock ever had to wait for a 1 s kernel");
+
+    let out = expect(&fake, pid, "get_state", CUresult::CUDA_SUCCESS);
+    assert_eq!(
+        field(&out, "state"),
+        RUNNING,
+        "an abandoned lock ends like a timed-out one"
+    );
+    assert_eq!(states[0].checkpoint_op(pid), None, "nothing left LOCKING");
+    let n = progress(&file);
+    wait_progress(&file, n + 2);
+
+    // A whole new cycle works.
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    let out = expect(&fake, pid, "checkpoint", CUresult::CUDA_SUCCESS);
+    assert_eq!(field(&out, "nvml_used"), "0");
+    expect(&fake, pid, "restore", CUresult::CUDA_SUCCESS);
+    assert!(states[0].used() >= GIB);
+    expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    assert_eq!(state(&fake, pid), RUNNING);
+    let n = progress(&file);
+    wait_progress(&file, n + 2);
+    target.finish();
+    assert_eq!(states[0].used(), 0);
+}
+

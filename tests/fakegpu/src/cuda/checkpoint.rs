@@ -21,6 +21,14 @@
 //! * restore: `CUDA_ERROR_OUT_OF_MEMORY` when the memory no longer fits on the device (the
 //!   process stays CHECKPOINTED; cuda.h lists no code for it, OOM is what the allocation
 //!   path returns).
+//!
+//! **A controller killed mid-operation.** Each slot records the controller that owns its
+//! operation (pid + start time, claimed before the state leaves a stable one: see
+//! [`crate::state::DeviceState::ckpt_claim`]). Every entry point first resolves, through
+//! [`Driver::reclaim_dead`], the operations of controllers that died, as the real driver
+//! (which does the work on the target's side) would have ended them: LOCKING → RUNNING
+//! (like a timed-out lock), CHECKPOINTING finished (memory to the host, → CHECKPOINTED),
+//! RESTORING undone (memory off the device again, → CHECKPOINTED).
 
 use std::ffi::c_int;
 use std::time::Duration;
@@ -30,10 +38,12 @@ use cudarc::driver::sys::{
     CUcheckpointUnlockArgs, CUprocessState, CUresult,
 };
 
+use vgpu_abi::process::ProcessId;
+
 use super::{entry_ungated, process, CuResult};
 use crate::driver::Driver;
 use crate::ffi::{self, now_ns};
-use crate::state::ckpt;
+use crate::state::{ckpt, owner_word, Claim};
 
 /// How often lock looks again at a target whose calls are still in flight.
 const LOCK_POLL: Duration = Duration::from_millis(1);
@@ -45,6 +55,13 @@ fn controller() -> CuResult<&'static Driver> {
         return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     Ok(driver)
+}
+
+/// This controller as the owner of an operation (pid + start time).
+fn me() -> CuResult<u64> {
+    ProcessId::current()
+        .and_then(owner_word)
+        .ok_or(CUresult::CUDA_ERROR_OPERATING_SYSTEM)
 }
 
 /// One slot of the target: driver device index and slot index.
@@ -94,15 +111,20 @@ fn reported(driver: &Driver, pid: u32, slots: &[TargetSlot]) -> u32 {
         .unwrap_or(ckpt::RUNNING)
 }
 
-/// Move every slot from `from` to `to`, or none: ILLEGAL_STATE (INVALID_VALUE if the process
-/// died meanwhile) after undoing the moves made.
-fn transition_all(driver: &Driver, pid: u32, slots: &[TargetSlot], from: u32, to: u32) -> CuResult {
+/// Start an operation of `me` on every slot: claim it and move it from `from` to `to`, or
+/// none: ILLEGAL_STATE (INVALID_VALUE if the process died meanwhile) after undoing the
+/// moves made.
+fn begin_all(
+    driver: &Driver,
+    pid: u32,
+    slots: &[TargetSlot],
+    me: u64,
+    from: u32,
+    to: u32,
+) -> CuResult {
     for (done, &(d, s)) in slots.iter().enumerate() {
-        let moved = driver
-            .device(d)
-            .is_some_and(|dev| dev.state.ckpt_transition(s, pid, from, to));
-        if !moved {
-            set_all(driver, pid, &slots[..done], to, from);
+        if !begin(driver, pid, (d, s), me, from, to) {
+            end_all(driver, pid, &slots[..done], me, to, from);
             return Err(if slots_of(driver, pid).is_empty() {
                 CUresult::CUDA_ERROR_INVALID_VALUE
             } else {
@@ -113,12 +135,38 @@ fn transition_all(driver: &Driver, pid: u32, slots: &[TargetSlot], from: u32, to
     Ok(())
 }
 
-/// Move the slots that are in `from` to `to` (the end of an operation that owns them).
-fn set_all(driver: &Driver, pid: u32, slots: &[TargetSlot], from: u32, to: u32) {
+/// Claim one slot for `me` and move it from `from` to `to`; whether it did (if not, the
+/// slot is not kept).
+fn begin(driver: &Driver, pid: u32, (d, s): TargetSlot, me: u64, from: u32, to: u32) -> bool {
+    let Some(dev) = driver.device(d) else {
+        return false;
+    };
+    if dev.state.ckpt_claim(s, pid, me) != Claim::Taken {
+        return false;
+    }
+    if dev.state.ckpt_transition(s, pid, from, to) {
+        return true;
+    }
+    dev.state.ckpt_release(s, pid, me);
+    false
+}
+
+/// End an operation of `me`: move the slots that are in `from` to `to`, then give them up.
+fn end_all(driver: &Driver, pid: u32, slots: &[TargetSlot], me: u64, from: u32, to: u32) {
     for &(d, s) in slots {
         if let Some(dev) = driver.device(d) {
             dev.state.ckpt_transition(s, pid, from, to);
+            dev.state.ckpt_release(s, pid, me);
         }
+    }
+}
+
+/// INVALID_VALUE if `pid` died during an operation (its slots were reclaimed).
+fn still_alive(driver: &Driver, pid: u32) -> CuResult {
+    if slots_of(driver, pid).is_empty() {
+        Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok(())
     }
 }
 
@@ -199,29 +247,31 @@ pub unsafe extern "C" fn cuCheckpointProcessLock(
             // SAFETY: non-NULL and readable, checked above.
             unsafe { ffi::read(args) }?.timeoutMs
         };
+        let me = me()?;
         let (pid, slots) = target(driver, pid)?;
-        lock(driver, pid, slots, timeout_ms)
+        lock(driver, pid, slots, me, timeout_ms)
     })
 }
 
 /// RUNNING → LOCKING (new calls block), wait for the calls in flight and the kernels queued
 /// to finish, → LOCKED. A timeout puts it back to RUNNING.
-fn lock(driver: &Driver, pid: u32, mut slots: Vec<TargetSlot>, timeout_ms: u32) -> CuResult {
-    transition_all(driver, pid, &slots, ckpt::RUNNING, ckpt::LOCKING)?;
+fn lock(
+    driver: &Driver,
+    pid: u32,
+    mut slots: Vec<TargetSlot>,
+    me: u64,
+    timeout_ms: u32,
+) -> CuResult {
+    begin_all(driver, pid, &slots, me, ckpt::RUNNING, ckpt::LOCKING)?;
     let deadline =
         (timeout_ms > 0).then(|| now_ns().saturating_add(u64::from(timeout_ms) * 1_000_000));
     loop {
         driver.reclaim_dead();
         // A call in flight may have taken a slot on another device: lock it too.
         for slot in slots_of(driver, pid) {
-            if !slots.contains(&slot) {
-                let (d, s) = slot;
-                if driver.device(d).is_some_and(|dev| {
-                    dev.state
-                        .ckpt_transition(s, pid, ckpt::RUNNING, ckpt::LOCKING)
-                }) {
-                    slots.push(slot);
-                }
+            if !slots.contains(&slot) && begin(driver, pid, slot, me, ckpt::RUNNING, ckpt::LOCKING)
+            {
+                slots.push(slot);
             }
         }
         let live: Vec<TargetSlot> = slots
@@ -234,7 +284,7 @@ fn lock(driver: &Driver, pid: u32, mut slots: Vec<TargetSlot>, timeout_ms: u32) 
             })
             .collect();
         if live.is_empty() {
-            set_all(driver, pid, &slots, ckpt::LOCKING, ckpt::RUNNING);
+            end_all(driver, pid, &slots, me, ckpt::LOCKING, ckpt::RUNNING);
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let in_flight: u32 = live
@@ -251,7 +301,7 @@ fn lock(driver: &Driver, pid: u32, mut slots: Vec<TargetSlot>, timeout_ms: u32) 
             break;
         }
         if deadline.is_some_and(|d| now >= d) {
-            set_all(driver, pid, &slots, ckpt::LOCKING, ckpt::RUNNING);
+            end_all(driver, pid, &slots, me, ckpt::LOCKING, ckpt::RUNNING);
             return Err(CUresult::CUDA_ERROR_NOT_READY);
         }
         let mut wait = if in_flight > 0 {
@@ -264,7 +314,7 @@ fn lock(driver: &Driver, pid: u32, mut slots: Vec<TargetSlot>, timeout_ms: u32) 
         }
         std::thread::sleep(wait.max(Duration::from_micros(50)));
     }
-    set_all(driver, pid, &slots, ckpt::LOCKING, ckpt::LOCKED);
+    end_all(driver, pid, &slots, me, ckpt::LOCKING, ckpt::LOCKED);
     Ok(())
 }
 
@@ -277,15 +327,23 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
         let driver = controller()?;
         // SAFETY: `args` is NULL or a readable CUcheckpointCheckpointArgs (driver API contract).
         unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
+        let me = me()?;
         let (pid, slots) = target(driver, pid)?;
-        transition_all(driver, pid, &slots, ckpt::LOCKED, ckpt::CHECKPOINTING)?;
+        begin_all(driver, pid, &slots, me, ckpt::LOCKED, ckpt::CHECKPOINTING)?;
         for &(d, s) in &slots {
             if let Some(dev) = driver.device(d) {
                 dev.state.checkpoint_memory(s, pid);
             }
         }
-        set_all(driver, pid, &slots, ckpt::CHECKPOINTING, ckpt::CHECKPOINTED);
-        Ok(())
+        end_all(
+            driver,
+            pid,
+            &slots,
+            me,
+            ckpt::CHECKPOINTING,
+            ckpt::CHECKPOINTED,
+        );
+        still_alive(driver, pid)
     })
 }
 
@@ -298,8 +356,9 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
         let driver = controller()?;
         // SAFETY: `args` is NULL or a readable CUcheckpointRestoreArgs (driver API contract).
         unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
+        let me = me()?;
         let (pid, slots) = target(driver, pid)?;
-        transition_all(driver, pid, &slots, ckpt::CHECKPOINTED, ckpt::RESTORING)?;
+        begin_all(driver, pid, &slots, me, ckpt::CHECKPOINTED, ckpt::RESTORING)?;
         for (done, &(d, s)) in slots.iter().enumerate() {
             let fits = driver
                 .device(d)
@@ -310,12 +369,12 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
                         dev.state.unrestore_memory(s, pid);
                     }
                 }
-                set_all(driver, pid, &slots, ckpt::RESTORING, ckpt::CHECKPOINTED);
+                end_all(driver, pid, &slots, me, ckpt::RESTORING, ckpt::CHECKPOINTED);
                 return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
             }
         }
-        set_all(driver, pid, &slots, ckpt::RESTORING, ckpt::LOCKED);
-        Ok(())
+        end_all(driver, pid, &slots, me, ckpt::RESTORING, ckpt::LOCKED);
+        still_alive(driver, pid)
     })
 }
 
@@ -328,7 +387,14 @@ pub unsafe extern "C" fn cuCheckpointProcessUnlock(
         let driver = controller()?;
         // SAFETY: `args` is NULL or a readable CUcheckpointUnlockArgs (driver API contract).
         unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
+        let me = me()?;
         let (pid, slots) = target(driver, pid)?;
-        transition_all(driver, pid, &slots, ckpt::LOCKED, ckpt::RUNNING)
+        begin_all(driver, pid, &slots, me, ckpt::LOCKED, ckpt::RUNNING)?;
+        for &(d, s) in &slots {
+            if let Some(dev) = driver.device(d) {
+                dev.state.ckpt_release(s, pid, me);
+            }
+        }
+        Ok(())
     })
 }

@@ -9,8 +9,10 @@
 //!
 //! Every other key is optional. Defaults come from a built-in preset chosen by the name
 //! (`A100` in the name: A100-SXM4 figures; anything else: H100-SXM figures); README.md has
-//! the full table. Unknown keys and inconsistent values are errors that name the file, the
-//! device and the key.
+//! the full table. Two optional keys stand before the tables: `checkpoint = false` (a
+//! driver without the checkpoint API) and `checkpoint_gbps = 25.0` (the rate at which
+//! checkpoint and restore copy device memory, GB/s). Unknown keys and inconsistent values
+//! are errors that name the file, the device and the key.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -19,6 +21,9 @@ use nvml_wrapper_sys::bindings as nvml;
 
 /// Environment variable naming the config file.
 pub const CONFIG_ENV: &str = "FAKEGPU_CONFIG";
+
+/// The default `checkpoint_gbps`: the practical rate of PCIe Gen4 x16.
+pub const DEFAULT_CHECKPOINT_GBPS: f64 = 25.0;
 
 /// Most devices a config may declare.
 pub const MAX_DEVICES: usize = 64;
@@ -31,6 +36,10 @@ pub struct Config {
     /// (top-level key `checkpoint`, default true). False models an older driver: the
     /// functions return `CUDA_ERROR_NOT_SUPPORTED` and `cuGetProcAddress` does not find them.
     pub checkpoint: bool,
+    /// How fast checkpoint and restore copy a process's device memory to and from the host,
+    /// in GB/s (1e9 bytes/s; top-level key `checkpoint_gbps`, default
+    /// [`DEFAULT_CHECKPOINT_GBPS`]): each takes bytes / rate of simulated (wall-clock) time.
+    pub checkpoint_gbps: f64,
     /// The file it came from; `None` for the built-in default.
     pub source: Option<PathBuf>,
 }
@@ -258,6 +267,7 @@ pub fn default_config() -> Config {
     Config {
         devices: vec![Preset::H100.device("NVIDIA H100 80GB HBM3", 80 << 30, 0)],
         checkpoint: true,
+        checkpoint_gbps: DEFAULT_CHECKPOINT_GBPS,
         source: None,
     }
 }
@@ -274,11 +284,12 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         err(None, None, format!("not valid TOML: {}", e.message()))
     })?;
     for key in table.keys() {
-        if key != "device" && key != "checkpoint" {
+        if !["device", "checkpoint", "checkpoint_gbps"].contains(&key.as_str()) {
             return Err(err(
                 None,
                 Some(key),
-                "unknown key (expected `checkpoint` and [[device]] tables)".into(),
+                "unknown key (expected `checkpoint`, `checkpoint_gbps` and [[device]] tables)"
+                    .into(),
             ));
         }
     }
@@ -292,6 +303,16 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
                 "must be true or false".into(),
             ))
         }
+    };
+    let checkpoint_gbps = match table.get("checkpoint_gbps") {
+        None => DEFAULT_CHECKPOINT_GBPS,
+        Some(v) => number(v).filter(|x| *x > 0.0).ok_or_else(|| {
+            err(
+                None,
+                Some("checkpoint_gbps"),
+                "must be a positive number of GB/s".into(),
+            )
+        })?,
     };
     let entries = match table.get("device") {
         Some(toml::Value::Array(entries)) if !entries.is_empty() => entries,
@@ -333,6 +354,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
     Ok(Config {
         devices,
         checkpoint,
+        checkpoint_gbps,
         source: None,
     })
 }
@@ -935,5 +957,27 @@ mod tests {
         assert!(!parse(&off, "t").unwrap().checkpoint);
         let bad = parse(&format!("checkpoint = 1\n{devices}"), "t").unwrap_err();
         assert_eq!(bad.key.as_deref(), Some("checkpoint"));
+    }
+
+    #[test]
+    fn checkpoint_gbps_key() {
+        let devices = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n";
+        assert_eq!(parse(devices, "t").unwrap().checkpoint_gbps, 25.0);
+        assert_eq!(default_config().checkpoint_gbps, 25.0);
+        for (text, gbps) in [("0.5", 0.5), ("64", 64.0), ("1e-3", 1e-3)] {
+            let c = parse(&format!("checkpoint_gbps = {text}\n{devices}"), "t").unwrap();
+            assert_eq!(c.checkpoint_gbps, gbps, "{text}");
+        }
+        for bad in ["0", "-1", "-0.5", "inf", "nan", "\"fast\"", "true"] {
+            let e = parse(&format!("checkpoint_gbps = {bad}\n{devices}"), "f.toml").unwrap_err();
+            assert_eq!(e.key.as_deref(), Some("checkpoint_gbps"), "{bad}");
+            assert!(
+                e.to_string()
+                    .starts_with("fakegpu: config f.toml: key `checkpoint_gbps`:"),
+                "{e}"
+            );
+        }
+        let typo = parse(&format!("checkpoint_gpbs = 1\n{devices}"), "t").unwrap_err();
+        assert_eq!(typo.key.as_deref(), Some("checkpoint_gpbs"));
     }
 }

@@ -12,6 +12,8 @@ pub(crate) struct Driver {
     pub devices: Vec<Device>,
     /// The checkpoint API is offered (config key `checkpoint`).
     pub checkpoint: bool,
+    /// Checkpoint/restore copy rate in GB/s (config key `checkpoint_gbps`).
+    pub checkpoint_gbps: f64,
 }
 
 pub(crate) struct Device {
@@ -46,6 +48,7 @@ impl Driver {
     fn load() -> Result<Driver, String> {
         let config = config::load().map_err(|e| e.to_string())?;
         let checkpoint = config.checkpoint;
+        let checkpoint_gbps = config.checkpoint_gbps;
         let dir = state::state_dir();
         let mut devices = Vec::with_capacity(config.devices.len());
         for (index, device) in config.devices.into_iter().enumerate() {
@@ -60,6 +63,7 @@ impl Driver {
         Ok(Driver {
             devices,
             checkpoint,
+            checkpoint_gbps,
         })
     }
 

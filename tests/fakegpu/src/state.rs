@@ -812,6 +812,14 @@ impl DeviceState {
             })
     }
 
+    /// `(device bytes, checkpointed bytes)` of slot `index` (zeros if `pid` no longer owns
+    /// it).
+    pub(crate) fn slot_bytes(&self, index: usize, pid: u32) -> (u64, u64) {
+        self.owned_slot(index, pid).map_or((0, 0), |s| {
+            (s.bytes.load(SeqCst), s.ckpt_bytes.load(SeqCst))
+        })
+    }
+
     /// Calls of slot `index`'s process in flight (0 if `pid` no longer owns it).
     pub(crate) fn in_calls(&self, index: usize, pid: u32) -> u32 {
         self.owned_slot(index, pid)
@@ -1273,7 +1281,7 @@ mod tests {
         begin(dead, ckpt::LOCKED, ckpt::CHECKPOINTING);
         assert_eq!(s.reclaim_dead(), 600, "an abandoned checkpoint is finished");
         assert_eq!(s.ckpt_state(slot, pid), Some(ckpt::CHECKPOINTED));
-        assert_eq!((s.used(), s.bytes_of(pid)), (0, 0));
+        assert_eq!((s.used(), s.slot_bytes(slot, pid)), (0, (0, 600)));
 
         begin(dead, ckpt::CHECKPOINTED, ckpt::RESTORING);
         assert!(s.restore_memory(slot, pid, 1000));
@@ -1281,7 +1289,7 @@ mod tests {
         // The next controller's claim resolves it first (an abandoned restore is undone).
         assert_eq!(s.ckpt_claim(slot, pid, live), Claim::Taken);
         assert_eq!(s.ckpt_state(slot, pid), Some(ckpt::CHECKPOINTED));
-        assert_eq!((s.used(), s.bytes_of(pid)), (0, 0));
+        assert_eq!((s.used(), s.slot_bytes(slot, pid)), (0, (0, 600)));
         s.ckpt_release(slot, pid, live);
         assert_eq!(s.release_slot(slot, me()), 0);
     }

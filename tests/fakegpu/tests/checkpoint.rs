@@ -21,6 +21,10 @@ const GIB: u64 = 1 << 30;
 /// One 4 GiB device, so that memory runs out quickly.
 const SMALL: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"4GiB\"\n";
 
+/// SMALL with checkpoint and restore copying at `gbps` GB/s.
+fn small_at(gbps: &str) -> String {
+    format!("checkpoint_gbps = {gbps}\n{SMALL}")
+}
 
 const RUNNING: &str = "0";
 const LOCKED: &str = "1";
@@ -468,3 +472,150 @@ fn a_controller_killed_while_its_lock_waits_leaves_the_target_running() {
     assert_eq!(states[0].used(), 0);
 }
 
+#[test]
+fn a_controller_killed_during_the_checkpoint_copy_leaves_it_checkpointed() {
+    // 1 GiB at 0.5 GB/s: a copy of about 2 s.
+    let fake = Fake::with_config(&small_at("0.5"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("progress");
+    let target = spawn_target(&fake, 1024, Some(&file), "100us");
+    let pid = target.pid();
+    let states = fake.states();
+    wait_progress(&file, 1);
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    let held = states[0].used();
+    assert!(held >= GIB);
+
+    let mut controller = spawn_ctl(&fake, pid, "checkpoint", &[]);
+    assert!(
+        wait_op(
+            &states[0],
+            pid,
+            CheckpointOp::Checkpointing,
+            &mut controller
+        ),
+        "a 2 s copy was over before it was seen"
+    );
+    assert_eq!(
+        states[0].used(),
+        held,
+        "memory stays on the device during the copy"
+    );
+    let out = ctl(&fake, pid, "get_state", &[]);
+    assert_eq!(
+        field(&out, "state"),
+        LOCKED,
+        "checkpointing reads as locked"
+    );
+    assert_eq!(field(&out, "nvml_used"), held.to_string());
+    kill(controller);
+
+    // The next controller finds the checkpoint finished.
+    let out = expect(&fake, pid, "get_state", CUresult::CUDA_SUCCESS);
+    assert_eq!(field(&out, "state"), CHECKPOINTED);
+    assert_eq!(field(&out, "nvml_used"), "0", "the memory left the device");
+    assert_eq!(
+        field(&out, "nvml_procs"),
+        "",
+        "a checkpointed process is not listed"
+    );
+    assert_eq!(states[0].checkpoint_op(pid), None);
+    assert_eq!(
+        states[0].processes()[0].checkpoint,
+        CheckpointState::Checkpointed
+    );
+    // Another process can have the whole device (cuMemGetInfo and cuMemAlloc see it free).
+    spawn_target(&fake, 4096, None, "100us").finish();
+
+    expect(&fake, pid, "restore", CUresult::CUDA_SUCCESS);
+    assert_eq!(states[0].used(), held);
+    expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    let n = progress(&file);
+    wait_progress(&file, n + 3);
+    target.finish();
+    assert_eq!(states[0].used(), 0);
+}
+
+#[test]
+fn a_controller_killed_during_the_restore_copy_leaves_it_checkpointed() {
+    let fake = Fake::with_config(&small_at("0.5"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("progress");
+    let target = spawn_target(&fake, 1024, Some(&file), "100us");
+    let pid = target.pid();
+    let states = fake.states();
+    wait_progress(&file, 1);
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    let held = states[0].used();
+    expect(&fake, pid, "checkpoint", CUresult::CUDA_SUCCESS);
+    assert_eq!(states[0].used(), 0);
+
+    let mut controller = spawn_ctl(&fake, pid, "restore", &[]);
+    assert!(
+        wait_op(&states[0], pid, CheckpointOp::Restoring, &mut controller),
+        "a 2 s copy was over before it was seen"
+    );
+    assert_eq!(
+        states[0].used(),
+        held,
+        "restore reserves the memory before copying"
+    );
+    kill(controller);
+
+    let out = expect(&fake, pid, "get_state", CUresult::CUDA_SUCCESS);
+    assert_eq!(
+        field(&out, "state"),
+        CHECKPOINTED,
+        "an abandoned restore is undone"
+    );
+    assert_eq!(field(&out, "nvml_used"), "0", "nothing left half-restored");
+    assert_eq!(states[0].used(), 0);
+    assert_eq!(states[0].checkpoint_op(pid), None);
+
+    expect(&fake, pid, "restore", CUresult::CUDA_SUCCESS);
+    assert_eq!(states[0].used(), held);
+    assert_eq!(state(&fake, pid), LOCKED);
+    expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    let n = progress(&file);
+    wait_progress(&file, n + 3);
+    target.finish();
+    assert_eq!(states[0].used(), 0);
+}
+
+#[test]
+fn checkpoint_and_restore_take_time_by_size() {
+    const GBPS: u64 = 2;
+    let fake = Fake::with_config(&small_at(&GBPS.to_string()));
+    let target = spawn_target(&fake, 1024, None, "100us");
+    let pid = target.pid();
+    let states = fake.states();
+    // 1 GiB at 2 GB/s: at least 536 870 µs each way.
+    let min_us = GIB / (GBPS * 1000);
+    let took_us = |out: &str| -> u64 { field(out, "call_us").parse().expect("call_us") };
+
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    let out = expect(&fake, pid, "checkpoint", CUresult::CUDA_SUCCESS);
+    assert!(
+        took_us(&out) >= min_us,
+        "checkpoint of 1 GiB at {GBPS} GB/s took {} µs, less than {min_us}",
+        took_us(&out)
+    );
+    assert_eq!(field(&out, "nvml_used"), "0");
+
+    // A restore that does not fit fails (at once: it reserves before it copies).
+    let other = spawn_target(&fake, 3584, None, "100us");
+    expect(&fake, pid, "restore", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(state(&fake, pid), CHECKPOINTED);
+    assert_eq!(states[0].used(), 3584 << 20, "nothing reserved for it");
+    other.finish();
+
+    let out = expect(&fake, pid, "restore", CUresult::CUDA_SUCCESS);
+    assert!(
+        took_us(&out) >= min_us,
+        "restore of 1 GiB at {GBPS} GB/s took {} µs, less than {min_us}",
+        took_us(&out)
+    );
+    expect(&fake, pid, "unlock", CUresult::CUDA_SUCCESS);
+    target.finish();
+    assert_eq!(states[0].used(), 0);
+}

@@ -102,7 +102,7 @@ type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64,
 /// Prints `getproc=CODE status=STATUS` for the lookup, `result=CODE` (the call through the
 /// exported symbol when the lookup failed), `state=N` / `tid=N` on success, and NVML's view
 /// of device 0 after the call: `nvml_used=BYTES` and `nvml_procs=pid:bytes,...`.
-/// `CKPT_NO_INIT=1` skips cuInit; `CKPT_TIMEOUT_MS` sets lock's timeout;
+/// `call_us=N` is the time the call took (µs). `CKPT_NO_INIT=1` skips cuInit; `CKPT_TIMEOUT_MS` sets lock's timeout;
 /// `CKPT_RESERVED=1` passes args with a reserved word set; `CKPT_NULL=1` passes NULL for
 /// the out-pointer of get_state / tid.
 pub fn controller() {
@@ -134,6 +134,7 @@ pub fn controller() {
     }
     let reserved = var("CKPT_RESERVED") == "1";
     let null = var("CKPT_NULL") == "1";
+    let call_started = std::time::Instant::now();
     // SAFETY (all arms): `pfn` is the named function with cuda.h's signature; the args are
     // valid zeroed structs (one reserved word set if asked) and the out-pointers valid or
     // NULL on purpose.
@@ -200,6 +201,7 @@ pub fn controller() {
             _ => unreachable!(),
         }
     };
+    println!("call_us={}", call_started.elapsed().as_micros());
     println!("result={result}");
     let nvml = Nvml::init().expect("nvmlInit");
     let device = nvml.device_by_index(0).expect("device 0");

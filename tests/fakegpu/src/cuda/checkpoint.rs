@@ -29,6 +29,12 @@
 //! (which does the work on the target's side) would have ended them: LOCKING → RUNNING
 //! (like a timed-out lock), CHECKPOINTING finished (memory to the host, → CHECKPOINTED),
 //! RESTORING undone (memory off the device again, → CHECKPOINTED).
+//!
+//! **Copy time.** Checkpoint and restore copy the process's device memory over PCIe at the
+//! config's `checkpoint_gbps` ([`copy_time`]). Checkpoint copies first and frees after: the
+//! slots stay CHECKPOINTING for the copy with the memory still counted on the device, which
+//! it leaves at once at the end. Restore reserves the memory on the device first (so a
+//! restore that does not fit fails at once), then stays RESTORING for the copy.
 
 use std::ffi::c_int;
 use std::time::Duration;
@@ -55,6 +61,12 @@ fn controller() -> CuResult<&'static Driver> {
         return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     Ok(driver)
+}
+
+/// The simulated time to copy `bytes` between device and host at `gbps` GB/s (1e9
+/// bytes/s): the whole time model of checkpoint and restore.
+pub(crate) fn copy_time(bytes: u64, gbps: f64) -> Duration {
+    Duration::try_from_secs_f64(bytes as f64 / (gbps * 1e9)).unwrap_or(Duration::MAX)
 }
 
 /// This controller as the owner of an operation (pid + start time).
@@ -159,6 +171,14 @@ fn end_all(driver: &Driver, pid: u32, slots: &[TargetSlot], me: u64, from: u32, 
             dev.state.ckpt_release(s, pid, me);
         }
     }
+}
+
+/// Bytes on the device and checkpointed bytes of the slots, summed.
+fn bytes_of(driver: &Driver, pid: u32, slots: &[TargetSlot]) -> (u64, u64) {
+    slots
+        .iter()
+        .filter_map(|&(d, s)| Some(driver.device(d)?.state.slot_bytes(s, pid)))
+        .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
 }
 
 /// INVALID_VALUE if `pid` died during an operation (its slots were reclaimed).
@@ -330,6 +350,9 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
         let me = me()?;
         let (pid, slots) = target(driver, pid)?;
         begin_all(driver, pid, &slots, me, ckpt::LOCKED, ckpt::CHECKPOINTING)?;
+        // The copy: the memory stays on the device (and in `used`) until it is done.
+        let (on_device, _) = bytes_of(driver, pid, &slots);
+        std::thread::sleep(copy_time(on_device, driver.checkpoint_gbps));
         for &(d, s) in &slots {
             if let Some(dev) = driver.device(d) {
                 dev.state.checkpoint_memory(s, pid);
@@ -359,6 +382,8 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
         let me = me()?;
         let (pid, slots) = target(driver, pid)?;
         begin_all(driver, pid, &slots, me, ckpt::CHECKPOINTED, ckpt::RESTORING)?;
+        let (_, on_host) = bytes_of(driver, pid, &slots);
+        // The memory is reserved on the device first, then copied.
         for (done, &(d, s)) in slots.iter().enumerate() {
             let fits = driver
                 .device(d)
@@ -373,6 +398,7 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
                 return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
             }
         }
+        std::thread::sleep(copy_time(on_host, driver.checkpoint_gbps));
         end_all(driver, pid, &slots, me, ckpt::RESTORING, ckpt::LOCKED);
         still_alive(driver, pid)
     })

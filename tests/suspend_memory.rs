@@ -19,7 +19,12 @@ const GIB: u64 = 1 << 30;
 
 /// One 24 GiB L4 worth 10 TFLOPS of pool blocks, with or without the checkpoint API.
 fn l4(checkpoint: bool) -> Sim {
-    let sim = Sim::with_config(&format!("checkpoint = {checkpoint}\n\n[[device]]\nname = \"NVIDIA L4\"\nmemory = \"24GiB\"\n"));
+    l4_copying(checkpoint, 25.0)
+}
+
+/// [`l4`] whose driver copies checkpointed memory at `gbps` GB/s.
+fn l4_copying(checkpoint: bool, gbps: f64) -> Sim {
+    let sim = Sim::with_config(&format!("checkpoint = {checkpoint}\ncheckpoint_gbps = {gbps}\n\n[[device]]\nname = \"NVIDIA L4\"\nmemory = \"24GiB\"\n"));
     sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 10\n");
     sim
 }
@@ -274,4 +279,49 @@ fn a_preemption_killed_half_way_restores_the_victim() {
     assert_eq!(used(&sim), 16 * GIB);
     let (code, err) = low.finish();
     assert_eq!(code, Some(0), "{err}");
+}
+
+/// `vgpu -v ARGS` killed (SIGKILL) once it logs a line containing `at`: here, inside the
+/// driver's copy of a checkpoint or a restore, which lasts about 2 s.
+fn kill_when(sim: &Sim, args: &[&str], at: &str) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "-v"]).args(args).envs(sim.env()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn vgpu");
+    let lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut seen = Vec::new();
+    for line in lines.map_while(Result::ok) {
+        if line.contains(at) {
+            child.kill().expect("SIGKILL");
+            let _ = child.wait();
+            return;
+        }
+        seen.push(line);
+    }
+    let status = child.wait().expect("wait");
+    panic!("vgpu {args:?} ended ({status}) without logging {at:?}: {seen:?}");
+}
+
+/// SIGKILL of vgpu inside the driver's checkpoint copy, then inside its restore copy: the
+/// driver finishes (or undoes) its own copy, and the next command's reconcile, from the
+/// intent, restores and unlocks the workload (a suspend is undone, a resume finished).
+#[test]
+fn vgpu_killed_during_the_drivers_copy() {
+    let sim = l4_copying(true, 2.0);
+    let w = Workload::start(&sim, "big", &["--mem", "8G"], "sync", &["--alloc-mib", "4096"], 20);
+    kill_when(&sim, &["suspend", "big"], "checkpointing process");
+    let row = w.row();
+    assert_eq!((row["state"].as_str(), &row["suspended_memory"]), (Some("running"), &serde_json::Value::Null), "{row}");
+    w.wait_progress(20);
+    assert_eq!(used(&sim), 4 * GIB, "its memory is back on the GPU");
+
+    let out = sim.vgpu(&["suspend", "big"]).output().expect("suspend");
+    assert!(stdout(&out).contains("in host memory"), "{}", stderr(&out));
+    assert_eq!(used(&sim), 0);
+    kill_when(&sim, &["resume", "big"], "restoring process");
+    let row = w.row();
+    assert_eq!(row["state"], "running", "the resume is finished: {row}");
+    w.wait_progress(20);
+    assert_eq!(used(&sim), 4 * GIB);
+    let (code, err) = w.finish();
+    assert_eq!(code, Some(0), "its allocation survived both: {err}");
 }

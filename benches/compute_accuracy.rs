@@ -27,6 +27,9 @@
 //!
 //! The bench does not judge its numbers (it prints them); it fails only when a run fails.
 
+#[path = "support/workload.rs"]
+mod workload;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -348,27 +351,7 @@ fn main() {
     // driver beside it, and the workload in its examples/ directory.
     let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
     let bin_dir = vgpu.parent().unwrap_or_else(|| fail("CARGO_BIN_EXE_vgpu has no directory")).to_path_buf();
-    let build = ["build", "--release", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload"];
-    match std::env::var_os("CARGO") {
-        Some(cargo) => {
-            let status = Command::new(cargo)
-                .args(build)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .status();
-            if !matches!(status, Ok(s) if s.success()) {
-                fail(format!("`cargo {}` failed ({status:?})", build.join(" ")));
-            }
-        }
-        None => eprintln!("compute_accuracy: CARGO is not set; not building (run it with `cargo bench`)"),
-    }
-    let workload = bin_dir.join("examples/gpu_workload");
-    for need in [&workload, &bin_dir.join("libvgpu.so"), &bin_dir.join("libfakegpu.so")] {
-        if !need.is_file() {
-            fail(format!("{} is missing: run `cargo {}` first", need.display(), build.join(" ")));
-        }
-    }
+    let workload = workload::build("compute_accuracy");
 
     let dir = tempfile::tempdir().unwrap_or_else(|e| fail(format!("tempdir: {e}")));
     let config = dir.path().join("fakegpu.toml");

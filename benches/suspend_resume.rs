@@ -13,6 +13,9 @@
 //!
 //!     cargo bench --bench suspend_resume [-- TRIALS]          (default 3)
 
+#[path = "support/workload.rs"]
+mod workload;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,18 +34,7 @@ fn main() {
         }
     }
     let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
-    let bin_dir = vgpu.parent().unwrap_or_else(|| fail("no binary directory")).to_path_buf();
-    let build = ["build", "--release", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload"];
-    if let Some(cargo) = std::env::var_os("CARGO") {
-        let ok = Command::new(cargo).args(build).current_dir(env!("CARGO_MANIFEST_DIR")).stdout(Stdio::null()).status();
-        if !matches!(ok, Ok(s) if s.success()) {
-            fail(format!("`cargo {}` failed", build.join(" ")));
-        }
-    }
-    let workload = bin_dir.join("examples/gpu_workload");
-    if !workload.is_file() {
-        fail(format!("{} is missing: run `cargo {}` first", workload.display(), build.join(" ")));
-    }
+    let workload = workload::build("suspend_resume");
     println!("GiB  mode        suspend mean (max)    resume mean (max)    modelled copy");
     for gib in [1u64, 8, 32] {
         for checkpoint in [true, false] {

@@ -9,6 +9,9 @@
 //!
 //!     cargo bench --bench watch_kill [-- TRIALS]            (default 10)
 
+#[path = "support/workload.rs"]
+mod workload;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -32,18 +35,7 @@ fn main() {
         }
     }
     let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
-    let bin_dir = vgpu.parent().unwrap_or_else(|| fail("no binary directory")).to_path_buf();
-    let build = ["build", "--release", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload"];
-    if let Some(cargo) = std::env::var_os("CARGO") {
-        let ok = Command::new(cargo).args(build).current_dir(env!("CARGO_MANIFEST_DIR")).stdout(Stdio::null()).status();
-        if !matches!(ok, Ok(s) if s.success()) {
-            fail(format!("`cargo {}` failed", build.join(" ")));
-        }
-    }
-    let workload = bin_dir.join("examples/gpu_workload");
-    if !workload.is_file() {
-        fail(format!("{} is missing: run `cargo {}` first", workload.display(), build.join(" ")));
-    }
+    let workload = workload::build("watch_kill");
     let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
     let p = |rel: &str| dir.path().join(rel);
     std::fs::write(p("fakegpu.toml"), "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n").unwrap_or_else(|e| fail(e));

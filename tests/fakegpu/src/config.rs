@@ -82,6 +82,23 @@ pub struct DeviceConfig {
     pub kernel_wave_us: u32,
     /// Exponent γ of the power model `P = P_idle + (P_max − P_idle)·u·(f/f_max)^γ`.
     pub power_exponent: f64,
+    /// Fans NVML reports (`nvmlDeviceGetNumFans`); 0, as on SXM boards, makes every fan
+    /// query NVML_ERROR_NOT_SUPPORTED.
+    pub fans: u32,
+    /// Board serial number (`nvmlDeviceGetSerial`).
+    pub serial: String,
+    /// `nvmlDeviceGetVbiosVersion`.
+    pub vbios_version: String,
+    /// `nvmlDeviceGetBoardPartNumber`.
+    pub board_part_number: String,
+    /// Highest PCIe generation of the GPU and its slot.
+    pub pcie_generation: u32,
+    /// PCIe link width (lanes).
+    pub pcie_width: u32,
+    /// ECC enabled (current and pending mode).
+    pub ecc: bool,
+    /// Size of the BAR1 aperture in bytes.
+    pub bar1_memory: u64,
 }
 
 /// GPU architecture, with NVML's `nvmlDeviceArchitecture_t` value.
@@ -385,6 +402,14 @@ const KEYS: &[&str] = &[
     "pci_bus",
     "kernel_wave_us",
     "power_exponent",
+    "fans",
+    "serial",
+    "vbios_version",
+    "board_part_number",
+    "pcie_generation",
+    "pcie_width",
+    "ecc",
+    "bar1_memory",
 ];
 
 fn parse_device(index: usize, t: &toml::Table) -> Result<DeviceConfig, KeyError> {
@@ -603,7 +628,90 @@ fn parse_device(index: usize, t: &toml::Table) -> Result<DeviceConfig, KeyError>
             "must be a number in 0.5..=5".to_string(),
         ))?;
     }
+    parse_monitoring_keys(&mut d, t)?;
     Ok(d)
+}
+
+/// The keys only monitoring queries read: fans, board strings, PCIe link, ECC, BAR1.
+fn parse_monitoring_keys(d: &mut DeviceConfig, t: &toml::Table) -> Result<(), KeyError> {
+    if let Some(v) = t.get("fans") {
+        d.fans = match v {
+            toml::Value::Integer(n) if (0..=MAX_FANS).contains(n) => *n as u32,
+            _ => {
+                return Err((
+                    Some("fans"),
+                    format!("must be a number of fans 0..={MAX_FANS}"),
+                ))
+            }
+        };
+    }
+    for (key, field, max_len, allowed) in [
+        (
+            "serial",
+            &mut d.serial,
+            SERIAL_MAX_LEN,
+            "letters and digits",
+        ),
+        (
+            "vbios_version",
+            &mut d.vbios_version,
+            VBIOS_MAX_LEN,
+            "printable ASCII without spaces",
+        ),
+        (
+            "board_part_number",
+            &mut d.board_part_number,
+            PART_NUMBER_MAX_LEN,
+            "printable ASCII without spaces",
+        ),
+    ] {
+        if let Some(v) = t.get(key) {
+            let text = string(v).map_err(|m| (Some(key), m))?;
+            let ok_char = |c: char| {
+                if key == "serial" {
+                    c.is_ascii_alphanumeric()
+                } else {
+                    c.is_ascii_graphic()
+                }
+            };
+            if text.is_empty() || text.len() > max_len || !text.chars().all(ok_char) {
+                return Err((
+                    Some(key),
+                    format!("{text:?} must be 1..={max_len} characters, {allowed}"),
+                ));
+            }
+            *field = text;
+        }
+    }
+    if let Some(v) = t.get("pcie_generation") {
+        d.pcie_generation = match v {
+            toml::Value::Integer(g) if (1..=6).contains(g) => *g as u32,
+            _ => return Err((Some("pcie_generation"), "must be 1..=6".into())),
+        };
+    }
+    if let Some(v) = t.get("pcie_width") {
+        d.pcie_width = match v {
+            toml::Value::Integer(w) if [1, 2, 4, 8, 16, 32].contains(w) => *w as u32,
+            _ => {
+                return Err((
+                    Some("pcie_width"),
+                    "must be a link width of 1, 2, 4, 8, 16 or 32 lanes".into(),
+                ))
+            }
+        };
+    }
+    if let Some(v) = t.get("ecc") {
+        d.ecc = v
+            .as_bool()
+            .ok_or((Some("ecc"), "must be true or false".to_string()))?;
+    }
+    if let Some(v) = t.get("bar1_memory") {
+        d.bar1_memory = size(v).map_err(|m| (Some("bar1_memory"), m))?;
+        if d.bar1_memory == 0 {
+            return Err((Some("bar1_memory"), "must be more than 0 bytes".into()));
+        }
+    }
+    Ok(())
 }
 
 fn check_unique(devices: &[DeviceConfig]) -> Result<(), (usize, &'static str, String)> {
@@ -611,6 +719,9 @@ fn check_unique(devices: &[DeviceConfig]) -> Result<(), (usize, &'static str, St
         for earlier in &devices[..i] {
             if earlier.uuid.eq_ignore_ascii_case(&d.uuid) {
                 return Err((i, "uuid", format!("{} is used by two devices", d.uuid)));
+            }
+            if earlier.serial == d.serial {
+                return Err((i, "serial", format!("{} is used by two devices", d.serial)));
             }
             if earlier.pci == d.pci {
                 return Err((
@@ -709,6 +820,29 @@ pub fn default_uuid(index: usize, name: &str) -> String {
     )
 }
 
+/// Most fans a device may declare.
+pub const MAX_FANS: i64 = 8;
+/// Longest serial: NVML_DEVICE_SERIAL_BUFFER_SIZE (30) less the NUL.
+const SERIAL_MAX_LEN: usize = 29;
+/// Longest VBIOS version: NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE (32) less the NUL.
+const VBIOS_MAX_LEN: usize = 31;
+/// Longest board part number: NVML_DEVICE_PART_NUMBER_BUFFER_SIZE (80) less the NUL.
+const PART_NUMBER_MAX_LEN: usize = 79;
+
+/// The default serial of device `index`: 13 digits, as NVIDIA's boards have, distinct for
+/// every index (the index is the last two digits).
+pub fn default_serial(index: usize, name: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!(
+        "{}",
+        1_650_000_000_000 + (h % 10_000_000) * 100 + (index as u64 % 100)
+    )
+}
+
 /// PCI buses of an 8-GPU HGX board.
 const DEFAULT_BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
 
@@ -759,6 +893,17 @@ impl Preset {
             pci,
             kernel_wave_us: 100,
             power_exponent: 2.5,
+            // SXM boards are cooled by the chassis: no fans of their own.
+            fans: 0,
+            serial: default_serial(index, name),
+            vbios_version: "96.00.99.00.01".into(),
+            board_part_number: "692-2G520-0200-000".into(),
+            pcie_generation: 5,
+            pcie_width: 16,
+            ecc: true,
+            // The aperture is the device memory rounded up to a power of two (128 GiB on an
+            // 80 GB H100, 64 GiB on a 40 GB A100).
+            bar1_memory: memory.checked_next_power_of_two().unwrap_or(memory),
         };
         match self {
             Preset::H100 => common,
@@ -777,6 +922,9 @@ impl Preset {
                 power_limit_max_mw: 400_000,
                 power_limit_default_mw: 400_000,
                 tflops: 312.0,
+                vbios_version: "92.00.45.00.03".into(),
+                board_part_number: "692-2G506-0200-003".into(),
+                pcie_generation: 4,
                 ..common
             },
         }
@@ -946,6 +1094,83 @@ mod tests {
         assert_eq!(default_uuid(0, "a"), default_uuid(0, "a"));
         assert_ne!(default_uuid(0, "a"), default_uuid(1, "a"));
         assert!(valid_uuid(&default_uuid(3, "NVIDIA H100 80GB HBM3")));
+    }
+
+    #[test]
+    fn monitoring_keys() {
+        let h100 = &default_config().devices[0];
+        assert_eq!((h100.fans, h100.ecc), (0, true));
+        assert_eq!((h100.pcie_generation, h100.pcie_width), (5, 16));
+        assert_eq!(h100.bar1_memory, 128 << 30);
+        assert_eq!(h100.serial.len(), 13);
+        assert_eq!(h100.board_part_number, "692-2G520-0200-000");
+        let c = parse(
+            r#"
+            [[device]]
+            name = "NVIDIA A100-SXM4-40GB"
+            memory = "40GiB"
+            [[device]]
+            name = "NVIDIA A100-SXM4-40GB"
+            memory = "40GiB"
+            fans = 2
+            serial = "1320421000123"
+            vbios_version = "92.00.00.00.01"
+            board_part_number = "699-X"
+            pcie_generation = 3
+            pcie_width = 8
+            ecc = false
+            bar1_memory = "32GiB"
+            "#,
+            "t",
+        )
+        .unwrap();
+        let (a, b) = (&c.devices[0], &c.devices[1]);
+        assert_eq!((a.pcie_generation, a.bar1_memory, a.fans), (4, 64 << 30, 0));
+        assert_ne!(a.serial, b.serial);
+        assert_eq!(
+            (b.fans, b.serial.as_str(), b.vbios_version.as_str()),
+            (2, "1320421000123", "92.00.00.00.01")
+        );
+        assert_eq!(b.board_part_number, "699-X");
+        assert_eq!(
+            (b.pcie_generation, b.pcie_width, b.ecc, b.bar1_memory),
+            (3, 8, false, 32 << 30)
+        );
+
+        let device = "[[device]]\nname = \"x\"\nmemory = 1\n";
+        for (line, key) in [
+            ("fans = 9", "fans"),
+            ("fans = -1", "fans"),
+            ("fans = \"2\"", "fans"),
+            ("serial = \"\"", "serial"),
+            ("serial = \"12 34\"", "serial"),
+            ("serial = \"123456789012345678901234567890\"", "serial"),
+            ("serial = 12", "serial"),
+            ("vbios_version = \"\"", "vbios_version"),
+            ("vbios_version = \"9 6\"", "vbios_version"),
+            ("board_part_number = \"\"", "board_part_number"),
+            ("pcie_generation = 0", "pcie_generation"),
+            ("pcie_generation = 7", "pcie_generation"),
+            ("pcie_width = 3", "pcie_width"),
+            ("pcie_width = 0", "pcie_width"),
+            ("ecc = 1", "ecc"),
+            ("bar1_memory = 0", "bar1_memory"),
+            ("bar1_memory = \"lots\"", "bar1_memory"),
+        ] {
+            let e = parse(&format!("{device}{line}\n"), "f.toml").unwrap_err();
+            assert_eq!(
+                (e.device, e.key.as_deref()),
+                (Some(0), Some(key)),
+                "{line}: {e}"
+            );
+        }
+        let dup = format!("{device}serial = \"7\"\n{device}serial = \"7\"\npci_bus = 9\n");
+        let e = parse(&dup, "f").unwrap_err();
+        assert_eq!(
+            (e.device, e.key.as_deref()),
+            (Some(1), Some("serial")),
+            "{e}"
+        );
     }
 
     #[test]

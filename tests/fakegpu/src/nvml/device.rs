@@ -1,17 +1,17 @@
-//! Device queries: identity, memory, clocks, power and energy, utilization, processes.
+//! Device queries: identity, memory, power and energy, utilization, architecture and modes;
+//! and the helpers every query module uses (`put`, `query`, `put_list`, `put_string`).
+//! The other API families have their own modules: `pci`, `clocks`, `thermal`, `ecc`,
+//! `media`, `board`, `processes`.
 //!
 //! Values come from the config and the shared state through the model (`crate::model`):
-//! memory used is the device total of all processes; the SM/graphics clock is the busy
-//! clock while a kernel ran within the last second, else the idle clock; video clocks
-//! follow the graphics clock; memory utilization is reported as half the GPU utilization;
-//! no memory is reserved by the system.
+//! memory used is the device total of all processes; memory utilization is reported as half
+//! the GPU utilization; no memory is reserved by the system.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
 
 use nvml_wrapper_sys::bindings::{
     self as nv, nvmlDeviceArchitecture_t, nvmlDevice_t, nvmlEnableState_t, nvmlMemory_t,
-    nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
-    nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t,
+    nvmlMemory_v2_t, nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t,
 };
 
 use super::{
@@ -23,13 +23,13 @@ use crate::ffi::{self, now_ns};
 use crate::model::SAMPLE_WINDOW_NS;
 
 /// Store `value` through an out-parameter (NULL: NVML_ERROR_INVALID_ARGUMENT).
-fn put<T>(out: *mut T, value: T) -> NvResult {
+pub(super) fn put<T>(out: *mut T, value: T) -> NvResult {
     // SAFETY: `out` is NULL or writable (NVML API contract).
     unsafe { ffi::write(out, value) }.map_err(null_arg)
 }
 
 /// Apply `query` to the device behind `handle` and store the answer.
-fn query<T>(
+pub(super) fn query<T>(
     handle: nvmlDevice_t,
     out: *mut T,
     query: impl FnOnce(&Device) -> NvResult<T>,
@@ -43,7 +43,7 @@ fn query<T>(
 
 /// nvml.h's list protocol: `*count` holds the capacity of `out` and receives the number of
 /// entries; too small a capacity gives NVML_ERROR_INSUFFICIENT_SIZE with the needed count.
-fn put_list<T: Copy>(count: *mut c_uint, out: *mut T, items: &[T]) -> NvResult {
+pub(super) fn put_list<T: Copy>(count: *mut c_uint, out: *mut T, items: &[T]) -> NvResult {
     // SAFETY: `count` is NULL or readable (NVML API contract).
     let capacity = unsafe { ffi::read(count) }.map_err(null_arg)? as usize;
     put(count, items.len() as c_uint)?;
@@ -61,7 +61,7 @@ fn put_list<T: Copy>(count: *mut c_uint, out: *mut T, items: &[T]) -> NvResult {
     Ok(())
 }
 
-fn put_string(
+pub(super) fn put_string(
     handle: nvmlDevice_t,
     buf: *mut c_char,
     length: c_uint,
@@ -104,35 +104,6 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     minor: *mut c_uint,
 ) -> nvmlReturn_t {
     entry(|| query(handle, minor, |d| Ok(d.index as c_uint)))
-}
-
-fn c_chars<const N: usize>(text: &str) -> [c_char; N] {
-    let mut out = [0 as c_char; N];
-    for (o, b) in out.iter_mut().zip(text.bytes().take(N - 1)) {
-        *o = b as c_char;
-    }
-    out
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
-    handle: nvmlDevice_t,
-    pci: *mut nvmlPciInfo_t,
-) -> nvmlReturn_t {
-    entry(|| {
-        query(handle, pci, |d| {
-            let a = d.config.pci;
-            Ok(nvmlPciInfo_t {
-                busIdLegacy: c_chars(&a.bus_id_legacy()),
-                domain: a.domain,
-                bus: a.bus,
-                device: a.device,
-                pciDeviceId: d.config.pci_device_id(),
-                pciSubSystemId: (0x16c1 << 16) | 0x10de,
-                busId: c_chars(&a.bus_id()),
-            })
-        })
-    })
 }
 
 /// (total, used) after giving back dead processes' memory.
@@ -189,7 +160,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-fn percent(fraction: f64) -> c_uint {
+pub(super) fn percent(fraction: f64) -> c_uint {
     (fraction * 100.0).round().clamp(0.0, 100.0) as c_uint
 }
 
@@ -206,125 +177,6 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
                 memory: gpu / 2,
             })
         })
-    })
-}
-
-/// Clock kinds: graphics, SM and video report the core clock, memory the memory clock.
-fn clock_kind(kind: c_uint) -> NvResult<bool> {
-    match kind {
-        nv::nvmlClockType_enum_NVML_CLOCK_GRAPHICS
-        | nv::nvmlClockType_enum_NVML_CLOCK_SM
-        | nv::nvmlClockType_enum_NVML_CLOCK_VIDEO => Ok(true),
-        nv::nvmlClockType_enum_NVML_CLOCK_MEM => Ok(false),
-        _ => Err(INVALID_ARGUMENT),
-    }
-}
-
-fn current_clock(d: &Device, kind: c_uint) -> NvResult<c_uint> {
-    Ok(if clock_kind(kind)? {
-        d.current_clock_mhz(now_ns())
-    } else {
-        d.config.memory_clock_mhz
-    })
-}
-
-fn max_clock(d: &Device, kind: c_uint) -> NvResult<c_uint> {
-    Ok(if clock_kind(kind)? {
-        d.config.max_clock_mhz
-    } else {
-        d.config.memory_clock_mhz
-    })
-}
-
-fn app_clock(d: &Device, kind: c_uint) -> NvResult<c_uint> {
-    Ok(if clock_kind(kind)? {
-        d.config.default_clock_mhz
-    } else {
-        d.config.memory_clock_mhz
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
-    handle: nvmlDevice_t,
-    kind: c_uint,
-    clock: *mut c_uint,
-) -> nvmlReturn_t {
-    entry(|| query(handle, clock, |d| current_clock(d, kind)))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
-    handle: nvmlDevice_t,
-    kind: c_uint,
-    clock: *mut c_uint,
-) -> nvmlReturn_t {
-    entry(|| query(handle, clock, |d| max_clock(d, kind)))
-}
-
-/// Applications clocks cannot be changed here, so they are always the defaults.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetApplicationsClock(
-    handle: nvmlDevice_t,
-    kind: c_uint,
-    clock: *mut c_uint,
-) -> nvmlReturn_t {
-    entry(|| query(handle, clock, |d| app_clock(d, kind)))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetDefaultApplicationsClock(
-    handle: nvmlDevice_t,
-    kind: c_uint,
-    clock: *mut c_uint,
-) -> nvmlReturn_t {
-    entry(|| query(handle, clock, |d| app_clock(d, kind)))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetClock(
-    handle: nvmlDevice_t,
-    kind: c_uint,
-    id: c_uint,
-    clock: *mut c_uint,
-) -> nvmlReturn_t {
-    entry(|| {
-        query(handle, clock, |d| match id {
-            nv::nvmlClockId_enum_NVML_CLOCK_ID_CURRENT => current_clock(d, kind),
-            nv::nvmlClockId_enum_NVML_CLOCK_ID_APP_CLOCK_TARGET
-            | nv::nvmlClockId_enum_NVML_CLOCK_ID_APP_CLOCK_DEFAULT => app_clock(d, kind),
-            nv::nvmlClockId_enum_NVML_CLOCK_ID_CUSTOMER_BOOST_MAX => max_clock(d, kind),
-            _ => Err(INVALID_ARGUMENT),
-        })
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetSupportedMemoryClocks(
-    handle: nvmlDevice_t,
-    count: *mut c_uint,
-    clocks: *mut c_uint,
-) -> nvmlReturn_t {
-    entry(|| {
-        let d = device(handle)?;
-        put_list(count, clocks, &[d.config.memory_clock_mhz])
-    })
-}
-
-/// Highest first; NVML_ERROR_NOT_FOUND for a memory clock the device does not have.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetSupportedGraphicsClocks(
-    handle: nvmlDevice_t,
-    memory_clock_mhz: c_uint,
-    count: *mut c_uint,
-    clocks: *mut c_uint,
-) -> nvmlReturn_t {
-    entry(|| {
-        let d = device(handle)?;
-        if memory_clock_mhz != d.config.memory_clock_mhz {
-            return Err(NOT_FOUND);
-        }
-        put_list(count, clocks, &d.config.graphics_clocks)
     })
 }
 
@@ -384,105 +236,6 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
     limit: *mut c_uint,
 ) -> nvmlReturn_t {
     entry(|| query(handle, limit, |d| Ok(d.power_limit_mw())))
-}
-
-/// Live processes holding a context or memory on the device: (pid, bytes). A checkpointed
-/// process has released the GPU (its memory is in host memory), so it is not listed.
-fn processes(d: &Device) -> Vec<(u32, u64)> {
-    d.state.reclaim_dead();
-    d.state
-        .processes()
-        .into_iter()
-        .filter(|p| p.checkpoint != crate::state::CheckpointState::Checkpointed)
-        .map(|p| (p.pid, p.bytes))
-        .collect()
-}
-
-/// No MIG: instance ids are 0xFFFFFFFF as nvml.h specifies.
-fn process_infos(d: &Device) -> Vec<nvmlProcessInfo_t> {
-    processes(d)
-        .into_iter()
-        .map(|(pid, bytes)| nvmlProcessInfo_t {
-            pid,
-            usedGpuMemory: bytes,
-            gpuInstanceId: u32::MAX,
-            computeInstanceId: u32::MAX,
-        })
-        .collect()
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
-    handle: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    entry(|| put_list(count, infos, &process_infos(device(handle)?)))
-}
-
-/// Same structure as _v3 (nvml.h: nvmlProcessInfo_v2_t is nvmlProcessInfo_t).
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
-    handle: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    entry(|| put_list(count, infos, &process_infos(device(handle)?)))
-}
-
-/// Graphics processes: the simulated devices run no graphics work, so the list is empty (a
-/// real data-centre GPU running only CUDA answers the same).
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
-    handle: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    entry(|| {
-        device(handle)?;
-        put_list::<nvmlProcessInfo_t>(count, infos, &[])
-    })
-}
-
-/// Same structure as _v3.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
-    handle: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_t,
-) -> nvmlReturn_t {
-    // SAFETY: the same arguments, under the same contract.
-    unsafe { nvmlDeviceGetGraphicsRunningProcesses_v3(handle, count, infos) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
-    handle: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v1_t,
-) -> nvmlReturn_t {
-    entry(|| {
-        device(handle)?;
-        put_list::<nvmlProcessInfo_v1_t>(count, infos, &[])
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
-    handle: nvmlDevice_t,
-    count: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v1_t,
-) -> nvmlReturn_t {
-    entry(|| {
-        let list: Vec<nvmlProcessInfo_v1_t> = processes(device(handle)?)
-            .into_iter()
-            .map(|(pid, bytes)| nvmlProcessInfo_v1_t {
-                pid,
-                usedGpuMemory: bytes,
-            })
-            .collect();
-        put_list(count, infos, &list)
-    })
 }
 
 /// One sample per process whose kernels kept the device busy during the window
@@ -601,23 +354,6 @@ pub unsafe extern "C" fn nvmlDeviceGetNumGpuCores(
             Ok(d.config
                 .sm_count
                 .saturating_mul(d.config.architecture.cores_per_sm()))
-        })
-    })
-}
-
-/// Only the GPU sensor exists (nvml.h: NVML_TEMPERATURE_COUNT is 1).
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetTemperature(
-    handle: nvmlDevice_t,
-    sensor: c_uint,
-    temp: *mut c_uint,
-) -> nvmlReturn_t {
-    entry(|| {
-        query(handle, temp, |d| {
-            if sensor != nv::nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
-                return Err(INVALID_ARGUMENT);
-            }
-            Ok(d.temperature_c(now_ns()))
         })
     })
 }

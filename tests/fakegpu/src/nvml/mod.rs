@@ -5,9 +5,16 @@
 //! stable, distinct and checkable. Every exported function runs through [`entry`], which
 //! turns a panic into NVML_ERROR_UNKNOWN.
 
+pub(crate) mod board;
+pub(crate) mod clocks;
 pub(crate) mod device;
+pub(crate) mod ecc;
+pub(crate) mod media;
+pub(crate) mod pci;
+pub(crate) mod processes;
 pub(crate) mod setters;
 pub(crate) mod system;
+pub(crate) mod thermal;
 
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
@@ -73,6 +80,73 @@ pub const EXPORTED: &[&str] = &[
     "nvmlDeviceResetGpuLockedClocks",
     "nvmlDeviceSetPowerManagementLimit",
     "nvmlDeviceSetPersistenceMode",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetVbiosVersion",
+    "nvmlDeviceGetBoardPartNumber",
+    "nvmlDeviceGetInforomVersion",
+    "nvmlDeviceGetInforomImageVersion",
+    "nvmlDeviceGetInforomConfigurationChecksum",
+    "nvmlDeviceGetBrand",
+    "nvmlDeviceGetBoardId",
+    "nvmlDeviceGetMultiGpuBoard",
+    "nvmlDeviceGetPowerManagementMode",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceGetDisplayMode",
+    "nvmlDeviceGetDisplayActive",
+    "nvmlDeviceIsMigDeviceHandle",
+    "nvmlDeviceGetMemoryBusWidth",
+    "nvmlDeviceGetBAR1MemoryInfo",
+    "nvmlDeviceGetMaxCustomerBoostClock",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetSupportedClocksEventReasons",
+    "nvmlDeviceGetSupportedClocksThrottleReasons",
+    "nvmlDeviceGetPerformanceState",
+    "nvmlDeviceGetPowerState",
+    "nvmlDeviceGetSupportedPerformanceStates",
+    "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetDefaultEccMode",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetDetailedEccErrors",
+    "nvmlDeviceGetMemoryErrorCounter",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPages_v2",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetEncoderUtilization",
+    "nvmlDeviceGetDecoderUtilization",
+    "nvmlDeviceGetJpgUtilization",
+    "nvmlDeviceGetOfaUtilization",
+    "nvmlDeviceGetEncoderStats",
+    "nvmlDeviceGetEncoderSessions",
+    "nvmlDeviceGetFBCStats",
+    "nvmlDeviceGetFBCSessions",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetPciInfo_v2",
+    "nvmlDeviceGetPciInfoExt",
+    "nvmlDeviceGetHandleByPciBusId",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetPcieSpeed",
+    "nvmlDeviceGetPcieLinkMaxSpeed",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetBusType",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+    "nvmlDeviceGetRunningProcessDetailList",
+    "nvmlDeviceGetTemperatureV",
+    "nvmlDeviceGetTemperatureThreshold",
+    "nvmlDeviceGetMarginTemperature",
+    "nvmlDeviceGetNumFans",
+    "nvmlDeviceGetFanSpeed",
+    "nvmlDeviceGetFanSpeed_v2",
+    "nvmlDeviceGetTargetFanSpeed",
+    "nvmlDeviceGetMinMaxFanSpeed",
 ];
 
 pub(crate) type NvResult<T = ()> = Result<T, nvmlReturn_t>;

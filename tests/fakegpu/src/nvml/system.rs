@@ -1,11 +1,11 @@
-//! Init and shutdown, versions, error strings, device enumeration and lookup.
+//! Init and shutdown, versions, error strings, device enumeration and lookup (by PCI bus
+//! id: `pci.rs`).
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use nvml_wrapper_sys::bindings::{self as nv, nvmlDevice_t, nvmlReturn_t};
 
 use super::{copy_error, driver, entry, handle, null_arg, NvResult, INVALID_ARGUMENT, NOT_FOUND};
-use crate::config::PciAddress;
 use crate::ffi;
 
 /// Loads the driver (config and state files) on first use; a bad config gives
@@ -217,25 +217,6 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .devices
             .iter()
             .position(|d| d.config.uuid.eq_ignore_ascii_case(uuid))
-            .ok_or(NOT_FOUND)?;
-        store_handle(device, index)
-    })
-}
-
-/// Either bus id form (`00000000:18:00.0` or `0000:18:00.0`), any case.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
-    bus_id: *const c_char,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    entry(|| {
-        // SAFETY: `bus_id` is NULL or a C string (NVML API contract).
-        let text = unsafe { ffi::c_str(bus_id) }.ok_or(INVALID_ARGUMENT)?;
-        let wanted = PciAddress::parse(text).ok_or(INVALID_ARGUMENT)?;
-        let index = driver()?
-            .devices
-            .iter()
-            .position(|d| d.config.pci == wanted)
             .ok_or(NOT_FOUND)?;
         store_handle(device, index)
     })

@@ -400,6 +400,10 @@ fn child_identity_pci_board_thermal_ecc_at_rest() {
         assert_eq!(nv.get::<u32>("nvmlDeviceGetDisplayActive", h), Ok(0));
         assert_eq!(nv.get::<u32>("nvmlDeviceIsMigDeviceHandle", h), Ok(0));
         assert_eq!(nv.get::<u32>("nvmlDeviceGetMemoryBusWidth", h), Ok(5120));
+        // Driver models are Windows's.
+        for name in ["nvmlDeviceGetDriverModel", "nvmlDeviceGetDriverModel_v2"] {
+            assert_eq!(nv.get_pair(name, h), Err(NOT_SUPPORTED), "{name}");
+        }
 
         // BAR1: the memory rounded up to a power of two; the driver's 1 MiB in use.
         let bar1: [u64; 3] = nv.get("nvmlDeviceGetBAR1MemoryInfo", h).unwrap();
@@ -880,7 +884,10 @@ fn child_process_lists_of_every_version_agree() {
 #[test]
 fn a_monitoring_refresh_through_nvml_wrapper() {
     let fake = Fake::with_config(TWO_DEVICES);
-    child(&fake, "child_a_monitoring_refresh_through_nvml_wrapper");
+    let out = child(&fake, "child_a_monitoring_refresh_through_nvml_wrapper");
+    // The child's harness prints its test's name on the same line.
+    let refresh = out.split("refresh=").nth(1).and_then(|r| r.lines().next());
+    println!("one refresh of two devices: {}", refresh.expect("refresh= in the output"));
 }
 
 #[test]

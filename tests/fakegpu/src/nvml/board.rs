@@ -1,5 +1,6 @@
 //! The board: serial, VBIOS, infoROM, brand, part number, board id; its modes (power
-//! management, compute, display, MIG handle) and memory interface (bus width, BAR1).
+//! management, compute, display, MIG handle, driver model) and memory interface (bus width,
+//! BAR1).
 //!
 //! Strings come from the config (`serial`, `vbios_version`, `board_part_number`, with the
 //! presets' values); the infoROM versions are those of the preset's architecture. Nothing
@@ -10,11 +11,11 @@ use std::ffi::{c_char, c_uint};
 
 use nvml_wrapper_sys::bindings::{
     self as nv, nvmlBAR1Memory_t, nvmlBrandType_t, nvmlComputeMode_t, nvmlDevice_t,
-    nvmlEnableState_t, nvmlReturn_t,
+    nvmlDriverModel_t, nvmlEnableState_t, nvmlReturn_t,
 };
 
 use super::device::{put_string, query};
-use super::{entry, NOT_SUPPORTED};
+use super::{entry, NvResult, NOT_SUPPORTED};
 use crate::config::Architecture;
 use crate::driver::Device;
 use crate::state::CheckpointState;
@@ -244,4 +245,36 @@ pub unsafe extern "C" fn nvmlDeviceGetBAR1MemoryInfo(
             })
         })
     })
+}
+
+/// WDDM/TCC driver models are Windows's: NVML_ERROR_NOT_SUPPORTED on Linux, as the real
+/// library answers there (nvitop asks at start).
+fn driver_model(
+    handle: nvmlDevice_t,
+    current: *mut nvmlDriverModel_t,
+    pending: *mut nvmlDriverModel_t,
+) -> NvResult {
+    super::device(handle)?;
+    if current.is_null() && pending.is_null() {
+        return Err(super::INVALID_ARGUMENT);
+    }
+    Err(NOT_SUPPORTED)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDriverModel_v2(
+    handle: nvmlDevice_t,
+    current: *mut nvmlDriverModel_t,
+    pending: *mut nvmlDriverModel_t,
+) -> nvmlReturn_t {
+    entry(|| driver_model(handle, current, pending))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDriverModel(
+    handle: nvmlDevice_t,
+    current: *mut nvmlDriverModel_t,
+    pending: *mut nvmlDriverModel_t,
+) -> nvmlReturn_t {
+    entry(|| driver_model(handle, current, pending))
 }

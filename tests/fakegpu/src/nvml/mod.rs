@@ -96,6 +96,8 @@ pub const EXPORTED: &[&str] = &[
     "nvmlDeviceIsMigDeviceHandle",
     "nvmlDeviceGetMemoryBusWidth",
     "nvmlDeviceGetBAR1MemoryInfo",
+    "nvmlDeviceGetDriverModel_v2",
+    "nvmlDeviceGetDriverModel",
     "nvmlDeviceGetMaxCustomerBoostClock",
     "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons",

@@ -146,13 +146,7 @@ impl Nv {
     }
 
     /// `name(device, unsigned int a, unsigned int b, T *)`.
-    fn get_at2<T: Copy>(
-        &self,
-        name: &str,
-        h: Handle,
-        a: c_uint,
-        b: c_uint,
-    ) -> Result<T, u32> {
+    fn get_at2<T: Copy>(&self, name: &str, h: Handle, a: c_uint, b: c_uint) -> Result<T, u32> {
         let f: unsafe extern "C" fn(Handle, c_uint, c_uint, *mut T) -> u32 = self.f(name);
         let mut v = zeroed::<T>();
         // SAFETY: valid out-pointer.
@@ -440,10 +434,9 @@ fn child_identity_pci_board_thermal_ecc_at_rest() {
         // SAFETY: as above.
         assert_eq!(unsafe { get_tv(h, &mut tv) }, SUCCESS);
         assert_eq!(tv[2], temp);
-        let margin: [u32; 2] = [8 | (1 << 24), 0];
+        let mut margin: [u32; 2] = [8 | (1 << 24), 0];
         let get_margin: unsafe extern "C" fn(Handle, *mut [u32; 2]) -> u32 =
             nv.f("nvmlDeviceGetMarginTemperature");
-        let mut margin = margin;
         // SAFETY: an 8-byte nvmlMarginTemperature_t.
         assert_eq!(unsafe { get_margin(h, &mut margin) }, SUCCESS);
         assert_eq!(margin[1], 89 - temp);
@@ -887,7 +880,10 @@ fn a_monitoring_refresh_through_nvml_wrapper() {
     let out = child(&fake, "child_a_monitoring_refresh_through_nvml_wrapper");
     // The child's harness prints its test's name on the same line.
     let refresh = out.split("refresh=").nth(1).and_then(|r| r.lines().next());
-    println!("one refresh of two devices: {}", refresh.expect("refresh= in the output"));
+    println!(
+        "one refresh of two devices: {}",
+        refresh.expect("refresh= in the output")
+    );
 }
 
 #[test]

@@ -28,6 +28,11 @@ pub(super) fn put<T>(out: *mut T, value: T) -> NvResult {
     unsafe { ffi::write(out, value) }.map_err(null_arg)
 }
 
+/// nvml.h's NVML_STRUCT_VERSION(T, v), the `version` a versioned structure must carry.
+pub(super) fn versioned<T>(version: u32) -> u32 {
+    (std::mem::size_of::<T>() as u32) | (version << 24)
+}
+
 /// Apply `query` to the device behind `handle` and store the answer.
 pub(super) fn query<T>(
     handle: nvmlDevice_t,
@@ -142,8 +147,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         let version = unsafe { ffi::read(out.cast_const()) }
             .map_err(null_arg)?
             .version;
-        let expected = (std::mem::size_of::<nvmlMemory_v2_t>() as u32) | (2 << 24);
-        if version != expected {
+        if version != versioned::<nvmlMemory_v2_t>(2) {
             return Err(ARGUMENT_VERSION_MISMATCH);
         }
         let (total, used) = memory(d);

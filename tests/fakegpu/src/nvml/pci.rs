@@ -13,7 +13,7 @@ use nvml_wrapper_sys::bindings::{
     self as nv, nvmlBusType_t, nvmlDevice_t, nvmlPciInfoExt_t, nvmlPciInfo_t, nvmlReturn_t,
 };
 
-use super::device::{put, query};
+use super::device::{put, query, versioned};
 use super::{
     device, driver, entry, handle, null_arg, NvResult, ARGUMENT_VERSION_MISMATCH, INVALID_ARGUMENT,
     NOT_FOUND,
@@ -122,8 +122,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfoExt(
         // SAFETY: `pci` is NULL or points to an nvmlPciInfoExt_t, whose first field is the
         // unsigned int `version` (NVML API contract).
         let version = unsafe { ffi::read(pci.cast_const().cast::<c_uint>()) }.map_err(null_arg)?;
-        let expected = (std::mem::size_of::<nvmlPciInfoExt_t>() as u32) | (1 << 24);
-        if version != expected {
+        if version != versioned::<nvmlPciInfoExt_t>(1) {
             return Err(ARGUMENT_VERSION_MISMATCH);
         }
         let info = pci_info(d);

@@ -11,8 +11,7 @@ use nvml_wrapper_sys::bindings::{
     nvmlProcessInfo_v1_t, nvmlReturn_t,
 };
 
-use super::device::{put, put_list};
-use super::thermal::versioned;
+use super::device::{put, put_list, versioned};
 use super::{device, entry, null_arg, INSUFFICIENT_SIZE, INVALID_ARGUMENT};
 use crate::driver::Device;
 use crate::ffi;

@@ -15,7 +15,7 @@ use nvml_wrapper_sys::bindings::{
     self as nv, nvmlDevice_t, nvmlMarginTemperature_t, nvmlReturn_t, nvmlTemperature_t,
 };
 
-use super::device::{put, query};
+use super::device::{put, query, versioned};
 use super::{
     device, entry, null_arg, NvResult, ARGUMENT_VERSION_MISMATCH, INVALID_ARGUMENT, NOT_SUPPORTED,
 };
@@ -65,11 +65,6 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperatureV(
             [version, sensor, celsius as u32],
         )
     })
-}
-
-/// nvml.h's NVML_STRUCT_VERSION(T, v).
-pub(super) fn versioned<T>(version: u32) -> u32 {
-    (std::mem::size_of::<T>() as u32) | (version << 24)
 }
 
 /// (shutdown, slowdown, memory maximum, GPU maximum operating), °C.

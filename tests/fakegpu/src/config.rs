@@ -99,6 +99,12 @@ pub struct DeviceConfig {
     pub ecc: bool,
     /// Size of the BAR1 aperture in bytes.
     pub bar1_memory: u64,
+    /// Rate of copies between host and device memory and between devices (`cuMemcpyHtoD`,
+    /// `DtoH`, `Peer`, …), in GB/s (1e9 bytes/s).
+    pub copy_gbps: f64,
+    /// Rate of copies and fills within the device's memory (`cuMemcpyDtoD`, `cuMemset*`),
+    /// in GB/s.
+    pub device_copy_gbps: f64,
 }
 
 /// GPU architecture, with NVML's `nvmlDeviceArchitecture_t` value.
@@ -410,6 +416,8 @@ const KEYS: &[&str] = &[
     "pcie_width",
     "ecc",
     "bar1_memory",
+    "copy_gbps",
+    "device_copy_gbps",
 ];
 
 fn parse_device(index: usize, t: &toml::Table) -> Result<DeviceConfig, KeyError> {
@@ -629,6 +637,16 @@ fn parse_device(index: usize, t: &toml::Table) -> Result<DeviceConfig, KeyError>
         ))?;
     }
     parse_monitoring_keys(&mut d, t)?;
+    for (key, field) in [
+        ("copy_gbps", &mut d.copy_gbps),
+        ("device_copy_gbps", &mut d.device_copy_gbps),
+    ] {
+        if let Some(v) = t.get(key) {
+            *field = number(v)
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or((Some(key), "must be a positive number of GB/s".to_string()))?;
+        }
+    }
     Ok(d)
 }
 
@@ -904,6 +922,9 @@ impl Preset {
             // The aperture is the device memory rounded up to a power of two (128 GiB on an
             // 80 GB H100, 64 GiB on a 40 GB A100).
             bar1_memory: memory.checked_next_power_of_two().unwrap_or(memory),
+            // PCIe Gen5 x16 in practice; about half of HBM3's 3.35 TB/s (read + write).
+            copy_gbps: 50.0,
+            device_copy_gbps: 1500.0,
         };
         match self {
             Preset::H100 => common,
@@ -925,6 +946,9 @@ impl Preset {
                 vbios_version: "92.00.45.00.03".into(),
                 board_part_number: "692-2G506-0200-003".into(),
                 pcie_generation: 4,
+                // PCIe Gen4 x16 in practice; about half of HBM2e's 1.55 TB/s.
+                copy_gbps: 25.0,
+                device_copy_gbps: 700.0,
                 ..common
             },
         }

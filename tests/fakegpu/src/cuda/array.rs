@@ -160,6 +160,9 @@ fn create(bytes: u64, mipmapped: bool) -> CuResult<u64> {
                 device,
                 size: bytes,
                 ctx,
+                managed: false,
+                pool: 0,
+                id: 0,
             },
         );
         Ok(handle)

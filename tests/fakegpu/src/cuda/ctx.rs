@@ -40,6 +40,8 @@ impl Process {
         }
         let handle = self.new_handle();
         let ordinal = dev as usize;
+        self.next_buffer_id += 1;
+        let id = self.next_buffer_id;
         self.contexts.insert(
             handle,
             Context {
@@ -48,6 +50,9 @@ impl Process {
                 primary,
                 flags,
                 overhead,
+                limits: Default::default(),
+                cache_config: 0,
+                id,
             },
         );
         Ok(handle)
@@ -76,10 +81,10 @@ impl Process {
             .collect();
         for ptr in owned {
             if let Some(a) = self.allocs.remove(&ptr) {
-                self.uncharge(a.device, a.size);
-                self.free_va(ptr);
+                self.release_alloc(ptr, a);
             }
         }
+        self.close_imports_of(ctx);
         let mut arrays = Vec::new();
         for map in [&mut self.arrays, &mut self.mipmaps] {
             map.retain(|_, a| {
@@ -109,6 +114,8 @@ impl Process {
         self.mappings
             .retain(|_, m| self.physical.contains_key(&m.handle));
         self.streams.retain(|_, c| *c != ctx);
+        let streams = &self.streams;
+        self.stream_info.retain(|s, _| streams.contains_key(s));
         let modules: Vec<u64> = self
             .modules
             .iter()
@@ -291,13 +298,14 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     })
 }
 
-/// Waits until the kernels this process queued on the context's device have run.
+/// Waits until the kernels and copies this process queued on the context's device have
+/// run.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     entry(|| {
         let deadline = process::with(|p| {
             let device = p.current_ctx()?.1.device;
-            Ok(p.busy_until(device))
+            Ok(p.busy_until(device).max(p.copies_until(device)))
         })?;
         wait_until(deadline);
         Ok(())

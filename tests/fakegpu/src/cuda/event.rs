@@ -16,6 +16,7 @@ use std::ffi::{c_float, c_uint};
 use cudarc::driver::sys::{CUevent, CUevent_flags, CUresult, CUstream};
 
 use super::ctx::wait_until;
+use super::ipc::{read_shared_stamp, write_shared_stamp};
 use super::launch::out_handle;
 use super::process::{self, Process};
 use super::stream::Target;
@@ -39,11 +40,17 @@ const RECORD_EXTERNAL: u32 = 1;
 const WAIT_EXTERNAL: u32 = 1;
 
 impl Process {
+    /// The event; one shared with another process (IPC) has the latest stamp of either.
     fn event(&self, event: CUevent) -> CuResult<Event> {
-        self.events
+        let mut ev = self
+            .events
             .get(&(event as u64))
             .copied()
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        if let Some(path) = self.shared_events.get(&(event as u64)) {
+            ev.stamp_ns = read_shared_stamp(path).or(ev.stamp_ns);
+        }
+        Ok(ev)
     }
 
     /// Stamp `event` as the next item of `stream`.
@@ -61,6 +68,9 @@ impl Process {
                 self.stream_state(key).ready_ns = stamp;
                 if let Some(e) = self.events.get_mut(&(event as u64)) {
                     e.stamp_ns = Some(stamp);
+                }
+                if let Some(path) = self.shared_events.get(&(event as u64)) {
+                    write_shared_stamp(path, stamp);
                 }
                 Ok(())
             }
@@ -98,6 +108,7 @@ pub unsafe extern "C" fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CU
 pub unsafe extern "C" fn cuEventDestroy_v2(event: CUevent) -> CUresult {
     entry(|| {
         process::with(|p| {
+            p.shared_events.remove(&(event as u64));
             p.events
                 .remove(&(event as u64))
                 .map(|_| ())

@@ -172,7 +172,7 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
 /// The value of device attribute `attrib`: the device's own figures where the config has
 /// them, typical data-centre values otherwise, 0 for known attributes not simulated, and
 /// `None` (CUDA_ERROR_INVALID_VALUE) outside the enum.
-fn attribute(d: &DeviceConfig, attrib: c_uint) -> Option<c_int> {
+pub(crate) fn attribute(d: &DeviceConfig, attrib: c_uint) -> Option<c_int> {
     let clamp = |v: u64| c_int::try_from(v).unwrap_or(c_int::MAX);
     let hopper_or_later = d.compute_capability.0 >= 9;
     let table: [(A, c_int); 40] = [

@@ -34,6 +34,8 @@ pub(crate) struct Function {
     pub wave_ns: Option<u64>,
     /// `cuFuncSetBlockShape` (for the legacy launches).
     pub block: Option<[c_uint; 3]>,
+    /// What cuFuncSetAttribute / cuFuncSetCacheConfig changed.
+    pub attrs: super::occupancy::FuncAttrs,
 }
 
 /// A kernel to run: its blocks and wave time.
@@ -193,6 +195,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
                     module: m,
                     wave_ns,
                     block: None,
+                    attrs: Default::default(),
                 },
             );
             Ok(handle)

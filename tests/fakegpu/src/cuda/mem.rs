@@ -24,10 +24,26 @@ pub(crate) const PITCH_ALIGNMENT: u64 = 512;
 impl Process {
     /// Charge `size` bytes on `device` and give them an address; owned by context `ctx`.
     pub(crate) fn alloc_device(&mut self, device: usize, size: u64, ctx: u64) -> CuResult<u64> {
+        self.alloc_device_as(device, size, ctx, false, 0)
+    }
+
+    /// [`alloc_device`](Self::alloc_device) of managed memory, or from pool `pool`, whose
+    /// cached bytes it takes first (then nothing more is charged).
+    pub(crate) fn alloc_device_as(
+        &mut self,
+        device: usize,
+        size: u64,
+        ctx: u64,
+        managed: bool,
+        pool: u64,
+    ) -> CuResult<u64> {
         if size == 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        self.charge(device, size)?;
+        let from_cache = pool != 0 && self.pool_take_cached(pool, size);
+        if !from_cache {
+            self.charge(device, size)?;
+        }
         let align = if size >= LARGE_PAGE {
             LARGE_PAGE
         } else {
@@ -35,11 +51,28 @@ impl Process {
         };
         match self.alloc_va(size, align) {
             Ok(ptr) => {
-                self.allocs.insert(ptr, Alloc { device, size, ctx });
+                self.next_buffer_id += 1;
+                let id = self.next_buffer_id;
+                self.allocs.insert(
+                    ptr,
+                    Alloc {
+                        device,
+                        size,
+                        ctx,
+                        managed,
+                        pool,
+                        id,
+                    },
+                );
+                if pool != 0 {
+                    self.pool_used(pool, size, from_cache);
+                }
                 Ok(ptr)
             }
             Err(e) => {
-                self.uncharge(device, size);
+                if !from_cache {
+                    self.uncharge(device, size);
+                }
                 Err(e)
             }
         }
@@ -51,9 +84,18 @@ impl Process {
             .allocs
             .remove(&ptr)
             .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        self.uncharge(alloc.device, alloc.size);
-        self.free_va(ptr);
+        self.release_alloc(ptr, alloc);
         Ok(())
+    }
+
+    /// Give back the memory of `alloc` (at `ptr`, already out of `allocs`): to its pool,
+    /// which keeps it up to its release threshold, or to the device.
+    pub(crate) fn release_alloc(&mut self, ptr: u64, alloc: Alloc) {
+        if !(alloc.pool != 0 && self.pool_freed(alloc.pool, alloc.size)) {
+            self.uncharge(alloc.device, alloc.size);
+        }
+        self.free_va(ptr);
+        self.ipc_forget_export(ptr, alloc.id);
     }
 
     /// The context a stream belongs to (NULL and the special handles: the current one).
@@ -145,7 +187,11 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         if flags != global && flags != host {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        alloc_into(dptr, |p| p.alloc_current(bytesize as u64))
+        alloc_into(dptr, |p| {
+            let (ctx, context) = p.current_ctx()?;
+            let device = context.device;
+            p.alloc_device_as(device, bytesize as u64, ctx, true, 0)
+        })
     })
 }
 
@@ -220,7 +266,7 @@ fn alloc_host(pp: *mut *mut c_void, bytesize: usize) -> CuResult {
         if unsafe { libc::posix_memalign(&mut mem, 4096, bytesize) } != 0 || mem.is_null() {
             return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         }
-        p.host.insert(mem as usize);
+        p.host.insert(mem as usize, bytesize);
         // SAFETY: `pp` is non-NULL and writable (driver API contract).
         unsafe { ffi::write(pp, mem) }?;
         Ok(())
@@ -247,7 +293,7 @@ pub unsafe extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
     entry(|| {
         process::with(|p| {
             p.current_ctx()?;
-            if !p.host.remove(&(ptr as usize)) {
+            if p.host.remove(&(ptr as usize)).is_none() {
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
             // SAFETY: `ptr` came from posix_memalign in alloc_host and was not freed since
@@ -261,12 +307,15 @@ pub unsafe extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
 fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CuResult {
     alloc_into(dptr, |p| {
         let ctx = p.stream_ctx(stream)?;
+        let ordinal = p.contexts.get(&ctx).map(|c| c.ordinal).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+        let pool = p.current_pool_of(ordinal)?;
         let device = p.ctx_device(ctx)?;
-        p.alloc_device(device, bytesize as u64, ctx)
+        p.alloc_device_as(device, bytesize as u64, ctx, false, pool)
     })
 }
 
-/// Charged at once (the simulated stream has already reached the allocation).
+/// From the device's current pool (cuDeviceSetMemPool; the default pool otherwise); charged
+/// at once (the simulated stream has already reached the allocation).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
@@ -328,26 +377,18 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         }
         let handle = process::with(|p| {
             p.device_of(id)?;
-            let handle = p.new_handle();
-            p.pools.insert(handle, id as usize);
-            Ok(handle)
+            Ok(p.new_pool(id as usize, false))
         })?;
         // SAFETY: `pool` is non-NULL and writable (driver API contract).
         Ok(unsafe { ffi::write(pool, handle as usize as CUmemoryPool) }?)
     })
 }
 
-/// Allocations from the pool stay valid (and charged) until freed.
+/// Allocations from the pool stay valid (and charged) until freed; its cached memory goes
+/// back to the device. A default pool cannot be destroyed (CUDA_ERROR_INVALID_VALUE).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
-    entry(|| {
-        process::with(|p| {
-            p.pools
-                .remove(&(pool as u64))
-                .map(|_| ())
-                .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
-        })
-    })
+    entry(|| process::with(|p| p.destroy_pool(pool as u64)))
 }
 
 fn alloc_from_pool(
@@ -357,13 +398,13 @@ fn alloc_from_pool(
     stream: CUstream,
 ) -> CuResult {
     alloc_into(dptr, |p| {
-        let ordinal = *p
+        let device = p
             .pools
             .get(&(pool as u64))
-            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?
+            .device;
         let ctx = p.stream_ctx(stream)?;
-        let device = p.visible[ordinal];
-        p.alloc_device(device, bytesize as u64, ctx)
+        p.alloc_device_as(device, bytesize as u64, ctx, false, pool as u64)
     })
 }
 

@@ -7,15 +7,22 @@
 
 pub(crate) mod array;
 pub(crate) mod checkpoint;
+pub(crate) mod copy;
 pub(crate) mod ctx;
 pub(crate) mod error_names;
 pub(crate) mod event;
 pub(crate) mod graph;
 pub(crate) mod init;
+pub(crate) mod ipc;
 pub(crate) mod launch;
+pub(crate) mod library;
 pub(crate) mod mem;
+pub(crate) mod mempool;
+pub(crate) mod occupancy;
+pub(crate) mod pointer;
 pub(crate) mod procaddr;
 pub(crate) mod process;
+pub(crate) mod queries;
 pub(crate) mod stream;
 pub(crate) mod visible;
 pub(crate) mod vmm;

@@ -26,6 +26,7 @@ use vgpu_abi::cuda_procs::{resolve, Resolution};
 use super::{
     array, checkpoint, ctx, entry, event, graph, init, launch, mem, stream, vmm, CuResult,
 };
+use super::{copy, ipc, library, mempool, occupancy, pointer, queries};
 use crate::ffi;
 
 macro_rules! exports {
@@ -93,6 +94,45 @@ exports! {
     checkpoint::cuCheckpointProcessLock, checkpoint::cuCheckpointProcessCheckpoint,
     checkpoint::cuCheckpointProcessRestore, checkpoint::cuCheckpointProcessUnlock,
     self::cuGetProcAddress, self::cuGetProcAddress_v2,
+    mempool::cuDeviceGetDefaultMemPool, mempool::cuDeviceGetMemPool, mempool::cuDeviceSetMemPool,
+    mempool::cuMemPoolGetAttribute, mempool::cuMemPoolSetAttribute, mempool::cuMemPoolTrimTo,
+    mempool::cuMemPoolSetAccess, mempool::cuMemPoolGetAccess, queries::cuCtxGetStreamPriorityRange,
+    queries::cuStreamGetPriority, queries::cuStreamGetPriority_ptsz, queries::cuStreamGetFlags,
+    queries::cuStreamGetFlags_ptsz, queries::cuStreamGetCtx, queries::cuStreamGetCtx_ptsz,
+    queries::cuStreamGetDevice, queries::cuStreamGetDevice_ptsz, queries::cuCtxGetLimit,
+    queries::cuCtxSetLimit, queries::cuCtxGetCacheConfig, queries::cuCtxSetCacheConfig,
+    queries::cuCtxGetApiVersion, queries::cuCtxGetId, queries::cuDeviceGetProperties,
+    ipc::cuIpcGetMemHandle, ipc::cuIpcOpenMemHandle_v2, ipc::cuIpcCloseMemHandle,
+    ipc::cuIpcGetEventHandle, ipc::cuIpcOpenEventHandle, library::cuLibraryLoadData,
+    library::cuLibraryLoadFromFile, library::cuLibraryUnload, library::cuLibraryGetKernel,
+    library::cuLibraryGetModule, library::cuLibraryGetKernelCount,
+    library::cuLibraryEnumerateKernels, library::cuKernelGetFunction, library::cuKernelGetLibrary,
+    library::cuKernelGetName, library::cuKernelGetAttribute, library::cuKernelSetAttribute,
+    library::cuKernelSetCacheConfig, pointer::cuPointerGetAttribute,
+    pointer::cuPointerGetAttributes, occupancy::cuFuncGetAttribute, occupancy::cuFuncSetAttribute,
+    occupancy::cuFuncSetCacheConfig, occupancy::cuOccupancyMaxActiveBlocksPerMultiprocessor,
+    occupancy::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    occupancy::cuOccupancyMaxPotentialBlockSize,
+    occupancy::cuOccupancyMaxPotentialBlockSizeWithFlags,
+    occupancy::cuOccupancyAvailableDynamicSMemPerBlock, copy::cuMemcpy, copy::cuMemcpy_ptds,
+    copy::cuMemcpyAsync, copy::cuMemcpyAsync_ptsz, copy::cuMemcpyHtoD_v2,
+    copy::cuMemcpyHtoD_v2_ptds, copy::cuMemcpyDtoH_v2, copy::cuMemcpyDtoH_v2_ptds,
+    copy::cuMemcpyDtoD_v2, copy::cuMemcpyDtoD_v2_ptds, copy::cuMemcpyHtoDAsync_v2,
+    copy::cuMemcpyHtoDAsync_v2_ptsz, copy::cuMemcpyDtoHAsync_v2, copy::cuMemcpyDtoHAsync_v2_ptsz,
+    copy::cuMemcpyDtoDAsync_v2, copy::cuMemcpyDtoDAsync_v2_ptsz, copy::cuMemcpyPeer,
+    copy::cuMemcpyPeer_ptds, copy::cuMemcpyPeerAsync, copy::cuMemcpyPeerAsync_ptsz,
+    copy::cuMemcpy2D_v2, copy::cuMemcpy2D_v2_ptds, copy::cuMemcpy2DUnaligned_v2,
+    copy::cuMemcpy2DUnaligned_v2_ptds, copy::cuMemcpy2DAsync_v2, copy::cuMemcpy2DAsync_v2_ptsz,
+    copy::cuMemcpy3D_v2, copy::cuMemcpy3D_v2_ptds, copy::cuMemcpy3DAsync_v2,
+    copy::cuMemcpy3DAsync_v2_ptsz, copy::cuMemsetD8_v2, copy::cuMemsetD8_v2_ptds,
+    copy::cuMemsetD16_v2, copy::cuMemsetD16_v2_ptds, copy::cuMemsetD32_v2,
+    copy::cuMemsetD32_v2_ptds, copy::cuMemsetD8Async, copy::cuMemsetD8Async_ptsz,
+    copy::cuMemsetD16Async, copy::cuMemsetD16Async_ptsz, copy::cuMemsetD32Async,
+    copy::cuMemsetD32Async_ptsz, copy::cuMemsetD2D8_v2, copy::cuMemsetD2D8_v2_ptds,
+    copy::cuMemsetD2D16_v2, copy::cuMemsetD2D16_v2_ptds, copy::cuMemsetD2D32_v2,
+    copy::cuMemsetD2D32_v2_ptds, copy::cuMemsetD2D8Async, copy::cuMemsetD2D8Async_ptsz,
+    copy::cuMemsetD2D16Async, copy::cuMemsetD2D16Async_ptsz, copy::cuMemsetD2D32Async,
+    copy::cuMemsetD2D32Async_ptsz,
 }
 
 /// Whether `symbol` is one an older driver lacks: the checkpoint API with `checkpoint =
@@ -247,7 +287,7 @@ mod tests {
         );
         // Known to cuda.h but not simulated.
         assert_eq!(
-            ok("cuMemcpyHtoD", 12000, 0),
+            ok("cuTexObjectCreate", 12000, 0),
             Err(Status::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
         );
         assert_eq!(

@@ -5,7 +5,7 @@
 //! parent's state as foreign (the pid differs) and must call `cuInit` again.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::{Mutex, Once, PoisonError, TryLockError};
 
@@ -13,6 +13,9 @@ use cudarc::driver::sys::CUresult;
 use vgpu_abi::process::ProcessId;
 
 use super::event::Event;
+use super::ipc::Import;
+use super::library::{LibKernel, Library};
+use super::mempool::Pool;
 use super::graph::{Exec, Graph};
 use super::launch::{kernel_table, Function};
 use super::stream::{StreamKey, StreamState};
@@ -30,6 +33,12 @@ pub(crate) struct Context {
     pub flags: u32,
     /// Device memory charged for the context itself (`context_overhead`).
     pub overhead: u64,
+    /// cuCtxSetLimit values, by `CUlimit`.
+    pub limits: super::queries::Limits,
+    /// cuCtxSetCacheConfig (`CUfunc_cache`).
+    pub cache_config: u32,
+    /// cuCtxGetId: unique over the process's lifetime.
+    pub id: u64,
 }
 
 /// A device's primary context: created on the first retain, destroyed on the last release.
@@ -46,6 +55,12 @@ pub(crate) struct Alloc {
     pub device: usize,
     pub size: u64,
     pub ctx: u64,
+    /// cuMemAllocManaged.
+    pub managed: bool,
+    /// The memory pool it came from (0: none, a plain cuMemAlloc).
+    pub pool: u64,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique over the process's lifetime.
+    pub id: u64,
 }
 
 /// A cuMemCreate handle. Its memory is given back when it is released and unmapped.
@@ -67,8 +82,8 @@ pub(crate) struct Mapping {
 }
 
 pub(crate) struct Process {
-    pid: u32,
-    me: Option<ProcessId>,
+    pub pid: u32,
+    pub me: Option<ProcessId>,
     pub driver: &'static Driver,
     /// CUDA ordinal → driver device index (after CUDA_VISIBLE_DEVICES).
     pub visible: Vec<usize>,
@@ -79,8 +94,8 @@ pub(crate) struct Process {
     slots: HashMap<usize, usize>,
     /// Device pointers of cuMemAlloc* / cuMemAllocManaged / async and pool allocations.
     pub allocs: BTreeMap<u64, Alloc>,
-    /// Pinned host allocations (not device memory).
-    pub host: HashSet<usize>,
+    /// Pinned host allocations (not device memory): address → size.
+    pub host: BTreeMap<usize, usize>,
     /// CUarray handles.
     pub arrays: HashMap<u64, Alloc>,
     /// CUmipmappedArray handles.
@@ -90,8 +105,28 @@ pub(crate) struct Process {
     pub reservations: BTreeMap<u64, u64>,
     /// cuMemMap mappings: address → mapping.
     pub mappings: BTreeMap<u64, Mapping>,
-    /// Memory pool → ordinal.
-    pub pools: HashMap<u64, usize>,
+    /// Memory pools (created and default ones).
+    pub pools: HashMap<u64, Pool>,
+    /// Per ordinal: the current pool of cuMemAllocAsync (0: the default pool).
+    pub current_pool: Vec<u64>,
+    /// Per ordinal: the default pool, once asked for (0: not yet).
+    pub default_pool: Vec<u64>,
+    /// IPC mappings opened here (cuIpcOpenMemHandle): address → the exporter's allocation.
+    pub imports: BTreeMap<u64, Import>,
+    /// Per stream handle: its flags and priority.
+    pub stream_info: HashMap<u64, (u32, i32)>,
+    /// Libraries (cuLibraryLoad*).
+    pub libraries: HashMap<u64, Library>,
+    /// Kernels (cuLibraryGetKernel): handle → its library and name.
+    pub kernels: HashMap<u64, LibKernel>,
+    /// Per driver device index: when the copies this process queued there end.
+    pub copies_until: HashMap<usize, u64>,
+    /// Events shared with other processes (exported or opened): event → its shared stamp.
+    pub shared_events: HashMap<u64, std::path::PathBuf>,
+    /// Allocations exported with cuIpcGetMemHandle: buffer id → its marker file.
+    pub exports: HashMap<u64, std::path::PathBuf>,
+    /// Last buffer id handed out.
+    pub next_buffer_id: u64,
     /// Stream → context.
     pub streams: HashMap<u64, u64>,
     /// Module → context.
@@ -111,8 +146,8 @@ pub(crate) struct Process {
 
 /// Device virtual addresses handed out: a window where no host mapping lives in practice
 /// (addresses are never dereferenced by the fake; clients must not either).
-const VA_START: u64 = 0x7000_0000_0000;
-const VA_END: u64 = 0x7f00_0000_0000;
+pub(crate) const VA_START: u64 = 0x7000_0000_0000;
+pub(crate) const VA_END: u64 = 0x7f00_0000_0000;
 /// Handles are distinct, pointer-looking values that are never dereferenced.
 const HANDLE_BASE: u64 = 0x5a00_0000_0000;
 
@@ -333,13 +368,23 @@ impl Process {
             primary: vec![Primary::default(); ordinals],
             slots: HashMap::new(),
             allocs: BTreeMap::new(),
-            host: HashSet::new(),
+            host: BTreeMap::new(),
             arrays: HashMap::new(),
             mipmaps: HashMap::new(),
             physical: HashMap::new(),
             reservations: BTreeMap::new(),
             mappings: BTreeMap::new(),
             pools: HashMap::new(),
+            current_pool: vec![0; ordinals],
+            default_pool: vec![0; ordinals],
+            imports: BTreeMap::new(),
+            stream_info: HashMap::new(),
+            libraries: HashMap::new(),
+            kernels: HashMap::new(),
+            copies_until: HashMap::new(),
+            shared_events: HashMap::new(),
+            exports: HashMap::new(),
+            next_buffer_id: 0,
             streams: HashMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
@@ -481,7 +526,8 @@ impl Process {
                 .values()
                 .chain(self.mipmaps.values())
                 .any(|a| a.device == device)
-            || self.physical.values().any(|p| p.device == Some(device));
+            || self.physical.values().any(|p| p.device == Some(device))
+            || self.pools.values().any(|p| p.device == device && p.reserved > 0);
         if in_use {
             return;
         }

@@ -176,7 +176,7 @@ impl Process {
     }
 }
 
-fn create_stream(out: *mut CUstream, flags: c_uint) -> CuResult {
+fn create_stream(out: *mut CUstream, flags: c_uint, priority: c_int) -> CuResult {
     let known = CUstream_flags::CU_STREAM_DEFAULT as c_uint
         | CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint;
     if out.is_null() || flags & !known != 0 {
@@ -186,6 +186,9 @@ fn create_stream(out: *mut CUstream, flags: c_uint) -> CuResult {
         let (ctx, _) = p.current_ctx()?;
         let handle = p.new_handle();
         p.streams.insert(handle, ctx);
+        let (least, greatest) = super::queries::STREAM_PRIORITY_RANGE;
+        p.stream_info
+            .insert(handle, (flags, priority.clamp(greatest, least)));
         Ok(handle)
     })?;
     out_handle(out, handle)
@@ -193,17 +196,18 @@ fn create_stream(out: *mut CUstream, flags: c_uint) -> CuResult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult {
-    entry(|| create_stream(stream, flags))
+    entry(|| create_stream(stream, flags, 0))
 }
 
-/// Priorities are accepted and ignored.
+/// Priorities are clamped into the device's range (cuCtxGetStreamPriorityRange) and
+/// remembered (cuStreamGetPriority); they do not change the order work runs in.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreateWithPriority(
     stream: *mut CUstream,
     flags: c_uint,
-    _priority: c_int,
+    priority: c_int,
 ) -> CUresult {
-    entry(|| create_stream(stream, flags))
+    entry(|| create_stream(stream, flags, priority))
 }
 
 /// Queued work still runs (as with the real driver); the handle is gone.
@@ -215,6 +219,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
                 .streams
                 .remove(&(stream as u64))
                 .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            p.stream_info.remove(&(stream as u64));
             p.timelines.remove(&StreamKey {
                 ctx,
                 handle: stream as u64,

@@ -345,7 +345,7 @@ fn misses_report_status() {
         )
     );
     // A real driver function the fake does not simulate is not found, never a wrong one.
-    let (rc, _, status) = p.get("cuMemcpyHtoD", 12000, DEFAULT);
+    let (rc, _, status) = p.get("cuTexObjectCreate", 12000, DEFAULT);
     assert_eq!(
         (rc, status),
         (

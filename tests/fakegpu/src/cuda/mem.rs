@@ -12,6 +12,7 @@ use cudarc::driver::sys::{
     CUmemoryPool, CUresult, CUstream,
 };
 
+use super::pointer::Kind;
 use super::process::{self, Alloc, Process};
 use super::{entry, CuResult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use crate::ffi;
@@ -218,8 +219,8 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     entry(|| {
         let (base, size) = process::with(|p| {
             p.current_ctx()?;
-            match p.allocs.range(..=dptr).next_back() {
-                Some((&base, a)) if dptr < base + a.size => Ok((base, a.size)),
+            match p.region(dptr) {
+                Some(r) if r.kind != Kind::Host => Ok((r.base, r.size)),
                 _ => Err(CUresult::CUDA_ERROR_NOT_FOUND),
             }
         })?;
@@ -260,13 +261,13 @@ fn alloc_host(pp: *mut *mut c_void, bytesize: usize) -> CuResult {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     process::with(|p| {
-        p.current_ctx()?;
+        let (ctx, _) = p.current_ctx()?;
         let mut mem: *mut c_void = std::ptr::null_mut();
         // SAFETY: posix_memalign writes one pointer to `mem`, a valid local.
         if unsafe { libc::posix_memalign(&mut mem, 4096, bytesize) } != 0 || mem.is_null() {
             return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         }
-        p.host.insert(mem as usize, bytesize);
+        p.host.insert(mem as usize, (bytesize, ctx));
         // SAFETY: `pp` is non-NULL and writable (driver API contract).
         unsafe { ffi::write(pp, mem) }?;
         Ok(())

@@ -96,13 +96,13 @@ impl Process {
             }
         }
         let host = self.host.range(..=(ptr as usize)).next_back();
-        if let Some((&base, &size)) = host {
+        if let Some((&base, &(size, ctx))) = host {
             if (ptr as usize) < base + size {
                 return Some(Region {
                     base: base as u64,
                     size: size as u64,
                     kind: Kind::Host,
-                    ctx: 0,
+                    ctx,
                     device: None,
                     id: 0,
                     pool: 0,

@@ -94,8 +94,8 @@ pub(crate) struct Process {
     slots: HashMap<usize, usize>,
     /// Device pointers of cuMemAlloc* / cuMemAllocManaged / async and pool allocations.
     pub allocs: BTreeMap<u64, Alloc>,
-    /// Pinned host allocations (not device memory): address → size.
-    pub host: BTreeMap<usize, usize>,
+    /// Pinned host allocations (not device memory): address → (size, context).
+    pub host: BTreeMap<usize, (usize, u64)>,
     /// CUarray handles.
     pub arrays: HashMap<u64, Alloc>,
     /// CUmipmappedArray handles.

@@ -135,14 +135,46 @@ const PROBES: &[(&str, &str, fn())] = &[
         grabber,
     ),
     // cuda_families.rs
-    ("fam_mempool", "cuda_families::memory_pools", families::mempool),
-    ("fam_queries", "cuda_families::stream_and_context_queries", families::queries),
-    ("fam_ipc_exporter", "cuda_families::ipc_* (the exporter)", families::ipc_exporter),
-    ("fam_ipc_importer", "cuda_families::ipc_* (the importer)", families::ipc_importer),
-    ("fam_library", "cuda_families::libraries_and_kernels", families::library),
-    ("fam_pointer", "cuda_families::pointer_attributes", families::pointer),
-    ("fam_occupancy", "cuda_families::function_attributes_and_occupancy", families::occupancy),
-    ("fam_copies", "cuda_families::copies_and_fills", families::copies),
+    (
+        "fam_mempool",
+        "cuda_families::memory_pools",
+        families::mempool,
+    ),
+    (
+        "fam_queries",
+        "cuda_families::stream_and_context_queries",
+        families::queries,
+    ),
+    (
+        "fam_ipc_exporter",
+        "cuda_families::ipc_* (the exporter)",
+        families::ipc_exporter,
+    ),
+    (
+        "fam_ipc_importer",
+        "cuda_families::ipc_* (the importer)",
+        families::ipc_importer,
+    ),
+    (
+        "fam_library",
+        "cuda_families::libraries_and_kernels",
+        families::library,
+    ),
+    (
+        "fam_pointer",
+        "cuda_families::pointer_attributes",
+        families::pointer,
+    ),
+    (
+        "fam_occupancy",
+        "cuda_families::function_attributes_and_occupancy",
+        families::occupancy,
+    ),
+    (
+        "fam_copies",
+        "cuda_families::copies_and_fills",
+        families::copies,
+    ),
     // checkpoint.rs
     (
         "ckpt_target",

@@ -68,9 +68,15 @@ fn copies_and_fills() {
 
 #[test]
 fn bad_copy_rates_are_config_errors() {
-    for bad in ["copy_gbps = 0", "device_copy_gbps = -1", "copy_gbps = \"fast\""] {
+    for bad in [
+        "copy_gbps = 0",
+        "device_copy_gbps = -1",
+        "copy_gbps = \"fast\"",
+    ] {
         let toml = format!("[[device]]\nname = \"x\"\nmemory = \"1GiB\"\n{bad}\n");
-        let err = fakegpu::config::parse(&toml, "test").unwrap_err().to_string();
+        let err = fakegpu::config::parse(&toml, "test")
+            .unwrap_err()
+            .to_string();
         let key = bad.split(' ').next().unwrap();
         assert!(err.contains(key), "{bad}: {err}");
     }
@@ -98,7 +104,11 @@ fn ipc_memory_is_counted_once_and_events_are_shared() {
     assert_eq!(field(&nvml, "used"), GIB.to_string(), "counted once");
     assert_eq!(fake.states()[0].used(), GIB);
     importer.finish();
-    assert_eq!(fake.states()[0].used(), GIB, "closing the mapping frees nothing");
+    assert_eq!(
+        fake.states()[0].used(),
+        GIB,
+        "closing the mapping frees nothing"
+    );
 
     // Freed by the exporter: the handle no longer opens.
     writeln!(exporter.child.stdin.as_mut().unwrap(), "free").unwrap();

@@ -49,8 +49,7 @@ fn stream(cuda: &Cuda, flags: c_uint) -> P {
 
 fn function(cuda: &Cuda, name: &std::ffi::CStr) -> P {
     let load: unsafe extern "C" fn(*mut P, *const c_void) -> Cu = cuda.sym("cuModuleLoadData");
-    let get: unsafe extern "C" fn(*mut P, P, *const c_char) -> Cu =
-        cuda.sym("cuModuleGetFunction");
+    let get: unsafe extern "C" fn(*mut P, P, *const c_char) -> Cu = cuda.sym("cuModuleGetFunction");
     let (mut m, mut f) = (NULL, NULL);
     // SAFETY: valid out-pointers, an image and a C string.
     unsafe {
@@ -76,7 +75,21 @@ fn launch(cuda: &Cuda, f: P, blocks: c_uint, stream: P) -> Cu {
     ) -> Cu;
     let l: Launch = cuda.sym("cuLaunchKernel");
     // SAFETY: a function handle; params may be NULL for the fake.
-    unsafe { l(f, blocks, 1, 1, 256, 1, 1, 0, stream, NULL.cast(), NULL.cast()) }
+    unsafe {
+        l(
+            f,
+            blocks,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            stream,
+            NULL.cast(),
+            NULL.cast(),
+        )
+    }
 }
 
 fn sync_stream(cuda: &Cuda, s: P) -> Cu {
@@ -126,7 +139,10 @@ pub fn mempool() {
     unsafe {
         assert_eq!(default_pool(&mut pool, 0), 0);
         assert_eq!(get_pool(&mut current, 0), 0);
-        assert_eq!(default_pool(&mut current, 7), code(CUresult::CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(
+            default_pool(&mut current, 7),
+            code(CUresult::CUDA_ERROR_INVALID_DEVICE)
+        );
     }
     assert!(!pool.is_null());
     assert_eq!(current, pool, "the current pool is the default one");
@@ -148,51 +164,108 @@ pub fn mempool() {
     assert_eq!(flag, 1);
 
     // Keep everything freed: memory stays reserved (and on the device).
-    assert_eq!(pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX), 0);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), u64::MAX);
+    assert_eq!(
+        pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX),
+        0
+    );
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD),
+        u64::MAX
+    );
     let mut ptrs = [0u64; 3];
     for p in &mut ptrs {
         // SAFETY: valid out-pointer, stream from the driver.
         assert_eq!(unsafe { alloc(p, 64 << 20, s) }, 0);
     }
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 192 * MIB);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH), 192 * MIB);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 192 * MIB);
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        192 * MIB
+    );
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+        192 * MIB
+    );
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        192 * MIB
+    );
     // SAFETY: pointers from cuMemAllocAsync.
     unsafe {
         assert_eq!(free(ptrs[0], s), 0);
         assert_eq!(free(ptrs[1], s), 0);
     }
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 64 * MIB);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH), 192 * MIB);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 192 * MIB);
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        64 * MIB
+    );
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+        192 * MIB
+    );
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        192 * MIB
+    );
     assert_eq!(used(&cuda), 192 * MIB, "the pool holds what it reserved");
     // Reuse: no new device memory.
     // SAFETY: valid out-pointer.
     assert_eq!(unsafe { alloc(&mut ptrs[0], 64 << 20, s) }, 0);
     assert_eq!(used(&cuda), 192 * MIB);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 128 * MIB);
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        128 * MIB
+    );
     // High-water marks: read-only except reset by 0.
-    assert_eq!(pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 5), INVALID_VALUE);
-    assert_eq!(pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0), INVALID_VALUE);
-    assert_eq!(pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0), 0);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH), 128 * MIB);
+    assert_eq!(
+        pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 5),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0),
+        0
+    );
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+        128 * MIB
+    );
     // Trim gives back what is unused.
     // SAFETY: a pool handle.
     assert_eq!(unsafe { trim(pool, 0) }, 0);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 128 * MIB);
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        128 * MIB
+    );
     assert_eq!(used(&cuda), 128 * MIB);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), 192 * MIB);
-    assert_eq!(pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0), 0);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), 128 * MIB);
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
+        192 * MIB
+    );
+    assert_eq!(
+        pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0),
+        0
+    );
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
+        128 * MIB
+    );
     // Threshold 0: frees go straight back to the device.
-    assert_eq!(pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 0), 0);
+    assert_eq!(
+        pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 0),
+        0
+    );
     // SAFETY: pointers from cuMemAllocAsync.
     unsafe {
         assert_eq!(free(ptrs[0], s), 0);
         assert_eq!(free(ptrs[2], s), 0);
     }
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        0
+    );
     assert_eq!(used(&cuda), 0);
     // SAFETY: the default pool cannot be destroyed.
     assert_eq!(unsafe { destroy(pool) }, INVALID_VALUE);
@@ -214,11 +287,20 @@ pub fn mempool() {
         assert_eq!(current, mine);
         assert_eq!(alloc(&mut ptr, 5 << 20, s), 0);
     }
-    assert_eq!(pool_u64(&cuda, mine, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 5 * MIB);
-    assert_eq!(pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+    assert_eq!(
+        pool_u64(&cuda, mine, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        5 * MIB
+    );
+    assert_eq!(
+        pool_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        0
+    );
     // Access: the owner reads and writes.
-    let get_access: unsafe extern "C" fn(*mut u32, P, *mut cudarc::driver::sys::CUmemLocation) -> Cu =
-        cuda.sym("cuMemPoolGetAccess");
+    let get_access: unsafe extern "C" fn(
+        *mut u32,
+        P,
+        *mut cudarc::driver::sys::CUmemLocation,
+    ) -> Cu = cuda.sym("cuMemPoolGetAccess");
     let mut flags = 0u32;
     let mut location = props.location;
     // SAFETY: valid pointers.
@@ -276,7 +358,10 @@ pub fn queries() {
         assert_eq!(set_limit(0, 4096), 0);
         assert_eq!(get_limit(&mut v, 0), 0);
         assert_eq!(v, 4096);
-        assert_eq!(get_limit(&mut v, 9), code(CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT));
+        assert_eq!(
+            get_limit(&mut v, 9),
+            code(CUresult::CUDA_ERROR_UNSUPPORTED_LIMIT)
+        );
         let mut cache = 9;
         assert_eq!(get_cache(&mut cache), 0);
         assert_eq!(cache, 0);
@@ -287,7 +372,10 @@ pub fn queries() {
         let mut version = 0;
         assert_eq!(api(NULL, &mut version), 0);
         assert_eq!(version, 3020);
-        assert_eq!(api(0xdead as P, &mut version), code(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+        assert_eq!(
+            api(0xdead as P, &mut version),
+            code(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+        );
         let mut prop: cudarc::driver::sys::CUdevprop = std::mem::zeroed();
         assert_eq!(props(&mut prop, 0), 0);
         assert_eq!(prop.maxThreadsPerBlock, 1024);
@@ -326,7 +414,11 @@ pub fn ipc_exporter() {
     let (mut plain, mut shared) = (NULL, NULL);
     // SAFETY: valid out-pointers and handles from the driver.
     unsafe {
-        assert_eq!(get_mem(&mut handle, ptr + 4096), INVALID_VALUE, "not the base");
+        assert_eq!(
+            get_mem(&mut handle, ptr + 4096),
+            INVALID_VALUE,
+            "not the base"
+        );
         assert_eq!(get_mem(&mut handle, ptr), 0);
         let mut mapped = 0;
         assert_eq!(
@@ -449,10 +541,19 @@ fn timed_launch(cuda: &Cuda, f: P, s: P) -> f32 {
 
 pub fn library() {
     let (cuda, _) = setup();
-    type Load = unsafe extern "C" fn(*mut P, *const c_void, P, *mut P, c_uint, P, *mut P, c_uint) -> Cu;
+    type Load =
+        unsafe extern "C" fn(*mut P, *const c_void, P, *mut P, c_uint, P, *mut P, c_uint) -> Cu;
     let load: Load = cuda.sym("cuLibraryLoadData");
-    let load_file: unsafe extern "C" fn(*mut P, *const c_char, P, *mut P, c_uint, P, *mut P, c_uint) -> Cu =
-        cuda.sym("cuLibraryLoadFromFile");
+    let load_file: unsafe extern "C" fn(
+        *mut P,
+        *const c_char,
+        P,
+        *mut P,
+        c_uint,
+        P,
+        *mut P,
+        c_uint,
+    ) -> Cu = cuda.sym("cuLibraryLoadFromFile");
     let unload: unsafe extern "C" fn(P) -> Cu = cuda.sym("cuLibraryUnload");
     let get_kernel: unsafe extern "C" fn(*mut P, P, *const c_char) -> Cu =
         cuda.sym("cuLibraryGetKernel");
@@ -465,18 +566,44 @@ pub fn library() {
         cuda.sym("cuModuleGetFunction");
     let kernel_attr: unsafe extern "C" fn(*mut c_int, c_uint, P, c_int) -> Cu =
         cuda.sym("cuKernelGetAttribute");
-    let kernel_name: unsafe extern "C" fn(*mut *const c_char, P) -> Cu = cuda.sym("cuKernelGetName");
-    let (mut lib, mut kernel, mut func, mut module, mut from_module) = (NULL, NULL, NULL, NULL, NULL);
+    let kernel_name: unsafe extern "C" fn(*mut *const c_char, P) -> Cu =
+        cuda.sym("cuKernelGetName");
+    let (mut lib, mut kernel, mut func, mut module, mut from_module) =
+        (NULL, NULL, NULL, NULL, NULL);
     let mut n = 0;
     let mut listed = [NULL; 4];
     // SAFETY: valid out-pointers, a NUL-terminated PTX image, C strings, handles.
     unsafe {
         assert_eq!(
-            load_file(&mut lib, c"/nonexistent/lib.cubin".as_ptr(), NULL, NULL.cast(), 0, NULL, NULL.cast(), 0),
+            load_file(
+                &mut lib,
+                c"/nonexistent/lib.cubin".as_ptr(),
+                NULL,
+                NULL.cast(),
+                0,
+                NULL,
+                NULL.cast(),
+                0
+            ),
             code(CUresult::CUDA_ERROR_FILE_NOT_FOUND)
         );
-        assert_eq!(load(&mut lib, NULL, NULL, NULL.cast(), 0, NULL, NULL.cast(), 0), INVALID_VALUE);
-        assert_eq!(load(&mut lib, PTX.as_ptr().cast(), NULL, NULL.cast(), 0, NULL, NULL.cast(), 0), 0);
+        assert_eq!(
+            load(&mut lib, NULL, NULL, NULL.cast(), 0, NULL, NULL.cast(), 0),
+            INVALID_VALUE
+        );
+        assert_eq!(
+            load(
+                &mut lib,
+                PTX.as_ptr().cast(),
+                NULL,
+                NULL.cast(),
+                0,
+                NULL,
+                NULL.cast(),
+                0
+            ),
+            0
+        );
         assert_eq!(count(&mut n, lib), 0);
         assert_eq!(n, 2, "the PTX's two .entry kernels");
         assert_eq!(enumerate(listed.as_mut_ptr(), 4, lib), 0);
@@ -495,7 +622,11 @@ pub fn library() {
     // k's wave lasts 50 ms (FAKEGPU_KERNELS): the kernel itself, its function and the
     // library module's function all launch like cuModuleGetFunction's.
     let s = stream(&cuda, 0);
-    for (what, f) in [("kernel", kernel), ("function", func), ("module_function", from_module)] {
+    for (what, f) in [
+        ("kernel", kernel),
+        ("function", func),
+        ("module_function", from_module),
+    ] {
         let ms = timed_launch(&cuda, f, s);
         println!("{what}_ms={ms}");
         assert!(ms >= 50.0, "{what}: {ms} ms");
@@ -537,20 +668,62 @@ pub fn pointer() {
     let host = host as u64;
     let device_type = CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
     let host_type = CUmemorytype::CU_MEMORYTYPE_HOST as u32;
-    assert_eq!(attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev + 5), Ok(device_type));
-    assert_eq!(attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, managed), Ok(device_type));
-    assert_eq!(attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, host + 7), Ok(host_type));
-    assert_eq!(attr::<usize>(&cuda, PT::CU_POINTER_ATTRIBUTE_CONTEXT, dev), Ok(ctx as usize));
-    assert_eq!(attr::<usize>(&cuda, PT::CU_POINTER_ATTRIBUTE_CONTEXT, host), Ok(ctx as usize));
-    assert_eq!(attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, dev + 5), Ok(dev + 5));
-    assert_eq!(attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_HOST_POINTER, dev), Err(INVALID_VALUE));
-    assert_eq!(attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_HOST_POINTER, managed), Ok(managed));
-    assert_eq!(attr::<u8>(&cuda, PT::CU_POINTER_ATTRIBUTE_IS_MANAGED, managed), Ok(1));
-    assert_eq!(attr::<u8>(&cuda, PT::CU_POINTER_ATTRIBUTE_IS_MANAGED, dev), Ok(0));
-    assert_eq!(attr::<c_int>(&cuda, PT::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dev), Ok(0));
-    assert_eq!(attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dev + 1000), Ok(dev));
-    assert_eq!(attr::<usize>(&cuda, PT::CU_POINTER_ATTRIBUTE_RANGE_SIZE, dev + 1000), Ok(MIB as usize));
-    assert_eq!(attr::<u8>(&cuda, PT::CU_POINTER_ATTRIBUTE_MAPPED, dev), Ok(1));
+    assert_eq!(
+        attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev + 5),
+        Ok(device_type)
+    );
+    assert_eq!(
+        attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, managed),
+        Ok(device_type)
+    );
+    assert_eq!(
+        attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, host + 7),
+        Ok(host_type)
+    );
+    assert_eq!(
+        attr::<usize>(&cuda, PT::CU_POINTER_ATTRIBUTE_CONTEXT, dev),
+        Ok(ctx as usize)
+    );
+    assert_eq!(
+        attr::<usize>(&cuda, PT::CU_POINTER_ATTRIBUTE_CONTEXT, host),
+        Ok(ctx as usize)
+    );
+    assert_eq!(
+        attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, dev + 5),
+        Ok(dev + 5)
+    );
+    assert_eq!(
+        attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_HOST_POINTER, dev),
+        Err(INVALID_VALUE)
+    );
+    assert_eq!(
+        attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_HOST_POINTER, managed),
+        Ok(managed)
+    );
+    assert_eq!(
+        attr::<u8>(&cuda, PT::CU_POINTER_ATTRIBUTE_IS_MANAGED, managed),
+        Ok(1)
+    );
+    assert_eq!(
+        attr::<u8>(&cuda, PT::CU_POINTER_ATTRIBUTE_IS_MANAGED, dev),
+        Ok(0)
+    );
+    assert_eq!(
+        attr::<c_int>(&cuda, PT::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dev),
+        Ok(0)
+    );
+    assert_eq!(
+        attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dev + 1000),
+        Ok(dev)
+    );
+    assert_eq!(
+        attr::<usize>(&cuda, PT::CU_POINTER_ATTRIBUTE_RANGE_SIZE, dev + 1000),
+        Ok(MIB as usize)
+    );
+    assert_eq!(
+        attr::<u8>(&cuda, PT::CU_POINTER_ATTRIBUTE_MAPPED, dev),
+        Ok(1)
+    );
     let id_dev = attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_BUFFER_ID, dev).unwrap();
     let id_managed = attr::<u64>(&cuda, PT::CU_POINTER_ATTRIBUTE_BUFFER_ID, managed).unwrap();
     assert_ne!(id_dev, id_managed);
@@ -559,7 +732,10 @@ pub fn pointer() {
         attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, managed + MIB),
         Err(INVALID_VALUE)
     );
-    assert_eq!(attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 0x10), Err(INVALID_VALUE));
+    assert_eq!(
+        attr::<u32>(&cuda, PT::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 0x10),
+        Err(INVALID_VALUE)
+    );
     // cuPointerGetAttributes: several at once; no error for an unknown address.
     let many: unsafe extern "C" fn(c_uint, *mut PT, *mut P, u64) -> Cu =
         cuda.sym("cuPointerGetAttributes");
@@ -575,10 +751,16 @@ pub fn pointer() {
         (&mut ordinal as *mut c_int).cast(),
     ];
     // SAFETY: three attributes and three outputs of their types.
-    assert_eq!(unsafe { many(3, attrs.as_mut_ptr(), data.as_mut_ptr(), managed + 3) }, 0);
+    assert_eq!(
+        unsafe { many(3, attrs.as_mut_ptr(), data.as_mut_ptr(), managed + 3) },
+        0
+    );
     assert_eq!((kind, size, ordinal), (device_type, MIB as usize, 0));
     // SAFETY: as above.
-    assert_eq!(unsafe { many(3, attrs.as_mut_ptr(), data.as_mut_ptr(), 0x10) }, 0);
+    assert_eq!(
+        unsafe { many(3, attrs.as_mut_ptr(), data.as_mut_ptr(), 0x10) },
+        0
+    );
     assert_eq!((kind, size, ordinal), (0, 0, -2));
 }
 
@@ -595,7 +777,8 @@ extern "C" fn smem_per_block(block_size: c_int) -> usize {
 pub fn occupancy() {
     let (cuda, _) = setup();
     let f = function(&cuda, c"k");
-    let get_attr: unsafe extern "C" fn(*mut c_int, c_uint, P) -> Cu = cuda.sym("cuFuncGetAttribute");
+    let get_attr: unsafe extern "C" fn(*mut c_int, c_uint, P) -> Cu =
+        cuda.sym("cuFuncGetAttribute");
     let set_attr: unsafe extern "C" fn(P, c_uint, c_int) -> Cu = cuda.sym("cuFuncSetAttribute");
     let set_cache: unsafe extern "C" fn(P, c_uint) -> Cu = cuda.sym("cuFuncSetCacheConfig");
     let active: unsafe extern "C" fn(*mut c_int, P, c_int, usize) -> Cu =
@@ -632,12 +815,24 @@ pub fn occupancy() {
     };
     assert_eq!(blocks(256, 0), 8, "64 warps per SM");
     assert_eq!(blocks(32, 0), 32, "32 blocks per SM");
-    assert_eq!(blocks(256, 48 << 10), 4, "228 KiB per SM, 1 KiB reserved per block");
-    assert_eq!(blocks(256, 64 << 10), 0, "over the function's dynamic limit");
+    assert_eq!(
+        blocks(256, 48 << 10),
+        4,
+        "228 KiB per SM, 1 KiB reserved per block"
+    );
+    assert_eq!(
+        blocks(256, 64 << 10),
+        0,
+        "over the function's dynamic limit"
+    );
     // SAFETY: valid function; attribute 8 = MAX_DYNAMIC_SHARED_SIZE_BYTES.
     unsafe {
         assert_eq!(set_attr(f, 8, 100 << 10), 0);
-        assert_eq!(set_attr(f, 8, 300 << 10), INVALID_VALUE, "over the opt-in maximum");
+        assert_eq!(
+            set_attr(f, 8, 300 << 10),
+            INVALID_VALUE,
+            "over the opt-in maximum"
+        );
         assert_eq!(set_attr(f, 0, 512), INVALID_VALUE, "read-only");
         assert_eq!(set_cache(f, 1), 0);
         assert_eq!(set_cache(f, 9), INVALID_VALUE);
@@ -652,9 +847,15 @@ pub fn occupancy() {
     unsafe {
         assert_eq!(potential(&mut grid, &mut block, f, None, 0, 0), 0);
         assert_eq!((grid, block), (2 * 132, 1024));
-        assert_eq!(potential(&mut grid, &mut block, f, Some(smem_per_block), 0, 0), 0);
+        assert_eq!(
+            potential(&mut grid, &mut block, f, Some(smem_per_block), 0, 0),
+            0
+        );
     }
-    assert!(CALLBACK_CALLS.load(Ordering::SeqCst) >= 32, "the callback was called per size");
+    assert!(
+        CALLBACK_CALLS.load(Ordering::SeqCst) >= 32,
+        "the callback was called per size"
+    );
     // With up to 100 KiB of dynamic shared memory: 224 threads with 56 KiB, 4 blocks = 896
     // threads, the most of any size (96 threads: 9 blocks = 864; 416 and up: over 100 KiB).
     assert_eq!((grid, block), (4 * 132, 224));
@@ -681,8 +882,7 @@ pub fn copies() {
         cuda.sym("cuMemcpyHtoDAsync_v2");
     let memcpy: unsafe extern "C" fn(u64, u64, usize) -> Cu = cuda.sym("cuMemcpy");
     let memset32: unsafe extern "C" fn(u64, c_uint, usize) -> Cu = cuda.sym("cuMemsetD32_v2");
-    let memset8_async: unsafe extern "C" fn(u64, u8, usize, P) -> Cu =
-        cuda.sym("cuMemsetD8Async");
+    let memset8_async: unsafe extern "C" fn(u64, u8, usize, P) -> Cu = cuda.sym("cuMemsetD8Async");
     let memset2d: unsafe extern "C" fn(u64, usize, u8, usize, usize) -> Cu =
         cuda.sym("cuMemsetD2D8_v2");
     let copy2d: unsafe extern "C" fn(*const CUDA_MEMCPY2D) -> Cu = cuda.sym("cuMemcpy2D_v2");
@@ -691,7 +891,10 @@ pub fn copies() {
     let host = vec![0u8; 4096];
     let h = host.as_ptr().cast::<c_void>();
     // SAFETY: no context yet.
-    assert_eq!(unsafe { htod(0, h, 16) }, code(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+    assert_eq!(
+        unsafe { htod(0, h, 16) },
+        code(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+    );
     let ctx = cuda.ctx_create(0).unwrap();
     let big = cuda.alloc(GIB as usize).unwrap();
     let small = cuda.alloc(MIB as usize).unwrap();
@@ -701,9 +904,21 @@ pub fn copies() {
         // Ranges: inside one allocation, else CUDA_ERROR_INVALID_VALUE.
         assert_eq!(htod(small, h, 4096), 0);
         assert_eq!(htod(small + MIB - 100, h, 100), 0);
-        assert_eq!(htod(small + MIB - 100, h, 101), INVALID_VALUE, "past the end");
-        assert_eq!(dtoh(host.as_ptr() as P, small + MIB, 1), INVALID_VALUE, "just past it");
-        assert_eq!(dtod(small, big + GIB - 10, 20), INVALID_VALUE, "source past its end");
+        assert_eq!(
+            htod(small + MIB - 100, h, 101),
+            INVALID_VALUE,
+            "past the end"
+        );
+        assert_eq!(
+            dtoh(host.as_ptr() as P, small + MIB, 1),
+            INVALID_VALUE,
+            "just past it"
+        );
+        assert_eq!(
+            dtod(small, big + GIB - 10, 20),
+            INVALID_VALUE,
+            "source past its end"
+        );
         assert_eq!(dtod(big, small, MIB as usize), 0);
         assert_eq!(memcpy(small, h as u64, 4096), 0, "unified: host to device");
         assert_eq!(memcpy(small + MIB, h as u64, 1), INVALID_VALUE);
@@ -712,7 +927,11 @@ pub fn copies() {
         assert_eq!(memset32(small, 0, (MIB / 4) as usize + 1), INVALID_VALUE);
         assert_eq!(memset2d(small, 1024, 0, 1000, 1024), 0);
         assert_eq!(memset2d(small, 1024, 0, 1000, 1025), INVALID_VALUE);
-        assert_eq!(memset2d(small, 512, 0, 1000, 2), INVALID_VALUE, "pitch < width");
+        assert_eq!(
+            memset2d(small, 512, 0, 1000, 2),
+            INVALID_VALUE,
+            "pitch < width"
+        );
         assert_eq!(peer(big, ctx, small, ctx, 4096), 0);
         assert_eq!(peer(big, ctx, small + MIB - 1, ctx, 2), INVALID_VALUE);
 
@@ -797,7 +1016,10 @@ pub fn copies() {
     assert_eq!(sync_stream(&cuda, s), 0);
     let ms = start.elapsed().as_secs_f64() * 1e3;
     println!("async_ms={ms:.3}");
-    assert!(ms >= gib_ms(10.0) + gib_ms(100.0), "async copy + fill took {ms} ms");
+    assert!(
+        ms >= gib_ms(10.0) + gib_ms(100.0),
+        "async copy + fill took {ms} ms"
+    );
     assert_eq!(query_stream(&cuda, s), 0);
     // cuCtxSynchronize waits for copies too.
     let start = Instant::now();
@@ -805,5 +1027,8 @@ pub fn copies() {
     assert_eq!(unsafe { htod_async(big, h, GIB as usize, s) }, 0);
     assert_eq!(cuda.synchronize(), 0);
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    assert!(ms >= gib_ms(10.0), "cuCtxSynchronize after an async copy: {ms} ms");
+    assert!(
+        ms >= gib_ms(10.0),
+        "cuCtxSynchronize after an async copy: {ms} ms"
+    );
 }

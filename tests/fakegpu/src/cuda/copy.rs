@@ -65,11 +65,7 @@ impl Process {
         let ptr = match mem {
             Mem::Host => return Ok(None),
             Mem::Array(handle) => {
-                return self
-                    .arrays
-                    .get(&handle)
-                    .map(|a| Some(a.device))
-                    .ok_or(bad)
+                return self.arrays.get(&handle).map(|a| Some(a.device)).ok_or(bad)
             }
             Mem::Unified(ptr) if !in_device_window(ptr) && self.region(ptr).is_none() => {
                 return Ok(None)
@@ -89,7 +85,12 @@ impl Process {
 
     /// The rate of a copy between `dst` and `src` (devices; `None` for host memory), or of a
     /// fill of `dst` (`src` = `dst`), in GB/s.
-    fn copy_rate(&self, dst: Option<usize>, src: Option<usize>, ctx_device: usize) -> CuResult<f64> {
+    fn copy_rate(
+        &self,
+        dst: Option<usize>,
+        src: Option<usize>,
+        ctx_device: usize,
+    ) -> CuResult<f64> {
         let config = |d: usize| self.device(d).map(|dev| &dev.config);
         Ok(match (dst, src) {
             (Some(a), Some(b)) if a == b => config(a)?.device_copy_gbps,
@@ -219,7 +220,13 @@ fn peer(
 }
 
 /// A `CUmemorytype` side of a 2D/3D copy.
-fn side(kind: u32, host: *const c_void, device: CUdeviceptr, array: u64, offset: u64) -> CuResult<Mem> {
+fn side(
+    kind: u32,
+    host: *const c_void,
+    device: CUdeviceptr,
+    array: u64,
+    offset: u64,
+) -> CuResult<Mem> {
     let bad = CUresult::CUDA_ERROR_INVALID_VALUE;
     Ok(match kind {
         x if x == CUmemorytype::CU_MEMORYTYPE_HOST as u32 => {
@@ -257,7 +264,10 @@ fn box_span(
     let mul = |a: u64, b: u64| a.checked_mul(b).ok_or(bad);
     let add = |a: u64, b: u64| a.checked_add(b).ok_or(bad);
     let offset = add(mul(add(mul(z, rows)?, y)?, pitch)?, x)?;
-    let last_row = add(mul(depth.saturating_sub(1), rows)?, height.saturating_sub(1))?;
+    let last_row = add(
+        mul(depth.saturating_sub(1), rows)?,
+        height.saturating_sub(1),
+    )?;
     let extent = add(mul(last_row, pitch)?, width)?;
     Ok((offset, extent))
 }
@@ -325,7 +335,9 @@ fn copy_3d(p: *const CUDA_MEMCPY3D, how: How) -> CuResult {
         );
         let dst = (
             ffi::read_enum(std::ptr::addr_of!((*p).dstMemoryType)),
-            std::ptr::addr_of!((*p).dstHost).read_unaligned().cast_const(),
+            std::ptr::addr_of!((*p).dstHost)
+                .read_unaligned()
+                .cast_const(),
             std::ptr::addr_of!((*p).dstDevice).read_unaligned(),
             std::ptr::addr_of!((*p).dstArray).read_unaligned() as u64,
             (
@@ -336,8 +348,12 @@ fn copy_3d(p: *const CUDA_MEMCPY3D, how: How) -> CuResult {
             r(std::ptr::addr_of!((*p).dstPitch)),
             r(std::ptr::addr_of!((*p).dstHeight)),
         );
-        let reserved = !std::ptr::addr_of!((*p).reserved0).read_unaligned().is_null()
-            || !std::ptr::addr_of!((*p).reserved1).read_unaligned().is_null();
+        let reserved = !std::ptr::addr_of!((*p).reserved0)
+            .read_unaligned()
+            .is_null()
+            || !std::ptr::addr_of!((*p).reserved1)
+                .read_unaligned()
+                .is_null();
         (
             src,
             dst,
@@ -363,7 +379,7 @@ fn copy_3d(p: *const CUDA_MEMCPY3D, how: How) -> CuResult {
 
 /// A fill of `count` elements of `elem` bytes at `dst` (aligned to `elem`).
 fn fill(dst: CUdeviceptr, elem: u64, count: usize, how: How) -> CuResult {
-    if dst % elem != 0 {
+    if !dst.is_multiple_of(elem) {
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let bytes = (count as u64)
@@ -373,13 +389,25 @@ fn fill(dst: CUdeviceptr, elem: u64, count: usize, how: How) -> CuResult {
 }
 
 /// A 2D fill: `height` rows of `width` elements of `elem` bytes, `pitch` bytes apart.
-fn fill_2d(dst: CUdeviceptr, pitch: usize, elem: u64, width: usize, height: usize, how: How) -> CuResult {
+fn fill_2d(
+    dst: CUdeviceptr,
+    pitch: usize,
+    elem: u64,
+    width: usize,
+    height: usize,
+    how: How,
+) -> CuResult {
     let bad = CUresult::CUDA_ERROR_INVALID_VALUE;
-    if dst % elem != 0 || (height > 1 && pitch as u64 % elem != 0) {
+    if !dst.is_multiple_of(elem) || (height > 1 && !(pitch as u64).is_multiple_of(elem)) {
         return Err(bad);
     }
     let row = (width as u64).checked_mul(elem).ok_or(bad)?;
-    let (_, extent) = box_span((0, 0, 0), (row, height as u64, 1), pitch as u64, height as u64)?;
+    let (_, extent) = box_span(
+        (0, 0, 0),
+        (row, height as u64, 1),
+        pitch as u64,
+        height as u64,
+    )?;
     let bytes = row.checked_mul(height as u64).ok_or(bad)?;
     let extent = if bytes == 0 { 0 } else { extent };
     submit((Mem::Device(dst), extent), None, bytes, how)
@@ -396,12 +424,27 @@ const fn on(stream: CUstream, per_thread: bool) -> How {
 // ----- generated-style wrappers: cuda.h's exported names and signatures -----
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, byte_count: usize) -> CUresult {
-    entry(|| linear(Mem::Unified(dst), Mem::Unified(src), byte_count, sync(false)))
+pub unsafe extern "C" fn cuMemcpy(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    byte_count: usize,
+) -> CUresult {
+    entry(|| {
+        linear(
+            Mem::Unified(dst),
+            Mem::Unified(src),
+            byte_count,
+            sync(false),
+        )
+    })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, byte_count: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemcpy_ptds(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    byte_count: usize,
+) -> CUresult {
     entry(|| linear(Mem::Unified(dst), Mem::Unified(src), byte_count, sync(true)))
 }
 
@@ -412,7 +455,14 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     byte_count: usize,
     stream: CUstream,
 ) -> CUresult {
-    entry(|| linear(Mem::Unified(dst), Mem::Unified(src), byte_count, on(stream, false)))
+    entry(|| {
+        linear(
+            Mem::Unified(dst),
+            Mem::Unified(src),
+            byte_count,
+            on(stream, false),
+        )
+    })
 }
 
 #[no_mangle]
@@ -422,7 +472,14 @@ pub unsafe extern "C" fn cuMemcpyAsync_ptsz(
     byte_count: usize,
     stream: CUstream,
 ) -> CUresult {
-    entry(|| linear(Mem::Unified(dst), Mem::Unified(src), byte_count, on(stream, true)))
+    entry(|| {
+        linear(
+            Mem::Unified(dst),
+            Mem::Unified(src),
+            byte_count,
+            on(stream, true),
+        )
+    })
 }
 
 #[no_mangle]
@@ -467,7 +524,14 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(
     src_device: CUdeviceptr,
     byte_count: usize,
 ) -> CUresult {
-    entry(|| linear(Mem::Device(dst_device), Mem::Device(src_device), byte_count, sync(false)))
+    entry(|| {
+        linear(
+            Mem::Device(dst_device),
+            Mem::Device(src_device),
+            byte_count,
+            sync(false),
+        )
+    })
 }
 
 #[no_mangle]
@@ -476,7 +540,14 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2_ptds(
     src_device: CUdeviceptr,
     byte_count: usize,
 ) -> CUresult {
-    entry(|| linear(Mem::Device(dst_device), Mem::Device(src_device), byte_count, sync(true)))
+    entry(|| {
+        linear(
+            Mem::Device(dst_device),
+            Mem::Device(src_device),
+            byte_count,
+            sync(true),
+        )
+    })
 }
 
 #[no_mangle]
@@ -486,7 +557,14 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     byte_count: usize,
     stream: CUstream,
 ) -> CUresult {
-    entry(|| linear(Mem::Device(dst_device), Mem::Host, byte_count, on(stream, false)))
+    entry(|| {
+        linear(
+            Mem::Device(dst_device),
+            Mem::Host,
+            byte_count,
+            on(stream, false),
+        )
+    })
 }
 
 #[no_mangle]
@@ -496,7 +574,14 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2_ptsz(
     byte_count: usize,
     stream: CUstream,
 ) -> CUresult {
-    entry(|| linear(Mem::Device(dst_device), Mem::Host, byte_count, on(stream, true)))
+    entry(|| {
+        linear(
+            Mem::Device(dst_device),
+            Mem::Host,
+            byte_count,
+            on(stream, true),
+        )
+    })
 }
 
 #[no_mangle]
@@ -506,7 +591,14 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     byte_count: usize,
     stream: CUstream,
 ) -> CUresult {
-    entry(|| linear(Mem::Host, Mem::Device(src_device), byte_count, on(stream, false)))
+    entry(|| {
+        linear(
+            Mem::Host,
+            Mem::Device(src_device),
+            byte_count,
+            on(stream, false),
+        )
+    })
 }
 
 #[no_mangle]
@@ -516,7 +608,14 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2_ptsz(
     byte_count: usize,
     stream: CUstream,
 ) -> CUresult {
-    entry(|| linear(Mem::Host, Mem::Device(src_device), byte_count, on(stream, true)))
+    entry(|| {
+        linear(
+            Mem::Host,
+            Mem::Device(src_device),
+            byte_count,
+            on(stream, true),
+        )
+    })
 }
 
 #[no_mangle]
@@ -526,7 +625,14 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     byte_count: usize,
     stream: CUstream,
 ) -> CUresult {
-    entry(|| linear(Mem::Device(dst_device), Mem::Device(src_device), byte_count, on(stream, false)))
+    entry(|| {
+        linear(
+            Mem::Device(dst_device),
+            Mem::Device(src_device),
+            byte_count,
+            on(stream, false),
+        )
+    })
 }
 
 #[no_mangle]
@@ -536,7 +642,14 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2_ptsz(
     byte_count: usize,
     stream: CUstream,
 ) -> CUresult {
-    entry(|| linear(Mem::Device(dst_device), Mem::Device(src_device), byte_count, on(stream, true)))
+    entry(|| {
+        linear(
+            Mem::Device(dst_device),
+            Mem::Device(src_device),
+            byte_count,
+            on(stream, true),
+        )
+    })
 }
 
 /// Each pointer must lie in memory of its context's device.
@@ -548,7 +661,16 @@ pub unsafe extern "C" fn cuMemcpyPeer(
     src_context: CUcontext,
     byte_count: usize,
 ) -> CUresult {
-    entry(|| peer(dst_device, dst_context, src_device, src_context, byte_count, None))
+    entry(|| {
+        peer(
+            dst_device,
+            dst_context,
+            src_device,
+            src_context,
+            byte_count,
+            None,
+        )
+    })
 }
 
 #[no_mangle]
@@ -559,7 +681,16 @@ pub unsafe extern "C" fn cuMemcpyPeer_ptds(
     src_context: CUcontext,
     byte_count: usize,
 ) -> CUresult {
-    entry(|| peer(dst_device, dst_context, src_device, src_context, byte_count, None))
+    entry(|| {
+        peer(
+            dst_device,
+            dst_context,
+            src_device,
+            src_context,
+            byte_count,
+            None,
+        )
+    })
 }
 
 #[no_mangle]
@@ -572,7 +703,14 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync(
     stream: CUstream,
 ) -> CUresult {
     entry(|| {
-        peer(dst_device, dst_context, src_device, src_context, byte_count, Some((stream, false)))
+        peer(
+            dst_device,
+            dst_context,
+            src_device,
+            src_context,
+            byte_count,
+            Some((stream, false)),
+        )
     })
 }
 
@@ -586,7 +724,14 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync_ptsz(
     stream: CUstream,
 ) -> CUresult {
     entry(|| {
-        peer(dst_device, dst_context, src_device, src_context, byte_count, Some((stream, true)))
+        peer(
+            dst_device,
+            dst_context,
+            src_device,
+            src_context,
+            byte_count,
+            Some((stream, true)),
+        )
     })
 }
 
@@ -611,7 +756,10 @@ pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2_ptds(copy: *const CUDA_MEMCPY2D)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpy2DAsync_v2(copy: *const CUDA_MEMCPY2D, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2(
+    copy: *const CUDA_MEMCPY2D,
+    stream: CUstream,
+) -> CUresult {
     entry(|| copy_2d(copy, on(stream, false)))
 }
 
@@ -634,7 +782,10 @@ pub unsafe extern "C" fn cuMemcpy3D_v2_ptds(copy: *const CUDA_MEMCPY3D) -> CUres
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const CUDA_MEMCPY3D, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2(
+    copy: *const CUDA_MEMCPY3D,
+    stream: CUstream,
+) -> CUresult {
     entry(|| copy_3d(copy, on(stream, false)))
 }
 
@@ -662,7 +813,11 @@ pub unsafe extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, _us: c_ushort, n: usiz
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD16_v2_ptds(dst: CUdeviceptr, _us: c_ushort, n: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD16_v2_ptds(
+    dst: CUdeviceptr,
+    _us: c_ushort,
+    n: usize,
+) -> CUresult {
     entry(|| fill(dst, 2, n, sync(true)))
 }
 

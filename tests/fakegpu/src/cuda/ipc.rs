@@ -108,7 +108,10 @@ fn mem_marker(exporter: ProcessId, id: u64) -> PathBuf {
 }
 
 fn event_file(exporter: ProcessId, event: u64) -> PathBuf {
-    ipc_dir().join(format!("ev-{}-{}-{event:x}", exporter.pid, exporter.start_time))
+    ipc_dir().join(format!(
+        "ev-{}-{}-{event:x}",
+        exporter.pid, exporter.start_time
+    ))
 }
 
 /// Create `path` (and the directory, world-writable like the state directory) holding
@@ -170,10 +173,10 @@ impl Process {
             Some(a) if !a.managed && a.pool == 0 => *a,
             _ => return Err(CUresult::CUDA_ERROR_INVALID_VALUE),
         };
-        if !self.exports.contains_key(&alloc.id) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.exports.entry(alloc.id) {
             let marker = mem_marker(me, alloc.id);
             write_shared(&marker, b"")?;
-            self.exports.insert(alloc.id, marker);
+            e.insert(marker);
         }
         Ok(MemHandle {
             exporter: me,
@@ -204,7 +207,11 @@ impl Process {
             import.refs += 1;
             return Ok(address);
         }
-        let align = if h.size >= LARGE_PAGE { LARGE_PAGE } else { 512 };
+        let align = if h.size >= LARGE_PAGE {
+            LARGE_PAGE
+        } else {
+            512
+        };
         let address = self.alloc_va(h.size, align)?;
         self.imports.insert(
             address,
@@ -306,10 +313,12 @@ pub unsafe extern "C" fn cuIpcGetEventHandle(
                 return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
             }
             let me = p.me.ok_or(CUresult::CUDA_ERROR_OPERATING_SYSTEM)?;
-            if !p.shared_events.contains_key(&(event as u64)) {
+            if let std::collections::hash_map::Entry::Vacant(e) =
+                p.shared_events.entry(event as u64)
+            {
                 let path = event_file(me, event as u64);
                 write_shared(&path, &ev.stamp_ns.unwrap_or(0).to_le_bytes())?;
-                p.shared_events.insert(event as u64, path);
+                e.insert(path);
             }
             Ok((me, event as u64))
         })?;

@@ -149,7 +149,8 @@ impl Process {
             .cloned()
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
         let handle = self.new_handle();
-        self.functions.insert(handle, Function { module, ..template });
+        self.functions
+            .insert(handle, Function { module, ..template });
         if let Some(lib) = self.libraries.get_mut(&library) {
             lib.functions.insert((ctx, kernel), handle);
         }

@@ -308,7 +308,11 @@ pub unsafe extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
 fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CuResult {
     alloc_into(dptr, |p| {
         let ctx = p.stream_ctx(stream)?;
-        let ordinal = p.contexts.get(&ctx).map(|c| c.ordinal).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+        let ordinal = p
+            .contexts
+            .get(&ctx)
+            .map(|c| c.ordinal)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
         let pool = p.current_pool_of(ordinal)?;
         let device = p.ctx_device(ctx)?;
         p.alloc_device_as(device, bytesize as u64, ctx, false, pool)

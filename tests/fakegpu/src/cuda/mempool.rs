@@ -248,9 +248,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
         let got = process::with(|p| {
             let pool = p.pool(pool)?;
             Ok(match attr {
-                REUSE_FOLLOW..=REUSE_INTERNAL => {
-                    Err(pool.reuse[(attr - REUSE_FOLLOW) as usize])
-                }
+                REUSE_FOLLOW..=REUSE_INTERNAL => Err(pool.reuse[(attr - REUSE_FOLLOW) as usize]),
                 RELEASE_THRESHOLD => Ok(pool.release_threshold),
                 RESERVED_CURRENT => Ok(pool.reserved),
                 RESERVED_HIGH => Ok(pool.reserved_high),

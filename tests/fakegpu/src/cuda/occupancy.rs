@@ -156,12 +156,16 @@ pub(crate) fn blocks_per_sm(
     }
     let warp = dev_attr(d, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE).max(1);
     let warps = block_size.div_ceil(warp);
-    let by_warps = dev_attr(d, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / warp / warps;
+    let by_warps =
+        dev_attr(d, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / warp / warps;
     let by_blocks = dev_attr(d, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
     let regs_per_warp = (NUM_REGS as u64 * warp).div_ceil(REGISTER_UNIT) * REGISTER_UNIT;
     let by_regs = dev_attr(d, A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)
         / (regs_per_warp * warps);
-    let shared = dev_attr(d, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+    let shared = dev_attr(
+        d,
+        A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+    );
     let by_shared = shared / (dynamic_shared + RESERVED_SHARED_PER_BLOCK);
     by_warps.min(by_blocks).min(by_regs).min(by_shared)
 }
@@ -172,7 +176,10 @@ const DISABLE_CACHING_OVERRIDE: c_uint = 1;
 impl Process {
     /// The device and attributes of function `f` (a module's function or a library kernel
     /// used as one: on the current context's device).
-    pub(crate) fn function_info(&self, f: CUfunction) -> CuResult<(&'static DeviceConfig, FuncAttrs)> {
+    pub(crate) fn function_info(
+        &self,
+        f: CUfunction,
+    ) -> CuResult<(&'static DeviceConfig, FuncAttrs)> {
         let function = self
             .functions
             .get(&(f as u64))
@@ -212,7 +219,11 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncSetAttribute(hfunc: CUfunction, attrib: F, value: c_int) -> CUresult {
+pub unsafe extern "C" fn cuFuncSetAttribute(
+    hfunc: CUfunction,
+    attrib: F,
+    value: c_int,
+) -> CUresult {
     // SAFETY: `attrib` is a local copy of the argument; read as a raw integer.
     let attrib = unsafe { ffi::read_enum(&attrib) };
     entry(|| {
@@ -256,7 +267,12 @@ fn max_active_blocks(
     }
     let n = process::with(|p| {
         let (d, attrs) = p.function_info(func)?;
-        Ok(blocks_per_sm(d, &attrs, block_size as u64, dynamic_smem as u64))
+        Ok(blocks_per_sm(
+            d,
+            &attrs,
+            block_size as u64,
+            dynamic_smem as u64,
+        ))
     })?;
     write_int(num_blocks, n as c_int)
 }
@@ -385,7 +401,10 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
         let (d, attrs) = process::with(|p| p.function_info(func))?;
         let n = num_blocks as u64;
         let fits = blocks_per_sm(d, &attrs, block_size as u64, 0) >= n;
-        let shared = dev_attr(d, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+        let shared = dev_attr(
+            d,
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        );
         let optin = dev_attr(d, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
         let available = if fits {
             (shared / n)

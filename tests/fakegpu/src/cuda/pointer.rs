@@ -60,7 +60,11 @@ impl Process {
                 return Some(Region {
                     base,
                     size: a.size,
-                    kind: if a.managed { Kind::Managed } else { Kind::Device },
+                    kind: if a.managed {
+                        Kind::Managed
+                    } else {
+                        Kind::Device
+                    },
                     ctx: a.ctx,
                     device: Some(a.device),
                     id: a.id,
@@ -143,7 +147,8 @@ const SYNC_MEMOPS: u32 = CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS a
 const BUFFER_ID: u32 = CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID as u32;
 const IS_MANAGED: u32 = CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED as u32;
 const DEVICE_ORDINAL: u32 = CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL as u32;
-const IPC_CAPABLE: u32 = CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE as u32;
+const IPC_CAPABLE: u32 =
+    CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE as u32;
 const RANGE_START: u32 = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR as u32;
 const RANGE_SIZE: u32 = CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE as u32;
 const MAPPED: u32 = CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPED as u32;

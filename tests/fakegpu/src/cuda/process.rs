@@ -13,11 +13,11 @@ use cudarc::driver::sys::CUresult;
 use vgpu_abi::process::ProcessId;
 
 use super::event::Event;
+use super::graph::{Exec, Graph};
 use super::ipc::Import;
+use super::launch::{kernel_table, Function};
 use super::library::{LibKernel, Library};
 use super::mempool::Pool;
-use super::graph::{Exec, Graph};
-use super::launch::{kernel_table, Function};
 use super::stream::{StreamKey, StreamState};
 use super::{visible, CuResult};
 use crate::config::MAX_DEVICES;
@@ -527,7 +527,10 @@ impl Process {
                 .chain(self.mipmaps.values())
                 .any(|a| a.device == device)
             || self.physical.values().any(|p| p.device == Some(device))
-            || self.pools.values().any(|p| p.device == device && p.reserved > 0);
+            || self
+                .pools
+                .values()
+                .any(|p| p.device == device && p.reserved > 0);
         if in_use {
             return;
         }

@@ -124,7 +124,7 @@ fn pool_set_u64(cuda: &Cuda, pool: P, attr: PA, v: u64) -> Cu {
 }
 
 pub fn mempool() {
-    let (cuda, _) = setup();
+    let (cuda, ctx) = setup();
     let s = stream(&cuda, 0);
     let default_pool: unsafe extern "C" fn(*mut P, c_int) -> Cu =
         cuda.sym("cuDeviceGetDefaultMemPool");
@@ -314,6 +314,21 @@ pub fn mempool() {
     }
     assert_eq!(current, pool, "back to the default pool");
     assert_eq!(used(&cuda), 0);
+
+    // Memory a pool keeps goes back when the device's last context goes.
+    assert_eq!(
+        pool_set_u64(&cuda, pool, PA::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX),
+        0
+    );
+    // SAFETY: valid out-pointer, stream and pointer from the driver.
+    unsafe {
+        assert_eq!(alloc(&mut ptr, 8 << 20, s), 0);
+        assert_eq!(free(ptr, s), 0);
+    }
+    assert_eq!(used(&cuda), 8 * MIB, "kept by the pool");
+    assert_eq!(cuda.ctx_destroy(ctx), 0);
+    cuda.ctx_create(0).unwrap();
+    assert_eq!(used(&cuda), 0, "given back with the last context");
 }
 
 // ----- stream and context queries -----

@@ -66,6 +66,10 @@ impl Process {
             .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
         self.free_context_resources(ctx);
         self.uncharge(context.device, context.overhead);
+        if !self.contexts.values().any(|c| c.device == context.device) {
+            // The device's last context: its pools give back what they hold unused.
+            self.trim_pools_of(context.device);
+        }
         self.release_slot_if_unused(context.device);
         process::forget(ctx);
         Ok(())

@@ -143,6 +143,19 @@ impl Process {
         }
     }
 
+    /// Give back the unused memory of every pool of driver device `device`.
+    pub(crate) fn trim_pools_of(&mut self, device: usize) {
+        let pools: Vec<u64> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| p.device == device)
+            .map(|(&h, _)| h)
+            .collect();
+        for pool in pools {
+            self.pool_release(pool, u64::MAX);
+        }
+    }
+
     /// cuMemPoolDestroy: unused memory goes back; live allocations stay charged until freed.
     pub(crate) fn destroy_pool(&mut self, pool: u64) -> CuResult {
         let p = self

@@ -152,19 +152,24 @@ def condition_flags(stack):
     return internal, per_thread
 
 
-def parse_declarations(inc):
-    """Names the headers declare, as the linker sees them (macros applied)."""
+def scan_declarations(inc, headers):
+    """Every driver function `headers` declare, before macros are applied:
+    ([(name, internal, parameters)], legacy_macros, pt_macros). `internal` marks the legacy
+    declarations under __CUDA_API_VERSION_INTERNAL; `parameters` is the text between the
+    declaration's parentheses. legacy_macros maps cuX to the name a default build links
+    against, pt_macros to the name a per-thread-default-stream build links against."""
     legacy_macros = {}  # cuX -> name in the default build
     pt_macros = {}  # cuX -> name when compiled with per-thread default stream
-    main_decls, internal_decls = [], []
-    for header in TYPEDEF_HEADERS.values():
+    decls = []
+    for header in headers:
         text = read(inc, header)
         if text is None:
             continue
         # Some declarations put the name on the line after `CUresult CUDAAPI`.
         text = re.sub(r"CUDAAPI[ \t]*\n\s*", "CUDAAPI ", text)
         stack = []
-        for line in text.splitlines():
+        lines = text.splitlines()
+        for index, line in enumerate(lines):
             s = line.strip()
             if s.startswith("#"):
                 directive = s[1:].strip()
@@ -200,9 +205,27 @@ def parse_declarations(inc):
                     legacy_macros[name] = value
                     pt_macros.setdefault(name, value)
                 continue
-            for name in DECL_RE.findall(line):
-                (internal_decls if internal else main_decls).append(name)
-    declared = set(internal_decls)
+            for m in DECL_RE.finditer(line):
+                rest = "\n".join([line[m.end():]] + lines[index + 1:index + 60])
+                decls.append((m.group(1), internal, _parameters(rest)))
+    return decls, legacy_macros, pt_macros
+
+
+def _parameters(text):
+    """The text up to the parenthesis that closes an already opened one."""
+    depth = 1
+    for i, c in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth == 0:
+            return text[:i]
+    fail(f"unterminated declaration: {text[:80]}")
+
+
+def parse_declarations(inc):
+    """Names the headers declare, as the linker sees them (macros applied)."""
+    decls, legacy_macros, pt_macros = scan_declarations(inc, TYPEDEF_HEADERS.values())
+    declared = {name for name, internal, _ in decls if internal}
+    main_decls = [name for name, internal, _ in decls if not internal]
     for name in main_decls:
         declared.add(legacy_macros.get(name, name))
         declared.add(pt_macros.get(name, legacy_macros.get(name, name)))

@@ -35,12 +35,25 @@ pub const DRIVER_VERSION: &str = "570.124.06";
 /// The NVML library version string (`nvmlSystemGetNVMLVersion`).
 pub const NVML_VERSION: &str = "12.570.124.06";
 
-/// Every CUDA driver API symbol this library exports (what `cuGetProcAddress` can hand out).
+/// Every CUDA driver API symbol this library exports (what `cuGetProcAddress` can hand out):
+/// the simulated functions, then the generated NOT_SUPPORTED stubs.
 pub fn cuda_symbols() -> &'static [&'static str] {
-    cuda::procaddr::EXPORTED
+    static ALL: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| [cuda::procaddr::EXPORTED, cuda::unsupported::SYMBOLS].concat())
 }
 
-/// Every NVML symbol this library exports.
+/// Every NVML symbol this library exports: the simulated functions, then the stubs.
 pub fn nvml_symbols() -> &'static [&'static str] {
-    nvml::EXPORTED
+    static ALL: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| [nvml::EXPORTED, nvml::unsupported::SYMBOLS].concat())
+}
+
+/// The exported CUDA symbols that are generated NOT_SUPPORTED stubs (`gen_exports.py`).
+pub fn cuda_unsupported_symbols() -> &'static [&'static str] {
+    cuda::unsupported::SYMBOLS
+}
+
+/// The exported NVML symbols that are generated NOT_SUPPORTED stubs (`gen_exports.py`).
+pub fn nvml_unsupported_symbols() -> &'static [&'static str] {
+    nvml::unsupported::SYMBOLS
 }

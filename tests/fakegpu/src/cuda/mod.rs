@@ -24,6 +24,7 @@ pub(crate) mod procaddr;
 pub(crate) mod process;
 pub(crate) mod queries;
 pub(crate) mod stream;
+pub(crate) mod unsupported;
 pub(crate) mod visible;
 pub(crate) mod vmm;
 

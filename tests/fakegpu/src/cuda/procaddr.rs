@@ -27,6 +27,8 @@ use super::{
     array, checkpoint, ctx, entry, event, graph, init, launch, mem, stream, vmm, CuResult,
 };
 use super::{copy, ipc, library, mempool, occupancy, pointer, queries};
+// Fallback after the hand-written functions: the generated NOT_SUPPORTED stubs.
+use super::unsupported;
 use crate::ffi;
 
 macro_rules! exports {
@@ -165,6 +167,7 @@ fn lookup(
     }
     Ok(match resolve(name, cuda_version, flags & per_thread != 0) {
         Resolution::Found(proc_) => own_symbol(proc_.symbol)
+            .or_else(|| unsupported::symbol(proc_.symbol))
             .filter(|_| !absent_from_driver(proc_.symbol))
             .ok_or(Status::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND),
         Resolution::VersionNotSufficient { .. } => {
@@ -285,10 +288,10 @@ mod tests {
             ok("cuCheckpointProcessLock", 12070, 0),
             Err(Status::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)
         );
-        // Known to cuda.h but not simulated.
+        // Known to cuda.h but not simulated: the generated NOT_SUPPORTED stub.
         assert_eq!(
-            ok("cuTexObjectCreate", 12000, 0),
-            Err(Status::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
+            ok("cuTexRefCreate", 12000, 0),
+            Ok(unsupported::cuTexRefCreate as *const () as usize)
         );
         assert_eq!(
             lookup(name("cuInit").as_ptr(), 12000, 8),

@@ -15,6 +15,7 @@ pub(crate) mod processes;
 pub(crate) mod setters;
 pub(crate) mod system;
 pub(crate) mod thermal;
+pub(crate) mod unsupported;
 
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 

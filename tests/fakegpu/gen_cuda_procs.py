@@ -207,11 +207,11 @@ def scan_declarations(inc, headers):
                 continue
             for m in DECL_RE.finditer(line):
                 rest = "\n".join([line[m.end():]] + lines[index + 1:index + 60])
-                decls.append((m.group(1), internal, _parameters(rest)))
+                decls.append((m.group(1), internal, parameters_text(rest)))
     return decls, legacy_macros, pt_macros
 
 
-def _parameters(text):
+def parameters_text(text):
     """The text up to the parenthesis that closes an already opened one."""
     depth = 1
     for i, c in enumerate(text):

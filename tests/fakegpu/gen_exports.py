@@ -29,7 +29,8 @@ declare, under every name they make a program link against, is exported:
   under `#ifdef NVML_NO_UNVERSIONED_FUNC_DEFS`.
 * Signatures. The Rust type of each parameter comes from the C compiler, not from parsing
   typedefs: a program compiled against the headers prints sizeof, _Alignof and
-  __builtin_classify_type of every parameter type. Pointers (and handle typedefs that are
+  __builtin_classify_type of every parameter type (compiled with __CUDA_API_VERSION_INTERNAL
+  defined, so that the `_v1` types of the legacy declarations exist). Pointers (and handle typedefs that are
   pointers) become `*const c_void` / `*mut c_void`, integers and enums the unsigned integer
   of their width, `float`/`double` f32/f64, and structs or unions passed by value a
   generated `#[repr(C)]` stand-in of the same size and alignment made of integers of the
@@ -167,7 +168,7 @@ def nvml_functions(inc):
         returns = " ".join((m.group(1) + " " + m.group(2)).split())
         legacy = legacy_block.start() <= m.start() < legacy_block.end()
         exported = name if legacy else macros.get(name, name)
-        params = procs._parameters(text[m.end():m.end() + 4000])
+        params = procs.parameters_text(text[m.end():m.end() + 4000])
         out.setdefault(exported, (params, None if returns == "nvmlReturn_t" else returns))
     return list(out.items())
 

@@ -326,13 +326,21 @@ fn cuda_stubs_answer_as_specified() {
             assert_eq!(bias(std::ptr::null_mut(), 1.5), NOT_SUPPORTED);
             assert_eq!(legacy_alloc(std::ptr::null_mut(), 4096), INVALID_VALUE);
             assert_eq!(legacy_alloc(&mut dptr, 4096), NOT_SUPPORTED);
+        }
 
-            // What cuGetProcAddress_v2 hands out is the same stub.
-            let name = CString::new("cuTexRefCreate").unwrap();
-            let mut pfn = std::ptr::null_mut();
-            let mut status = 0xffff;
-            assert_eq!(get_proc(name.as_ptr(), &mut pfn, 12080, 0, &mut status), 0);
-            let via_proc: unsafe extern "C" fn(*mut *mut c_void) -> u32 = std::mem::transmute(pfn);
+        // What cuGetProcAddress_v2 hands out is the same stub.
+        let name = CString::new("cuTexRefCreate").unwrap();
+        let mut pfn = std::ptr::null_mut();
+        let mut status = 0xffff;
+        // SAFETY: a valid C string and out-pointers.
+        let rc = unsafe { get_proc(name.as_ptr(), &mut pfn, 12080, 0, &mut status) };
+        assert_eq!((rc, status), (0, 0));
+        assert!(!pfn.is_null());
+        // SAFETY: a non-NULL function pointer of cudaTypedefs.h's PFN_cuTexRefCreate_v2000.
+        let via_proc: unsafe extern "C" fn(*mut *mut c_void) -> u32 =
+            unsafe { std::mem::transmute(pfn) };
+        // SAFETY: a deliberately NULL, then a valid out-pointer.
+        unsafe {
             assert_eq!(via_proc(std::ptr::null_mut()), INVALID_VALUE);
             assert_eq!(via_proc(&mut tex), NOT_SUPPORTED);
         }

@@ -390,7 +390,7 @@ fn unsupported(out_pointers: &[*const c_void]) -> nvmlReturn_t {
     return procs.rustfmt("".join(out).rstrip("\n") + "\n")
 
 
-def render_table(cuda_rows, nvml_rows):
+def render_table(cuda_rows, nvml_rows, inline):
     def counts(rows):
         c = {"simulated": 0, "NOT_SUPPORTED": 0, "absent": 0}
         for _n, status, _r in rows:
@@ -403,6 +403,13 @@ def render_table(cuda_rows, nvml_rows):
         out.append(
             f"**{title}**: {len(rows)} exported names — {c['simulated']} simulated, "
             f"{c['NOT_SUPPORTED']} NOT_SUPPORTED, {c['absent']} absent."
+        )
+        out.append("")
+    if inline:
+        names = ", ".join(f"`{n}`" for n in inline)
+        out.append(
+            f"Not in the table: {names}, `static inline` in cuda.h (compiled into the caller, "
+            "which calls the exported functions; NVIDIA's libcuda.so does not export it either)."
         )
         out.append("")
     out.append("<details><summary>Every function, by exported name</summary>")
@@ -465,7 +472,8 @@ def main(argv):
     nvml_text = render_stubs("nvml", nvml_stubs, layouts, headers_text, nvml_version)
     with open(README, encoding="utf-8") as f:
         readme = f.read()
-    readme_text = render_readme(readme, render_table(cuda_rows, nvml_rows))
+    inline = sorted(set(re.findall(r"static\s+inline\s+CUresult\s+(cu\w+)\s*\(", procs.read(cuda_inc, "cuda.h"))))
+    readme_text = render_readme(readme, render_table(cuda_rows, nvml_rows, inline))
     ok = procs.write_or_check(CUDA_OUT, cuda_text, check)
     ok = procs.write_or_check(NVML_OUT, nvml_text, check) and ok
     ok = procs.write_or_check(README, readme_text, check) and ok

@@ -12,8 +12,10 @@
 //! DEFAULT into PER_THREAD (an inline `cuGetProcAddress_v2_ptsz`) when the caller is built
 //! with per-thread default streams, and no environment variable is consulted.
 //!
-//! Every miss returns CUDA_ERROR_NOT_FOUND with `*pfn = NULL`; the status says whether the
-//! name is unknown (or known but not simulated here) or the version too old.
+//! A function of the headers that is not simulated is its generated NOT_SUPPORTED stub
+//! (`super::unsupported`, the fallback after [`own_symbol`]). Every miss returns
+//! CUDA_ERROR_NOT_FOUND with `*pfn = NULL`; the status says whether the name is unknown or
+//! the version too old.
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -27,8 +29,6 @@ use super::{
     array, checkpoint, ctx, entry, event, graph, init, launch, mem, stream, vmm, CuResult,
 };
 use super::{copy, ipc, library, mempool, occupancy, pointer, queries};
-// Fallback after the hand-written functions: the generated NOT_SUPPORTED stubs.
-use super::unsupported;
 use crate::ffi;
 
 macro_rules! exports {
@@ -167,7 +167,8 @@ fn lookup(
     }
     Ok(match resolve(name, cuda_version, flags & per_thread != 0) {
         Resolution::Found(proc_) => own_symbol(proc_.symbol)
-            .or_else(|| unsupported::symbol(proc_.symbol))
+            // Not simulated: the generated NOT_SUPPORTED stub (gen_exports.py).
+            .or_else(|| super::unsupported::symbol(proc_.symbol))
             .filter(|_| !absent_from_driver(proc_.symbol))
             .ok_or(Status::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND),
         Resolution::VersionNotSufficient { .. } => {
@@ -291,7 +292,7 @@ mod tests {
         // Known to cuda.h but not simulated: the generated NOT_SUPPORTED stub.
         assert_eq!(
             ok("cuTexRefCreate", 12000, 0),
-            Ok(unsupported::cuTexRefCreate as *const () as usize)
+            Ok(crate::cuda::unsupported::cuTexRefCreate as *const () as usize)
         );
         assert_eq!(
             lookup(name("cuInit").as_ptr(), 12000, 8),

@@ -146,6 +146,32 @@ fn wait_progress(path: &Path, at_least: u64) -> u64 {
     }
 }
 
+/// A target holding 1 GiB, making progress into `file`, and locked, on a driver copying at
+/// `gbps` GB/s; `held` is the device memory it holds.
+struct Locked {
+    fake: Fake,
+    _dir: tempfile::TempDir,
+    file: std::path::PathBuf,
+    target: Holder,
+    pid: u32,
+    states: Vec<DeviceState>,
+    held: u64,
+}
+
+fn locked_target(gbps: &str) -> Locked {
+    let fake = Fake::with_config(&small_at(gbps));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("progress");
+    let target = spawn_target(&fake, 1024, Some(&file), "100us");
+    let pid = target.pid();
+    let states = fake.states();
+    wait_progress(&file, 1);
+    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
+    let held = states[0].used();
+    assert!(held >= GIB);
+    Locked { fake, _dir: dir, file, target, pid, states, held }
+}
+
 fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -475,16 +501,7 @@ fn a_controller_killed_while_its_lock_waits_leaves_the_target_running() {
 #[test]
 fn a_controller_killed_during_the_checkpoint_copy_leaves_it_checkpointed() {
     // 1 GiB at 0.5 GB/s: a copy of about 2 s.
-    let fake = Fake::with_config(&small_at("0.5"));
-    let dir = tempfile::tempdir().expect("temp dir");
-    let file = dir.path().join("progress");
-    let target = spawn_target(&fake, 1024, Some(&file), "100us");
-    let pid = target.pid();
-    let states = fake.states();
-    wait_progress(&file, 1);
-    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
-    let held = states[0].used();
-    assert!(held >= GIB);
+    let Locked { fake, _dir, file, target, pid, states, held } = locked_target("0.5");
 
     let mut controller = spawn_ctl(&fake, pid, "checkpoint", &[]);
     assert!(
@@ -538,15 +555,7 @@ fn a_controller_killed_during_the_checkpoint_copy_leaves_it_checkpointed() {
 
 #[test]
 fn a_controller_killed_during_the_restore_copy_leaves_it_checkpointed() {
-    let fake = Fake::with_config(&small_at("0.5"));
-    let dir = tempfile::tempdir().expect("temp dir");
-    let file = dir.path().join("progress");
-    let target = spawn_target(&fake, 1024, Some(&file), "100us");
-    let pid = target.pid();
-    let states = fake.states();
-    wait_progress(&file, 1);
-    expect(&fake, pid, "lock", CUresult::CUDA_SUCCESS);
-    let held = states[0].used();
+    let Locked { fake, _dir, file, target, pid, states, held } = locked_target("0.5");
     expect(&fake, pid, "checkpoint", CUresult::CUDA_SUCCESS);
     assert_eq!(states[0].used(), 0);
 

@@ -4,10 +4,10 @@
 //! and a power cap, process lists of every version, and a whole refresh through
 //! nvml-wrapper.
 //!
-//! Each test's client is this test binary itself: the parent test runs one `#[ignore]`d
-//! child test (`--exact NAME --ignored`) in a child process with the driver's environment
-//! (`Fake::command`), and that child loads `libnvidia-ml.so.1` and `libcuda.so.1` by soname
-//! as real clients do. A child test run without that environment does nothing.
+//! Each test's client is this test binary itself: the test runs itself (`--exact NAME`) in
+//! a child process with the driver's environment (`Fake::command`) and a marker variable;
+//! there it is the client (`client_NAME`), which loads `libnvidia-ml.so.1` and
+//! `libcuda.so.1` by soname as real clients do.
 
 mod common;
 
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::{run_ok, Fake};
 
-/// Set in the child's environment; the child tests do nothing without it.
+/// Set in the child's environment: there each test is its own client.
 const CHILD: &str = "FAKEGPU_NVML_MONITORING_CHILD";
 
 /// Run the child test `name` against `fake`; its stdout.
@@ -30,7 +30,6 @@ fn child(fake: &Fake, name: &str) -> String {
     cmd.args([
         "--exact",
         name,
-        "--ignored",
         "--nocapture",
         "--test-threads=1",
     ])
@@ -224,16 +223,15 @@ fn c_text(chars: &[c_char]) -> String {
 
 #[test]
 fn identity_pci_board_thermal_ecc_at_rest() {
+    if in_child() {
+        return client_identity_pci_board_thermal_ecc_at_rest();
+    }
     let fake = Fake::with_config(TWO_DEVICES);
-    child(&fake, "child_identity_pci_board_thermal_ecc_at_rest");
+    child(&fake, "identity_pci_board_thermal_ecc_at_rest");
 }
 
-#[test]
-#[ignore = "the client of identity_pci_board_thermal_ecc_at_rest"]
-fn child_identity_pci_board_thermal_ecc_at_rest() {
-    if !in_child() {
-        return;
-    }
+/// The client process of [`identity_pci_board_thermal_ecc_at_rest`].
+fn client_identity_pci_board_thermal_ecc_at_rest() {
     let config = fakegpu::config::load().expect("the test's config");
     let nv = Nv::load();
     let cu = cuda::Cuda::load();
@@ -620,23 +618,22 @@ fn queue_kernel(cu: &cuda::Cuda, function: *mut c_void, waves: u32) {
 
 #[test]
 fn load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans() {
+    if in_child() {
+        return client_load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans();
+    }
     let fake = Fake::with_config(
         "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\nfans = 1\n",
     );
     child(
         &fake,
-        "child_load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans",
+        "load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans",
     );
     let state = &fake.states()[0];
     assert_eq!(state.locked_clocks(), None);
 }
 
-#[test]
-#[ignore = "the client of load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans"]
-fn child_load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans() {
-    if !in_child() {
-        return;
-    }
+/// The client process of [`load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans`].
+fn client_load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans() {
     let nv = Nv::load();
     let h = nv.handle(0);
     let cu = cuda::Cuda::load();
@@ -720,8 +717,11 @@ fn child_load_power_cap_and_locked_clocks_show_in_reasons_clocks_link_and_fans()
 
 #[test]
 fn process_lists_of_every_version_agree() {
+    if in_child() {
+        return client_process_lists_of_every_version_agree();
+    }
     let fake = Fake::new();
-    child(&fake, "child_process_lists_of_every_version_agree");
+    child(&fake, "process_lists_of_every_version_agree");
 }
 
 type ProcessInfo = nvml_wrapper_sys::bindings::nvmlProcessInfo_t;
@@ -787,12 +787,8 @@ fn detail_list(nv: &Nv, h: Handle, mode: u32) -> Result<Vec<(u32, u64)>, u32> {
         .collect())
 }
 
-#[test]
-#[ignore = "the client of process_lists_of_every_version_agree"]
-fn child_process_lists_of_every_version_agree() {
-    if !in_child() {
-        return;
-    }
+/// The client process of [`process_lists_of_every_version_agree`].
+fn client_process_lists_of_every_version_agree() {
     let nv = Nv::load();
     let h = nv.handle(0);
     let cu = cuda::Cuda::load();
@@ -876,8 +872,11 @@ fn child_process_lists_of_every_version_agree() {
 
 #[test]
 fn a_monitoring_refresh_through_nvml_wrapper() {
+    if in_child() {
+        return client_a_monitoring_refresh_through_nvml_wrapper();
+    }
     let fake = Fake::with_config(TWO_DEVICES);
-    let out = child(&fake, "child_a_monitoring_refresh_through_nvml_wrapper");
+    let out = child(&fake, "a_monitoring_refresh_through_nvml_wrapper");
     // The child's harness prints its test's name on the same line.
     let refresh = out.split("refresh=").nth(1).and_then(|r| r.lines().next());
     println!(
@@ -886,17 +885,13 @@ fn a_monitoring_refresh_through_nvml_wrapper() {
     );
 }
 
-#[test]
-#[ignore = "the client of a_monitoring_refresh_through_nvml_wrapper"]
-fn child_a_monitoring_refresh_through_nvml_wrapper() {
+/// The client process of [`a_monitoring_refresh_through_nvml_wrapper`].
+fn client_a_monitoring_refresh_through_nvml_wrapper() {
     use nvml_wrapper::enum_wrappers::device::{
         Clock, ClockId, EccCounter, MemoryError, PcieUtilCounter, PerformanceState,
         TemperatureSensor, TemperatureThreshold,
     };
     use nvml_wrapper::error::NvmlError;
-    if !in_child() {
-        return;
-    }
     let nvml = nvml_wrapper::Nvml::init().unwrap();
     let config = fakegpu::config::load().unwrap();
     assert!(nvml.sys_driver_version().is_ok());

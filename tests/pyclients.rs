@@ -3,7 +3,8 @@
 //! simulated driver as a new user would run them: bare, where each sees the whole device
 //! (an 80 GiB H100), and under `vgpu run --mem 4G`, where each sees 4 GiB; the client that
 //! allocates (cuda-bindings) stops with a clean CUDA_ERROR_OUT_OF_MEMORY at the quota and
-//! exits normally.
+//! exits normally. gpustat also reports, inside and outside, the memory a vGPU's process
+//! holds, and lists that process.
 
 mod common;
 
@@ -189,4 +190,78 @@ fn cuda_bindings_allocates_up_to_the_device_bare_and_up_to_the_quota_under_vgpu(
         allocated > 4 * GIB - chunk && allocated <= 4 * GIB,
         "inside: allocation stops at the 4 GiB quota, not before or past it: {allocated}\n{out}"
     );
+}
+
+/// `tests/fixtures/cuda_hold.py`: holds GIB GiB through the driver API, touches READY once
+/// it does, and holds until its stdin closes.
+fn hold_script() -> String {
+    format!("{}/tests/fixtures/cuda_hold.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// gpustat's one GPU: (memory.used MiB, memory.total MiB, [(pid, gpu_memory_usage MiB)]).
+fn gpustat_memory(json_text: &str) -> (u64, u64, Vec<(u64, u64)>) {
+    let json: serde_json::Value =
+        serde_json::from_str(json_text).unwrap_or_else(|e| panic!("gpustat --json: bad JSON ({e}):\n{json_text}"));
+    let gpu = &json["gpus"][0];
+    let mib = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("not a number: {v} in {json}"));
+    let processes = gpu["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no processes: {json}"))
+        .iter()
+        .map(|p| (mib(&p["pid"]), mib(&p["gpu_memory_usage"])))
+        .collect();
+    (mib(&gpu["memory.used"]), mib(&gpu["memory.total"]), processes)
+}
+
+/// While a process of a 4 GiB vGPU holds 1 GiB, gpustat inside that vGPU reports 1024 of
+/// 4096 MiB used and the process with its 1024 MiB; gpustat outside, bare, reports the same
+/// 1024 MiB used of the whole device's 81920.
+#[test]
+fn gpustat_reports_what_a_vgpu_holds_inside_and_outside() {
+    let sim = Sim::new(&[H100]);
+    let gpustat = client("gpustat").remove(0);
+    let (hold, dir) = (hold_script(), sim.path("inside"));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let d = dir.display();
+    // The holder reads a FIFO that the shell keeps open on fd 3 until gpustat has run.
+    let script = format!(
+        "set -e\n\
+         mkfifo {d}/hold.in\n\
+         python3 {hold} 1 {d}/ready < {d}/hold.in > {d}/hold.out &\n\
+         holder=$!\n\
+         exec 3> {d}/hold.in\n\
+         i=0; while [ ! -e {d}/ready ]; do i=$((i+1)); [ $i -le 400 ] || exit 3; sleep 0.05; done\n\
+         echo holder=$holder\n\
+         {gpustat} --json\n\
+         exec 3>&-\n\
+         wait $holder\n"
+    );
+    let out = stdout(&inside(&sim, &["sh".to_string(), "-c".to_string(), script]));
+    let (first, json) = out.split_once('\n').unwrap_or_else(|| panic!("{out}"));
+    let holder: u64 = first.strip_prefix("holder=").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{out}"));
+    let (used, total, processes) = gpustat_memory(json);
+    assert_eq!((used, total), (1024, 4096), "inside: 1 GiB of the 4 GiB quota\n{out}");
+    assert_eq!(processes, vec![(holder, 1024)], "inside: the holder and its 1 GiB\n{out}");
+
+    // Outside: the same vGPU's holding seen by gpustat run bare.
+    let ready = sim.path("outside.ready");
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    run.args(["--simulate", "run", "--mem", "4G", "--", "python3", &hold, "1"]).arg(&ready).env("VGPU_LOG", "vgpu=warn");
+    for (k, v) in sim.env() {
+        run.env(k, v);
+    }
+    let mut run = run
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn vgpu run");
+    let stdin = run.stdin.take();
+    common::wait_for("the holder to allocate", || ready.exists());
+    let (used, total, processes) = gpustat_memory(&stdout(&bare(&sim, &[gpustat, "--json".to_string()])));
+    drop(stdin);
+    let status = run.wait().expect("wait vgpu run");
+    assert!(status.success(), "vgpu run of the holder: {status:?}");
+    assert_eq!((used, total), (1024, 80 * 1024), "outside: 1 GiB of the whole device");
+    assert_eq!(processes.iter().map(|p| p.1).collect::<Vec<_>>(), vec![1024], "outside: one process with 1 GiB: {processes:?}");
 }

@@ -38,6 +38,9 @@ macro_rules! usage {
 
 /// The exit code for an error: 2 if any cause in its chain is a usage error, else 1.
 pub fn exit_code_for(err: &anyhow::Error) -> u8 {
+    if let Some(e) = err.chain().find_map(|cause| cause.downcast_ref::<NotRunnable>()) {
+        return e.exit_code();
+    }
     if err.chain().any(|cause| cause.is::<UsageError>()) {
         EXIT_USAGE
     } else {
@@ -79,5 +82,34 @@ mod tests {
         assert_eq!(one_line_clap_error(rendered), "invalid value '0' for '--compute <PCT>': 0 is not in 1..=100 (see --help)");
         let rendered = "error: the following required arguments were not provided:\n  <CMD>...\n\nUsage: vgpu run [OPTIONS] <CMD>...\n\nFor more information, try '--help'.\n";
         assert_eq!(one_line_clap_error(rendered), "the following required arguments were not provided: <CMD>... (see --help)");
+    }
+}
+
+/// The workload's command could not be executed: exit 127 when it does not exist, 126 when
+/// it is not executable, as shells, `env` and `docker run` do.
+#[derive(Debug, thiserror::Error)]
+#[error("{program}: {}", if self.missing { "command not found" } else { "not executable (permission denied)" })]
+pub struct NotRunnable {
+    pub program: String,
+    pub missing: bool,
+}
+
+impl NotRunnable {
+    /// From the error of spawning `program`, if it says so.
+    pub fn from_spawn(program: &str, e: &std::io::Error) -> Option<NotRunnable> {
+        let missing = match e.kind() {
+            std::io::ErrorKind::NotFound => true,
+            std::io::ErrorKind::PermissionDenied => false,
+            _ => return None,
+        };
+        Some(NotRunnable { program: program.to_string(), missing })
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        if self.missing {
+            127
+        } else {
+            126
+        }
     }
 }

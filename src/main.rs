@@ -18,6 +18,13 @@ fn main() -> ExitCode {
         Err(e) => return clap_error(e),
     };
     init_logging(cli.verbose, cli.quiet);
+    // A listing piped into `head` ends quietly when the pipe closes (SIGPIPE, exit 141 in
+    // a shell), as coreutils do, instead of panicking on EPIPE. Not `run` (it must outlive
+    // its terminal to tear its workload down) nor `watch` (a daemon).
+    if !matches!(cli.command, vgpu::cli::Command::Run(_) | vgpu::cli::Command::Watch(_)) {
+        // SAFETY: restoring a signal's default disposition; no other thread runs yet.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     // A tenant can shrink its own usage file under our mapping: that must not kill root's
     // command (see vgpu_abi::mapping::truncation_guard).
     if let Err(e) = vgpu_abi::mapping::truncation_guard::install() {
@@ -51,6 +58,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     let ctx = match Context::load(origin) {
         Ok(ctx) => ctx,
         Err(e @ ConfigError::Invalid { .. }) => return Err(UsageError::new(e.to_string()).into()),
+        // A config file named on the command line that cannot be read is the caller's
+        // mistake, as the README says: exit 2.
+        Err(e @ ConfigError::Read { .. }) if cli.config.is_some() => return Err(UsageError::new(format!("{e:#}")).into()),
         Err(e) => return Err(e.into()),
     };
     vgpu::commands::dispatch(&ctx, &cli.command)

@@ -200,7 +200,7 @@ fn bad_input_leaves_nothing_behind() {
         (&["run", "--compute", "0", "--", "true"], 2, "compute"),
         (&["run", "--partition", "nope", "--", "true"], 2, "no partition"),
         (&["run", "--mem", "9G", "--", "true"], 1, "partition half 8 GiB"),
-        (&["run", "--mem", "1G", "--", "no-such-command-xyz"], 2, "command not found"),
+        (&["run", "--mem", "1G", "--", "no-such-command-xyz"], 127, "command not found"),
         (&["run", "--user", "no-such-user-xyz", "--", "true"], 2, "unknown user"),
         (&["run", "--cpus", "-1", "--", "true"], 2, "cpus"),
         (&["run", "--env", "NOEQUALS", "--", "true"], 2, "--env"),

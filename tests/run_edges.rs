@@ -156,3 +156,45 @@ fn every_command_validates_the_whole_config() {
         }
     }
 }
+
+#[test]
+fn a_command_that_cannot_run_exits_127_or_126() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let out = sim.vgpu(&["run", "--mem", "1G", "--", "/nonexistent/program"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(127), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "vgpu: error: /nonexistent/program: command not found");
+    let script = sim.path("not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\ntrue\n").unwrap();
+    let out = sim.vgpu(&["run", "--mem", "1G", "--", script.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(126), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not executable"));
+    assert!(ps(&sim).is_empty(), "nothing is left of either");
+}
+
+#[test]
+fn a_config_file_named_but_missing_is_a_usage_error() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let out = sim.vgpu(&["--config", "/nonexistent/vgpu.toml", "ps"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/vgpu.toml"));
+}
+
+/// A listing whose reader is gone (`vgpu ps --json | head -0`) ends by SIGPIPE, quietly, as
+/// coreutils do: no panic, no backtrace.
+#[test]
+fn a_listing_into_a_closed_pipe_ends_quietly() {
+    use std::os::fd::OwnedFd;
+    use std::os::unix::process::ExitStatusExt;
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    for args in [&["devices", "--json"][..], &["ps", "--json"], &["pool", "--json"], &["doctor", "--json"], &["partition", "list", "--json"]] {
+        // The read end is closed before vgpu starts: its first write gets EPIPE.
+        let (read, write): (OwnedFd, OwnedFd) = nix::unistd::pipe().unwrap();
+        drop(read);
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        cmd.arg("--simulate").args(args).envs(sim.env()).stdout(std::process::Stdio::from(write)).stderr(std::process::Stdio::piped());
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{args:?}: {:?} {err}", out.status);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

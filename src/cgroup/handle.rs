@@ -249,6 +249,22 @@ impl Cgroup {
     /// or fails with [`CgroupError::Populated`] after the timeout. A signal to a frozen
     /// cgroup other than SIGKILL is delivered when it is thawed.
     pub fn kill(&self, signal: Signal) -> Result<usize> {
+        match self.kill_inner(signal) {
+            // Removed under us (its workload ended and was torn down meanwhile: reading
+            // `cgroup.procs` of a cgroup being removed fails with ENODEV, of one removed
+            // with ENOENT): nothing is left to signal.
+            Err(e) if self.vanished(&e) => Ok(0),
+            other => other,
+        }
+    }
+
+    /// Whether `e` says the cgroup is gone, or it is gone in any hierarchy now.
+    fn vanished(&self, e: &CgroupError) -> bool {
+        let removed = matches!(e, CgroupError::Io { source, .. } if matches!(source.raw_os_error(), Some(libc::ENODEV) | Some(libc::ENOENT)));
+        removed || self.paths().iter().any(|dir| std::fs::symlink_metadata(dir).is_err())
+    }
+
+    fn kill_inner(&self, signal: Signal) -> Result<usize> {
         let pids = self.pids()?;
         self.signal_all(&pids, signal)?;
         if signal != Signal::SIGKILL {
@@ -371,6 +387,17 @@ mod tests {
     use super::*;
     use crate::cgroup::fake::{FakeV1, FakeV2};
     use crate::cgroup::layout::Controller;
+
+    #[test]
+    fn killing_a_cgroup_removed_meanwhile_is_success() {
+        let fake = FakeV1::new(&["cpu,cpuacct", "memory", "pids", "freezer"]);
+        let cgroup = Cgroup::create(&fake.layout(), "gone").unwrap();
+        for mount in ["cpu,cpuacct", "memory", "pids", "freezer"] {
+            stdfs::remove_dir_all(fake.root().join(mount).join("vgpu/gone")).unwrap();
+        }
+        assert_eq!(cgroup.kill(Signal::SIGTERM).unwrap(), 0);
+        assert_eq!(cgroup.kill(Signal::SIGKILL).unwrap(), 0);
+    }
 
     #[test]
     fn names_are_single_plain_components() {

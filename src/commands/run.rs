@@ -176,8 +176,14 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         .map_err(|e| UsageError::new(e.to_string()))?;
     let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
     let program = &args.command[0];
-    if resolve_program(program, path_var.as_deref(), args.cwd.as_deref()).is_none() {
-        crate::usage!("command not found: {program}");
+    // Refused before anything is made: 127 for a missing command, 126 for one that cannot
+    // be executed, as shells, `env` and `docker run` exit.
+    match resolve_program(program, path_var.as_deref(), args.cwd.as_deref()) {
+        None => return Err(crate::error::NotRunnable { program: program.clone(), missing: true }.into()),
+        Some(path) if nix::unistd::access(&path, nix::unistd::AccessFlags::X_OK).is_err() => {
+            return Err(crate::error::NotRunnable { program: program.clone(), missing: false }.into())
+        }
+        Some(_) => {}
     }
     let placement = match (pool, &args.partition) {
         (Some(ask), _) => Placement::Pool(ask),

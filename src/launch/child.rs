@@ -24,7 +24,10 @@ pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, req
         user: request.user.clone(),
         cgroup_procs: procs,
     };
-    let child = crate::supervise::spawn(launch).with_context(|| format!("cannot start {}", request.argv[0]))?;
+    let child = crate::supervise::spawn(launch).map_err(|e| match crate::error::NotRunnable::from_spawn(&request.argv[0], &e) {
+        Some(not_runnable) => anyhow::Error::new(not_runnable),
+        None => anyhow::Error::new(e).context(format!("cannot start {}", request.argv[0])),
+    })?;
     crate::stop_point::stop_point("run:spawned");
     {
         // Re-read: a preemption may have changed the record since admission.

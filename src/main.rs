@@ -60,7 +60,9 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Err(e @ ConfigError::Invalid { .. }) => return Err(UsageError::new(e.to_string()).into()),
         // A config file named on the command line that cannot be read is the caller's
         // mistake, as the README says: exit 2.
-        Err(e @ ConfigError::Read { .. }) if cli.config.is_some() => return Err(UsageError::new(format!("{e:#}")).into()),
+        Err(ConfigError::Read { path, source }) if cli.config.is_some() => {
+            return Err(UsageError::new(format!("cannot read config {}: {source}", path.display())).into())
+        }
         Err(e) => return Err(e.into()),
     };
     vgpu::commands::dispatch(&ctx, &cli.command)

@@ -99,10 +99,11 @@ fn bad_value_in_config_is_a_usage_error() {
 #[test]
 fn explicit_missing_config_is_an_error() {
     let sim = Sim::new(TWO_GPUS);
+    // A file named on the command line that cannot be read is the caller's mistake: exit 2.
     sim.vgpu(&["--config", "/nonexistent/vgpu.toml", "devices"])
         .assert()
-        .code(1)
-        .stderr(predicate::str::contains("/nonexistent/vgpu.toml"));
+        .code(2)
+        .stderr(predicate::str::contains("cannot read config /nonexistent/vgpu.toml: No such file"));
 }
 
 #[test]

@@ -171,14 +171,6 @@ fn a_command_that_cannot_run_exits_127_or_126() {
     assert!(ps(&sim).is_empty(), "nothing is left of either");
 }
 
-#[test]
-fn a_config_file_named_but_missing_is_a_usage_error() {
-    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
-    let out = sim.vgpu(&["--config", "/nonexistent/vgpu.toml", "ps"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/vgpu.toml"));
-}
-
 /// A listing whose reader is gone (`vgpu ps --json | head -0`) ends by SIGPIPE, quietly, as
 /// coreutils do: no panic, no backtrace.
 #[test]

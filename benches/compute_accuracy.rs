@@ -28,6 +28,7 @@
 //! The bench does not judge its numbers (it prints them); it fails only when a run fails.
 
 #[path = "support/workload.rs"]
+#[allow(dead_code)] // Host: the simulated host of the other benches
 mod workload;
 
 use std::path::{Path, PathBuf};

@@ -16,8 +16,8 @@
 #[path = "support/workload.rs"]
 mod workload;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn fail(message: impl std::fmt::Display) -> ! {
@@ -33,12 +33,11 @@ fn main() {
             n => trials = n.parse().unwrap_or_else(|_| fail(format!("usage: cargo bench --bench suspend_resume [-- TRIALS], not `{n}`"))),
         }
     }
-    let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
     let workload = workload::build("suspend_resume");
     println!("GiB  mode        suspend mean (max)    resume mean (max)    modelled copy");
     for gib in [1u64, 8, 32] {
         for checkpoint in [true, false] {
-            let (suspend, resume) = measure(&vgpu, &workload, gib, checkpoint, trials);
+            let (suspend, resume) = measure(&workload, gib, checkpoint, trials);
             let copy = if checkpoint { format!("{:.3} s", (gib << 30) as f64 / 25e9) } else { "-".into() };
             println!(
                 "{gib:>3}  {:<10}  {:>8.3} s ({:.3} s)  {:>8.3} s ({:.3} s)  {copy}",
@@ -53,26 +52,10 @@ fn main() {
 }
 
 /// `trials` suspend/resume pairs of one workload holding `gib` GiB.
-fn measure(vgpu: &Path, workload: &Path, gib: u64, checkpoint: bool, trials: usize) -> (Vec<Duration>, Vec<Duration>) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
-    let p = |rel: &str| dir.path().join(rel);
-    std::fs::write(p("fakegpu.toml"), "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n").unwrap_or_else(|e| fail(e));
-    std::fs::write(p("vgpu.toml"), format!("[suspend]\ncheckpoint = {checkpoint}\n")).unwrap_or_else(|e| fail(e));
-    let env = [
-        ("FAKEGPU_CONFIG", p("fakegpu.toml")),
-        ("FAKEGPU_STATE", p("fakegpu-state")),
-        ("VGPU_STATE_DIR", p("run")),
-        ("VGPU_LIB_DIR", p("lib")),
-        ("VGPU_CONFIG", p("vgpu.toml")),
-    ];
-    let command = |args: &[&str]| {
-        let mut cmd = Command::new(vgpu);
-        cmd.arg("--simulate").args(args).env_remove("VGPU_SIMULATE");
-        for (k, v) in &env {
-            cmd.env(k, v);
-        }
-        cmd
-    };
+fn measure(workload: &Path, gib: u64, checkpoint: bool, trials: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let host = workload::Host::new("suspend_resume", &format!("[suspend]\ncheckpoint = {checkpoint}\n"));
+    let p = |rel: &str| host.path(rel);
+    let command = |args: &[&str]| host.command(args);
     let (ready, stop) = (p("ready"), p("stop"));
     let mem = format!("{}G", gib + 1);
     let mut run = command(&["run", "--name", "held", "--mem", &mem, "--"])

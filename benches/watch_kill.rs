@@ -13,7 +13,7 @@
 mod workload;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -34,27 +34,10 @@ fn main() {
             n => trials = n.parse().unwrap_or_else(|_| fail(format!("usage: cargo bench --bench watch_kill [-- TRIALS], not `{n}`"))),
         }
     }
-    let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
     let workload = workload::build("watch_kill");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
-    let p = |rel: &str| dir.path().join(rel);
-    std::fs::write(p("fakegpu.toml"), "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n").unwrap_or_else(|e| fail(e));
-    std::fs::write(p("vgpu.toml"), "[watch]\nlisten = \"\"\n").unwrap_or_else(|e| fail(e));
-    let env = [
-        ("FAKEGPU_CONFIG", p("fakegpu.toml")),
-        ("FAKEGPU_STATE", p("fakegpu-state")),
-        ("VGPU_STATE_DIR", p("run")),
-        ("VGPU_LIB_DIR", p("lib")),
-        ("VGPU_CONFIG", p("vgpu.toml")),
-    ];
-    let command = |args: &[&str]| {
-        let mut cmd = Command::new(&vgpu);
-        cmd.arg("--simulate").args(args).env_remove("VGPU_SIMULATE");
-        for (k, v) in &env {
-            cmd.env(k, v);
-        }
-        cmd
-    };
+    let host = workload::Host::new("watch_kill", "[watch]\nlisten = \"\"\n");
+    let p = |rel: &str| host.path(rel);
+    let command = |args: &[&str]| host.command(args);
 
     let mut watch = command(&["watch"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| fail(e));
     let (tx, lines) = mpsc::channel::<(Instant, String)>();

@@ -32,3 +32,47 @@ pub fn build(bench: &str) -> PathBuf {
     }
     workload
 }
+
+/// A simulated host in a temporary directory: one H100, the fake's state, vgpu's state and
+/// lib directories, and a vgpu config file.
+pub struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    /// With `vgpu_toml` as vgpu's config; exit 1 naming `bench` if the files cannot be made.
+    pub fn new(bench: &str, vgpu_toml: &str) -> Host {
+        let made = tempfile::tempdir().and_then(|dir| {
+            std::fs::write(dir.path().join("fakegpu.toml"), "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n")?;
+            std::fs::write(dir.path().join("vgpu.toml"), vgpu_toml)?;
+            Ok(dir)
+        });
+        match made {
+            Ok(dir) => Host { dir },
+            Err(e) => {
+                eprintln!("{bench}: cannot make the simulated host: {e}");
+                std::process::exit(1)
+            }
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// `vgpu --simulate ARGS…` on this host.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        cmd.arg("--simulate").args(args).env_remove("VGPU_SIMULATE");
+        for (k, rel) in [
+            ("FAKEGPU_CONFIG", "fakegpu.toml"),
+            ("FAKEGPU_STATE", "fakegpu-state"),
+            ("VGPU_STATE_DIR", "run"),
+            ("VGPU_LIB_DIR", "lib"),
+            ("VGPU_CONFIG", "vgpu.toml"),
+        ] {
+            cmd.env(k, self.path(rel));
+        }
+        cmd
+    }
+}

@@ -117,6 +117,11 @@ impl Cuda {
 
     /// cuLaunchKernel with `blocks` blocks of 256 threads on the NULL stream.
     pub fn launch(&self, function: *mut c_void, blocks: c_uint) -> Cu {
+        self.launch_on(function, blocks, std::ptr::null_mut())
+    }
+
+    /// cuLaunchKernel with `blocks` blocks of 256 threads on `stream`.
+    pub fn launch_on(&self, function: *mut c_void, blocks: c_uint, stream: *mut c_void) -> Cu {
         type Launch = unsafe extern "C" fn(
             *mut c_void,
             c_uint,
@@ -131,7 +136,7 @@ impl Cuda {
             *mut *mut c_void,
         ) -> Cu;
         let f: Launch = self.sym("cuLaunchKernel");
-        // SAFETY: a function handle from `function`; params/extra may be NULL for the fake.
+        // SAFETY: a function handle and a stream (or NULL); params/extra may be NULL for the fake.
         unsafe {
             f(
                 function,
@@ -142,7 +147,7 @@ impl Cuda {
                 1,
                 1,
                 0,
-                std::ptr::null_mut(),
+                stream,
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
             )

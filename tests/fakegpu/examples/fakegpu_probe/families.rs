@@ -60,36 +60,7 @@ fn function(cuda: &Cuda, name: &std::ffi::CStr) -> P {
 }
 
 fn launch(cuda: &Cuda, f: P, blocks: c_uint, stream: P) -> Cu {
-    type Launch = unsafe extern "C" fn(
-        P,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        P,
-        *mut P,
-        *mut P,
-    ) -> Cu;
-    let l: Launch = cuda.sym("cuLaunchKernel");
-    // SAFETY: a function handle; params may be NULL for the fake.
-    unsafe {
-        l(
-            f,
-            blocks,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            stream,
-            NULL.cast(),
-            NULL.cast(),
-        )
-    }
+    cuda.launch_on(f, blocks, stream)
 }
 
 fn sync_stream(cuda: &Cuda, s: P) -> Cu {

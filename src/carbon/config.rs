@@ -21,7 +21,12 @@ use thiserror::Error;
 use super::model;
 
 /// Where the current grid carbon intensity comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+///
+/// `clap::ValueEnum` is derived for its generated list of every variant
+/// (`SourceKind::value_variants()`), which `tests/maintainer_guide.rs` walks to check that
+/// each source is configurable, documented and fuzzed (ARCHITECTURE.md, "Adding an
+/// intensity source").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum SourceKind {
     /// A fixed value (`value`).

@@ -10,6 +10,7 @@ use thiserror::Error;
 
 use super::apply::GpuOutcome;
 use super::intensity::Intensity;
+use super::planner::ClockPlan;
 
 pub const LOG_FILE: &str = "carbon.jsonl";
 
@@ -33,6 +34,28 @@ pub struct Decision {
     pub budget_met: Option<bool>,
     pub notes: Vec<String>,
     pub gpus: Vec<GpuOutcome>,
+    /// Why vgpu decided on its own, e.g. "workload started 3f2a…" (clocks that follow the
+    /// work); absent for `vgpu carbon apply`/`reset`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Decision {
+    /// The decision to apply `plan`, made for `intensity`, with what happened on each GPU.
+    pub fn applied(plan: &ClockPlan, intensity: &Intensity, gpus: Vec<GpuOutcome>, reason: Option<String>) -> Decision {
+        Decision {
+            time: Utc::now(),
+            action: Action::Apply,
+            intensity: Some(plan.intensity),
+            intensity_source: Some(intensity.clone()),
+            budget_g_per_hour: plan.budget_g_per_hour,
+            predicted_g_per_hour: Some(plan.predicted_g_per_hour),
+            budget_met: Some(plan.budget_met),
+            notes: plan.notes.clone(),
+            gpus,
+            reason,
+        }
+    }
 }
 
 #[derive(Debug, Error)]
@@ -85,6 +108,7 @@ mod tests {
             budget_met: Some(true),
             notes: vec![],
             gpus: vec![],
+            reason: None,
         }
     }
 

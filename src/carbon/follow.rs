@@ -170,7 +170,8 @@ fn try_apply(ctx: &Context, store: &Store, intensity: &Intensity, change: &Chang
         warnings.push(format!("carbon: {e}: the next apply will write the caps again"));
     }
     let decision = Decision::applied(&plan, intensity, outcomes, Some(change.to_string()));
-    if let Err(e) = log::append(&ctx.lib_path(LOG_FILE), &decision) {
+    let rotation = ctx.config.carbon.log_rotation().unwrap_or_default();
+    if let Err(e) = log::append(&ctx.lib_path(LOG_FILE), &decision, rotation) {
         warnings.push(format!("carbon: the caps are set but the decision was not logged: {e}"));
     }
     Ok(Report { decision: Some(decision), warnings })

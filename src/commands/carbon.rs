@@ -255,7 +255,9 @@ fn report(
     if let Some(e) = save_error {
         tracing::warn!("{e}: the next apply will write the caps again");
     }
-    let logged = log::append(&ctx.lib_path(LOG_FILE), decision);
+    // run() validated the config: the rotation settings are good.
+    let rotation = ctx.config.carbon.log_rotation().unwrap_or_default();
+    let logged = log::append(&ctx.lib_path(LOG_FILE), decision, rotation);
     let action = match decision.action {
         Action::Apply => "carbon apply",
         Action::Reset => "carbon reset",

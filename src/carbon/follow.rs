@@ -127,7 +127,9 @@ pub fn replan(ctx: &Context, store: &Store, lock: &StoreLock, change: &Change) -
 static SETTINGS: OnceLock<Context> = OnceLock::new();
 
 /// Remember this command's settings for re-planning from reconcile (which is called from
-/// many places, none of which passes a [`Context`]). The first call wins.
+/// many places, none of which passes a [`Context`]). The first call wins: a `vgpu watch`
+/// that reloads its config on SIGHUP re-plans from reconcile with the settings it started
+/// with (its `vgpu run`s and the timer use their own).
 pub fn install(ctx: &Context) {
     let _ = SETTINGS.set(ctx.clone());
 }

@@ -29,7 +29,13 @@ fn decisions(sim: &Sim) -> Vec<Value> {
 
 fn gpu0_clock(sim: &Sim) -> u64 {
     let v = sim.json(&["devices", "--json"]);
-    v[0]["sm_clock_mhz"].as_u64().or_else(|| v["gpus"][0]["sm_clock_mhz"].as_u64()).expect("sm_clock_mhz")
+    // The list itself, or (with a schema version beside it) the one list in the object.
+    let list = match &v {
+        Value::Array(list) => list.clone(),
+        Value::Object(fields) => fields.values().find_map(|f| f.as_array().cloned()).expect("a list of GPUs"),
+        other => panic!("devices --json: {other}"),
+    };
+    list[0]["sm_clock_mhz"].as_u64().unwrap_or_else(|| panic!("sm_clock_mhz: {}", list[0]))
 }
 
 /// The cap the decision left on GPU 0: (kind, max MHz).

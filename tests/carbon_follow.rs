@@ -220,3 +220,40 @@ fn reconcile_re_plans_when_it_cleans_up_after_a_dead_supervisor() {
     assert_eq!(last["reason"], format!("workload ended {id}"), "{last}");
     assert_eq!(cap0(&last), ("locked-clocks".into(), Some(345)), "the idle plan again: {last}");
 }
+
+#[test]
+fn an_api_that_never_answers_falls_back_to_the_remembered_reading_and_the_run_starts() {
+    let sim = Sim::new(&[H100]);
+    // Connections are accepted by the kernel (the backlog) and never answered.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    sim.write_vgpu_config(&format!(
+        "[carbon]\nsource = \"uk-grid\"\nbase_url = \"http://127.0.0.1:{port}\"\ntimeout = \"1s\"\nbudget_g_per_hour = 1000\n"
+    ));
+    // A good reading of this source, remembered a minute ago.
+    let at = chrono::Utc::now() - chrono::Duration::minutes(1);
+    let cached = serde_json::json!({
+        "source": "uk-grid national",
+        "reading": {"g_per_kwh": 321.0, "timestamp": at.to_rfc3339()},
+        "fetched_at": at.to_rfc3339(),
+    });
+    std::fs::write(sim.path("lib/carbon-intensity.json"), cached.to_string()).unwrap();
+    let apply = sim.json(&["carbon", "apply", "--json"]);
+    assert_eq!(apply["intensity_source"]["status"], "cached", "{apply}");
+
+    let out = sim.vgpu(&["run", "--gpu", "0", "--", "true"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("did not answer within 1s"), "{stderr}");
+    let all = decisions(&sim);
+    let reasons: Vec<&str> = all.iter().filter_map(|d| d["reason"].as_str()).collect();
+    assert_eq!(reasons.len(), 2, "started and ended: {all:?}");
+    for d in &all[1..] {
+        assert_eq!(
+            (d["intensity_source"]["status"].as_str(), d["intensity"].as_f64()),
+            (Some("cached"), Some(321.0)),
+            "{d}"
+        );
+    }
+    drop(silent);
+}

@@ -65,6 +65,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
+    // Reconcile re-plans the clocks when it cleans up a dead workload: it needs the settings.
+    vgpu::carbon::follow::install(&ctx);
     vgpu::commands::dispatch(&ctx, &cli.command)
 }
 

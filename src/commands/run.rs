@@ -97,7 +97,7 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
 
     let launched = launch::admit(ctx, &store, &layout, &gpus, &request)?;
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request);
-    let cleanup = launch::finish(&store, &layout, &launched.workload);
+    let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
     let code = result?;
     cleanup?;
     Ok(code)

@@ -62,6 +62,7 @@ pub struct CreateArgs {
 #[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
     /// Partition name
+    #[arg(add = crate::cli::partition_candidates())]
     pub name: String,
     /// New device memory: 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
@@ -79,6 +80,8 @@ pub struct UpdateArgs {
 
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
+    /// Partition name
+    #[arg(add = crate::cli::partition_candidates())]
     pub name: String,
 }
 

@@ -42,7 +42,7 @@ use crate::state::{Partitions, Store, Workload, WorkloadState};
 #[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy", "priority", "tflops"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
     /// Workloads, by id (a unique prefix is enough) or name
-    #[arg(required = true, value_name = "ID")]
+    #[arg(required = true, value_name = "ID", add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
     /// New device memory on each of its GPUs: 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what is in use)
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]

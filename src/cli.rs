@@ -6,14 +6,21 @@ use std::path::PathBuf;
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand};
 use clap_complete::engine::{ArgValueCandidates, CompletionCandidate};
 
+pub mod man;
+
 use crate::commands::carbon::CarbonArgs;
 use crate::commands::pool::PoolArgs;
 
+/// The help heading of the options every command takes.
+const GLOBAL: &str = "Global options";
+
 const AFTER_HELP: &str = "\
-Exit status: 0 success, 1 runtime failure, 2 usage error (bad flag, value or config).
+Exit status: 0 success, 1 runtime failure, 2 usage error (bad flag, value or config); run: the
+workload's status, 126/127 when the command cannot be executed / is not found (see vgpu(1)).
 
 Examples:
   sudo vgpu run --mem 4G --compute 30 -- python train.py
+  sudo vgpu run --gpus all -- python train.py
   sudo vgpu update train --compute 60 --compute-policy fair
   vgpu --simulate devices            try vgpu on a machine without a GPU
   */15 * * * * root /usr/local/bin/vgpu carbon apply      (crontab)";
@@ -25,27 +32,27 @@ Examples:
 #[command(name = "vgpu", version, about, long_about = None, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Config file [default: /etc/vgpu/config.toml; a missing default file means defaults]
-    #[arg(long, global = true, env = "VGPU_CONFIG", value_name = "FILE")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VGPU_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
     /// Runtime state directory [default: /run/vgpu]
-    #[arg(long, global = true, env = "VGPU_STATE_DIR", value_name = "DIR")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VGPU_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
     /// Persistent state directory: partitions, carbon log [default: /var/lib/vgpu]
-    #[arg(long, global = true, env = "VGPU_LIB_DIR", value_name = "DIR")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VGPU_LIB_DIR", value_name = "DIR")]
     pub lib_dir: Option<PathBuf>,
 
     /// Use the bundled simulated NVIDIA driver, for vgpu and every workload it starts
-    #[arg(long, global = true, env = "VGPU_SIMULATE", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VGPU_SIMULATE", value_parser = clap::builder::FalseyValueParser::new())]
     pub simulate: bool,
 
     /// More log output on stderr (-v info, -vv debug, -vvv trace)
-    #[arg(short, long, global = true, action = ArgAction::Count)]
+    #[arg(short, long, global = true, help_heading = GLOBAL, action = ArgAction::Count)]
     pub verbose: u8,
 
     /// Only errors on stderr
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    #[arg(short, long, global = true, help_heading = GLOBAL, conflicts_with = "verbose")]
     pub quiet: bool,
 
     #[command(subcommand)]
@@ -164,33 +171,8 @@ fn completion_store() -> Option<crate::state::Store> {
     store.check_existing_dirs().ok()?;
     Some(store)
 }
+
 /// The clap command, for man page and completion generation.
 pub fn command() -> clap::Command {
     Cli::command()
-}
-
-/// Render `man/vgpu.1` from the clap definition (subcommands included).
-pub fn render_man_page() -> std::io::Result<Vec<u8>> {
-    let cmd = command();
-    let mut out = Vec::new();
-    clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        render_subcommand(&mut out, "vgpu", sub)?;
-    }
-    Ok(out)
-}
-
-fn render_subcommand(out: &mut Vec<u8>, parent: &str, sub: &clap::Command) -> std::io::Result<()> {
-    let name = format!("{parent} {}", sub.get_name());
-    out.extend_from_slice(format!(".SH \"{}\"\n", name.to_uppercase()).as_bytes());
-    let man = clap_mangen::Man::new(sub.clone().name(name.clone()));
-    man.render_description_section(out)?;
-    if sub.get_arguments().any(|a| !a.is_hide_set()) {
-        out.extend_from_slice(b".SS OPTIONS\n");
-        man.render_options_section(out)?;
-    }
-    for nested in sub.get_subcommands().filter(|s| !s.is_hide_set()) {
-        render_subcommand(out, &name, nested)?;
-    }
-    Ok(())
 }

@@ -85,7 +85,7 @@ pub enum Command {
     Pool(PoolArgs),
     /// Run the enforcer in the foreground: audit GPU memory and compute through NVML, kill what escapes the shim, reconcile continuously, serve metrics
     Watch(crate::commands::watch::WatchArgs),
-    /// Print a shell completion script
+    /// Print the shell's completion script: `source <(vgpu completions bash)`; it asks vgpu at each completion, so workload IDs and names and partitions complete as they are now
     Completions(CompletionsArgs),
 }
 

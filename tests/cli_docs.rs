@@ -180,6 +180,14 @@ fn completions_list_running_workloads_and_partitions() {
     let listed = values(&["vgpu", "kill", ""]);
     assert!(listed.contains(&id) && listed.contains(&"train".to_string()), "vgpu kill <TAB>: {listed:?}, expected {id} and train");
     assert_eq!(bash_complete(&env, &["vgpu", "suspend", "tr"]), ["train"]);
+    // fish asks the same way (one candidate a line, a tab before its description).
+    let mut fish = assert_cmd::Command::cargo_bin("vgpu").unwrap();
+    fish.env("COMPLETE", "fish").args(["--", "vgpu", "resume", ""]);
+    for (k, v) in &env {
+        fish.env(k, v);
+    }
+    let out = String::from_utf8(fish.output().unwrap().stdout).unwrap();
+    assert!(out.lines().any(|l| l == format!("{id}\ttrain (running)")) && out.lines().any(|l| l.starts_with("train\t")), "fish: {out}");
     assert_eq!(bash_complete(&env, &["vgpu", "update", &id[..3]]), std::slice::from_ref(&id));
     assert_eq!(bash_complete(&env, &["vgpu", "run", "--partition", ""]), ["shared"]);
     assert_eq!(bash_complete(&env, &["vgpu", "partition", "remove", "s"]), ["shared"]);

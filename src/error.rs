@@ -9,6 +9,30 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 
+/// Which commands an exit status of [`EXIT_STATUS_DOC`] applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitScope {
+    /// Every command.
+    All,
+    /// `vgpu run` only (the workload's own status).
+    Run,
+    /// Every command but `run` and `watch` (which keep running when their output closes).
+    NotRunOrWatch,
+}
+
+/// The exit statuses, as the man pages (EXIT STATUS) document them: status, meaning, and
+/// the commands it applies to.
+pub const EXIT_STATUS_DOC: &[(&str, &str, ExitScope)] = &[
+    ("0", "Success.", ExitScope::All),
+    ("1", "A runtime failure: something on the host or in the state went wrong (no driver, a GPU or the pool without room, a damaged record).", ExitScope::All),
+    ("2", "A usage error: a bad flag or value, an invalid config file, an unknown workload ID or partition, a request this host can never meet.", ExitScope::All),
+    ("N", "The workload's own exit status, when it exits.", ExitScope::Run),
+    ("128+N", "The workload was killed by signal N (137: SIGKILL, e.g. by the OOM killer at its --memory limit).", ExitScope::Run),
+    ("126", "The command was found but cannot be executed.", ExitScope::Run),
+    ("127", "The command was not found.", ExitScope::Run),
+    ("141", "The output was closed early (piped into head(1)): vgpu ends on SIGPIPE, as coreutils do; a shell reports 128+13.", ExitScope::NotRunOrWatch),
+];
+
 /// An error the user caused by what they asked for; `main` exits 2 on it.
 /// Wrap it in `anyhow::Error` (`UsageError::new(..).into()` or `usage!(..)`).
 #[derive(Debug)]

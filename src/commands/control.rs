@@ -11,21 +11,24 @@ use crate::state::{intent, Partitions, Store, SuspendedMemory, WorkloadState};
 #[derive(Debug, Args)]
 pub struct IdArgs {
     /// Workload id (a unique prefix is enough) or name
+    #[arg(add = crate::cli::workload_candidates())]
     pub id: String,
 }
 
 #[derive(Debug, Args)]
 pub struct KillArgs {
     /// Workload id (a unique prefix is enough) or name
+    #[arg(add = crate::cli::workload_candidates())]
     pub id: String,
     /// Signal to send, by name or number
-    #[arg(short, long, default_value = "TERM")]
+    #[arg(short, long, default_value = "TERM", add = crate::cli::signal_candidates())]
     pub signal: String,
 }
 
 #[derive(Debug, Args)]
 pub struct ResumeArgs {
     /// Workload id (a unique prefix is enough) or name
+    #[arg(add = crate::cli::workload_candidates())]
     pub id: String,
     /// When its memory (moved to host memory while suspended) does not fit back on the GPU
     /// yet: wait (up to DURATION, e.g. --wait=10m; default forever) instead of refusing

@@ -12,7 +12,7 @@
 # Installs PREFIX/bin/vgpu; PREFIX/lib/vgpu/{libvgpu.so,libfakegpu.so} (the shim and the
 # simulated driver used by --simulate); every man page in PREFIX/share/man/man1; completions
 # for bash, zsh and fish under PREFIX/share; the systemd units; and a commented default
-# config, config.toml, never overwritten once it exists (a newer default goes to
+# config, config.toml, never overwritten once edited (a newer default then goes to
 # config.toml.default beside it).
 #
 # Where the units and the config go: for the default prefix /usr/local, in
@@ -323,8 +323,12 @@ for unit in "$here"/systemd/*.service "$here"/systemd/*.timer "$here"/systemd/*.
 done
 if [ ${#units[@]} -gt 0 ] && systemd_manages "$systemd_dir"; then systemctl daemon-reload >/dev/null 2>&1 || true; fi
 
-if [ ! -e "$etc_dir/config.toml" ]; then
-  put_file config 0644 "$here/examples/config.toml" "$etc_dir/config.toml"
+config="$etc_dir/config.toml"
+if [ ! -e "$config" ]; then
+  put_file config 0644 "$here/examples/config.toml" "$config"
+elif [ "${m_kind[$config]:-}" = config ] && [ -f "$config" ] && [ "$(sha "$config")" = "${m_sha[$config]}" ]; then
+  # The default an earlier run installed, unedited: the new default replaces it.
+  put_file config 0644 "$here/examples/config.toml" "$config"
 elif ! cmp -s "$here/examples/config.toml" "$etc_dir/config.toml"; then
   put_file file 0644 "$here/examples/config.toml" "$etc_dir/config.toml.default"
   echo "kept your $etc_dir/config.toml; the new default is $etc_dir/config.toml.default"

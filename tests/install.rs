@@ -49,11 +49,7 @@ fn tree(dir: &Path) -> BTreeSet<String> {
         for entry in std::fs::read_dir(dir).expect("read_dir") {
             let entry = entry.expect("dir entry");
             let path = entry.path();
-            let rel = path
-                .strip_prefix(base)
-                .expect("under base")
-                .display()
-                .to_string();
+            let rel = path.strip_prefix(base).expect("under base").display().to_string();
             let kind = entry.file_type().expect("file type");
             if kind.is_dir() {
                 out.insert(format!("d {rel}"));
@@ -78,10 +74,7 @@ struct Scratch {
 
 impl Scratch {
     fn new() -> Scratch {
-        let dir = tempfile::Builder::new()
-            .prefix("vgpu-install-")
-            .tempdir()
-            .expect("tempdir");
+        let dir = tempfile::Builder::new().prefix("vgpu-install-").tempdir().expect("tempdir");
         std::fs::create_dir(dir.path().join("root")).expect("mkdir root");
         Scratch { dir }
     }
@@ -98,21 +91,11 @@ impl Scratch {
 
 #[test]
 fn help_is_the_usage_text_only() {
-    let out = Command::new("bash")
-        .arg(script())
-        .arg("--help")
-        .output()
-        .expect("run install.sh --help");
+    let out = Command::new("bash").arg(script()).arg("--help").output().expect("run install.sh --help");
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("--prefix DIR") && text.contains("--uninstall"),
-        "{text}"
-    );
-    assert!(
-        !text.contains("set -euo") && !text.contains("#!"),
-        "code in --help:\n{text}"
-    );
+    assert!(text.contains("--prefix DIR") && text.contains("--uninstall"), "{text}");
+    assert!(!text.contains("set -euo") && !text.contains("#!"), "code in --help:\n{text}");
 }
 
 #[test]
@@ -125,15 +108,8 @@ fn prefix_install_stays_inside_the_prefix_and_uninstall_restores_it() {
     std::fs::create_dir_all(prefix.join("bin")).expect("mkdir");
     let before = tree(&prefix);
 
-    install_sh(
-        &s.root(),
-        &["--no-build", "--prefix", prefix.to_str().expect("utf-8")],
-    );
-    assert_eq!(
-        tree(&s.root()),
-        BTreeSet::new(),
-        "a --prefix install wrote outside the prefix"
-    );
+    install_sh(&s.root(), &["--no-build", "--prefix", prefix.to_str().expect("utf-8")]);
+    assert_eq!(tree(&s.root()), BTreeSet::new(), "a --prefix install wrote outside the prefix");
     for rel in [
         "opt/bin/vgpu",
         "opt/lib/vgpu/libvgpu.so",
@@ -154,16 +130,10 @@ fn prefix_install_stays_inside_the_prefix_and_uninstall_restores_it() {
     );
     let manifest = s.text("opt/lib/vgpu/install-manifest.txt");
     assert!(
-        manifest
-            .lines()
-            .any(|l| l.starts_with("unit\t")
-                && l.ends_with("/lib/systemd/system/vgpu-watch.service")),
+        manifest.lines().any(|l| l.starts_with("unit\t") && l.ends_with("/lib/systemd/system/vgpu-watch.service")),
         "{manifest}"
     );
-    assert!(
-        manifest.contains(&format!("found\t-\t{}/bin\n", prefix.display())),
-        "{manifest}"
-    );
+    assert!(manifest.contains(&format!("found\t-\t{}/bin\n", prefix.display())), "{manifest}");
 
     // The installed binary, run with --simulate, links the simulated driver from the state
     // directory into the prefix; uninstall takes those links away with the library.
@@ -175,27 +145,13 @@ fn prefix_install_stays_inside_the_prefix_and_uninstall_restores_it() {
         .env("VGPU_STATE_DIR", &state)
         .output()
         .expect("run the installed vgpu");
-    assert!(
-        out.status.success(),
-        "installed vgpu: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "installed vgpu: {}", String::from_utf8_lossy(&out.stderr));
     let link = std::fs::read_link(state.join("simulate/libcuda.so.1")).expect("simulate link");
     assert!(link.starts_with(&prefix), "{}", link.display());
 
-    let out = install_sh(
-        &s.root(),
-        &["--uninstall", "--prefix", prefix.to_str().expect("utf-8")],
-    );
-    assert_eq!(
-        tree(&prefix),
-        before,
-        "uninstall did not leave the prefix as it was"
-    );
-    assert!(
-        !state.join("simulate").exists(),
-        "dangling simulate links left"
-    );
+    let out = install_sh(&s.root(), &["--uninstall", "--prefix", prefix.to_str().expect("utf-8")]);
+    assert_eq!(tree(&prefix), before, "uninstall did not leave the prefix as it was");
+    assert!(!state.join("simulate").exists(), "dangling simulate links left");
     assert!(String::from_utf8_lossy(&out.stdout).contains("vgpu uninstalled"));
 }
 
@@ -204,64 +160,32 @@ fn uninstall_removes_only_the_units_it_installed() {
     let s = Scratch::new();
     let units = s.root().join("etc/systemd/system");
     std::fs::create_dir_all(&units).expect("mkdir");
-    std::fs::write(
-        units.join("vgpu-local.service"),
-        "[Service]\nExecStart=/bin/true\n",
-    )
-    .expect("write");
+    std::fs::write(units.join("vgpu-local.service"), "[Service]\nExecStart=/bin/true\n").expect("write");
     let (a, b, c) = (s.path("a"), s.path("b"), s.path("c"));
     let arg = |p: &Path| p.to_str().expect("utf-8").to_string();
     let units_arg = arg(&units);
 
     // A installs the units into the shared directory; B, with --prefix only, must neither
     // rewrite them nor, uninstalled, remove them.
-    install_sh(
-        &s.root(),
-        &[
-            "--no-build",
-            "--prefix",
-            &arg(&a),
-            "--systemd-dir",
-            &units_arg,
-        ],
-    );
+    install_sh(&s.root(), &["--no-build", "--prefix", &arg(&a), "--systemd-dir", &units_arg]);
     let a_units = tree(&units);
     let watch_a = std::fs::read_to_string(units.join("vgpu-watch.service")).expect("unit");
     assert!(watch_a.contains(&format!("ExecStart={}/bin/vgpu watch", a.display())));
     install_sh(&s.root(), &["--no-build", "--prefix", &arg(&b)]);
-    assert_eq!(
-        std::fs::read_to_string(units.join("vgpu-watch.service")).expect("unit"),
-        watch_a
-    );
+    assert_eq!(std::fs::read_to_string(units.join("vgpu-watch.service")).expect("unit"), watch_a);
     install_sh(&s.root(), &["--uninstall", "--prefix", &arg(&b)]);
     assert_eq!(tree(&units), a_units, "uninstalling B touched A's units");
     assert!(!b.exists(), "B's prefix left behind");
 
     // C installs over A's units: uninstalling A then keeps them (they are C's now).
-    install_sh(
-        &s.root(),
-        &[
-            "--no-build",
-            "--prefix",
-            &arg(&c),
-            "--systemd-dir",
-            &units_arg,
-        ],
-    );
+    install_sh(&s.root(), &["--no-build", "--prefix", &arg(&c), "--systemd-dir", &units_arg]);
     let out = install_sh(&s.root(), &["--uninstall", "--prefix", &arg(&a)]);
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("kept"),
-        "no word of the units kept"
-    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("kept"), "no word of the units kept");
     let watch_c = std::fs::read_to_string(units.join("vgpu-watch.service")).expect("C's unit");
     assert!(watch_c.contains(&format!("ExecStart={}/bin/vgpu watch", c.display())));
     install_sh(&s.root(), &["--uninstall", "--prefix", &arg(&c)]);
     let left: BTreeSet<String> = tree(&units);
-    assert_eq!(
-        left,
-        BTreeSet::from(["f vgpu-local.service".to_string()]),
-        "a unit it did not install was removed"
-    );
+    assert_eq!(left, BTreeSet::from(["f vgpu-local.service".to_string()]), "a unit it did not install was removed");
     assert!(!a.exists() && !c.exists());
 }
 
@@ -280,21 +204,14 @@ fn an_edited_config_survives_uninstall() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("kept"));
     assert_eq!(
         tree(&prefix),
-        BTreeSet::from([
-            "d etc".to_string(),
-            "d etc/vgpu".to_string(),
-            "f etc/vgpu/config.toml".to_string()
-        ])
+        BTreeSet::from(["d etc".to_string(), "d etc/vgpu".to_string(), "f etc/vgpu/config.toml".to_string()])
     );
 }
 
 #[test]
 fn sudo_without_cargo_says_what_to_run() {
     let path = "/usr/sbin:/usr/bin:/sbin:/bin";
-    if path
-        .split(':')
-        .any(|dir| Path::new(dir).join("cargo").exists())
-    {
+    if path.split(':').any(|dir| Path::new(dir).join("cargo").exists()) {
         eprintln!("cargo is in {path}: cannot simulate a root PATH without cargo here");
         return;
     }
@@ -316,10 +233,7 @@ fn sudo_without_cargo_says_what_to_run() {
         assert!(err.contains(needle), "message lacks {needle:?}:\n{err}");
     }
     if Path::new("/root/.cargo/bin/cargo").is_file() {
-        assert!(
-            err.contains("/root/.cargo/bin/cargo"),
-            "the user's cargo is not named:\n{err}"
-        );
+        assert!(err.contains("/root/.cargo/bin/cargo"), "the user's cargo is not named:\n{err}");
     }
     assert!(!Path::new("/opt/vgpu-never-made").exists());
 }
@@ -327,16 +241,9 @@ fn sudo_without_cargo_says_what_to_run() {
 /// The files a `*` in the last component of `pattern` matches (cargo-deb's asset globs as
 /// this package uses them), or the file itself.
 fn matches(pattern: &Path) -> Vec<PathBuf> {
-    let name = pattern
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("asset file name");
+    let name = pattern.file_name().and_then(|n| n.to_str()).expect("asset file name");
     let Some((head, tail)) = name.split_once('*') else {
-        return if pattern.is_file() {
-            vec![pattern.to_path_buf()]
-        } else {
-            Vec::new()
-        };
+        return if pattern.is_file() { vec![pattern.to_path_buf()] } else { Vec::new() };
     };
     let dir = pattern.parent().expect("asset directory");
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -346,10 +253,7 @@ fn matches(pattern: &Path) -> Vec<PathBuf> {
         .map(|e| e.expect("dir entry").path())
         .filter(|p| {
             let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            p.is_file()
-                && n.len() >= head.len() + tail.len()
-                && n.starts_with(head)
-                && n.ends_with(tail)
+            p.is_file() && n.len() >= head.len() + tail.len() && n.starts_with(head) && n.ends_with(tail)
         })
         .collect();
     out.sort();
@@ -363,24 +267,10 @@ fn matches(pattern: &Path) -> Vec<PathBuf> {
 fn deb_metadata_names_files_that_exist_or_are_generated() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cargo_toml: toml::Table =
-        toml::from_str(&std::fs::read_to_string(repo.join("Cargo.toml")).expect("Cargo.toml"))
-            .expect("parse");
-    let deb = cargo_toml["package"]["metadata"]["deb"]
-        .as_table()
-        .expect("[package.metadata.deb]");
-    for key in [
-        "maintainer",
-        "section",
-        "priority",
-        "depends",
-        "extended-description",
-    ] {
-        assert!(
-            deb.get(key)
-                .and_then(|v| v.as_str())
-                .is_some_and(|v| !v.is_empty()),
-            "{key} missing"
-        );
+        toml::from_str(&std::fs::read_to_string(repo.join("Cargo.toml")).expect("Cargo.toml")).expect("parse");
+    let deb = cargo_toml["package"]["metadata"]["deb"].as_table().expect("[package.metadata.deb]");
+    for key in ["maintainer", "section", "priority", "depends", "extended-description"] {
+        assert!(deb.get(key).and_then(|v| v.as_str()).is_some_and(|v| !v.is_empty()), "{key} missing");
     }
 
     let generated = tempfile::tempdir().expect("tempdir");
@@ -390,19 +280,12 @@ fn deb_metadata_names_files_that_exist_or_are_generated() {
         .arg(generated.path())
         .output()
         .expect("run packaging/assets.sh");
-    assert!(
-        out.status.success(),
-        "packaging/assets.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "packaging/assets.sh: {}", String::from_utf8_lossy(&out.stderr));
 
     let mut dests = Vec::new();
     for asset in deb["assets"].as_array().expect("assets") {
         let asset = asset.as_array().expect("[source, dest, mode]");
-        let (src, dest) = (
-            asset[0].as_str().expect("source"),
-            asset[1].as_str().expect("dest"),
-        );
+        let (src, dest) = (asset[0].as_str().expect("source"), asset[1].as_str().expect("dest"));
         let found = if let Some(file) = src.strip_prefix("target/release/") {
             vec![artefact(file)]
         } else if let Some(rel) = src.strip_prefix("target/assets/") {
@@ -410,10 +293,7 @@ fn deb_metadata_names_files_that_exist_or_are_generated() {
         } else {
             matches(&repo.join(src))
         };
-        assert!(
-            !found.is_empty(),
-            "asset {src} is neither in the tree, built, nor generated by packaging/assets.sh"
-        );
+        assert!(!found.is_empty(), "asset {src} is neither in the tree, built, nor generated by packaging/assets.sh");
         dests.push((src.to_string(), dest.to_string(), found));
     }
     let dest_of = |dest: &str| dests.iter().find(|(_, d, _)| d == dest);
@@ -432,49 +312,25 @@ fn deb_metadata_names_files_that_exist_or_are_generated() {
         assert!(dest_of(dest).is_some(), "nothing installed to {dest}");
     }
     let pages = matches(&repo.join("man/*.1"));
-    let shipped: Vec<&PathBuf> = dests
-        .iter()
-        .filter(|(_, d, _)| d == "usr/share/man/man1/")
-        .flat_map(|(_, _, f)| f)
-        .collect();
+    let shipped: Vec<&PathBuf> =
+        dests.iter().filter(|(_, d, _)| d == "usr/share/man/man1/").flat_map(|(_, _, f)| f).collect();
     for page in &pages {
-        assert!(
-            shipped.contains(&page),
-            "{} not in the package",
-            page.display()
-        );
+        assert!(shipped.contains(&page), "{} not in the package", page.display());
     }
-    let conf_files: Vec<&str> = deb["conf-files"]
-        .as_array()
-        .expect("conf-files")
-        .iter()
-        .map(|v| v.as_str().expect("path"))
-        .collect();
-    assert!(
-        conf_files.contains(&"/etc/vgpu/config.toml"),
-        "the config is not a conffile: {conf_files:?}"
-    );
+    let conf_files: Vec<&str> =
+        deb["conf-files"].as_array().expect("conf-files").iter().map(|v| v.as_str().expect("path")).collect();
+    assert!(conf_files.contains(&"/etc/vgpu/config.toml"), "the config is not a conffile: {conf_files:?}");
 
     // Every unit of systemd/ is shipped, rewritten to the package's binary.
     let (_, _, units) = dest_of("usr/lib/systemd/system/").expect("units shipped");
     let mut names: Vec<String> = Vec::new();
-    for unit in ["*.service", "*.timer"]
-        .iter()
-        .flat_map(|p| matches(&repo.join("systemd").join(p)))
-    {
-        let name = unit
-            .file_name()
-            .expect("name")
-            .to_string_lossy()
-            .to_string();
+    for unit in ["*.service", "*.timer"].iter().flat_map(|p| matches(&repo.join("systemd").join(p))) {
+        let name = unit.file_name().expect("name").to_string_lossy().to_string();
         let copy = units.iter().find(|u| u.file_name() == unit.file_name());
         let copy = copy.unwrap_or_else(|| panic!("systemd/{name} is not in the package"));
         let text = std::fs::read_to_string(copy).expect("read unit");
         for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
-            assert!(
-                !line.contains("/usr/local"),
-                "{name} still names /usr/local: {line}"
-            );
+            assert!(!line.contains("/usr/local"), "{name} still names /usr/local: {line}");
             if let Some(exec) = line.strip_prefix("ExecStart=") {
                 assert!(exec.starts_with("/usr/bin/vgpu "), "{name}: {line}");
             }
@@ -483,23 +339,11 @@ fn deb_metadata_names_files_that_exist_or_are_generated() {
     }
     for entry in deb["systemd-units"].as_array().expect("systemd-units") {
         let unit = entry["unit-name"].as_str().expect("unit-name");
-        assert!(
-            names.iter().any(|n| n.starts_with(&format!("{unit}."))),
-            "systemd-units names {unit}, not shipped"
-        );
+        assert!(names.iter().any(|n| n.starts_with(&format!("{unit}."))), "systemd-units names {unit}, not shipped");
     }
-    let scripts = repo.join(
-        deb["maintainer-scripts"]
-            .as_str()
-            .expect("maintainer-scripts"),
-    );
+    let scripts = repo.join(deb["maintainer-scripts"].as_str().expect("maintainer-scripts"));
     for script in matches(&scripts.join("*")) {
         let text = std::fs::read_to_string(&script).expect("read script");
-        assert_eq!(
-            text.matches("#DEBHELPER#").count(),
-            1,
-            "{}: one #DEBHELPER# token",
-            script.display()
-        );
+        assert_eq!(text.matches("#DEBHELPER#").count(), 1, "{}: one #DEBHELPER# token", script.display());
     }
 }

@@ -175,7 +175,7 @@ fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Wor
     if w.state == WorkloadState::Waiting || throttled_by_live_watch(w) {
         return Ok(None);
     }
-    let cgroup = match Cgroup::open(layout, &w.cgroup) {
+    let cgroup = match Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup) {
         Ok(cgroup) => cgroup,
         Err(CgroupError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),

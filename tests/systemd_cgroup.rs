@@ -1,0 +1,176 @@
+//! The cgroup managers on this machine's real cgroups: a workload started by a vgpu that
+//! runs inside a delegated systemd unit lives in that unit's subtree (`<unit>/vgpu/<id>`),
+//! is found there by commands run from elsewhere (`ps`, `kill`), and is removed when it
+//! ends; `vgpu doctor --json` says which manager it uses.
+//!
+//! No systemd runs here (nor in CI), so the "unit" is a cgroup directory this test makes in
+//! every hierarchy vgpu uses, handed to vgpu with `VGPU_CGROUP_SELF` (the test-only stand-in
+//! for `/proc/self/cgroup`) and `VGPU_CGROUP_MANAGER=delegated` (what `Delegate=yes` makes
+//! vgpu detect). Needs root, as tests/cgroup_real.rs does; never skips.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::{wait_for, Sim};
+use vgpu::cgroup::{Controller, Layout, Mode};
+
+/// A cgroup directory standing in for a systemd unit's, in every hierarchy vgpu uses;
+/// removed (deepest first) when dropped.
+struct FakeUnit {
+    rel: String,
+    dirs: Vec<PathBuf>,
+}
+
+impl FakeUnit {
+    fn new() -> FakeUnit {
+        assert!(nix::unistd::geteuid().is_root(), "tests/systemd_cgroup.rs must run as root (CI does): it creates cgroups");
+        let layout = Layout::detect().expect("no cgroup filesystem is mounted");
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let rel = format!("/vgpu-test-unit-{}-{nanos}.service", std::process::id());
+        let mut dirs: Vec<PathBuf> = match layout.mode {
+            Mode::V2 => layout.unified.iter().cloned().collect(),
+            Mode::V1 | Mode::Hybrid => Controller::USED.iter().filter_map(|c| layout.mount_of(*c).map(Path::to_path_buf)).collect(),
+        };
+        dirs.sort();
+        dirs.dedup();
+        let dirs: Vec<PathBuf> = dirs.into_iter().map(|mount| mount.join(&rel[1..])).collect();
+        for dir in &dirs {
+            std::fs::create_dir(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        }
+        FakeUnit { rel, dirs }
+    }
+}
+
+impl Drop for FakeUnit {
+    fn drop(&mut self) {
+        fn rmdir_tree(dir: &Path) {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        rmdir_tree(&entry.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        for dir in &self.dirs {
+            rmdir_tree(dir);
+        }
+    }
+}
+
+/// A `vgpu run` ended (SIGTERM, which it relays to its workload) if the test fails first.
+struct Running(Option<std::process::Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            let _ = child.wait();
+        }
+    }
+}
+
+fn delegated(cmd: &mut Command, unit: &FakeUnit) {
+    cmd.env("VGPU_CGROUP_MANAGER", "delegated").env("VGPU_CGROUP_SELF", &unit.rel);
+}
+
+/// The pids listed in `dir/cgroup.procs`.
+fn procs(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+#[test]
+fn a_workload_of_a_delegated_unit_lives_in_its_subtree_and_goes_with_it() {
+    let unit = FakeUnit::new();
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let started = sim.path("started");
+    let script = format!("echo $$ > {}; exec sleep 600", started.display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--name", "svc", "--", "sh", "-c", &script]);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    delegated(&mut cmd, &unit);
+    let mut guard = Running(Some(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn vgpu run")));
+    wait_for("the workload to start", || std::fs::read_to_string(&started).is_ok_and(|s| s.ends_with('\n')));
+    let pid: u32 = std::fs::read_to_string(&started).unwrap().trim().parse().expect("the workload's pid");
+
+    // `ps` from outside the unit (no override) finds it through its record.
+    let row = sim.row("svc");
+    let id = row["id"].as_str().expect("an id").to_string();
+    assert_eq!(
+        row["pids"].as_array().map(|p| p.iter().filter_map(|v| v.as_u64()).collect::<Vec<_>>()),
+        Some(vec![u64::from(pid)]),
+        "{row}"
+    );
+
+    // Inside the unit's cgroup in every hierarchy; not under the hierarchies' own vgpu/.
+    for dir in &unit.dirs {
+        let cgroup = dir.join("vgpu").join(&id);
+        assert_eq!(procs(&cgroup), vec![pid], "{} should hold the workload", cgroup.display());
+        let root_vgpu = dir.parent().expect("a mount").join("vgpu").join(&id);
+        assert!(!root_vgpu.exists(), "{} was made outside the unit", root_vgpu.display());
+    }
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("the workload's /proc/PID/cgroup");
+    assert!(own.contains(&format!("{}/vgpu/{id}", unit.rel)), "{own}");
+
+    // `kill` from outside the unit too; the workload ends, its cgroup goes.
+    let out = sim.vgpu(&["kill", &id]).output().expect("vgpu kill");
+    assert!(out.status.success(), "vgpu kill: {}", String::from_utf8_lossy(&out.stderr));
+    let mut run = guard.0.take().expect("vgpu run");
+    let status = run.wait().expect("wait for vgpu run");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(run.stderr.as_mut().expect("stderr"), &mut stderr).expect("read stderr");
+    assert!(!status.success(), "vgpu run of a killed workload: {status} {stderr}");
+    for dir in &unit.dirs {
+        assert!(!dir.join("vgpu").join(&id).exists(), "{} left behind: {stderr}", dir.join("vgpu").join(&id).display());
+    }
+    assert!(sim.ps().is_empty(), "the record is gone");
+}
+
+fn manager_check(sim: &Sim, unit: Option<&FakeUnit>) -> serde_json::Value {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "doctor", "--json"]);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    cmd.env_remove("VGPU_CGROUP_MANAGER").env_remove("VGPU_CGROUP_SELF");
+    if let Some(unit) = unit {
+        delegated(&mut cmd, unit);
+    }
+    let out = cmd.output().expect("vgpu doctor --json");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor's JSON");
+    report["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "cgroup manager"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no cgroup manager check: {report}"))
+}
+
+#[test]
+fn doctor_reports_the_manager() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let check = manager_check(&sim, None);
+    assert_eq!(check["status"], "ok", "{check}");
+    let detail = check["detail"].as_str().unwrap_or_default();
+    // This machine and CI have no systemd as PID 1.
+    if !Path::new("/run/systemd/system").exists() {
+        assert!(detail.starts_with("cgroupfs") && detail.contains("not PID 1"), "{detail}");
+    }
+    let unit = FakeUnit::new();
+    let check = manager_check(&sim, Some(&unit));
+    let detail = check["detail"].as_str().unwrap_or_default();
+    assert!(detail.starts_with("delegated") && detail.contains(&format!("{}/vgpu/", unit.rel)), "{check}");
+
+    let mut bad = sim.vgpu(&["doctor", "--json"]);
+    bad.env("VGPU_CGROUP_MANAGER", "docker");
+    let out = bad.output().expect("vgpu doctor");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor's JSON");
+    let check = report["checks"].as_array().and_then(|c| c.iter().find(|c| c["name"] == "cgroup manager")).cloned().expect("the check");
+    assert_eq!(check["status"], "fail", "{check}");
+    assert!(check["detail"].as_str().is_some_and(|d| d.contains("docker")), "{check}");
+}

@@ -150,7 +150,7 @@ impl Config {
 
 /// toml's messages span several lines with a source excerpt; keep the gist on one line,
 /// with the key (qualified by its table) and the line number.
-fn one_line(text: &str, err: &toml::de::Error) -> String {
+pub(crate) fn one_line(text: &str, err: &toml::de::Error) -> String {
     let message = err.message().trim().replace('\n', " ");
     let Some(span) = err.span() else { return message };
     let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;

@@ -174,3 +174,66 @@ fn doctor_reports_the_manager() {
     assert_eq!(check["status"], "fail", "{check}");
     assert!(check["detail"].as_str().is_some_and(|d| d.contains("docker")), "{check}");
 }
+
+/// `vgpu run --workload NAME` (what `vgpu@NAME.service` runs) takes its options and command
+/// from `NAME.toml` in the workloads directory (`VGPU_WORKLOADS_DIR` here,
+/// `/etc/vgpu/workloads` by default).
+#[test]
+fn a_workload_file_gives_run_its_options_and_command() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let dir = sim.path("workloads");
+    std::fs::create_dir(&dir).unwrap();
+    let started = sim.path("started");
+    std::fs::write(
+        dir.join("job.toml"),
+        format!(
+            "name = \"from-file\"\nmem = \"2G\"\ncompute = 30\nenv = {{ GREETING = \"hi\" }}\ncommand = [\"sh\", \"-c\", \"echo $GREETING $$ > {}; exec sleep 600\"]\n",
+            started.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--workload", "job"]).env("VGPU_WORKLOADS_DIR", &dir);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    let mut guard = Running(Some(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn vgpu run")));
+    wait_for("the workload to start", || std::fs::read_to_string(&started).is_ok_and(|s| s.ends_with('\n')));
+    let said = std::fs::read_to_string(&started).unwrap();
+    assert!(said.starts_with("hi "), "the file's env: {said:?}");
+    let row = sim.row("from-file");
+    let text = row.to_string();
+    assert!(text.contains(&(2u64 << 30).to_string()), "the file's mem = \"2G\": {row}");
+    assert!(row["compute_pct"] == 30 || text.contains("\"compute_pct\":30"), "the file's compute = 30: {row}");
+    let id = row["id"].as_str().expect("an id").to_string();
+    let out = sim.vgpu(&["kill", &id]).output().expect("vgpu kill");
+    assert!(out.status.success(), "vgpu kill: {}", String::from_utf8_lossy(&out.stderr));
+    let mut run = guard.0.take().expect("vgpu run");
+    run.wait().expect("wait for vgpu run");
+}
+
+#[test]
+fn a_bad_workload_file_is_refused_naming_the_key() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let dir = sim.path("workloads");
+    std::fs::create_dir(&dir).unwrap();
+    for (text, key) in [
+        ("mems = \"2G\"\ncommand = [\"true\"]\n", "mems"),
+        ("mem = \"2X\"\ncommand = [\"true\"]\n", "mem"),
+        ("compute = 300\ncommand = [\"true\"]\n", "compute"),
+        ("mem = \"2G\"\n", "command"),
+    ] {
+        std::fs::write(dir.join("bad.toml"), text).unwrap();
+        let out = sim.vgpu(&["run", "--workload", "bad"]).env("VGPU_WORKLOADS_DIR", &dir).output().expect("vgpu run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text:?}: {stderr}");
+        assert!(stderr.contains(key) && stderr.contains("bad.toml"), "{text:?} should name `{key}` and the file: {stderr}");
+    }
+    for (name, says) in [("nope", "nope.toml"), ("a b", "plain name"), (".hidden", "plain name")] {
+        let out = sim.vgpu(&["run", "--workload", name]).env("VGPU_WORKLOADS_DIR", &dir).output().expect("vgpu run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name:?}: {stderr}");
+        assert!(stderr.contains(says), "{name:?}: {stderr}");
+    }
+    assert!(sim.ps().is_empty());
+}

@@ -16,7 +16,7 @@ use crate::pool::{KindFilter, Priority};
 use crate::pool_effects::pool_error;
 use crate::state::{Store, Workload};
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
     /// GPU to use, by index or UUID (repeatable) [default: the GPU with the most unreserved memory]
@@ -77,11 +77,62 @@ pub struct RunArgs {
     #[arg(long)]
     pub oversubscribe: bool,
     /// The command and its arguments
-    #[arg(required = true, value_name = "CMD")]
+    #[arg(required_unless_present = "workload", value_name = "CMD")]
     pub command: Vec<String>,
+    /// Take the options and the command from a workload file: NAME is /etc/vgpu/workloads/NAME.toml (what vgpu@NAME.service runs), a path if it contains '/'; options given here win over the file's
+    #[arg(long, value_name = "NAME|FILE")]
+    pub workload: Option<String>,
+}
+
+/// `args` with the workload file's values where the command line gives none (`--workload`).
+fn with_workload_file(args: &RunArgs, workload: &str) -> Result<RunArgs> {
+    let file = crate::workload_file::load(workload).map_err(|e| match std::error::Error::source(&e) {
+        Some(cause) => UsageError::new(format!("{e}: {cause}")),
+        None => UsageError::new(e.to_string()),
+    })?;
+    let mut merged = args.clone();
+    let fill = |cli: &mut Option<String>, from: Option<String>| {
+        if cli.is_none() {
+            *cli = from;
+        }
+    };
+    if merged.gpus.is_empty() {
+        merged.gpus = file.gpu;
+    }
+    fill(&mut merged.gpu_count, file.gpus);
+    fill(&mut merged.mem, file.mem);
+    merged.compute = merged.compute.or(file.compute);
+    merged.compute_policy = merged.compute_policy.or(file.compute_policy);
+    fill(&mut merged.partition, file.partition);
+    fill(&mut merged.tflops, file.tflops);
+    fill(&mut merged.kind, file.kind);
+    fill(&mut merged.wait, file.wait);
+    merged.freq_sensitivity = merged.freq_sensitivity.or(file.freq_sensitivity);
+    merged.cpus = merged.cpus.or(file.cpus);
+    fill(&mut merged.memory, file.memory);
+    merged.pids = merged.pids.or(file.pids);
+    fill(&mut merged.name, file.name);
+    fill(&mut merged.user, file.user);
+    // The file's variables first: one given on the command line comes later and wins.
+    merged.env = file.env.into_iter().chain(args.env.iter().cloned()).collect();
+    merged.cwd = merged.cwd.or(file.cwd);
+    fill(&mut merged.priority, file.priority);
+    merged.oversubscribe |= file.oversubscribe;
+    if merged.command.is_empty() {
+        merged.command = file.command;
+    }
+    Ok(merged)
 }
 
 pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
+    let from_file;
+    let args = match &args.workload {
+        Some(workload) => {
+            from_file = with_workload_file(args, workload)?;
+            &from_file
+        }
+        None => args,
+    };
     let request = validate(ctx, args)?;
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu run must run as root (through sudo, systemd or cron): it creates cgroups");

@@ -40,8 +40,9 @@ pub struct Config {
 }
 
 /// `[cgroup]`: `manager = "auto"` (the default: the delegated subtree of the systemd unit
-/// vgpu runs in when it has `Delegate=yes`, else each hierarchy's root), `"cgroupfs"` or
-/// `"delegated"` (see `crate::cgroup::home`). `VGPU_CGROUP_MANAGER` overrides it.
+/// vgpu runs in when it has `Delegate=yes`, a transient scope from systemd when systemd is
+/// PID 1, else each hierarchy's root), `"cgroupfs"`, `"delegated"` or `"systemd"` (see
+/// `crate::cgroup::home`). `VGPU_CGROUP_MANAGER` overrides it.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CgroupConfig {

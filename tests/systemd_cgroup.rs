@@ -237,3 +237,197 @@ fn a_bad_workload_file_is_refused_naming_the_key() {
     }
     assert!(sim.ps().is_empty());
 }
+
+// ---------------------------------------------------------------------------------------
+// The systemd (D-Bus) manager, against a real dbus-daemon and a stand-in for systemd.
+
+/// What the stand-in was asked: (unit, Delegate=, PIDs).
+type Calls = std::sync::Arc<std::sync::Mutex<Vec<(String, bool, Vec<u32>)>>>;
+
+/// A minimal `org.freedesktop.systemd1.Manager`: StartTransientUnit makes the scope's
+/// cgroup (`<mount>/<slice>/<unit>` in every hierarchy vgpu uses, real cgroups), moves the
+/// PIDs there, and emits JobRemoved(…, "done") as systemd does when the job ends.
+struct StandIn {
+    slice: String,
+    mounts: Vec<PathBuf>,
+    calls: Calls,
+    jobs: u32,
+}
+
+#[zbus::interface(name = "org.freedesktop.systemd1.Manager")]
+impl StandIn {
+    fn subscribe(&self) {}
+
+    async fn start_transient_unit(
+        &mut self,
+        #[zbus(signal_emitter)] emitter: zbus::object_server::SignalEmitter<'_>,
+        name: String,
+        _mode: String,
+        properties: Vec<(String, zbus::zvariant::OwnedValue)>,
+        _aux: Vec<(String, Vec<(String, zbus::zvariant::OwnedValue)>)>,
+    ) -> zbus::fdo::Result<zbus::zvariant::OwnedObjectPath> {
+        use zbus::zvariant::Value;
+        let mut delegate = false;
+        let mut pids = Vec::new();
+        for (key, value) in &properties {
+            match (key.as_str(), &**value) {
+                ("Delegate", Value::Bool(b)) => delegate = *b,
+                ("PIDs", Value::Array(array)) => pids.extend(array.iter().filter_map(|v| if let Value::U32(p) = v { Some(*p) } else { None })),
+                _ => {}
+            }
+        }
+        for mount in &self.mounts {
+            let slice = mount.join(&self.slice);
+            let scope = slice.join(&name);
+            let made = std::fs::create_dir_all(&scope);
+            // What systemd does for a delegated unit on v2: its controllers handed down.
+            let _ = std::fs::write(slice.join("cgroup.subtree_control"), "+cpu +memory +pids");
+            for pid in &pids {
+                made.as_ref().map_err(|e| zbus::fdo::Error::Failed(format!("mkdir {}: {e}", scope.display())))?;
+                std::fs::write(scope.join("cgroup.procs"), pid.to_string())
+                    .map_err(|e| zbus::fdo::Error::Failed(format!("move {pid} to {}: {e}", scope.display())))?;
+            }
+        }
+        self.calls.lock().expect("calls").push((name.clone(), delegate, pids));
+        self.jobs += 1;
+        let job = zbus::zvariant::OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/job/{}", self.jobs))
+            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
+        Self::job_removed(&emitter, self.jobs, job.as_ref(), &name, "done").await.map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
+        Ok(job)
+    }
+
+    #[zbus(signal)]
+    async fn job_removed(
+        emitter: &zbus::object_server::SignalEmitter<'_>,
+        id: u32,
+        job: zbus::zvariant::ObjectPath<'_>,
+        unit: &str,
+        result: &str,
+    ) -> zbus::Result<()>;
+}
+
+/// A private `dbus-daemon` on a socket in `dir`, ended when dropped.
+struct Bus {
+    daemon: std::process::Child,
+    address: String,
+}
+
+impl Bus {
+    fn start(dir: &Path) -> Bus {
+        let socket = dir.join("bus");
+        let mut daemon = Command::new("dbus-daemon")
+            .args(["--session", "--nofork", "--print-address=1"])
+            .arg(format!("--address=unix:path={}", socket.display()))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("dbus-daemon not found: install the dbus-daemon package (apt-get install dbus-daemon; .ci/run does)");
+        // It prints its address once it listens.
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(daemon.stdout.take().expect("stdout")), &mut line).expect("dbus-daemon's address");
+        assert!(line.starts_with("unix:"), "dbus-daemon printed {line:?}");
+        Bus { daemon, address: line.trim().to_string() }
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+/// The test slice in every hierarchy, removed (deepest first) when dropped.
+struct Slice(Vec<PathBuf>);
+
+impl Drop for Slice {
+    fn drop(&mut self) {
+        fn rmdir_tree(dir: &Path) {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        rmdir_tree(&entry.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        self.0.iter().for_each(|dir| rmdir_tree(dir));
+    }
+}
+
+#[test]
+fn a_run_from_a_shell_gets_a_transient_scope_over_dbus() {
+    assert!(nix::unistd::geteuid().is_root(), "tests/systemd_cgroup.rs must run as root (CI does): it creates cgroups");
+    let layout = Layout::detect().expect("no cgroup filesystem is mounted");
+    let mut mounts: Vec<PathBuf> = match layout.mode {
+        Mode::V2 => layout.unified.iter().cloned().collect(),
+        Mode::V1 | Mode::Hybrid => Controller::USED.iter().filter_map(|c| layout.mount_of(*c).map(Path::to_path_buf)).collect(),
+    };
+    mounts.sort();
+    mounts.dedup();
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let slice = format!("vgpu-test-{}-{nanos}.slice", std::process::id());
+    let _slice = Slice(mounts.iter().map(|m| m.join(&slice)).collect());
+
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let bus = Bus::start(sim.dir.path());
+    let calls = Calls::default();
+    let stand_in = StandIn { slice: slice.clone(), mounts: mounts.clone(), calls: calls.clone(), jobs: 0 };
+    let _systemd = zbus::blocking::connection::Builder::address(bus.address.as_str())
+        .and_then(|b| b.name("org.freedesktop.systemd1"))
+        .and_then(|b| b.serve_at("/org/freedesktop/systemd1", stand_in))
+        .and_then(|b| b.build())
+        .expect("the stand-in for systemd on the bus");
+
+    let systemd_env = |cmd: &mut Command| {
+        cmd.env("VGPU_CGROUP_MANAGER", "systemd").env("VGPU_SYSTEMD_BUS", &bus.address).env_remove("VGPU_CGROUP_SELF");
+    };
+    let started = sim.path("started");
+    let script = format!("echo $$ > {}; exec sleep 600", started.display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--name", "shell", "--", "sh", "-c", &script]);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    systemd_env(&mut cmd);
+    let mut guard = Running(Some(cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn vgpu run")));
+    let supervisor = guard.0.as_ref().map(std::process::Child::id).expect("vgpu run's pid");
+    wait_for("the workload to start", || std::fs::read_to_string(&started).is_ok_and(|s| s.ends_with('\n')));
+    let pid: u32 = std::fs::read_to_string(&started).unwrap().trim().parse().expect("the workload's pid");
+    let id = sim.row("shell")["id"].as_str().expect("an id").to_string();
+
+    // vgpu asked for vgpu-<id>.scope, delegated, holding itself.
+    let scope = format!("vgpu-{id}.scope");
+    assert_eq!(calls.lock().unwrap().clone(), vec![(scope.clone(), true, vec![supervisor])]);
+    // The workload is in <scope>/vgpu/<id> in every hierarchy; vgpu run in the scope.
+    for mount in &mounts {
+        let cgroup = mount.join(&slice).join(&scope).join("vgpu").join(&id);
+        assert_eq!(procs(&cgroup), vec![pid], "{} should hold the workload", cgroup.display());
+    }
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("the workload's /proc/PID/cgroup");
+    assert!(own.contains(&format!("/{slice}/{scope}/vgpu/{id}")), "{own}");
+    let sup = std::fs::read_to_string(format!("/proc/{supervisor}/cgroup")).expect("vgpu run's /proc/PID/cgroup");
+    assert!(sup.contains(&format!("/{slice}/{scope}")), "{sup}");
+
+    // doctor names the manager.
+    let mut doctor = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    doctor.args(["--simulate", "doctor", "--json"]);
+    for (k, v) in sim.env() {
+        doctor.env(k, v);
+    }
+    systemd_env(&mut doctor);
+    let report: serde_json::Value = serde_json::from_slice(&doctor.output().expect("vgpu doctor").stdout).expect("doctor's JSON");
+    let check = report["checks"].as_array().and_then(|c| c.iter().find(|c| c["name"] == "cgroup manager")).cloned().expect("the check");
+    assert!(check["detail"].as_str().is_some_and(|d| d.starts_with("systemd")), "{check}");
+
+    // Killed from outside: the workload's cgroup goes; the scope is systemd's to end.
+    let out = sim.vgpu(&["kill", &id]).output().expect("vgpu kill");
+    assert!(out.status.success(), "vgpu kill: {}", String::from_utf8_lossy(&out.stderr));
+    let mut run = guard.0.take().expect("vgpu run");
+    run.wait().expect("wait for vgpu run");
+    for mount in &mounts {
+        let cgroup = mount.join(&slice).join(&scope).join("vgpu").join(&id);
+        assert!(!cgroup.exists(), "{} left behind", cgroup.display());
+    }
+    assert_eq!(calls.lock().unwrap().len(), 1);
+}

@@ -8,10 +8,10 @@
 //!   `<unit cgroup>/vgpu/<id>` and `systemctl status/stop` see and stop it. On cgroup v2 a
 //!   cgroup with processes cannot hand controllers to its children ("no internal
 //!   processes"), so vgpu first moves itself to the leaf `<unit cgroup>/supervisor`.
-//! - `systemd`: systemd is PID 1 and vgpu runs outside a delegated unit (a shell). vgpu
-//!   then leaves the cgroup tree alone only if told to ([`Setting::Cgroupfs`]); asking
-//!   systemd for a transient scope over D-Bus is not built yet, so this is reported by
-//!   `vgpu doctor` and vgpu falls back to cgroupfs (see README "systemd").
+//! - `systemd`: systemd is PID 1 and vgpu runs outside a delegated unit (a shell, cron): vgpu
+//!   asks systemd over D-Bus for a transient scope `vgpu-<id>.scope` with `Delegate=yes`
+//!   holding itself (`systemd.rs`), then goes on as `delegated` inside it. Should the bus not
+//!   answer under `auto`, vgpu warns and falls back to cgroupfs.
 //!
 //! The choice is made once per `vgpu run` ([`choose`]) and recorded in the workload's record
 //! ([`CgroupHome`]), so every later command (kill, suspend, teardown, reconcile) opens the
@@ -46,6 +46,8 @@ pub enum ManagerKind {
     #[default]
     Cgroupfs,
     Delegated,
+    /// A transient scope systemd made over D-Bus; `unit` names it.
+    Systemd,
 }
 
 impl ManagerKind {
@@ -53,6 +55,7 @@ impl ManagerKind {
         match self {
             ManagerKind::Cgroupfs => "cgroupfs",
             ManagerKind::Delegated => "delegated",
+            ManagerKind::Systemd => "systemd",
         }
     }
 }
@@ -68,6 +71,9 @@ pub enum Setting {
     /// Use the cgroup vgpu runs in as a delegated subtree even where it cannot tell
     /// (systemd older than 251 marks no delegation).
     Delegated,
+    /// A transient scope from systemd for each workload, even where systemd does not look
+    /// like PID 1 (a bus given by `VGPU_SYSTEMD_BUS`).
+    Systemd,
 }
 
 impl Setting {
@@ -76,6 +82,7 @@ impl Setting {
             "auto" => Some(Setting::Auto),
             "cgroupfs" => Some(Setting::Cgroupfs),
             "delegated" => Some(Setting::Delegated),
+            "systemd" => Some(Setting::Systemd),
             _ => None,
         }
     }
@@ -108,10 +115,13 @@ impl CgroupHome {
     pub fn describe(&self) -> String {
         match self.manager {
             ManagerKind::Cgroupfs => "cgroupfs: workloads under each hierarchy's vgpu/".to_string(),
-            ManagerKind::Delegated => {
+            ManagerKind::Systemd if self.unified.is_none() && self.v1.is_empty() => {
+                "systemd: each workload in a transient scope vgpu-<id>.scope (Delegate=yes) from systemd's D-Bus API".to_string()
+            }
+            ManagerKind::Delegated | ManagerKind::Systemd => {
                 let at = self.unified.clone().or_else(|| self.v1.get(&Controller::Memory).cloned()).unwrap_or_else(|| "/".into());
                 let unit = self.unit.as_deref().map(|u| format!(" of {u}")).unwrap_or_default();
-                format!("delegated: workloads in the delegated subtree{unit} ({}/vgpu/)", at.trim_end_matches('/'))
+                format!("{}: workloads in the delegated subtree{unit} ({}/vgpu/)", self.manager.name(), at.trim_end_matches('/'))
             }
         }
     }
@@ -191,22 +201,60 @@ pub struct Choice {
 }
 
 /// Chooses the manager for a new workload: `setting` (the config's, overridden by
-/// `VGPU_CGROUP_MANAGER`) and what the host says.
+/// `VGPU_CGROUP_MANAGER`) and what the host says. Changes nothing (`vgpu doctor` asks it).
 pub fn choose(layout: &Layout, setting: Setting) -> Result<Choice> {
-    let setting = match std::env::var(ENV_MANAGER) {
-        Ok(text) => Setting::parse(&text)
-            .ok_or_else(|| CgroupError::Manager { reason: format!("{ENV_MANAGER}={text:?}: expected auto, cgroupfs or delegated") })?,
-        Err(_) => setting,
+    choose_with(layout, setting_from_env(setting)?, &Probe::read(), &is_delegated)
+}
+
+fn setting_from_env(setting: Setting) -> Result<Setting> {
+    match std::env::var(ENV_MANAGER) {
+        Ok(text) => Setting::parse(&text).ok_or_else(|| CgroupError::Manager {
+            reason: format!("{ENV_MANAGER}={text:?}: expected auto, cgroupfs, delegated or systemd"),
+        }),
+        Err(_) => Ok(setting),
+    }
+}
+
+/// For a new workload `id`: chooses the manager ([`choose`]) and makes its place — the
+/// transient scope (systemd manager), this process moved to its leaf (cgroup v2) — and
+/// returns where its cgroup goes, to record.
+pub fn settle(layout: &Layout, setting: Setting, id: &str) -> Result<CgroupHome> {
+    let setting = setting_from_env(setting)?;
+    let choice = choose_with(layout, setting, &Probe::read(), &is_delegated)?;
+    let home = match choice.home.manager {
+        ManagerKind::Systemd => {
+            let unit = super::systemd::scope_name(id);
+            let description = format!("vgpu workload {id}");
+            match super::systemd::start_scope(&unit, std::process::id(), &description, super::systemd::TIMEOUT) {
+                Ok(()) => {
+                    // Now in the scope: its cgroup is ours, as a delegated unit's is.
+                    let mut home = choose_with(layout, Setting::Delegated, &Probe::read(), &|_| true)?.home;
+                    home.manager = ManagerKind::Systemd;
+                    home.unit = Some(unit);
+                    home
+                }
+                Err(e) if setting == Setting::Auto => {
+                    tracing::warn!("{e}; the workload's cgroup goes under each hierarchy's vgpu/ instead");
+                    CgroupHome::default()
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        _ => choice.home,
     };
-    choose_with(layout, setting, &Probe::read(), &is_delegated)
+    prepare(layout, &home)?;
+    Ok(home)
 }
 
 /// [`choose`] with its inputs given: `delegated(dir)` says whether systemd marked the
 /// cgroup directory `dir` as delegated.
 pub fn choose_with(layout: &Layout, setting: Setting, probe: &Probe, delegated: &dyn Fn(&Path) -> bool) -> Result<Choice> {
     let cgroupfs = |why: String| Choice { home: CgroupHome::default(), why };
-    if setting == Setting::Cgroupfs {
-        return Ok(cgroupfs("[cgroup] manager = \"cgroupfs\"".into()));
+    let systemd = |why: String| Choice { home: CgroupHome { manager: ManagerKind::Systemd, ..CgroupHome::default() }, why };
+    match setting {
+        Setting::Cgroupfs => return Ok(cgroupfs("[cgroup] manager = \"cgroupfs\"".into())),
+        Setting::Systemd => return Ok(systemd("[cgroup] manager = \"systemd\"".into())),
+        Setting::Auto | Setting::Delegated => {}
     }
     let paths = own_paths(&probe.self_cgroup);
     // The hierarchy systemd tracks units in: the unified one (v2, hybrid) or name=systemd.
@@ -227,10 +275,7 @@ pub fn choose_with(layout: &Layout, setting: Setting, probe: &Probe, delegated: 
             return Ok(cgroupfs(format!("systemd is not PID 1 (no {SYSTEMD_RUNTIME})")));
         }
         if own == "/" || !delegated(&join(&tracking_mount, &own)?) {
-            return Ok(cgroupfs(format!(
-                "systemd is PID 1, but this process's cgroup {own} is not a delegated unit (Delegate=yes); \
-                 vgpu writes its own vgpu/ cgroups"
-            )));
+            return Ok(systemd(format!("systemd is PID 1 and this process's cgroup {own} is not a delegated unit (Delegate=yes)")));
         }
     }
     let unit = own.rsplit('/').next().filter(|u| u.ends_with(".service") || u.ends_with(".scope")).map(str::to_string);
@@ -296,7 +341,7 @@ fn xattr_is_one(path: &Path, name: &str) -> bool {
 /// leaf `<home>/supervisor`, so that `<home>` holds no process and may hand controllers
 /// down (`cgroup.subtree_control`). Nothing to do for cgroupfs or on v1.
 pub fn prepare(layout: &Layout, home: &CgroupHome) -> Result<()> {
-    if home.manager != ManagerKind::Delegated || layout.mode != Mode::V2 {
+    if home.manager == ManagerKind::Cgroupfs || layout.mode != Mode::V2 {
         return Ok(());
     }
     let Some(root) = layout.within(home)?.unified else {
@@ -327,10 +372,16 @@ mod tests {
         let choice = choose_with(&fake.layout(), Setting::Auto, &probe(false, V2_UNIT), &yes).unwrap();
         assert!(choice.home.is_cgroupfs(), "{choice:?}");
         assert!(choice.why.contains("not PID 1"));
+        // systemd as PID 1, not delegated (a shell, cron): a transient scope per workload.
         let choice = choose_with(&fake.layout(), Setting::Auto, &probe(true, V2_UNIT), &no).unwrap();
-        assert!(choice.home.is_cgroupfs());
+        assert_eq!(choice.home.manager, ManagerKind::Systemd);
         assert!(choice.why.contains("not a delegated unit"), "{}", choice.why);
         let choice = choose_with(&fake.layout(), Setting::Auto, &probe(true, "0::/\n"), &yes).unwrap();
+        assert_eq!(choice.home.manager, ManagerKind::Systemd);
+        let choice = choose_with(&fake.layout(), Setting::Systemd, &probe(false, "0::/\n"), &no).unwrap();
+        assert_eq!(choice.home.manager, ManagerKind::Systemd);
+        assert!(choice.home.describe().contains("vgpu-<id>.scope"), "{}", choice.home.describe());
+        let choice = choose_with(&fake.layout(), Setting::Cgroupfs, &probe(true, V2_UNIT), &yes).unwrap();
         assert!(choice.home.is_cgroupfs());
     }
 
@@ -388,6 +439,7 @@ mod tests {
         let home: CgroupHome = serde_json::from_str("{}").unwrap();
         assert!(home.is_cgroupfs());
         assert_eq!(fake.layout().within(&home).unwrap(), fake.layout());
-        assert_eq!(Setting::parse("systemd"), None);
+        assert_eq!(Setting::parse("systemd"), Some(Setting::Systemd));
+        assert_eq!(Setting::parse("docker"), None);
     }
 }

@@ -256,7 +256,8 @@ fn check_cgroups(checks: &mut Vec<Check>) {
     }
 }
 
-/// Who would make a workload's cgroup if `vgpu run` started here: `cgroupfs` or `delegated`.
+/// Who would make a workload's cgroup if `vgpu run` started here: `cgroupfs`, `delegated` or
+/// `systemd` (a transient scope; not asked for here).
 fn check_cgroup_manager(ctx: &Context) -> Check {
     const NAME: &str = "cgroup manager";
     let Some(layout) = Layout::detect() else {
@@ -264,7 +265,7 @@ fn check_cgroup_manager(ctx: &Context) -> Check {
     };
     match crate::cgroup::home::choose(&layout, ctx.config.cgroup.manager) {
         Ok(choice) => Check::ok(NAME, format!("{} ({})", choice.home.describe(), choice.why)),
-        Err(e) => Check::fail(NAME, e.to_string(), "set [cgroup] manager (auto, cgroupfs, delegated) or VGPU_CGROUP_MANAGER"),
+        Err(e) => Check::fail(NAME, e.to_string(), "set [cgroup] manager (auto, cgroupfs, delegated, systemd) or VGPU_CGROUP_MANAGER"),
     }
 }
 

@@ -431,3 +431,43 @@ fn a_run_from_a_shell_gets_a_transient_scope_over_dbus() {
     }
     assert_eq!(calls.lock().unwrap().len(), 1);
 }
+
+/// `CapabilityBoundingSet=` of `systemd/vgpu@.service` as setpriv's `--bounding-set`.
+fn template_bounding_set() -> String {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/vgpu@.service")).expect("systemd/vgpu@.service");
+    let caps: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .flat_map(|l| l.split_whitespace())
+        .map(|cap| format!("+{}", cap.strip_prefix("CAP_").unwrap_or_else(|| panic!("{cap}")).to_lowercase()))
+        .collect();
+    assert!(!caps.is_empty(), "no CapabilityBoundingSet= in vgpu@.service");
+    std::iter::once("-all".to_string()).chain(caps).collect::<Vec<_>>().join(",")
+}
+
+/// The template unit's capabilities (and NoNewPrivileges=) are enough for `vgpu run` to run a
+/// workload file as another user; without them it cannot (so the check can fail).
+#[test]
+fn the_template_units_capabilities_run_another_users_workload() {
+    use std::os::unix::fs::PermissionsExt;
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    std::fs::set_permissions(sim.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(sim.path("fakegpu-state"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let dir = sim.path("workloads");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("tenant.toml"), "user = \"nobody\"\nmem = \"1G\"\ncommand = [\"sh\", \"-c\", \"test $(id -u) != 0 && exit 7\"]\n").unwrap();
+    let run = |bounding: &str| {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--bounding-set", bounding, "--no-new-privs", "--", env!("CARGO_BIN_EXE_vgpu"), "--simulate", "run", "--workload", "tenant"]);
+        for (k, v) in sim.env() {
+            cmd.env(k, v);
+        }
+        cmd.env("VGPU_WORKLOADS_DIR", &dir).output().expect("setpriv (util-linux)")
+    };
+    let set = template_bounding_set();
+    let out = run(&set);
+    assert_eq!(out.status.code(), Some(7), "with {set}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = run("-all");
+    assert_ne!(out.status.code(), Some(7), "without capabilities the workload ran: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(sim.ps().is_empty());
+}

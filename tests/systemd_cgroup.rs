@@ -166,6 +166,14 @@ fn doctor_reports_the_manager() {
     let detail = check["detail"].as_str().unwrap_or_default();
     assert!(detail.starts_with("delegated") && detail.contains(&format!("{}/vgpu/", unit.rel)), "{check}");
 
+    // The systemd manager with no systemd on its bus: a warning saying so.
+    let mut unanswered = sim.vgpu(&["doctor", "--json"]);
+    unanswered.env("VGPU_CGROUP_MANAGER", "systemd").env("VGPU_SYSTEMD_BUS", format!("unix:path={}", sim.path("no-bus").display()));
+    let report: serde_json::Value = serde_json::from_slice(&unanswered.output().expect("vgpu doctor").stdout).expect("doctor's JSON");
+    let check = report["checks"].as_array().and_then(|c| c.iter().find(|c| c["name"] == "cgroup manager")).cloned().expect("the check");
+    assert_eq!(check["status"], "warn", "{check}");
+    assert!(check["detail"].as_str().is_some_and(|d| d.starts_with("systemd") && d.contains("no-bus")), "{check}");
+
     let mut bad = sim.vgpu(&["doctor", "--json"]);
     bad.env("VGPU_CGROUP_MANAGER", "docker");
     let out = bad.output().expect("vgpu doctor");
@@ -418,7 +426,8 @@ fn a_run_from_a_shell_gets_a_transient_scope_over_dbus() {
     systemd_env(&mut doctor);
     let report: serde_json::Value = serde_json::from_slice(&doctor.output().expect("vgpu doctor").stdout).expect("doctor's JSON");
     let check = report["checks"].as_array().and_then(|c| c.iter().find(|c| c["name"] == "cgroup manager")).cloned().expect("the check");
-    assert!(check["detail"].as_str().is_some_and(|d| d.starts_with("systemd")), "{check}");
+    assert!(check["detail"].as_str().is_some_and(|d| d.starts_with("systemd") && d.contains("answers")), "{check}");
+    assert_eq!(check["status"], "ok", "{check}");
 
     // Killed from outside: the workload's cgroup goes; the scope is systemd's to end.
     let out = sim.vgpu(&["kill", &id]).output().expect("vgpu kill");

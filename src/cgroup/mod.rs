@@ -12,7 +12,7 @@ mod error;
 mod fs;
 mod handle;
 pub mod home;
-mod systemd;
+pub mod systemd;
 pub mod layout;
 mod manager;
 mod v1;

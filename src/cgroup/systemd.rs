@@ -53,6 +53,17 @@ fn connect(timeout: Duration) -> Result<Connection> {
     builder.method_timeout(timeout).build().map_err(|e| failed("cannot connect", e))
 }
 
+/// Whether systemd answers on the bus (`org.freedesktop.DBus.Peer.Ping`), for `vgpu doctor`.
+pub fn ping(timeout: Duration) -> Result<()> {
+    let conn = connect(timeout)?;
+    let outcome = conn
+        .call_method(Some(DESTINATION), PATH, Some("org.freedesktop.DBus.Peer"), "Ping", &())
+        .map(|_| ())
+        .map_err(|e| failed("Ping", e));
+    let _ = conn.close();
+    outcome
+}
+
 /// Starts the transient scope `unit` holding process `pid`, with `Delegate=yes`, and waits
 /// until systemd reports its job done (at most `timeout`).
 pub fn start_scope(unit: &str, pid: u32, description: &str, timeout: Duration) -> Result<()> {

@@ -264,6 +264,16 @@ fn check_cgroup_manager(ctx: &Context) -> Check {
         return Check::fail(NAME, "no cgroup filesystem mounted", "mount cgroup2 at /sys/fs/cgroup");
     };
     match crate::cgroup::home::choose(&layout, ctx.config.cgroup.manager) {
+        Ok(choice) if choice.home.manager == crate::cgroup::ManagerKind::Systemd => {
+            match crate::cgroup::systemd::ping(std::time::Duration::from_secs(2)) {
+                Ok(()) => Check::ok(NAME, format!("{} ({}; systemd answers on the bus)", choice.home.describe(), choice.why)),
+                Err(e) => Check::warn(
+                    NAME,
+                    format!("{} ({}), but {e}", choice.home.describe(), choice.why),
+                    "check the system bus (busctl status); under [cgroup] manager = \"auto\" vgpu run falls back to cgroupfs",
+                ),
+            }
+        }
         Ok(choice) => Check::ok(NAME, format!("{} ({})", choice.home.describe(), choice.why)),
         Err(e) => Check::fail(NAME, e.to_string(), "set [cgroup] manager (auto, cgroupfs, delegated, systemd) or VGPU_CGROUP_MANAGER"),
     }

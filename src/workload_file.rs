@@ -109,10 +109,16 @@ pub struct Options {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadFileError {
-    #[error("workload {name:?}: give a plain name (letters, digits, '-', '_', '.'; `/etc/vgpu/workloads/NAME.toml`) or a path containing '/'")]
+    #[error(
+        "workload {name:?}: give a plain name (letters, digits, '-', '_', '.'; `/etc/vgpu/workloads/NAME.toml`) or a path containing '/'"
+    )]
     BadName { name: String },
     #[error("cannot read workload file {}", path.display())]
-    Read { path: PathBuf, #[source] source: std::io::Error },
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("invalid workload file {}: {message}", path.display())]
     Invalid { path: PathBuf, message: String },
 }
@@ -187,7 +193,50 @@ impl WorkloadFile {
     }
 }
 
+/// The option pairs `vgpu run` refuses together (clap's `conflicts_with` on `RunArgs`), and
+/// those that need another, by key: checked again on a file and on the merged options,
+/// which clap never saw.
+const CONFLICTS: [(&str, &[&str]); 3] = [
+    ("partition", &["gpu", "gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"]),
+    ("tflops", &["gpu", "compute", "gpus"]),
+    ("gpus", &["gpu"]),
+];
+const REQUIRES: [(&str, &str); 2] = [("kind", "tflops"), ("wait", "tflops")];
+
+/// Refuses options given together that `vgpu run` refuses together; `given(key)` says
+/// whether one is given, `name(key)` how to name it in the message (`key `mem`` or `--mem`).
+pub fn check_combination(given: &dyn Fn(&str) -> bool, name: &dyn Fn(&str) -> String) -> Result<(), String> {
+    for (key, others) in CONFLICTS {
+        if let Some(other) = others.iter().find(|o| given(key) && given(o)) {
+            return Err(format!("{} cannot be used with {}", name(key), name(other)));
+        }
+    }
+    for (key, needed) in REQUIRES {
+        if given(key) && !given(needed) {
+            return Err(format!("{} needs {}", name(key), name(needed)));
+        }
+    }
+    Ok(())
+}
+
 impl Options {
+    /// Whether the file gives `key`.
+    fn gives(&self, key: &str) -> bool {
+        match key {
+            "gpu" => !self.gpu.is_empty(),
+            "gpus" => self.gpus.is_some(),
+            "mem" => self.mem.is_some(),
+            "compute" => self.compute.is_some(),
+            "compute_policy" => self.compute_policy.is_some(),
+            "partition" => self.partition.is_some(),
+            "tflops" => self.tflops.is_some(),
+            "kind" => self.kind.is_some(),
+            "wait" => self.wait.is_some(),
+            "oversubscribe" => self.oversubscribe,
+            _ => false,
+        }
+    }
+
     /// The values `vgpu run` would refuse whatever the command line adds, named by their key
     /// (the rest are checked with the command line's, naming the option).
     fn check(&self) -> Result<(), String> {
@@ -215,7 +264,7 @@ impl Options {
         if let Some(bad) = self.env.iter().find(|kv| kv.starts_with('=')) {
             return Err(format!("key `env`: {bad:?} has no variable name"));
         }
-        Ok(())
+        check_combination(&|key| self.gives(key), &|key| format!("key `{key}`"))
     }
 }
 
@@ -234,12 +283,12 @@ mod tests {
     #[test]
     fn keys_are_the_run_options() {
         let o = parse_ok(
-            "mem = \"4G\"\ncompute = 30\ngpu = [0, \"GPU-x\"]\ngpus = 2\ncpus = 1.5\nenv = { A = \"1\" }\noversubscribe = true\ncommand = [\"python\", \"serve.py\"]\n",
+            "mem = \"4G\"\ncompute = 30\ngpu = [0, \"GPU-x\"]\ncpus = 1.5\nenv = { A = \"1\" }\noversubscribe = true\ncommand = [\"python\", \"serve.py\"]\n",
         );
         assert_eq!(o.mem.as_deref(), Some("4G"));
         assert_eq!(o.compute, Some(30));
         assert_eq!(o.gpu, vec!["0", "GPU-x"]);
-        assert_eq!(o.gpus.as_deref(), Some("2"));
+        assert_eq!(parse_ok("gpus = 2\ncommand = [\"x\"]\n").gpus.as_deref(), Some("2"));
         assert_eq!(o.env, vec!["A=1"]);
         assert!(o.oversubscribe);
         assert_eq!(o.command, vec!["python", "serve.py"]);
@@ -257,6 +306,8 @@ mod tests {
             ("mem = \"4G\"\n", "command"),
             ("command = []\n", "command"),
             ("compute_policy = \"nice\"\ncommand = [\"x\"]\n", "compute_policy"),
+            ("partition = \"p\"\nmem = \"1G\"\ncommand = [\"x\"]\n", "key `partition` cannot be used with key `mem`"),
+            ("kind = \"npu\"\ncommand = [\"x\"]\n", "key `kind` needs key `tflops`"),
         ] {
             let err = parse_err(text);
             assert!(err.contains(key) && err.contains("w.toml"), "{text:?}: {err}");

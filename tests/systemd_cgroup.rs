@@ -230,6 +230,7 @@ fn a_bad_workload_file_is_refused_naming_the_key() {
         ("mem = \"2X\"\ncommand = [\"true\"]\n", "mem"),
         ("compute = 300\ncommand = [\"true\"]\n", "compute"),
         ("mem = \"2G\"\n", "command"),
+        ("partition = \"p\"\nmem = \"2G\"\ncommand = [\"true\"]\n", "partition"),
     ] {
         std::fs::write(dir.join("bad.toml"), text).unwrap();
         let out = sim.vgpu(&["run", "--workload", "bad"]).env("VGPU_WORKLOADS_DIR", &dir).output().expect("vgpu run");
@@ -237,6 +238,12 @@ fn a_bad_workload_file_is_refused_naming_the_key() {
         assert_eq!(out.status.code(), Some(2), "{text:?}: {stderr}");
         assert!(stderr.contains(key) && stderr.contains("bad.toml"), "{text:?} should name `{key}` and the file: {stderr}");
     }
+    // The command line's options may not conflict with the file's either (clap saw only its own).
+    std::fs::write(dir.join("ok.toml"), "mem = \"2G\"\ncommand = [\"true\"]\n").unwrap();
+    let out = sim.vgpu(&["run", "--workload", "ok", "--partition", "p"]).env("VGPU_WORKLOADS_DIR", &dir).output().expect("vgpu run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--partition") && stderr.contains("`mem`"), "{stderr}");
     for (name, says) in [("nope", "nope.toml"), ("a b", "plain name"), (".hidden", "plain name")] {
         let out = sim.vgpu(&["run", "--workload", name]).env("VGPU_WORKLOADS_DIR", &dir).output().expect("vgpu run");
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -121,6 +121,22 @@ fn with_workload_file(args: &RunArgs, workload: &str) -> Result<RunArgs> {
     if merged.command.is_empty() {
         merged.command = file.command;
     }
+    // clap checked the command line's options among themselves, not against the file's.
+    let given = |key: &str| match key {
+        "gpu" => !merged.gpus.is_empty(),
+        "gpus" => merged.gpu_count.is_some(),
+        "mem" => merged.mem.is_some(),
+        "compute" => merged.compute.is_some(),
+        "compute_policy" => merged.compute_policy.is_some(),
+        "partition" => merged.partition.is_some(),
+        "tflops" => merged.tflops.is_some(),
+        "kind" => merged.kind.is_some(),
+        "wait" => merged.wait.is_some(),
+        "oversubscribe" => merged.oversubscribe,
+        _ => false,
+    };
+    crate::workload_file::check_combination(&given, &|key| format!("--{} (or `{key}` in {})", key.replace('_', "-"), file.path.display()))
+        .map_err(UsageError::new)?;
     Ok(merged)
 }
 

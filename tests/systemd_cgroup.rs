@@ -487,3 +487,14 @@ fn the_template_units_capabilities_run_another_users_workload() {
     assert_ne!(out.status.code(), Some(7), "without capabilities the workload ran: {}", String::from_utf8_lossy(&out.stderr));
     assert!(sim.ps().is_empty());
 }
+
+/// The template unit runs the workload file of its instance, in a subtree delegated to vgpu.
+#[test]
+fn the_template_unit_runs_the_instances_workload_file_delegated() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/vgpu@.service")).expect("systemd/vgpu@.service");
+    let values = |key: &str| -> Vec<String> { text.lines().filter_map(|l| l.strip_prefix(&format!("{key}="))).map(str::to_owned).collect() };
+    assert_eq!(values("ExecStart"), ["/usr/local/bin/vgpu run --workload %i"]);
+    assert_eq!(values("Delegate"), ["yes"]);
+    // Stop reaches vgpu run first, which relays it and tears down.
+    assert_eq!(values("KillMode"), ["mixed"]);
+}

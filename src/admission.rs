@@ -203,6 +203,7 @@ mod tests {
             pool_env: Vec::new(),
             freq_sensitivity: None,
             cgroup: name.into(),
+            cgroup_home: Default::default(),
             supervisor: ProcessIdRecord { pid: 1, start_time: 1 },
             pid: None,
             state: WorkloadState::Running,

@@ -35,6 +35,18 @@ pub struct Config {
     pub watch: crate::watch::config::WatchConfig,
     /// `[suspend]`: whether suspension moves device memory to host memory.
     pub suspend: crate::suspension::config::SuspendConfig,
+    /// `[cgroup]`: who makes a workload's cgroup.
+    pub cgroup: CgroupConfig,
+}
+
+/// `[cgroup]`: `manager = "auto"` (the default: the delegated subtree of the systemd unit
+/// vgpu runs in when it has `Delegate=yes`, a transient scope from systemd when systemd is
+/// PID 1, else each hierarchy's root), `"cgroupfs"`, `"delegated"` or `"systemd"` (see
+/// `crate::cgroup::home`). `VGPU_CGROUP_MANAGER` overrides it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CgroupConfig {
+    pub manager: crate::cgroup::home::Setting,
 }
 
 /// `[policy]`: what a user who runs vgpu through sudo may do. By default a workload runs as
@@ -139,7 +151,7 @@ impl Config {
 
 /// toml's messages span several lines with a source excerpt; keep the gist on one line,
 /// with the key (qualified by its table) and the line number.
-fn one_line(text: &str, err: &toml::de::Error) -> String {
+pub(crate) fn one_line(text: &str, err: &toml::de::Error) -> String {
     let message = err.message().trim().replace('\n', " ");
     let Some(span) = err.span() else { return message };
     let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
@@ -178,6 +190,17 @@ mod tests {
         let config = Config::parse("").unwrap();
         assert!(config.shim_path.is_none());
         assert!(!config.simulate);
+    }
+
+    #[test]
+    fn cgroup_manager_is_checked() {
+        use crate::cgroup::home::Setting;
+        assert_eq!(Config::parse("[cgroup]\nmanager = \"delegated\"\n").unwrap().cgroup.manager, Setting::Delegated);
+        assert_eq!(Config::parse("").unwrap().cgroup.manager, Setting::Auto);
+        let err = Config::parse("[cgroup]\nmanager = \"docker\"\n").unwrap_err();
+        assert!(err.contains("cgroup.manager") && err.contains("line 2"), "{err}");
+        let err = Config::parse("[cgroup]\nmanagr = \"auto\"\n").unwrap_err();
+        assert!(err.contains("managr"), "{err}");
     }
 
     #[test]

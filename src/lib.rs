@@ -34,3 +34,4 @@ pub(crate) mod stop_point;
 pub(crate) mod supervise;
 pub mod suspension;
 pub mod watch;
+pub(crate) mod workload_file;

@@ -99,7 +99,7 @@ pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
 /// Stop and remove everything a workload holds: its processes, cgroup, own vGPU, record.
 pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<()> {
     if let Some(layout) = layout {
-        match Cgroup::open(layout, &w.cgroup) {
+        match Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup) {
             Ok(cgroup) => {
                 // remove() thaws (a frozen process cannot die), kills what is left, removes.
                 cgroup.remove().with_context(|| format!("removing the cgroup of {}", w.id))?;
@@ -215,7 +215,9 @@ pub fn reclaim_vgpu(store: &Store, vgpu: &str) {
 pub fn wake_to_terminate(store: &Store, id: &str, cgroup: &str) -> Result<bool> {
     let _lock = store.lock()?;
     let Some(layout) = Layout::detect() else { return Ok(false) };
-    let cgroup = match Cgroup::open(&layout, cgroup) {
+    // Where the record says its cgroup is (a delegated unit's subtree, or the roots).
+    let home = Workload::read(&store.workload_path(id)).map(|w| w.cgroup_home).unwrap_or_default();
+    let cgroup = match Cgroup::open_at(&layout, &home, cgroup) {
         Ok(cgroup) => cgroup,
         Err(crate::cgroup::CgroupError::NotFound { .. }) => return Ok(false),
         Err(e) => return Err(e).with_context(|| format!("opening the cgroup of {id}")),

@@ -87,7 +87,7 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
     let cgroup_of = |id: &str| -> Result<Cgroup> {
         let w = record_of(id).context("it has no record")?;
         let layout = layout.as_ref().context("this host has no cgroup filesystem")?;
-        Cgroup::open(layout, &w.cgroup).context("its cgroup cannot be opened")
+        Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup).context("its cgroup cannot be opened")
     };
     let mut suspended: Vec<(Cgroup, String, SuspendedMemory)> = Vec::new();
     let undo_suspensions = |suspended: &[(Cgroup, String, SuspendedMemory)]| {

@@ -73,7 +73,10 @@ pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>, notes
 
 /// A `vgpu run` died between creating the cgroup and writing the record: remove the cgroup
 /// of each named workload that has no record (one with a record is the record's business:
-/// a dead supervisor's workload is torn down by reconcile).
+/// a dead supervisor's workload is torn down by reconcile). The intent names ids only, so
+/// this finds cgroups under each hierarchy's `vgpu/` (cgroupfs manager); one made in a
+/// delegated unit's or a transient scope's subtree goes with that unit, which ends with its
+/// dead `vgpu run` (cgroup/home.rs).
 fn undo_start(store: &Store, layout: &Layout, intent: &Intent, notes: &mut Vec<Note>) -> Result<()> {
     for id in &intent.workloads {
         if std::fs::symlink_metadata(store.workload_path(id)).is_ok() {
@@ -175,7 +178,7 @@ fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Wor
     if w.state == WorkloadState::Waiting || throttled_by_live_watch(w) {
         return Ok(None);
     }
-    let cgroup = match Cgroup::open(layout, &w.cgroup) {
+    let cgroup = match Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup) {
         Ok(cgroup) => cgroup,
         Err(CgroupError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),

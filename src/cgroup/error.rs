@@ -30,6 +30,9 @@ pub enum CgroupError {
     #[error("invalid {what} limit {value}: {reason}")]
     InvalidLimit { what: &'static str, value: String, reason: &'static str },
 
+    #[error("cgroup manager: {reason}")]
+    Manager { reason: String },
+
     #[error("invalid cgroup record: {reason}")]
     InvalidSpec { reason: String },
 

@@ -94,6 +94,12 @@ impl Cgroup {
         Ok(Cgroup::wrap(imp))
     }
 
+    /// Opens the existing cgroup `name` of a workload whose record says it lives in `home`
+    /// (a delegated unit's subtree, or each hierarchy's root).
+    pub fn open_at(layout: &Layout, home: &super::CgroupHome, name: &str) -> Result<Cgroup> {
+        Cgroup::open(&layout.within(home)?, name)
+    }
+
     /// Reopens a cgroup from what [`Cgroup::spec`] returned (a state file). The directories
     /// need not exist any more: removing a removed cgroup is fine. The spec is checked to
     /// name `…/vgpu/<name>` directories only, so a damaged state file cannot point

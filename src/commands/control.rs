@@ -117,7 +117,7 @@ pub fn resume(ctx: &Context, args: &ResumeArgs) -> Result<()> {
 
 fn open_cgroup(w: &crate::state::Workload) -> Result<Cgroup> {
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
-    Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))
+    Cgroup::open_at(&layout, &w.cgroup_home, &w.cgroup).with_context(|| format!("workload {}", w.id))
 }
 
 pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {
@@ -129,7 +129,7 @@ pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {
     let w = crate::lifecycle::find(&workloads, &args.id)?.clone();
     drop(lock);
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
-    let cgroup = Cgroup::open(&layout, &w.cgroup).with_context(|| format!("workload {}", w.id))?;
+    let cgroup = Cgroup::open_at(&layout, &w.cgroup_home, &w.cgroup).with_context(|| format!("workload {}", w.id))?;
     let count = cgroup.kill(signal).with_context(|| format!("signalling the processes of {}", w.id))?;
     println!("sent {signal} to {count} process(es) of {} ({})", w.name, w.id);
     // A frozen process acts on a signal only once it runs again: one that asks it to end

@@ -127,6 +127,7 @@ pub fn all_checks(ctx: &Context) -> Vec<Check> {
     let nvml = check_nvml(ctx, &mut checks);
     checks.push(check_cuda(ctx));
     check_cgroups(&mut checks);
+    checks.push(check_cgroup_manager(ctx));
     checks.push(check_shim(ctx));
     checks.push(check_state_dir("state directory", &ctx.state_dir));
     checks.push(check_state_dir("library directory", &ctx.lib_dir));
@@ -252,6 +253,29 @@ fn check_cgroups(checks: &mut Vec<Check>) {
                 },
             )),
         }
+    }
+}
+
+/// Who would make a workload's cgroup if `vgpu run` started here: `cgroupfs`, `delegated` or
+/// `systemd` (a transient scope; not asked for here).
+fn check_cgroup_manager(ctx: &Context) -> Check {
+    const NAME: &str = "cgroup manager";
+    let Some(layout) = Layout::detect() else {
+        return Check::fail(NAME, "no cgroup filesystem mounted", "mount cgroup2 at /sys/fs/cgroup");
+    };
+    match crate::cgroup::home::choose(&layout, ctx.config.cgroup.manager) {
+        Ok(choice) if choice.home.manager == crate::cgroup::ManagerKind::Systemd => {
+            match crate::cgroup::systemd::ping(std::time::Duration::from_secs(2)) {
+                Ok(()) => Check::ok(NAME, format!("{} ({}; systemd answers on the bus)", choice.home.describe(), choice.why)),
+                Err(e) => Check::warn(
+                    NAME,
+                    format!("{} ({}), but {e}", choice.home.describe(), choice.why),
+                    "check the system bus (busctl status); under [cgroup] manager = \"auto\" vgpu run falls back to cgroupfs",
+                ),
+            }
+        }
+        Ok(choice) => Check::ok(NAME, format!("{} ({})", choice.home.describe(), choice.why)),
+        Err(e) => Check::fail(NAME, e.to_string(), "set [cgroup] manager (auto, cgroupfs, delegated, systemd) or VGPU_CGROUP_MANAGER"),
     }
 }
 

@@ -25,7 +25,7 @@ pub const CARBON: &str = "Carbon";
 pub const HOST_LIMITS: &str = "Host limits";
 pub const PROCESS: &str = "Process";
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
     /// Which GPUs, by index or UUID: --gpu 0,1 or --gpu 0 --gpu 1 (a slice of each; for a number of whole GPUs see --gpus) [default: the GPU with the most unreserved memory]
@@ -86,11 +86,78 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR", help_heading = PROCESS)]
     pub cwd: Option<PathBuf>,
     /// The command and its arguments
-    #[arg(required = true, value_name = "CMD")]
+    #[arg(required_unless_present = "workload", value_name = "CMD")]
     pub command: Vec<String>,
+    /// Take the options and the command from a workload file: NAME is /etc/vgpu/workloads/NAME.toml (what vgpu@NAME.service runs), a path if it contains '/'; options given here win over the file's
+    #[arg(long, value_name = "NAME|FILE", help_heading = PROCESS)]
+    pub workload: Option<String>,
+}
+
+/// `args` with the workload file's values where the command line gives none (`--workload`).
+fn with_workload_file(args: &RunArgs, workload: &str) -> Result<RunArgs> {
+    let file = crate::workload_file::load(workload).map_err(|e| match std::error::Error::source(&e) {
+        Some(cause) => UsageError::new(format!("{e}: {cause}")),
+        None => UsageError::new(e.to_string()),
+    })?;
+    let mut merged = args.clone();
+    let fill = |cli: &mut Option<String>, from: Option<String>| {
+        if cli.is_none() {
+            *cli = from;
+        }
+    };
+    if merged.gpus.is_empty() {
+        merged.gpus = file.gpu;
+    }
+    fill(&mut merged.gpu_count, file.gpus);
+    fill(&mut merged.mem, file.mem);
+    merged.compute = merged.compute.or(file.compute);
+    merged.compute_policy = merged.compute_policy.or(file.compute_policy);
+    fill(&mut merged.partition, file.partition);
+    fill(&mut merged.tflops, file.tflops);
+    fill(&mut merged.kind, file.kind);
+    fill(&mut merged.wait, file.wait);
+    merged.freq_sensitivity = merged.freq_sensitivity.or(file.freq_sensitivity);
+    merged.cpus = merged.cpus.or(file.cpus);
+    fill(&mut merged.memory, file.memory);
+    merged.pids = merged.pids.or(file.pids);
+    fill(&mut merged.name, file.name);
+    fill(&mut merged.user, file.user);
+    // The file's variables first: one given on the command line comes later and wins.
+    merged.env = file.env.into_iter().chain(args.env.iter().cloned()).collect();
+    merged.cwd = merged.cwd.or(file.cwd);
+    fill(&mut merged.priority, file.priority);
+    merged.oversubscribe |= file.oversubscribe;
+    if merged.command.is_empty() {
+        merged.command = file.command;
+    }
+    // clap checked the command line's options among themselves, not against the file's.
+    let given = |key: &str| match key {
+        "gpu" => !merged.gpus.is_empty(),
+        "gpus" => merged.gpu_count.is_some(),
+        "mem" => merged.mem.is_some(),
+        "compute" => merged.compute.is_some(),
+        "compute_policy" => merged.compute_policy.is_some(),
+        "partition" => merged.partition.is_some(),
+        "tflops" => merged.tflops.is_some(),
+        "kind" => merged.kind.is_some(),
+        "wait" => merged.wait.is_some(),
+        "oversubscribe" => merged.oversubscribe,
+        _ => false,
+    };
+    crate::workload_file::check_combination(&given, &|key| format!("--{} (or `{key}` in {})", key.replace('_', "-"), file.path.display()))
+        .map_err(UsageError::new)?;
+    Ok(merged)
 }
 
 pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
+    let from_file;
+    let args = match &args.workload {
+        Some(workload) => {
+            from_file = with_workload_file(args, workload)?;
+            &from_file
+        }
+        None => args,
+    };
     let mut request = validate(ctx, args)?;
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu run must run as root (through sudo, systemd or cron): it creates cgroups");

@@ -51,6 +51,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         pool_env: Vec::new(),
         freq_sensitivity: request.freq_sensitivity,
         cgroup: id.clone(),
+        cgroup_home: Default::default(),
         supervisor: supervisor.into(),
         pid: None,
         state: WorkloadState::Starting,
@@ -59,6 +60,9 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         created_unix_ms: crate::clock::now_ms(),
         enforcement: None,
     };
+    // The cgroup manager's choice, and its effects: a transient scope from systemd, this
+    // process moved to its leaf of a delegated cgroup (cgroup/home.rs).
+    workload.cgroup_home = crate::cgroup::home::settle(layout, ctx.config.cgroup.manager, &id).context("placing the workload's cgroup")?;
     let mut tx = Admission::new(store, &id, lock);
 
     let partition = match &request.placement {
@@ -130,7 +134,9 @@ fn create(store: &Store, layout: &Layout, tx: &mut Admission, workload: &Workloa
     if !workload.gpus.is_empty() {
         super::ensure_vgpu(store, &vgpu_dir, workload, tenant)?;
     }
-    let cgroup = Cgroup::create(layout, &workload.cgroup).context("creating the workload's cgroup")?;
+    // Inside the systemd unit or scope vgpu runs in when it delegates its subtree (home.rs).
+    let layout = layout.within(&workload.cgroup_home).context("the workload's cgroup home")?;
+    let cgroup = Cgroup::create(&layout, &workload.cgroup).context("creating the workload's cgroup")?;
     tx.made_cgroup(&cgroup);
     cgroup.apply(limits).context("setting cgroup limits")?;
     crate::stop_point::stop_point("run:cgroup-created");

@@ -84,6 +84,10 @@ pub struct Workload {
     pub freq_sensitivity: Option<f64>,
     /// Name of its cgroup under the `vgpu` parent in each hierarchy.
     pub cgroup: String,
+    /// Where that `vgpu` parent is and which cgroup manager chose it (absent: each
+    /// hierarchy's root, cgroupfs).
+    #[serde(default, skip_serializing_if = "crate::cgroup::CgroupHome::is_cgroupfs")]
+    pub cgroup_home: crate::cgroup::CgroupHome,
     /// The `vgpu run` process that supervises it.
     pub supervisor: ProcessIdRecord,
     /// The workload's first process, once started.
@@ -278,6 +282,7 @@ pub(crate) mod tests {
             pool_env: Vec::new(),
             freq_sensitivity: None,
             cgroup: "a1b2c3d4".into(),
+            cgroup_home: Default::default(),
             supervisor: ProcessIdRecord { pid: 1, start_time: 1 },
             pid: None,
             state: WorkloadState::Running,

@@ -310,7 +310,7 @@ impl Cycle {
             Some(cgroup) => cgroup,
             None => {
                 let Some(layout) = &self.layout else { return Step::Failed("no cgroup filesystem".into()) };
-                match Cgroup::open(layout, &w.cgroup) {
+                match Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup) {
                     Ok(cgroup) => t.cgroup.insert(cgroup.with_timeout(FREEZE_TIMEOUT)),
                     Err(CgroupError::NotFound { .. }) => return Step::Gone,
                     Err(e) => return Step::Failed(e.to_string()),

@@ -9,7 +9,9 @@ use crate::commands::carbon::CarbonArgs;
 use crate::commands::pool::PoolArgs;
 
 const AFTER_HELP: &str = "\
-Exit status: 0 success, 1 runtime failure, 2 usage error (bad flag, value or config).
+Exit status: 0 success, 1 runtime failure, 2 usage error (nothing changed); run: the
+workload's status, 128+N when killed by signal N, 126/127 when its command cannot run or
+is not found; 141 (SIGPIPE) when a listing's reader goes away.
 
 Examples:
   sudo vgpu run --mem 4G --compute 30 -- python train.py

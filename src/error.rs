@@ -1,13 +1,38 @@
-//! Exit codes and the one error type that changes them.
-//!
-//! 0: success. 1: a runtime failure (something on the host or in the state went wrong).
-//! 2: a usage error (bad flag, bad value, bad config): the user must change the request.
+//! Exit codes and the one error type that changes them. [`EXIT_STATUSES`] is the one list
+//! of them: the man pages' EXIT STATUS, the README and `tests/scripting.rs` use it.
 
 use std::fmt;
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
+
+/// Every exit status vgpu gives, and when: (status, meaning). `tests/scripting.rs` makes
+/// each happen.
+pub const EXIT_STATUSES: &[(&str, &str)] = &[
+    ("0", "Success. `doctor`: every check passed or only warned."),
+    (
+        "1",
+        "A runtime failure: something on the host or in vgpu's state went wrong, or a request could not be met (no room, refused). `doctor`: a check failed. `kill`, `suspend`, `resume` of several workloads: one failed (the others were acted on; each says how).",
+    ),
+    (
+        "2",
+        "A usage error: a bad flag or value, a config file that is invalid or cannot be read, an unknown or ambiguous workload ID. Nothing was changed.",
+    ),
+    ("126", "`run`: the command was found but cannot be executed (permission denied)."),
+    ("127", "`run`: the command was not found."),
+    ("N", "`run`: the workload's own exit status, when it exited (0-255)."),
+    ("128+N", "`run`: the workload was killed by signal N (137: SIGKILL, 143: SIGTERM)."),
+    (
+        "141",
+        "A listing's reader went away (`vgpu ps | head -1`): vgpu ends quietly by SIGPIPE, which a shell reports as 128+13. `run` and `watch` ignore SIGPIPE.",
+    ),
+];
+
+/// [`EXIT_STATUSES`] as text: one status a line, its meaning after a tab.
+pub fn exit_status_doc() -> String {
+    EXIT_STATUSES.iter().map(|(code, meaning)| format!("{code}\t{meaning}\n")).collect()
+}
 
 /// An error the user caused by what they asked for; `main` exits 2 on it.
 /// Wrap it in `anyhow::Error` (`UsageError::new(..).into()` or `usage!(..)`).

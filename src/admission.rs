@@ -165,7 +165,7 @@ pub fn find_device<'a>(devices: &'a [AdmissionGpu], query: &str) -> Result<&'a A
         return devices
             .iter()
             .find(|d| d.index == index)
-            .ok_or_else(|| format!("no GPU with index {index} (this host has {})", devices.len()));
+            .ok_or_else(|| format!("no GPU with index {index} (this host has {} GPU(s), see `vgpu devices`)", devices.len()));
     }
     let matches: Vec<&AdmissionGpu> = devices.iter().filter(|d| d.uuid.starts_with(query)).collect();
     match matches.as_slice() {

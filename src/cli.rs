@@ -4,17 +4,24 @@
 use std::path::PathBuf;
 
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand};
+use clap_complete::engine::{ArgValueCandidates, CompletionCandidate};
+
+pub mod man;
 
 use crate::commands::carbon::CarbonArgs;
 use crate::commands::pool::PoolArgs;
 
+/// The help heading of the options every command takes.
+const GLOBAL: &str = "Global options";
+
 const AFTER_HELP: &str = "\
 Exit status: 0 success, 1 runtime failure, 2 usage error (nothing changed); run: the
-workload's status, 128+N when killed by signal N, 126/127 when its command cannot run or
-is not found; 141 (SIGPIPE) when a listing's reader goes away.
+workload's status, 128+N when killed by signal N, 126/127 when the command cannot be
+executed / is not found; 141 (SIGPIPE) when a listing's reader goes away (see vgpu(1)).
 
 Examples:
   sudo vgpu run --mem 4G --compute 30 -- python train.py
+  sudo vgpu run --gpus all -- python train.py
   sudo vgpu update train --compute 60 --compute-policy fair
   vgpu --simulate devices            try vgpu on a machine without a GPU
   */15 * * * * root /usr/local/bin/vgpu carbon apply      (crontab)";
@@ -26,27 +33,27 @@ Examples:
 #[command(name = "vgpu", version, about, long_about = None, after_help = AFTER_HELP)]
 pub struct Cli {
     /// Config file [default: /etc/vgpu/config.toml; a missing default file means defaults]
-    #[arg(long, global = true, env = "VGPU_CONFIG", value_name = "FILE")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VGPU_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
     /// Runtime state directory [default: /run/vgpu]
-    #[arg(long, global = true, env = "VGPU_STATE_DIR", value_name = "DIR")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VGPU_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
     /// Persistent state directory: partitions, carbon log [default: /var/lib/vgpu]
-    #[arg(long, global = true, env = "VGPU_LIB_DIR", value_name = "DIR")]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VGPU_LIB_DIR", value_name = "DIR")]
     pub lib_dir: Option<PathBuf>,
 
     /// Use the bundled simulated NVIDIA driver, for vgpu and every workload it starts
-    #[arg(long, global = true, env = "VGPU_SIMULATE", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VGPU_SIMULATE", value_parser = clap::builder::FalseyValueParser::new())]
     pub simulate: bool,
 
     /// More log output on stderr (-v info, -vv debug, -vvv trace)
-    #[arg(short, long, global = true, action = ArgAction::Count)]
+    #[arg(short, long, global = true, help_heading = GLOBAL, action = ArgAction::Count)]
     pub verbose: u8,
 
     /// Only errors on stderr
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    #[arg(short, long, global = true, help_heading = GLOBAL, conflicts_with = "verbose")]
     pub quiet: bool,
 
     #[command(subcommand)]
@@ -79,7 +86,7 @@ pub enum Command {
     Pool(PoolArgs),
     /// Run the enforcer in the foreground: audit GPU memory and compute through NVML, kill what escapes the shim, reconcile continuously, serve metrics
     Watch(crate::commands::watch::WatchArgs),
-    /// Print a shell completion script
+    /// Print the shell's completion script: `source <(vgpu completions bash)`; it asks vgpu at each completion, so workload IDs and names and partitions complete as they are now
     Completions(CompletionsArgs),
 }
 
@@ -97,33 +104,76 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
+/// Completion candidates for an argument naming workloads (`kill`, `suspend`, `resume`,
+/// `update`): each workload's id (its name as help) and name (its id as help), from the
+/// records of the state directory that `VGPU_CONFIG`/`VGPU_STATE_DIR` point to, read as
+/// they are: no lock taken or waited for, nothing written (as `crate::read_only`'s
+/// listings).
+pub fn workload_candidates() -> ArgValueCandidates {
+    ArgValueCandidates::new(|| {
+        let Some(store) = completion_store() else {
+            return Vec::new();
+        };
+        let (mut workloads, _damaged) = store.workloads();
+        workloads.sort_by_key(|w| w.created_unix_ms);
+        let mut out = Vec::new();
+        for w in &workloads {
+            let state = format!("{:?}", w.state).to_lowercase();
+            out.push(CompletionCandidate::new(&w.id).help(Some(format!("{} ({state})", w.name).into())));
+            if !w.name.is_empty() && w.name != w.id {
+                out.push(CompletionCandidate::new(&w.name).help(Some(format!("{} ({state})", w.id).into())));
+            }
+        }
+        out
+    })
+}
+
+/// Completion candidates for a partition name, from `partitions.json` in the lib directory.
+pub fn partition_candidates() -> ArgValueCandidates {
+    ArgValueCandidates::new(|| {
+        let Some(store) = completion_store() else {
+            return Vec::new();
+        };
+        let Ok(partitions) = crate::state::Partitions::load(&store.partitions_path()) else {
+            return Vec::new();
+        };
+        partitions.partitions.iter().map(|p| CompletionCandidate::new(&p.name).help(Some(format!("GPU {}", p.gpu_uuid).into()))).collect()
+    })
+}
+
+/// `--kind`: the pool's device kinds, and `any`.
+pub fn kind_candidates() -> ArgValueCandidates {
+    ArgValueCandidates::new(|| {
+        crate::pool::kind::DeviceKind::ALL
+            .iter()
+            .map(|k| CompletionCandidate::new(k.as_str()))
+            .chain([CompletionCandidate::new("any").help(Some("any kind [default]".into()))])
+            .collect()
+    })
+}
+
+/// `--signal`: the signal names `kill` accepts (TERM, KILL, …), without the SIG prefix.
+pub fn signal_candidates() -> ArgValueCandidates {
+    ArgValueCandidates::new(|| {
+        nix::sys::signal::Signal::iterator()
+            .map(|s| CompletionCandidate::new(s.as_str().trim_start_matches("SIG")).help(Some(format!("{}", s as i32).into())))
+            .collect()
+    })
+}
+
+/// The store completions read: where `vgpu` would look with the environment as it is
+/// (`--state-dir` and `--config` on the line being completed are not seen). None when the
+/// config cannot be read or a directory is not as a writer would make it.
+fn completion_store() -> Option<crate::state::Store> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let origin = crate::context::Origin { config: var("VGPU_CONFIG"), state_dir: var("VGPU_STATE_DIR"), lib_dir: var("VGPU_LIB_DIR"), simulate: false };
+    let ctx = crate::context::Context::load(origin).ok()?;
+    let store = crate::state::Store::new(&ctx.state_dir, &ctx.lib_dir);
+    store.check_existing_dirs().ok()?;
+    Some(store)
+}
+
 /// The clap command, for man page and completion generation.
 pub fn command() -> clap::Command {
     Cli::command()
-}
-
-/// Render `man/vgpu.1` from the clap definition (subcommands included).
-pub fn render_man_page() -> std::io::Result<Vec<u8>> {
-    let cmd = command();
-    let mut out = Vec::new();
-    clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        render_subcommand(&mut out, "vgpu", sub)?;
-    }
-    Ok(out)
-}
-
-fn render_subcommand(out: &mut Vec<u8>, parent: &str, sub: &clap::Command) -> std::io::Result<()> {
-    let name = format!("{parent} {}", sub.get_name());
-    out.extend_from_slice(format!(".SH \"{}\"\n", name.to_uppercase()).as_bytes());
-    let man = clap_mangen::Man::new(sub.clone().name(name.clone()));
-    man.render_description_section(out)?;
-    if sub.get_arguments().any(|a| !a.is_hide_set()) {
-        out.extend_from_slice(b".SS OPTIONS\n");
-        man.render_options_section(out)?;
-    }
-    for nested in sub.get_subcommands().filter(|s| !s.is_hide_set()) {
-        render_subcommand(out, &name, nested)?;
-    }
-    Ok(())
 }

@@ -1,5 +1,6 @@
-//! Exit codes and the one error type that changes them. [`EXIT_STATUSES`] is the one list
-//! of them: the man pages' EXIT STATUS, the README and `tests/scripting.rs` use it.
+//! Exit codes and the one error type that changes them. [`EXIT_STATUS_DOC`] is the one list
+//! of them: the man pages' EXIT STATUS and the README use it; `tests/scripting.rs` makes
+//! each happen.
 
 use std::fmt;
 
@@ -7,32 +8,37 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 
-/// Every exit status vgpu gives, and when: (status, meaning). `tests/scripting.rs` makes
-/// each happen.
-pub const EXIT_STATUSES: &[(&str, &str)] = &[
-    ("0", "Success. `doctor`: every check passed or only warned."),
+/// Which commands an exit status of [`EXIT_STATUS_DOC`] applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitScope {
+    /// Every command.
+    All,
+    /// `vgpu run` only (the workload's own status).
+    Run,
+    /// Every command but `run` and `watch` (which keep running when their output closes).
+    NotRunOrWatch,
+}
+
+/// The exit statuses, as the man pages (EXIT STATUS) document them: status, meaning, and
+/// the commands it applies to.
+pub const EXIT_STATUS_DOC: &[(&str, &str, ExitScope)] = &[
+    ("0", "Success. doctor: every check passed or only warned.", ExitScope::All),
     (
         "1",
-        "A runtime failure: something on the host or in vgpu's state went wrong, or a request could not be met (no room, refused). `doctor`: a check failed. `kill`, `suspend`, `resume` of several workloads: one failed (the others were acted on; each says how).",
+        "A runtime failure: something on the host or in the state went wrong (no driver, a GPU or the pool without room, a damaged record). doctor: a check failed. kill, suspend, resume of several workloads: one of them failed (the others were acted on, each says how).",
+        ExitScope::All,
     ),
     (
         "2",
-        "A usage error: a bad flag or value, a config file that is invalid or cannot be read, an unknown or ambiguous workload ID. Nothing was changed.",
+        "A usage error: a bad flag or value, an invalid config file or one that cannot be read, an unknown or ambiguous workload ID or partition, a request this host can never meet. Nothing was changed.",
+        ExitScope::All,
     ),
-    ("126", "`run`: the command was found but cannot be executed (permission denied)."),
-    ("127", "`run`: the command was not found."),
-    ("N", "`run`: the workload's own exit status, when it exited (0-255)."),
-    ("128+N", "`run`: the workload was killed by signal N (137: SIGKILL, 143: SIGTERM)."),
-    (
-        "141",
-        "A listing's reader went away (`vgpu ps | head -1`): vgpu ends quietly by SIGPIPE, which a shell reports as 128+13. `run` and `watch` ignore SIGPIPE.",
-    ),
+    ("N", "The workload's own exit status, when it exits.", ExitScope::Run),
+    ("128+N", "The workload was killed by signal N (137: SIGKILL, e.g. by the OOM killer at its --memory limit).", ExitScope::Run),
+    ("126", "The command was found but cannot be executed.", ExitScope::Run),
+    ("127", "The command was not found.", ExitScope::Run),
+    ("141", "The output was closed early (piped into head(1)): vgpu ends on SIGPIPE, as coreutils do; a shell reports 128+13.", ExitScope::NotRunOrWatch),
 ];
-
-/// [`EXIT_STATUSES`] as text: one status a line, its meaning after a tab.
-pub fn exit_status_doc() -> String {
-    EXIT_STATUSES.iter().map(|(code, meaning)| format!("{code}\t{meaning}\n")).collect()
-}
 
 /// An error the user caused by what they asked for; `main` exits 2 on it.
 /// Wrap it in `anyhow::Error` (`UsageError::new(..).into()` or `usage!(..)`).

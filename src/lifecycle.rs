@@ -77,6 +77,12 @@ pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
             Err(e) => out.notes.push(Note::warn(format!("cannot clean up workload {} ({}): {e:#}", w.name, w.id))),
         }
     }
+    if !out.cleaned.is_empty() {
+        // Clocks follow the work: the dead supervisors' GPUs are re-planned without them.
+        let ended: Vec<&str> = out.cleaned.iter().map(|w| w.id.as_str()).collect();
+        let replanned = crate::carbon::follow::after_reconcile(store, lock, &ended);
+        out.notes.extend(replanned.warnings.into_iter().map(Note::warn));
+    }
     if let Err(e) = crate::pool_effects::release_orphans(store, lock) {
         out.notes.push(Note::warn(format!("cannot tidy the compute pool: {e:#}")));
     }

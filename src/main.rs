@@ -13,6 +13,9 @@ fn main() -> ExitCode {
     // nothing vgpu creates can ever be wider than asked, whatever started it (cron: 000).
     // SAFETY: umask only swaps the process's file-creation mask; no thread runs yet.
     unsafe { libc::umask(0o022) };
+    // A shell asking for completions (COMPLETE=SHELL, from `vgpu completions SHELL`'s
+    // script) is answered here, and vgpu exits: nothing below runs.
+    clap_complete::CompleteEnv::with_factory(vgpu::cli::command).var(vgpu::commands::completions::COMPLETE_VAR).complete();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
@@ -65,6 +68,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
+    // Reconcile re-plans the clocks when it cleans up a dead workload: it needs the settings.
+    vgpu::carbon::follow::install(&ctx);
     vgpu::commands::dispatch(&ctx, &cli.command)
 }
 

@@ -39,6 +39,11 @@ pub const STOP_POINTS: &[&str] = &[
     "preempt:frozen",
     // Any pool change: the pool state is saved, the workload records are not updated yet.
     "preempt:saved",
+    // Rotating the carbon decision log: the older rotated files are shifted up, the log is
+    // not renamed yet.
+    "carbon-log:shifted",
+    // Rotating the carbon decision log: renamed to carbon.jsonl.1, no new log yet.
+    "carbon-log:rotated",
 ];
 
 /// Die here, by SIGKILL, when `VGPU_TEST_STOP_AT` names this step.

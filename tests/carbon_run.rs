@@ -54,7 +54,7 @@ fn min_is_always_given_and_too_few_gpus_is_refused() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "2");
     assert!(String::from_utf8_lossy(&out.stderr).contains("budget cannot be met"), "{}", String::from_utf8_lossy(&out.stderr));
-    sim.vgpu(&["run", "--gpus", "5-6", "--", "true"]).assert().code(1).stderr(predicate::str::contains("--gpus 5-6"));
+    sim.vgpu(&["run", "--gpus", "5-6", "--", "true"]).assert().code(2).stderr(predicate::str::contains("--gpus 5-6: this host has 4 GPU(s)"));
     for bad in ["0", "3-2", "x", "1-"] {
         sim.vgpu(&["run", "--gpus", bad, "--", "true"]).assert().code(2).stderr(predicate::str::contains("--gpus"));
     }

@@ -1,6 +1,6 @@
 //! The scripting contract besides the JSON fields (`tests/json_schema.rs`): `-q` and `-v`
 //! govern every message, several IDs for `kill`/`suspend`/`resume` (all found before any is
-//! touched), and every documented exit status (`vgpu::error::EXIT_STATUSES`) happens.
+//! touched), and every documented exit status (`vgpu::error::EXIT_STATUS_DOC`) happens.
 
 mod common;
 
@@ -92,46 +92,47 @@ fn verbose_makes_run_log() {
     assert_eq!(stderr_of(&[&["-q"][..], &run].concat(), Some("vgpu=debug")), "", "-q wins over VGPU_LOG");
 }
 
-/// `suspend`, `resume`, `kill` take several IDs; an unknown one changes nothing.
+/// `suspend`, `resume`, `kill` take several IDs; an unknown one changes nothing. (Names
+/// that cannot be a prefix of a hex id: a name and an id prefix would both match.)
 #[test]
 fn several_ids_are_all_found_before_any_is_touched() {
     let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
-    let mut a = sim.spawn_running("a", &["--mem", "1G"], "sleep 120");
-    let mut b = sim.spawn_running("b", &["--mem", "1G"], "sleep 120");
+    let mut x = sim.spawn_running("job-x", &["--mem", "1G"], "sleep 120");
+    let mut y = sim.spawn_running("job-y", &["--mem", "1G"], "sleep 120");
 
-    sim.vgpu(&["suspend", "a", "nosuch", "b"])
+    sim.vgpu(&["suspend", "job-x", "nosuch", "job-y"])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("no workload \"nosuch\"").and(predicate::str::contains("nothing was changed")));
-    assert_eq!((state_of(&sim, "a").as_deref(), state_of(&sim, "b").as_deref()), (Some("running"), Some("running")));
-    sim.vgpu(&["kill", "--signal", "KILL", "a", "nosuch"]).assert().code(2);
-    assert_eq!(state_of(&sim, "a").as_deref(), Some("running"), "an unknown ID: nobody signalled");
+    assert_eq!((state_of(&sim, "job-x").as_deref(), state_of(&sim, "job-y").as_deref()), (Some("running"), Some("running")));
+    sim.vgpu(&["kill", "--signal", "KILL", "job-x", "nosuch"]).assert().code(2);
+    assert_eq!(state_of(&sim, "job-x").as_deref(), Some("running"), "an unknown ID: nobody signalled");
 
-    let out = sim.vgpu(&["suspend", "a", "b"]).output().unwrap();
+    let out = sim.vgpu(&["suspend", "job-x", "job-y"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().filter(|l| l.starts_with("suspended ")).count(), 2, "a line each: {text}");
-    assert_eq!((state_of(&sim, "a").as_deref(), state_of(&sim, "b").as_deref()), (Some("suspended"), Some("suspended")));
+    assert_eq!((state_of(&sim, "job-x").as_deref(), state_of(&sim, "job-y").as_deref()), (Some("suspended"), Some("suspended")));
 
-    let resumed = sim.json(&["resume", "--json", "a", "b", "a"]);
+    let resumed = sim.json(&["resume", "--json", "job-x", "job-y", "job-x"]);
     let results: Vec<(&str, &str)> =
         resumed["workloads"].as_array().unwrap().iter().map(|w| (w["name"].as_str().unwrap(), w["result"].as_str().unwrap())).collect();
-    assert_eq!(results, [("a", "resumed"), ("b", "resumed")], "each once, in order: {resumed}");
-    assert_eq!((state_of(&sim, "a").as_deref(), state_of(&sim, "b").as_deref()), (Some("running"), Some("running")));
+    assert_eq!(results, [("job-x", "resumed"), ("job-y", "resumed")], "each once, in order: {resumed}");
+    assert_eq!((state_of(&sim, "job-x").as_deref(), state_of(&sim, "job-y").as_deref()), (Some("running"), Some("running")));
 
-    let killed = sim.json(&["kill", "--json", "--signal", "KILL", "a", "b"]);
+    let killed = sim.json(&["kill", "--json", "--signal", "KILL", "job-x", "job-y"]);
     assert!(killed["workloads"].as_array().unwrap().iter().all(|w| w["result"] == "signalled" && w["process_count"].as_u64() >= Some(1)), "{killed}");
-    assert!(!a.wait().unwrap().success() && !b.wait().unwrap().success());
+    assert!(!x.wait().unwrap().success() && !y.wait().unwrap().success());
 }
 
-/// Every status `vgpu::error::EXIT_STATUSES` documents happens where it says.
+/// Every status `vgpu::error::EXIT_STATUS_DOC` documents happens where it says.
 #[test]
 fn every_documented_exit_status_happens() {
     let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
     let not_executable = sim.path("not-executable");
     std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
     let code = |args: &[&str]| sim.vgpu(args).output().unwrap().status.code();
-    for (status, meaning) in vgpu::error::EXIT_STATUSES {
+    for (status, meaning, _) in vgpu::error::EXIT_STATUS_DOC {
         match *status {
             "0" => assert_eq!(code(&["devices"]), Some(0)),
             "1" => assert_eq!(code(&["run", "--mem", "100G", "--", "true"]), Some(1), "no room: {meaning}"),

@@ -229,14 +229,15 @@ fn the_endpoint_and_the_textfile_say_what_ps_devices_and_pool_say() {
     let textfile = sim.path("textfile/vgpu.prom");
     std::fs::create_dir(sim.path("textfile")).unwrap();
     sim.write_vgpu_config(&config("127.0.0.1:0", &textfile));
-    // Caps set by carbon apply, which the metrics report (NVML cannot read them back).
-    sim.json(&["carbon", "apply", "--json", "--intensity", "400", "--budget", "200"]);
-    let applied: Json = serde_json::from_slice(&std::fs::read(sim.path("run/carbon-applied.json")).unwrap()).unwrap();
     let _held = Holder::start(&sim, "holder", &["--gpu", "1", "--mem", "4G", "--compute", "40"], &[], 2);
     let _pooled = Holder::start(&sim, "pooled", &["--mem", "2G", "--tflops", "10", "--priority", "60"], &[], 1);
     wait_for("both to be recorded running", || {
         sim.json(&["ps", "--json"])["workloads"].as_array().unwrap().iter().filter(|w| w["state"] == "running").count() == 2
     });
+    // Caps set by carbon apply, which the metrics report (NVML cannot read them back). Once
+    // the workloads run: starting one re-plans the caps for the config's budget.
+    sim.json(&["carbon", "apply", "--json", "--intensity", "400", "--budget", "200"]);
+    let applied: Json = serde_json::from_slice(&std::fs::read(sim.path("run/carbon-applied.json")).unwrap()).unwrap();
     let watch = Watch::start(&sim);
     assert_eq!(watch.seen.iter().filter(|l| metrics_addr(l).is_some()).count(), 1, "{:?}", watch.seen);
     assert_eq!(listening_sockets(watch.child.id()), 1);

@@ -21,7 +21,12 @@ use thiserror::Error;
 use super::model;
 
 /// Where the current grid carbon intensity comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+///
+/// `clap::ValueEnum` is derived for its generated list of every variant
+/// (`SourceKind::value_variants()`), which `tests/maintainer_guide.rs` walks to check that
+/// each source is configurable, documented and fuzzed (ARCHITECTURE.md, "Adding an
+/// intensity source").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum SourceKind {
     /// A fixed value (`value`).
@@ -51,6 +56,10 @@ impl SourceKind {
 
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(3600);
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The smallest `log_max_bytes`: a few decisions of a large host.
+pub const MIN_LOG_BYTES: u64 = 4096;
+/// The most rotated decision logs kept.
+pub const MAX_LOG_KEEP: u32 = 9;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -94,6 +103,10 @@ pub struct CarbonConfig {
     pub power_idle_w: Option<f64>,
     /// Power of a GPU at its highest clock, watts [default: the device's default power limit].
     pub power_max_w: Option<f64>,
+    /// The decision log's size cap, bytes: past it, carbon.jsonl is rotated [default: 16 MiB].
+    pub log_max_bytes: Option<u64>,
+    /// Rotated decision logs kept (carbon.jsonl.1 … .N), 1 to 9 [default: 1].
+    pub log_keep: Option<u32>,
 }
 
 /// A config value that cannot be used; the message names the key.
@@ -153,6 +166,7 @@ impl CarbonConfig {
             return Err(bad("timeout", "must be longer than zero"));
         }
         self.model_defaults()?;
+        self.log_rotation()?;
         for (key, value) in [("power_idle_w", self.power_idle_w), ("power_max_w", self.power_max_w)] {
             if let Some(v) = value {
                 check_non_negative(key, v)?;
@@ -210,6 +224,19 @@ impl CarbonConfig {
 
     pub fn timeout(&self) -> Result<Duration, CarbonConfigError> {
         self.timeout.as_deref().map_or(Ok(DEFAULT_TIMEOUT), |t| parse_duration("timeout", t))
+    }
+
+    /// When the decision log is rotated, defaults filled in and checked.
+    pub fn log_rotation(&self) -> Result<super::log::Rotation, CarbonConfigError> {
+        let max_bytes = self.log_max_bytes.unwrap_or(super::log::DEFAULT_MAX_BYTES);
+        if max_bytes < MIN_LOG_BYTES {
+            return Err(bad("log_max_bytes", format!("must be at least {MIN_LOG_BYTES} bytes, got {max_bytes}")));
+        }
+        let keep = self.log_keep.unwrap_or(super::log::DEFAULT_KEEP);
+        if !(1..=MAX_LOG_KEEP).contains(&keep) {
+            return Err(bad("log_keep", format!("must be from 1 to {MAX_LOG_KEEP}, got {keep}")));
+        }
+        Ok(super::log::Rotation { max_bytes, keep })
     }
 
     /// The model's tunables, defaults filled in and checked.

@@ -6,6 +6,7 @@ use anyhow::{Context as _, Result};
 use chrono::{DateTime, Utc};
 
 use crate::carbon::apply::{self, CarbonGpu};
+use crate::carbon::planner::{self, ClockPlan, PlanRequest};
 use crate::carbon::config::CarbonConfig;
 use crate::carbon::intensity::cache::{Cache, CACHE_FILE};
 use crate::carbon::intensity::{self, Intensity, Policy};
@@ -27,15 +28,21 @@ pub fn tunables(config: &CarbonConfig) -> Result<Tunables> {
 /// The intensity from the configured source, with its fallbacks; `remember`: cache a fresh
 /// reading.
 pub fn intensity_now(ctx: &Context, now: DateTime<Utc>, remember: bool) -> Result<Intensity> {
-    let config = &ctx.config.carbon;
-    let source = intensity::from_config(config).map_err(|e| UsageError::new(e.to_string()))?;
-    let cache = Cache::new(ctx.lib_path(CACHE_FILE));
-    let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember };
-    let found = intensity::resolve(source.as_ref(), &policy, now)?;
+    let found = resolve_intensity(ctx, now, remember)?;
     if let Some(note) = &found.note {
         tracing::warn!("{note}");
     }
     Ok(found)
+}
+
+/// [`intensity_now`] without the warning: why a remembered or fallback value is used is in
+/// its `note`.
+pub fn resolve_intensity(ctx: &Context, now: DateTime<Utc>, remember: bool) -> Result<Intensity> {
+    let config = &ctx.config.carbon;
+    let source = intensity::from_config(config).map_err(|e| UsageError::new(e.to_string()))?;
+    let cache = Cache::new(ctx.lib_path(CACHE_FILE));
+    let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember };
+    Ok(intensity::resolve(source.as_ref(), &policy, now)?)
 }
 
 /// NVML, as root may use it.
@@ -54,7 +61,11 @@ pub fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<CarbonGpu>> {
 /// The workloads to plan for: those `vgpu run` recorded (running ones, with a live
 /// supervisor), and every other GPU with compute processes as one workload.
 pub fn workloads(ctx: &Context, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
-    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    workloads_in(&Store::new(&ctx.state_dir, &ctx.lib_dir), devices)
+}
+
+/// [`workloads`], from the records of `store`.
+pub fn workloads_in(store: &Store, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
     let (stored, damaged) = store.workloads();
     for e in damaged {
         tracing::warn!("{e}");
@@ -70,4 +81,32 @@ pub fn workloads(ctx: &Context, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
         .collect();
     let gpu_pids: Vec<(u32, Vec<u32>)> = devices.iter().map(|d| (d.state.index, d.pids.clone())).collect();
     current(&recorded, gpu_pids)
+}
+
+/// The clock plan for `budget` (gCO2/h) at `intensity`, for the host's workloads now.
+pub fn plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budget: f64) -> Result<ClockPlan> {
+    plan_for(ctx, &workloads(ctx, devices), devices, intensity, budget)
+}
+
+/// The clock plan for `budget` (gCO2/h) at `intensity`, for `workloads`.
+pub fn plan_for(
+    ctx: &Context,
+    workloads: &[PlannedWorkload],
+    devices: &[CarbonGpu],
+    intensity: &Intensity,
+    budget: f64,
+) -> Result<ClockPlan> {
+    let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
+    let request = PlanRequest {
+        gpus: &models,
+        workloads,
+        intensity: intensity.intensity,
+        budget_g_per_hour: Some(budget),
+        tunables: tunables(&ctx.config.carbon)?,
+    };
+    let plan = planner::plan(&request).context("planning")?;
+    for step in &plan.steps {
+        tracing::debug!("stage {} step: workload {} benefit {:.3e}", step.stage, workloads[step.workload].id, step.benefit);
+    }
+    Ok(plan)
 }

@@ -6,11 +6,13 @@
 //! * [`planner`]: the two-stage greedy planner (pure).
 //! * [`apply`]: turning a plan into NVML locked clocks or power limits, idempotently.
 //! * [`log`]: the decision log, `<lib_dir>/carbon.jsonl`.
+//! * [`follow`]: re-planning at once when a workload starts or ends.
 //! * [`host`]: what is planned with on this host (NVML devices, recorded workloads, the
 //!   intensity now); [`range`]: stage 1 for `vgpu run --gpus MIN-MAX`.
 
 pub mod apply;
 pub mod config;
+pub mod follow;
 pub mod host;
 pub mod intensity;
 pub mod log;

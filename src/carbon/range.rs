@@ -4,7 +4,7 @@ use anyhow::Result;
 
 use crate::carbon::host;
 use crate::carbon::planner::{self, PlanRequest};
-use crate::carbon::workload::PlannedWorkload;
+use crate::carbon::workload::{GpuDemand, PlannedWorkload};
 use crate::context::Context;
 use crate::error::UsageError;
 
@@ -23,6 +23,12 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
         (0.0, None)
     };
     let mut workloads = host::workloads(ctx, &devices);
+    let asked = if min == max { format!("--gpus {min}") } else { format!("--gpus {min}-{max}") };
+    // A count the host cannot have is the caller's mistake, whoever runs what.
+    if devices.len() < min {
+        return Err(UsageError::new(format!("{asked}: this host has {} GPU(s) (see `vgpu devices`)", devices.len())).into());
+    }
+    let holders = holders(&workloads);
     let mut new = PlannedWorkload::range("new workload", min, max);
     if let Some(s) = sensitivity {
         new = new.with_sensitivity(s);
@@ -48,12 +54,39 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
     }
     let gpus = plan.workloads.last().map(|w| w.gpus.clone()).unwrap_or_default();
     if gpus.len() < min {
-        let why = if limited {
-            format!("the carbon budget of {} gCO2/h at {intensity:.0} gCO2/kWh allows {}", budget.unwrap_or_default(), gpus.len())
+        let why = if limited && devices.len() - holders.held >= min {
+            format!(
+                "the carbon budget of {} gCO2/h at {intensity:.0} gCO2/kWh allows {} of the {} GPU(s) no other workload holds",
+                budget.unwrap_or_default(),
+                gpus.len(),
+                devices.len() - holders.held
+            )
         } else {
-            format!("only {} GPU(s) are not held by other workloads", gpus.len())
+            format!("this host has {} GPU(s) and {} of them are held by other workloads: {}", devices.len(), holders.held, holders.names.join(", "))
         };
-        anyhow::bail!("--gpus {min}-{max}: {why}");
+        anyhow::bail!("{asked}: {why}");
     }
     Ok(gpus)
+}
+
+/// The GPUs running workloads hold, as the planner sees them: how many, and who holds
+/// which ("train on GPU 0, 1").
+struct Holders {
+    held: usize,
+    names: Vec<String>,
+}
+
+fn holders(workloads: &[PlannedWorkload]) -> Holders {
+    let mut held: Vec<u32> = Vec::new();
+    let mut names = Vec::new();
+    for w in workloads {
+        if let GpuDemand::Fixed(gpus) = &w.gpus {
+            let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+            names.push(format!("{} on GPU {}", w.id, list.join(", ")));
+            held.extend(gpus);
+        }
+    }
+    held.sort_unstable();
+    held.dedup();
+    Holders { held: held.len(), names }
 }

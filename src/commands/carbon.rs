@@ -11,7 +11,7 @@ use crate::carbon::config::{check_intensity, MAX_INTENSITY};
 use crate::carbon::host;
 use crate::carbon::intensity::{Intensity, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
-use crate::carbon::planner::{self, ClockPlan, PlanRequest};
+use crate::carbon::planner::ClockPlan;
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::Nvml;
@@ -98,6 +98,12 @@ fn budget(ctx: &Context, given: Option<f64>) -> Result<f64> {
     }
 }
 
+/// What `carbon apply` says when there is no budget, naming the config file to set it in.
+fn no_budget_note(ctx: &Context) -> String {
+    let path = ctx.origin.config.clone().unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into());
+    format!("no carbon budget configured ([carbon] budget_g_per_hour in {}): nothing to do", path.display())
+}
+
 /// NVML for a command that only looks (`plan`): as [`host::open_nvml`] for root, and making
 /// nothing for anyone else (who could not).
 fn open_nvml_to_look(ctx: &Context) -> Result<Nvml> {
@@ -109,25 +115,7 @@ fn open_nvml_to_look(ctx: &Context) -> Result<Nvml> {
 }
 
 fn make_plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budget: f64) -> Result<ClockPlan> {
-    let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
-    let workloads = host::workloads(ctx, devices);
-    let request = PlanRequest {
-        gpus: &models,
-        workloads: &workloads,
-        intensity: intensity.intensity,
-        budget_g_per_hour: Some(budget),
-        tunables: host::tunables(&ctx.config.carbon)?,
-    };
-    let plan = planner::plan(&request).context("planning")?;
-    for step in &plan.steps {
-        tracing::debug!(
-            "stage {} step: workload {} benefit {:.3e}",
-            step.stage,
-            workloads[step.workload].id,
-            step.benefit
-        );
-    }
-    Ok(plan)
+    host::plan(ctx, devices, intensity, budget)
 }
 
 fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
@@ -196,6 +184,12 @@ fn summary(plan: &ClockPlan, intensity: &Intensity) -> String {
 }
 
 fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
+    // The shipped config has no budget and the timer may be enabled all the same: nothing
+    // to do is not a failure.
+    if args.budget.is_none() && ctx.config.carbon.budget_g_per_hour.is_none() {
+        crate::notice!("{}", no_budget_note(ctx));
+        return Ok(());
+    }
     let budget = budget(ctx, args.budget)?;
     let nvml = host::open_nvml(ctx)?;
     let devices = host::devices(ctx, &nvml)?;
@@ -203,17 +197,7 @@ fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let plan = make_plan(ctx, &devices, &intensity, budget)?;
     let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
     let (outcomes, save_error) = apply::apply_plan(&nvml, &devices, &plan, &store)?;
-    let decision = Decision {
-        time: Utc::now(),
-        action: Action::Apply,
-        intensity: Some(plan.intensity),
-        intensity_source: Some(intensity.clone()),
-        budget_g_per_hour: plan.budget_g_per_hour,
-        predicted_g_per_hour: Some(plan.predicted_g_per_hour),
-        budget_met: Some(plan.budget_met),
-        notes: plan.notes.clone(),
-        gpus: outcomes,
-    };
+    let decision = Decision::applied(&plan, &intensity, outcomes, None);
     if !plan.budget_met {
         tracing::warn!("the budget of {budget} gCO2/h cannot be met: even the lowest clocks predict {:.1} gCO2/h; lowest clocks applied", plan.predicted_g_per_hour);
     }
@@ -235,6 +219,7 @@ fn reset(ctx: &Context, args: &ResetArgs) -> Result<()> {
         budget_met: None,
         notes: Vec::new(),
         gpus: outcomes,
+        reason: None,
     };
     report(ctx, &decision, args.json, save_error, None)
 }
@@ -263,7 +248,9 @@ fn report(
     if let Some(e) = save_error {
         tracing::warn!("{e}: the next apply will write the caps again");
     }
-    let logged = log::append(&ctx.lib_path(LOG_FILE), decision);
+    // run() validated the config: the rotation settings are good.
+    let rotation = ctx.config.carbon.log_rotation().unwrap_or_default();
+    let logged = log::append(&ctx.lib_path(LOG_FILE), decision, rotation);
     let action = match decision.action {
         Action::Apply => "carbon apply",
         Action::Reset => "carbon reset",

@@ -32,30 +32,33 @@ pub enum PartitionCommand {
     Remove(RemoveArgs),
 }
 
+/// `partition create`'s help heading for who may use the partition.
+const ACCESS: &str = "Access";
+
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     /// Partition name (letters, digits, '-', '_', '.')
     pub name: String,
-    /// GPU, by index or UUID
-    #[arg(long, value_name = "INDEX|UUID")]
+    /// The GPU, by index or UUID (one GPU per partition)
+    #[arg(long, value_name = "INDEX|UUID", help_heading = crate::commands::run::GPU_SLICE)]
     pub gpu: String,
-    /// Device memory: 4G, 512M, 1.5G or NN% of the device
-    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
+    /// GPU device memory (not host RAM): 4G, 512M, 1.5G or NN% of the device
+    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub mem: String,
     /// Share of the GPU's busy time, percent (1-100), for all the partition's workloads together
-    #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub compute: u32,
     /// How the compute share is applied: strict or fair [default: the config's [compute] policy, else strict]
-    #[arg(long, value_name = "POLICY", value_enum)]
+    #[arg(long, value_name = "POLICY", value_enum, help_heading = crate::commands::run::GPU_SLICE)]
     pub compute_policy: Option<ComputePolicy>,
     /// Allow the GPU's memory to be over-committed; through sudo, only if the config's [policy] grants it
-    #[arg(long)]
+    #[arg(long, help_heading = crate::commands::run::GPU_SLICE)]
     pub oversubscribe: bool,
     /// The user whose workloads may use it (and write its counters) [default: root only]
-    #[arg(long, value_name = "USER", conflicts_with = "group")]
+    #[arg(long, value_name = "USER", conflicts_with = "group", help_heading = ACCESS)]
     pub user: Option<String>,
     /// The group whose members' workloads may use it
-    #[arg(long, value_name = "GROUP")]
+    #[arg(long, value_name = "GROUP", help_heading = ACCESS)]
     pub group: Option<String>,
 }
 
@@ -63,8 +66,9 @@ pub struct CreateArgs {
 #[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
     /// Partition name
+    #[arg(add = crate::cli::partition_candidates())]
     pub name: String,
-    /// New device memory: 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
+    /// New GPU device memory (not host RAM): 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
     pub mem: Option<String>,
     /// New share of the GPU's compute, percent (1-100)
@@ -80,6 +84,8 @@ pub struct UpdateArgs {
 
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
+    /// Partition name
+    #[arg(add = crate::cli::partition_candidates())]
     pub name: String,
 }
 

@@ -16,73 +16,82 @@ use crate::pool::{KindFilter, Priority};
 use crate::pool_effects::pool_error;
 use crate::state::{Store, Workload};
 
+/// Help headings of `vgpu run` (and of `update` and `partition create` where they apply):
+/// the options grouped by what they limit, so that GPU memory (`--mem`) and host memory
+/// (`--memory`) never sit side by side unexplained.
+pub const GPU_SLICE: &str = "GPU slice";
+pub const COMPUTE_POOL: &str = "Compute pool";
+pub const CARBON: &str = "Carbon";
+pub const HOST_LIMITS: &str = "Host limits";
+pub const PROCESS: &str = "Process";
+
 #[derive(Debug, Args)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
-    /// GPU to use, by index or UUID (repeatable) [default: the GPU with the most unreserved memory]
-    #[arg(long = "gpu", value_name = "INDEX|UUID", conflicts_with = "tflops", allow_hyphen_values = true)]
+    /// Which GPUs, by index or UUID: --gpu 0,1 or --gpu 0 --gpu 1 (a slice of each; for a number of whole GPUs see --gpus) [default: the GPU with the most unreserved memory]
+    #[arg(long = "gpu", value_name = "INDEX|UUID", value_delimiter = ',', conflicts_with = "tflops", allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub gpus: Vec<String>,
-    /// Device memory per selected GPU: 4G (=4GiB), 512M, 1.5G, or NN% of the device [default: the whole GPU; with --tflops, the same share as the compute]
-    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
+    /// How many GPUs: `all` (every GPU of the host), a number N, or a range MIN-MAX the carbon planner chooses from (stage 1); for particular GPUs see --gpu
+    #[arg(long = "gpus", value_name = "all|N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"], allow_hyphen_values = true, help_heading = GPU_SLICE)]
+    pub gpu_count: Option<String>,
+    /// GPU device memory per selected GPU (not host RAM: see --memory): 4G (=4GiB), 512M, 1.5G, or NN% of the device [default: the whole GPU; with --tflops, the same share as the compute]
+    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub mem: Option<String>,
     /// Share of each GPU's busy time, percent (1-100): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops", allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops", allow_negative_numbers = true, help_heading = GPU_SLICE)]
     pub compute: Option<u32>,
     /// How the compute share is applied: strict (never above it) or fair (a floor; idle GPU time is shared out) [default: the config's [compute] policy, else strict]
-    #[arg(long, value_name = "POLICY", value_enum)]
+    #[arg(long, value_name = "POLICY", value_enum, help_heading = GPU_SLICE)]
     pub compute_policy: Option<ComputePolicy>,
     /// Run inside a partition (a persistent vGPU shared by all its workloads)
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"], help_heading = GPU_SLICE, add = crate::cli::partition_candidates())]
     pub partition: Option<String>,
+    /// Admit even when the GPU's memory is already fully reserved; through sudo, only if the config's [policy] grants it
+    #[arg(long, help_heading = GPU_SLICE)]
+    pub oversubscribe: bool,
     /// Compute from the pool, in TFLOPS (whole blocks); lower-priority work may be suspended for it
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = COMPUTE_POOL)]
     pub tflops: Option<String>,
-    /// Which kind of device the pool blocks come from: gpu, npu, fpga or any
-    #[arg(long, value_name = "KIND", requires = "tflops")]
+    /// Which kind of device the pool blocks come from: gpu, npu, fpga or any [default: any]
+    #[arg(long, value_name = "KIND", requires = "tflops", help_heading = COMPUTE_POOL, add = crate::cli::kind_candidates())]
     pub kind: Option<String>,
     /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks and memory instead of refusing
-    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops")]
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops", help_heading = COMPUTE_POOL)]
     pub wait: Option<String>,
-    /// Number of whole GPUs, or a range MIN-MAX the carbon planner chooses from (stage 1)
-    #[arg(long = "gpus", value_name = "N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"], allow_hyphen_values = true)]
-    pub gpu_count: Option<String>,
+    /// Priority, 0-100 (higher wins in the compute pool); through sudo, at most what the config's [policy] grants the caller [default: 50, or that maximum if lower]
+    #[arg(long, value_name = "P", allow_negative_numbers = true, help_heading = COMPUTE_POOL)]
+    pub priority: Option<String>,
     /// How much the workload's speed depends on the GPU clock, 0 to 1 (carbon planner) [default: 1]
-    #[arg(long, value_name = "S", allow_negative_numbers = true)]
+    #[arg(long, value_name = "S", allow_negative_numbers = true, help_heading = CARBON)]
     pub freq_sensitivity: Option<f64>,
     /// Host CPUs (fractional, e.g. 1.5)
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = HOST_LIMITS)]
     pub cpus: Option<f64>,
-    /// Host memory limit, at least 16M (e.g. 8G); an OOM kill is reported on stderr
-    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
+    /// Host RAM limit (not GPU memory: see --mem), at least 16M (e.g. 8G); an OOM kill is reported on stderr
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, help_heading = HOST_LIMITS)]
     pub memory: Option<String>,
-    /// Maximum number of processes
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    /// Maximum number of host processes and threads
+    #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = HOST_LIMITS)]
     pub pids: Option<u64>,
     /// Name of the workload (unique among running workloads)
-    #[arg(long)]
+    #[arg(long, help_heading = PROCESS)]
     pub name: Option<String>,
     /// Run as USER[:GROUP]; through sudo, only as the user who ran it (unless the config's [policy] run_as_others lists them) [default: the user who ran sudo, else root]
-    #[arg(long, value_name = "USER[:GROUP]")]
+    #[arg(long, value_name = "USER[:GROUP]", help_heading = PROCESS)]
     pub user: Option<String>,
     /// Extra environment variable (repeatable); VGPU_DIR is refused, LD_PRELOAD and LD_LIBRARY_PATH only add after vgpu's own entries
-    #[arg(long = "env", value_name = "K=V")]
+    #[arg(long = "env", value_name = "K=V", help_heading = PROCESS)]
     pub env: Vec<String>,
     /// Working directory of the workload
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = PROCESS)]
     pub cwd: Option<PathBuf>,
-    /// Priority, 0-100 (higher wins in the compute pool); through sudo, at most what the config's [policy] grants the caller [default: 50, or that maximum if lower]
-    #[arg(long, value_name = "P", allow_negative_numbers = true)]
-    pub priority: Option<String>,
-    /// Admit even when the GPU's memory is already fully reserved; through sudo, only if the config's [policy] grants it
-    #[arg(long)]
-    pub oversubscribe: bool,
     /// The command and its arguments
     #[arg(required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
 pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
-    let request = validate(ctx, args)?;
+    let mut request = validate(ctx, args)?;
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu run must run as root (through sudo, systemd or cron): it creates cgroups");
     }
@@ -93,6 +102,9 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
     };
     let gpus = nvml.inventory()?;
     drop(nvml);
+    if args.gpu_count.as_deref().map(parse_gpu_count) == Some(Ok(GpuCount::All)) {
+        all_gpus(&mut request, &gpus);
+    }
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     tracing::debug!("shim {}; {}; state {}; {} GPU(s)", shim.display(), layout.mode.describe(), ctx.state_dir.display(), gpus.len());
 
@@ -103,7 +115,7 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
     tracing::info!("admitted {} ({}): {}{}", w.name, w.id, slices.join(", "), w.pool_blocks.map(|b| format!(", {b} pool blocks")).unwrap_or_default());
     tracing::debug!("cgroup {}, vGPU {}, priority {}", w.cgroup, w.vgpu, w.priority);
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request);
-    let cleanup = launch::finish(&store, &layout, &launched.workload);
+    let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
     let code = result?;
     cleanup?;
     tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);
@@ -128,9 +140,7 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         },
         None => None,
     };
-    if let Some(gpu) = args.gpus.iter().find(|g| g.trim().is_empty()) {
-        crate::usage!("--gpu {gpu:?}: give a GPU index or UUID (see `vgpu devices`)");
-    }
+    let wanted = gpu_list(&args.gpus).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
     if args.pids == Some(0) {
         crate::usage!("--pids must be at least 1");
     }
@@ -174,7 +184,7 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
             crate::usage!("--freq-sensitivity must be between 0 and 1, got {s}");
         }
     }
-    let gpu_range = args.gpu_count.as_deref().map(parse_gpu_range).transpose().map_err(|e| UsageError::new(format!("--gpus: {e}")))?;
+    let gpu_count = args.gpu_count.as_deref().map(parse_gpu_count).transpose().map_err(|e| UsageError::new(format!("--gpus: {e}")))?;
     let sudo_uid = std::env::var("SUDO_UID").ok();
     let user = crate::identity::resolve(args.user.as_deref(), sudo_uid.as_deref(), &ctx.config.policy.run_as_others).map_err(|e| UsageError::new(format!("--user: {e}")))?;
     // Through sudo, priorities and oversubscription only as far as [policy] grants the caller.
@@ -195,7 +205,14 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
     let placement = match (pool, &args.partition) {
         (Some(ask), _) => Placement::Pool(ask),
         (None, Some(name)) => Placement::Partition(name.clone()),
-        (None, None) => Placement::Gpus { wanted: args.gpus.clone(), count: gpu_range, compute_pct: args.compute.unwrap_or(100) },
+        (None, None) => {
+            let count = match gpu_count {
+                Some(GpuCount::Range(min, max)) => Some((min, max)),
+                // Every GPU, by index, once the driver has listed them (`all_gpus`).
+                Some(GpuCount::All) | None => None,
+            };
+            Placement::Gpus { wanted, count, compute_pct: args.compute.unwrap_or(100) }
+        }
     };
     Ok(Request {
         name: args.name.clone(),
@@ -213,16 +230,54 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
     })
 }
 
-/// `--gpus N` or `--gpus MIN-MAX`.
-fn parse_gpu_range(text: &str) -> Result<(usize, usize), String> {
+/// What `--gpus` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GpuCount {
+    /// `all`: every GPU of the host (as `docker run --gpus all`).
+    All,
+    /// `N` (N-N) or `MIN-MAX`: stage 1 of the carbon planner picks the count and the GPUs.
+    Range(usize, usize),
+}
+
+/// `--gpus all`, `--gpus N` or `--gpus MIN-MAX`.
+fn parse_gpu_count(text: &str) -> Result<GpuCount, String> {
+    if text.trim().eq_ignore_ascii_case("all") {
+        return Ok(GpuCount::All);
+    }
     let parse = |s: &str| s.trim().parse::<usize>().ok().filter(|&n| n >= 1);
     let range = match text.split_once('-') {
         Some((a, b)) => parse(a).zip(parse(b)),
         None => parse(text).map(|n| (n, n)),
     };
     match range {
-        Some((min, max)) if min <= max => Ok((min, max)),
-        _ => Err(format!("expected a count N or a range MIN-MAX of at least 1, got {text:?}")),
+        Some((min, max)) if min <= max => Ok(GpuCount::Range(min, max)),
+        _ => Err(format!("expected `all`, a count N or a range MIN-MAX of at least 1, got {text:?}")),
+    }
+}
+
+/// `--gpu 0,1`, `--gpu 0 --gpu GPU-8f…` (clap splits at commas): each entry once, none empty.
+/// Whether each names a GPU of this host is checked against the driver's list at admission.
+fn gpu_list(entries: &[String]) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for entry in entries.iter().map(|e| e.trim()) {
+        if entry.is_empty() {
+            return Err("an empty entry: give GPU indices or UUIDs separated by commas, e.g. --gpu 0,1 (see `vgpu devices`)".into());
+        }
+        if entry.eq_ignore_ascii_case("all") {
+            return Err("`all` is not a GPU: --gpus all asks for every GPU".into());
+        }
+        if out.iter().any(|e| e == entry) {
+            return Err(format!("GPU {entry} is given twice"));
+        }
+        out.push(entry.to_string());
+    }
+    Ok(out)
+}
+
+/// `--gpus all`: the request names every GPU the driver lists, by index.
+fn all_gpus(request: &mut Request, gpus: &[crate::gpu::GpuInfo]) {
+    if let Placement::Gpus { wanted, .. } = &mut request.placement {
+        *wanted = gpus.iter().map(|g| g.index.to_string()).collect();
     }
 }
 

@@ -42,22 +42,22 @@ use crate::state::{Partitions, Store, Workload, WorkloadState};
 #[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy", "priority", "tflops"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
     /// Workloads, by id (a unique prefix is enough) or name
-    #[arg(required = true, value_name = "ID")]
+    #[arg(required = true, value_name = "ID", add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
-    /// New device memory on each of its GPUs: 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what is in use)
-    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
+    /// New GPU device memory on each of its GPUs (not host RAM): 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what is in use)
+    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub mem: Option<String>,
     /// New share of each of its GPUs' compute, percent (1-100)
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub compute: Option<u32>,
     /// New policy: strict (never above the share) or fair (a floor; idle GPU time is shared out)
-    #[arg(long, value_name = "POLICY", value_enum)]
+    #[arg(long, value_name = "POLICY", value_enum, help_heading = crate::commands::run::GPU_SLICE)]
     pub compute_policy: Option<ComputePolicy>,
     /// New priority, 0-100 (higher is served first and may preempt in the pool); through sudo, at most the config's [policy] max_priority
-    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    #[arg(long, value_name = "P", allow_hyphen_values = true, help_heading = crate::commands::run::COMPUTE_POOL)]
     pub priority: Option<String>,
     /// New compute from the pool, in TFLOPS (whole blocks), for a workload started with --tflops: more or fewer blocks on the GPUs it runs on; lower-priority work may be suspended for a raise
-    #[arg(long, value_name = "N", allow_negative_numbers = true, conflicts_with = "compute")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, conflicts_with = "compute", help_heading = crate::commands::run::COMPUTE_POOL)]
     pub tflops: Option<String>,
     /// Wait (up to DURATION, e.g. --wait=10m; default forever) until the change can be made instead of refusing: a memory cut below what is in use, a raise that does not fit, TFLOPS held by others
     #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true, default_missing_value = "forever")]

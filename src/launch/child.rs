@@ -24,6 +24,8 @@ pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, req
         user: request.user.clone(),
         cgroup_procs: procs,
     };
+    // Clocks follow the work: its GPUs are re-planned (raised) before its first kernel.
+    crate::carbon::follow::replan_now(ctx, store, &crate::carbon::follow::Change::started(&w.id)).log();
     let child = crate::supervise::spawn(launch).map_err(|e| match crate::error::NotRunnable::from_spawn(&request.argv[0], &e) {
         Some(not_runnable) => anyhow::Error::new(not_runnable),
         None => anyhow::Error::new(e).context(format!("cannot start {}", request.argv[0])),
@@ -57,8 +59,8 @@ pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitS
 }
 
 /// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record,
-/// and give back the workload's pool blocks.
-pub fn finish(store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
+/// give back the workload's pool blocks, and re-plan the clocks without it.
+pub fn finish(ctx: &Context, store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
     let lock = store.lock()?;
     crate::lifecycle::teardown(store, w, Some(layout))?;
     crate::lifecycle::reclaim_vgpu(store, &w.vgpu);
@@ -67,5 +69,7 @@ pub fn finish(store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
     if w.pool_blocks.is_some() {
         crate::pool_effects::release(store, &lock, &w.id)?;
     }
+    drop(lock);
+    crate::carbon::follow::replan_now(ctx, store, &crate::carbon::follow::Change::ended(&[&w.id])).log();
     Ok(())
 }

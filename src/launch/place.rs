@@ -248,9 +248,9 @@ fn select_gpus<'a>(
     }
     let mut out: Vec<&AdmissionGpu> = Vec::new();
     for query in wanted {
-        let device = admission::find_device(devices, query).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
-        if out.iter().any(|d| d.index == device.index) {
-            crate::usage!("--gpu {query} given twice");
+        let device = admission::find_device(devices, query).map_err(|e| UsageError::new(format!("--gpu {query}: {e}")))?;
+        if let Some(earlier) = out.iter().find(|d| d.index == device.index) {
+            crate::usage!("--gpu {query}: GPU {} ({}) is already selected", earlier.index, earlier.uuid);
         }
         out.push(device);
     }

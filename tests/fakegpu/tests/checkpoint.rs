@@ -564,11 +564,19 @@ fn a_controller_killed_during_the_restore_copy_leaves_it_checkpointed() {
         wait_op(&states[0], pid, CheckpointOp::Restoring, &mut controller),
         "a 2 s copy was over before it was seen"
     );
-    assert_eq!(
-        states[0].used(),
-        held,
-        "restore reserves the memory before copying"
-    );
+    // The operation is published first, then the memory is reserved, then the 2 s copy
+    // runs: the reservation must be seen while the operation is still restoring.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while states[0].used() != held {
+        assert_eq!(
+            states[0].checkpoint_op(pid).map(|(op, _)| op),
+            Some(CheckpointOp::Restoring),
+            "restore reserves the memory before copying (used {} of {held})",
+            states[0].used()
+        );
+        assert!(Instant::now() < deadline, "restore never reserved the memory");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     kill(controller);
 
     let out = expect(&fake, pid, "get_state", CUresult::CUDA_SUCCESS);

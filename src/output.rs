@@ -110,3 +110,19 @@ pub fn log_filter(verbose: u8, quiet: bool, env: Option<&str>) -> String {
     };
     format!("vgpu={level},vgpu_abi={level}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_vgpu_log_which_wins_over_the_default() {
+        assert_eq!(log_filter(0, false, None), "vgpu=warn,vgpu_abi=warn");
+        assert_eq!(log_filter(0, false, Some("vgpu=debug")), "vgpu=debug");
+        assert_eq!(log_filter(0, false, Some(" ")), "vgpu=warn,vgpu_abi=warn");
+        assert_eq!(log_filter(1, false, Some("vgpu=warn")), "vgpu=info,vgpu_abi=info");
+        assert_eq!(log_filter(2, false, None), "vgpu=debug,vgpu_abi=debug");
+        assert_eq!(log_filter(5, false, None), "vgpu=trace,vgpu_abi=trace");
+        assert_eq!(log_filter(0, true, Some("vgpu=trace")), "vgpu=error,vgpu_abi=error");
+    }
+}

@@ -76,12 +76,13 @@ fn lines(output: &str, fields: &Fields) -> Vec<String> {
         .collect()
 }
 
-/// Kills a process left running when the test ends, however it ends.
+/// Ends a process left running when the test ends, however it ends: SIGTERM, which a
+/// `vgpu run` relays to its workload before cleaning up (SIGKILL would orphan the workload).
 struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), nix::sys::signal::Signal::SIGTERM);
         let _ = self.0.wait();
     }
 }

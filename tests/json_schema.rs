@@ -231,3 +231,11 @@ fn the_readme_documents_the_schema_as_the_man_pages_do() {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     assert!(readme.contains(&doc), "README.md's \"JSON output\" section differs from docs/json-schema.md: copy it over (headings one level down)");
 }
+
+/// Every subcommand with `--json` has its section in the documentation (what a man page's
+/// JSON OUTPUT shows: `vgpu::output::schema::doc_of`).
+#[test]
+fn every_json_output_is_documented() {
+    let undocumented: Vec<String> = json_commands().into_iter().filter(|c| vgpu::output::schema::doc_of(c).is_none()).collect();
+    assert!(undocumented.is_empty(), "docs/json-schema.md has no section for: {undocumented:?}");
+}

@@ -17,6 +17,24 @@ pub const SCHEMA: u32 = 1;
 /// The schema, documented: the README's "JSON output" section and the man pages use it.
 pub const JSON_SCHEMA_DOC: &str = include_str!("../../docs/json-schema.md");
 
+/// The parts of [`JSON_SCHEMA_DOC`] about `command` (`"ps"`, `"partition list"`, `"carbon
+/// apply"`): each section whose heading names it (`## \`vgpu carbon apply|reset --json\``),
+/// heading included, for a man page's JSON OUTPUT. None when no section names it.
+pub fn doc_of(command: &str) -> Option<String> {
+    let wanted: Vec<&str> = command.split_whitespace().collect();
+    let mut found = Vec::new();
+    let mut sections = JSON_SCHEMA_DOC.split("\n## ").skip(1);
+    for section in sections.by_ref() {
+        let heading = section.lines().next().unwrap_or_default();
+        let words: Vec<&str> = heading.trim_matches('`').split_whitespace().skip(1).take_while(|w| !w.starts_with('-')).collect();
+        let names = words.len() == wanted.len() && words.iter().zip(&wanted).all(|(w, c)| w.split('|').any(|alt| alt == *c));
+        if names {
+            found.push(format!("## {}", section.trim_end()));
+        }
+    }
+    (!found.is_empty()).then(|| found.join("\n\n"))
+}
+
 /// A top-level JSON document: `{"schema": N, ...body's fields}`. `body` must serialize as
 /// an object (a struct or a map).
 #[derive(Debug, Serialize)]
@@ -93,6 +111,17 @@ mod tests {
     #[test]
     fn documents_carry_the_schema_first() {
         assert_eq!(to_text(&Body { workloads: vec![1] }, false).unwrap(), r#"{"schema":1,"workloads":[1]}"#);
+    }
+
+    #[test]
+    fn each_commands_section_is_found_by_its_name() {
+        assert!(doc_of("ps").is_some_and(|d| d.starts_with("## `vgpu ps --json") && d.contains("memory_quota_bytes")));
+        assert!(doc_of("kill").is_some_and(|d| d.contains("`signalled`")));
+        assert!(doc_of("carbon reset").is_some_and(|d| d.contains("time_unix_ms")));
+        let doctor = doc_of("doctor").unwrap();
+        assert!(doctor.contains("\"checks\"") && doctor.contains("\"removed\""), "both of doctor's outputs: {doctor}");
+        assert_eq!(doc_of("carbon"), None);
+        assert_eq!(doc_of("run"), None);
     }
 
     #[test]

@@ -15,8 +15,9 @@ use crate::commands::pool::PoolArgs;
 const GLOBAL: &str = "Global options";
 
 const AFTER_HELP: &str = "\
-Exit status: 0 success, 1 runtime failure, 2 usage error (bad flag, value or config); run: the
-workload's status, 126/127 when the command cannot be executed / is not found (see vgpu(1)).
+Exit status: 0 success, 1 runtime failure, 2 usage error (nothing changed); run: the
+workload's status, 128+N when killed by signal N, 126/127 when the command cannot be
+executed / is not found; 141 (SIGPIPE) when a listing's reader goes away (see vgpu(1)).
 
 Examples:
   sudo vgpu run --mem 4G --compute 30 -- python train.py

@@ -1,7 +1,6 @@
-//! Exit codes and the one error type that changes them.
-//!
-//! 0: success. 1: a runtime failure (something on the host or in the state went wrong).
-//! 2: a usage error (bad flag, bad value, bad config): the user must change the request.
+//! Exit codes and the one error type that changes them. [`EXIT_STATUS_DOC`] is the one list
+//! of them: the man pages' EXIT STATUS and the README use it; `tests/scripting.rs` makes
+//! each happen.
 
 use std::fmt;
 
@@ -23,9 +22,17 @@ pub enum ExitScope {
 /// The exit statuses, as the man pages (EXIT STATUS) document them: status, meaning, and
 /// the commands it applies to.
 pub const EXIT_STATUS_DOC: &[(&str, &str, ExitScope)] = &[
-    ("0", "Success.", ExitScope::All),
-    ("1", "A runtime failure: something on the host or in the state went wrong (no driver, a GPU or the pool without room, a damaged record).", ExitScope::All),
-    ("2", "A usage error: a bad flag or value, an invalid config file, an unknown workload ID or partition, a request this host can never meet.", ExitScope::All),
+    ("0", "Success. doctor: every check passed or only warned.", ExitScope::All),
+    (
+        "1",
+        "A runtime failure: something on the host or in the state went wrong (no driver, a GPU or the pool without room, a damaged record). doctor: a check failed. kill, suspend, resume of several workloads: one of them failed (the others were acted on, each says how).",
+        ExitScope::All,
+    ),
+    (
+        "2",
+        "A usage error: a bad flag or value, an invalid config file or one that cannot be read, an unknown or ambiguous workload ID or partition, a request this host can never meet. Nothing was changed.",
+        ExitScope::All,
+    ),
     ("N", "The workload's own exit status, when it exits.", ExitScope::Run),
     ("128+N", "The workload was killed by signal N (137: SIGKILL, e.g. by the OOM killer at its --memory limit).", ExitScope::Run),
     ("126", "The command was found but cannot be executed.", ExitScope::Run),

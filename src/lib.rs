@@ -20,7 +20,7 @@ pub(crate) mod launch;
 pub(crate) mod lifecycle;
 pub mod listing;
 pub mod metrics;
-pub(crate) mod output;
+pub mod output;
 pub(crate) mod paths;
 pub(crate) mod policy;
 pub mod pool;

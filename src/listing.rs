@@ -15,6 +15,7 @@ use vgpu_abi::usage::UsageFile;
 
 use crate::cgroup::{Cgroup, Layout};
 use crate::compute::ComputePolicy;
+use crate::output::schema::{SuspendedReason, WorkloadRef};
 use crate::state::{Enforcement, Store, Workload};
 
 #[derive(Debug, Serialize)]
@@ -47,7 +48,13 @@ pub struct Row {
     /// (`mem_used_source`), `compute_measured_pct` is null, `gpu_time_ns` and `throttled_ns`
     /// are 0 (unknown), and the compute share and policy are the record's.
     pub usage_readable: bool,
-    pub suspended_reason: Option<String>,
+    /// Why it is suspended (null unless suspended).
+    pub suspended_reason: Option<SuspendedReason>,
+    /// The workload that preempted it (`suspended_reason` `preempted`), when known.
+    pub suspended_by: Option<WorkloadRef>,
+    /// The record's reason in words (`preempted by train`), for the table.
+    #[serde(skip)]
+    pub suspended_why: Option<String>,
     /// While suspended: where its device memory is, `host` (moved by the CUDA checkpoint
     /// API; free on the GPU for others) or `device` (frozen with its memory held).
     pub suspended_memory: Option<&'static str>,
@@ -55,7 +62,8 @@ pub struct Row {
     pub suspended_memory_why: Option<String>,
     /// What `vgpu watch` did to it and why (killed or throttled), if anything.
     pub enforcement: Option<Enforcement>,
-    pub age_seconds: u64,
+    /// When it was started, ms since the Unix epoch.
+    pub created_unix_ms: u64,
     pub command: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<Vec<ProcRow>>,
@@ -63,15 +71,21 @@ pub struct Row {
 
 #[derive(Debug, Serialize)]
 pub struct GpuRow {
+    #[serde(rename = "gpu_index")]
     pub index: u32,
+    #[serde(rename = "gpu_uuid")]
     pub uuid: String,
+    #[serde(rename = "memory_used_bytes")]
     pub mem_used: Option<u64>,
     /// The most the vGPU held on this GPU at once (the shim's count), if known.
+    #[serde(rename = "memory_peak_bytes")]
     pub mem_peak: Option<u64>,
     /// Where `mem_used` comes from: the shim's counter (the whole vGPU: a partition's
     /// workloads together), or the driver (the device memory NVML says this workload's
     /// processes hold on the GPU). Null when there is no figure.
+    #[serde(rename = "memory_used_source")]
     pub mem_used_source: Option<MemSource>,
+    #[serde(rename = "memory_quota_bytes")]
     pub mem_quota: u64,
     pub compute_pct: u32,
     pub compute_measured_pct: Option<f64>,
@@ -83,13 +97,16 @@ pub struct GpuRow {
 #[derive(Debug, Serialize)]
 pub struct ProcRow {
     pub pid: u32,
+    #[serde(rename = "memory_used_bytes")]
     pub mem_used: Vec<u64>,
     /// Empty when `source` is the driver (it does not say).
+    #[serde(rename = "memory_peak_bytes")]
     pub mem_peak: Vec<u64>,
     /// GPU time charged to this process, per device of the vGPU, ns. Empty when `source` is
     /// the driver.
     pub gpu_time_ns: Vec<u64>,
     /// The shim's per-process file, or the driver (the usage file could not be read).
+    #[serde(rename = "memory_used_source")]
     pub source: MemSource,
 }
 
@@ -160,7 +177,6 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
             })
             .collect()
     });
-    let age = crate::clock::now_ms().saturating_sub(w.created_unix_ms) / 1000;
     Row {
         id: w.id.clone(),
         name: w.name.clone(),
@@ -177,14 +193,16 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
         state: w.state.as_str().to_string(),
         supervisor_alive: w.supervisor_alive(),
         usage_readable: usage.is_some(),
-        suspended_reason: w.suspended_reason.clone(),
+        suspended_reason: w.suspended_reason.as_deref().map(SuspendedReason::of_record),
+        suspended_by: None,
+        suspended_why: w.suspended_reason.clone(),
         suspended_memory: suspended_memory(w).map(|m| m.place()),
         suspended_memory_why: match suspended_memory(w) {
             Some(crate::state::SuspendedMemory::Device { why }) => Some(why),
             _ => None,
         },
         enforcement: w.enforcement.clone(),
-        age_seconds: age,
+        created_unix_ms: w.created_unix_ms,
         command: w.command.clone(),
         processes,
     }

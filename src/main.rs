@@ -73,22 +73,15 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     vgpu::commands::dispatch(&ctx, &cli.command)
 }
 
+/// `-q` and `-v` govern every line on stderr but errors: the log's (through tracing) and
+/// the notices (`vgpu::output::notice`). On the command line they win over `VGPU_LOG`.
 fn init_logging(verbose: u8, quiet: bool) {
-    let level = match (quiet, verbose) {
-        (true, _) => "error",
-        (false, 0) => "warn",
-        (false, 1) => "info",
-        (false, 2) => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VGPU_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("vgpu={level}")));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only for a person at a terminal: never into a journal, a pipe or a file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
-        .with_target(false)
-        .init();
+    vgpu::output::set_quiet(quiet);
+    let env = std::env::var("VGPU_LOG").ok();
+    let directives = vgpu::output::log_filter(verbose, quiet, env.as_deref());
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives).unwrap_or_else(|e| {
+        eprintln!("vgpu: warning: VGPU_LOG={directives:?} is not a log filter ({e}); logging warnings");
+        tracing_subscriber::EnvFilter::new(vgpu::output::log_filter(0, false, None))
+    });
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).event_format(vgpu::output::LogFormat).init();
 }

@@ -57,7 +57,7 @@ pub fn current(ctx: &Context, store: &Store, gpus: &[GpuInfo]) -> Result<Pool> {
     let pool = match load(store)? {
         Some(mut pool) => {
             for dropped in pool.adopt(inventory) {
-                eprintln!("vgpu: warning: pool allocation of {} ({}) dropped: its device is gone", dropped.name, dropped.id);
+                tracing::warn!("pool allocation of {} ({}) dropped: its device is gone", dropped.name, dropped.id);
             }
             pool
         }
@@ -93,7 +93,7 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
     let undo_suspensions = |suspended: &[(Cgroup, String, SuspendedMemory)]| {
         for (cgroup, id, memory) in suspended.iter().rev() {
             if let Err(e) = crate::suspension::resume(cgroup, Some(memory)) {
-                eprintln!("vgpu: warning: cannot resume {id} again: {e}");
+                tracing::warn!("cannot resume {id} again: {e}");
             }
         }
     };
@@ -116,15 +116,19 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
     }
     let mut resumed: Vec<(Cgroup, &str)> = Vec::new();
     for r in plan.resume() {
-        let Ok(cgroup) = cgroup_of(&r.id) else { continue };
+        let Ok(cgroup) = cgroup_of(&r.id) else {
+            continue;
+        };
         let memory = record_of(&r.id).and_then(|w| w.suspended_memory.clone());
         if let Err(e) = crate::suspension::resume(&cgroup, memory.as_ref()) {
             // Put everything back as it was; the caller settles without this one.
             for (cgroup, id) in resumed.iter().rev() {
                 match crate::suspension::suspend(cgroup) {
                     Ok(SuspendedMemory::Host) => {}
-                    Ok(SuspendedMemory::Device { why }) => eprintln!("vgpu: warning: {id} is suspended again with its memory on the GPU: {why}"),
-                    Err(e) => eprintln!("vgpu: warning: cannot suspend {id} again: {e}"),
+                    Ok(SuspendedMemory::Device { why }) => {
+                        tracing::warn!("{id} is suspended again with its memory on the GPU: {why}")
+                    }
+                    Err(e) => tracing::warn!("cannot suspend {id} again: {e}"),
                 }
             }
             undo_suspensions(&suspended);
@@ -157,15 +161,17 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
             let place = memory.iter().find(|(id, _)| *id == w.id).map(|(_, m)| m.clone()).unwrap_or(SuspendedMemory::Device { why: "unknown".into() });
             let said = match &place {
                 SuspendedMemory::Host => "its device memory is in host memory".to_string(),
-                SuspendedMemory::Device { why } => format!("its device memory stays on the GPU: {why}"),
+                SuspendedMemory::Device { why } => {
+                    format!("its device memory stays on the GPU: {why}")
+                }
             };
             w.set_suspended(format!("preempted by {by_name}"), place);
             store.write_workload(&w)?;
-            eprintln!("vgpu: suspended {} ({}): preempted by {by_name}; {said}", w.name, w.id);
+            crate::notice!("suspended {} ({}): preempted by {by_name}; {said}", w.name, w.id);
         } else if resumed.contains(&w.id) {
             w.set_resumed();
             store.write_workload(&w)?;
-            eprintln!("vgpu: resumed {} ({})", w.name, w.id);
+            crate::notice!("resumed {} ({})", w.name, w.id);
         }
     }
     if let Some(intent) = intent {
@@ -187,7 +193,9 @@ pub struct ResumeRefused {
 /// memory is in host memory resumes only once it fits beside the others'; until then it
 /// keeps its turn and its blocks wait for it, unless others can use them meanwhile.
 pub fn settle(store: &Store, lock: &StoreLock) -> Result<()> {
-    let Some(mut pool) = load(store)? else { return Ok(()) };
+    let Some(mut pool) = load(store)? else {
+        return Ok(());
+    };
     settle_pool(store, lock, &mut pool)
 }
 
@@ -205,7 +213,7 @@ pub fn settle_pool(store: &Store, lock: &StoreLock, pool: &mut Pool) -> Result<(
             Ok(_) => return Ok(()),
             Err(e) => match e.downcast::<ResumeRefused>() {
                 Ok(refused) => {
-                    eprintln!("vgpu: warning: {refused}; it stays suspended");
+                    tracing::warn!("{refused}; it stays suspended");
                     held.insert(refused.id);
                 }
                 Err(e) => return Err(e),
@@ -224,7 +232,9 @@ fn first_not_fitting(store: &Store, plan: &Plan) -> Result<Option<String>> {
     let (mut workloads, _) = store.workloads();
     let partitions = crate::state::Partitions::load(&store.partitions_path())?;
     for r in plan.resume() {
-        let Some(at) = workloads.iter().position(|w| w.id == r.id) else { continue };
+        let Some(at) = workloads.iter().position(|w| w.id == r.id) else {
+            continue;
+        };
         if crate::admission::check_fits_back(&workloads[at], &workloads, &partitions.partitions).is_err() {
             return Ok(Some(r.id.clone()));
         }
@@ -274,7 +284,9 @@ pub fn planned_workloads(store: &Store, plan: &Plan, victims_release_memory: boo
 
 /// Give a workload's blocks back and resume (or start) whoever now fits.
 pub fn release(store: &Store, lock: &StoreLock, id: &str) -> Result<()> {
-    let Some(mut pool) = load(store)? else { return Ok(()) };
+    let Some(mut pool) = load(store)? else {
+        return Ok(());
+    };
     if pool.allocation(id).is_none() {
         return Ok(());
     }

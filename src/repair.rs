@@ -23,6 +23,7 @@ use crate::state::{DamagedRecord, Partitions, StateError, Store, StoreLock, Work
 pub struct Removed {
     pub path: PathBuf,
     /// The workload id (the record's stem), for a workload record.
+    #[serde(rename = "workload_id")]
     pub id: Option<String>,
     /// What it was: the problem with it.
     pub problem: String,
@@ -35,6 +36,7 @@ pub struct Removed {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Left {
     pub path: PathBuf,
+    #[serde(rename = "workload_id")]
     pub id: Option<String>,
     pub problem: String,
     pub reason: String,

@@ -75,7 +75,7 @@ fn denied(what: &str, argv: &[&str]) {
 
 /// The vGPU id (= workload id for a workload's own vGPU) of the running workload `name`.
 fn vgpu_id(sim: &Sim, name: &str) -> Option<String> {
-    let list = sim.json(&["ps", "--json"]);
+    let list = sim.json(&["ps", "--json"])["workloads"].clone();
     let w = list.as_array()?.iter().find(|w| w["name"] == name)?.clone();
     Some(w["id"].as_str()?.to_string())
 }
@@ -107,7 +107,7 @@ fn sim_for_nobody() -> (Sim, String) {
     let sim = Sim::new(GPU);
     std::fs::set_permissions(sim.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(sim.path("fakegpu-state"), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let uuid = sim.json(&["devices", "--json"])[0]["uuid"].as_str().expect("a GPU UUID").to_string();
+    let uuid = sim.json(&["devices", "--json"])["gpus"][0]["uuid"].as_str().expect("a GPU UUID").to_string();
     (sim, uuid)
 }
 

@@ -23,7 +23,9 @@ const BUSY_ENV: &str = "VGPU_CARBON_TEST_LIBCUDA";
 /// Not a test of its own: the body of the CUDA client child (a no-op when run normally).
 #[test]
 fn busy_client() {
-    let Some(lib) = std::env::var_os(BUSY_ENV) else { return };
+    let Some(lib) = std::env::var_os(BUSY_ENV) else {
+        return;
+    };
     type Cu = c_int;
     let path = CString::new(lib.into_encoded_bytes()).expect("path");
     // SAFETY: dlopen/dlsym with valid C strings; each symbol is cast to its cuda.h signature.
@@ -138,7 +140,7 @@ fn gpu(v: &Value, index: usize) -> &Value {
 }
 
 fn devices(sim: &Sim) -> Value {
-    sim.json(&["devices", "--json"])
+    sim.json(&["devices", "--json"])["gpus"].clone()
 }
 
 fn log_actions(sim: &Sim) -> Vec<String> {
@@ -162,17 +164,13 @@ fn apply_caps_the_busy_gpu_idempotently_and_reset_restores() {
     assert_eq!(devices(&sim)[0]["sm_clock_mhz"], 1980, "busy and uncapped: full clock");
 
     let plan = sim.json(&["carbon", "plan", "--json", "--intensity", "400", "--budget", "200"]);
-    assert_eq!(plan["intensity"], 400.0);
+    assert_eq!(plan["intensity_g_per_kwh"], 400.0);
     assert_eq!(plan["budget_g_per_hour"], 200.0);
     assert!(plan["predicted_g_per_hour"].as_f64().unwrap() <= 200.0);
-    assert_eq!(gpu(&plan, 0)["workload"], format!("pid {}", busy.pid));
+    assert_eq!(gpu(&plan, 0)["workload_name"], format!("pid {}", busy.pid));
     let clock = gpu(&plan, 0)["clock_mhz"].as_u64().unwrap();
     assert!(345 < clock && clock < 1980, "capped between the extremes: {clock}");
-    assert_eq!(
-        (gpu(&plan, 1)["index"].as_u64(), gpu(&plan, 1)["clock_mhz"].as_u64()),
-        (Some(1), Some(345)),
-        "idle GPU at its lowest clock"
-    );
+    assert_eq!((gpu(&plan, 1)["gpu_index"].as_u64(), gpu(&plan, 1)["clock_mhz"].as_u64()), (Some(1), Some(345)), "idle GPU at its lowest clock");
     assert!(!sim.path("lib/carbon.jsonl").exists(), "plan changes nothing");
 
     let first = sim.json(&["carbon", "apply", "--json", "--intensity", "400", "--budget", "200"]);
@@ -336,7 +334,7 @@ fn workloads_recorded_by_vgpu_run_are_planned_by_name() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let plan = loop {
         let plan = sim.json(&["carbon", "plan", "--json", "--intensity", "200", "--budget", "1000"]);
-        if gpu(&plan, 1)["workload"] == "trainer" || std::time::Instant::now() > deadline {
+        if gpu(&plan, 1)["workload_name"] == "trainer" || std::time::Instant::now() > deadline {
             break plan;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -344,8 +342,8 @@ fn workloads_recorded_by_vgpu_run_are_planned_by_name() {
     // SIGTERM: vgpu run relays it to the workload and cleans up.
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.id() as i32), nix::sys::signal::Signal::SIGTERM);
     let _ = run.wait();
-    assert_eq!(gpu(&plan, 1)["workload"], "trainer", "{plan}");
-    assert!(gpu(&plan, 0)["workload"].is_null());
+    assert_eq!(gpu(&plan, 1)["workload_name"], "trainer", "{plan}");
+    assert!(gpu(&plan, 0)["workload_name"].is_null());
     assert_eq!(gpu(&plan, 1)["clock_mhz"], 1980, "a generous budget: full clock");
 }
 

@@ -147,11 +147,10 @@ fn electricitymaps_latest_with_token() {
         server.url()
     ));
     let got = sim.json(&["carbon", "intensity", "--json"]);
-    assert_eq!(got["intensity"], 302.0);
+    assert_eq!(got["intensity_g_per_kwh"], 302.0);
     assert_eq!(got["source"], "electricitymaps zone DE");
     assert_eq!(got["status"], "fresh");
-    assert_eq!(got["timestamp"], "2018-04-25T18:07:00.350Z");
-    assert!(got["age_seconds"].as_i64().unwrap() > 0);
+    assert_eq!(got["timestamp_unix_ms"], 1_524_679_620_350i64, "2018-04-25T18:07:00.350Z");
     let requests = server.requests();
     assert_eq!(requests.len(), 1);
     assert!(requests[0].to_ascii_lowercase().contains("auth-token: s3cret\r\n"), "{}", requests[0]);
@@ -186,23 +185,19 @@ fn uk_grid_national_regional_and_null_actual() {
     let base = format!("[carbon]\nsource = \"uk-grid\"\nbase_url = \"{}\"\n", server.url());
     let sim = sim_with(&base);
     let got = sim.json(&["carbon", "intensity", "--json"]);
-    assert_eq!(
-        (got["intensity"].as_f64(), got["source"].as_str()),
-        (Some(263.0), Some("uk-grid national")),
-        "actual wins"
-    );
-    assert_eq!(got["timestamp"], "2018-01-20T12:00:00Z");
+    assert_eq!((got["intensity_g_per_kwh"].as_f64(), got["source"].as_str()), (Some(263.0), Some("uk-grid national")), "actual wins");
+    assert_eq!(got["timestamp_unix_ms"], 1_516_449_600_000i64, "2018-01-20T12:00:00Z");
 
     server.set("/intensity", ok(fixture("uk-intensity-actual-null.json")));
-    assert_eq!(sim.json(&["carbon", "intensity", "--json"])["intensity"], 146.0, "null actual: the forecast");
+    assert_eq!(sim.json(&["carbon", "intensity", "--json"])["intensity_g_per_kwh"], 146.0, "null actual: the forecast");
 
     sim.write_vgpu_config(&format!("{base}postcode = \"rg10\"\n"));
     let got = sim.json(&["carbon", "intensity", "--json"]);
-    assert_eq!((got["intensity"].as_f64(), got["source"].as_str()), (Some(198.0), Some("uk-grid postcode RG10")));
+    assert_eq!((got["intensity_g_per_kwh"].as_f64(), got["source"].as_str()), (Some(198.0), Some("uk-grid postcode RG10")));
 
     sim.write_vgpu_config(&format!("{base}region_id = 13\n"));
     let got = sim.json(&["carbon", "intensity", "--json"]);
-    assert_eq!((got["intensity"].as_f64(), got["source"].as_str()), (Some(231.0), Some("uk-grid region 13")));
+    assert_eq!((got["intensity_g_per_kwh"].as_f64(), got["source"].as_str()), (Some(231.0), Some("uk-grid region 13")));
 }
 
 #[test]
@@ -250,7 +245,7 @@ fn failing_source_falls_back_to_the_remembered_reading_then_the_fallback() {
     let out = sim.vgpu(&["carbon", "intensity", "--json"]).output().unwrap();
     assert!(out.status.success());
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((got["intensity"].as_f64(), got["status"].as_str()), (Some(263.0), Some("cached")));
+    assert_eq!((got["intensity_g_per_kwh"].as_f64(), got["status"].as_str()), (Some(263.0), Some("cached")));
     assert!(got["note"].as_str().unwrap().contains("HTTP 500"), "{got}");
     let warning = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -262,7 +257,7 @@ fn failing_source_falls_back_to_the_remembered_reading_then_the_fallback() {
     sim.write_vgpu_config(&format!("{base}max_age = \"0s\"\nfallback = 420\n"));
     std::thread::sleep(Duration::from_millis(1100));
     let got = sim.json(&["carbon", "intensity", "--json"]);
-    assert_eq!((got["intensity"].as_f64(), got["status"].as_str()), (Some(420.0), Some("fallback")));
+    assert_eq!((got["intensity_g_per_kwh"].as_f64(), got["status"].as_str()), (Some(420.0), Some("fallback")));
     assert!(got["note"].as_str().unwrap().contains("old (max_age 0s)"), "{got}");
 
     // Neither: a clear error.
@@ -282,10 +277,10 @@ fn file_and_command_sources() {
     .unwrap();
     sim.write_vgpu_config(&format!("[carbon]\nsource = \"file\"\npath = \"{}\"\n", csv.display()));
     let got = sim.json(&["carbon", "intensity", "--json"]);
-    assert_eq!((got["intensity"].as_f64(), got["timestamp"].as_str()), (Some(180.0), Some("2020-01-01T01:00:00Z")));
+    assert_eq!((got["intensity_g_per_kwh"].as_f64(), got["timestamp_unix_ms"].as_i64()), (Some(180.0), Some(1_577_840_400_000)));
 
     sim.write_vgpu_config("[carbon]\nsource = \"command\"\ncommand = \"echo 77.5\"\n");
-    assert_eq!(sim.json(&["carbon", "intensity", "--json"])["intensity"], 77.5);
+    assert_eq!(sim.json(&["carbon", "intensity", "--json"])["intensity_g_per_kwh"], 77.5);
 
     sim.write_vgpu_config("[carbon]\nsource = \"command\"\ncommand = \"echo nope\"\n");
     let err = failure(&sim, 1);
@@ -302,7 +297,7 @@ fn file_and_command_sources() {
 fn override_needs_no_source_and_bad_values_are_usage_errors() {
     let sim = sim_with("");
     let got = sim.json(&["carbon", "intensity", "--json", "--intensity", "640"]);
-    assert_eq!((got["intensity"].as_f64(), got["status"].as_str()), (Some(640.0), Some("override")));
+    assert_eq!((got["intensity_g_per_kwh"].as_f64(), got["status"].as_str()), (Some(640.0), Some("override")));
 
     let err = failure(&sim, 2);
     assert!(err.contains("no intensity source configured"), "{err}");
@@ -335,7 +330,7 @@ fn plan_only_looks() {
     sim.json(&["devices", "--json"]);
     let before = files_below(&sim.path("lib"));
     let plan = sim.json(&["carbon", "plan", "--json"]);
-    assert_eq!(plan["intensity"], 263.0);
+    assert_eq!(plan["intensity_g_per_kwh"], 263.0);
     assert_eq!(plan["intensity_source"]["source"], "uk-grid national");
     assert_eq!(files_below(&sim.path("lib")), before, "plan writes nothing, not even the remembered reading");
 }
@@ -353,8 +348,12 @@ fn intensity_within(sim: &Sim, limit: Duration) -> std::process::Output {
 fn live_members(pgid: u32) -> Vec<u32> {
     let mut live = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
         // pid (comm) state ppid pgrp …; comm may hold spaces, so split after its ')'.
         let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
         if fields.get(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) && fields.first() != Some(&"Z") {
@@ -382,7 +381,7 @@ fn command_with_a_lingering_child_gives_its_value_and_its_group_is_killed() {
     let out = intensity_within(&sim, Duration::from_secs(60));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(got["intensity"], 300.0);
+    assert_eq!(got["intensity_g_per_kwh"], 300.0);
 
     // SIGKILL is delivered asynchronously: wait (boundedly) for the group to be gone.
     let (group, bg) = (read_pid(&dir.join("sh.pid")), read_pid(&dir.join("bg.pid")));
@@ -441,5 +440,5 @@ fn file_source_refuses_devices_fifos_and_large_files() {
 
     // A normal file still works.
     std::fs::write(&big, "2020-01-01T00:00:00Z,180\n").unwrap();
-    assert_eq!(sim.json(&["carbon", "intensity", "--json"])["intensity"], 180.0);
+    assert_eq!(sim.json(&["carbon", "intensity", "--json"])["intensity_g_per_kwh"], 180.0);
 }

@@ -56,7 +56,7 @@ fn a_workloads_memory_leaves_the_device_and_comes_back() {
         .spawn()
         .expect("spawn the holder");
     wait_for("the holder's allocation", || ready.exists());
-    let used = || sim.json(&["devices", "--json"])[0]["memory_used"].as_u64().expect("memory_used");
+    let used = || sim.json(&["devices", "--json"])["gpus"][0]["memory_used_bytes"].as_u64().expect("memory_used_bytes");
     assert_eq!(used(), GIB);
 
     let ckpt = Checkpointer::open(Some(&links.join("libcuda.so.1"))).expect("load").expect("the simulated driver has the API");

@@ -12,7 +12,7 @@ const THREE: &[(&str, &str)] = &[("NVIDIA A100-SXM4-40GB", "40GiB"), ("NVIDIA A1
 /// The UUIDs the simulated driver gives GPUs 0, 1, 2, from `vgpu devices`.
 fn uuids(sim: &Sim) -> Vec<String> {
     let devices = sim.json(&["devices", "--json"]);
-    let list = devices.as_array().cloned().or_else(|| devices["devices"].as_array().cloned()).expect("a device list");
+    let list = devices["gpus"].as_array().cloned().expect("a GPU list");
     list.iter().map(|d| d["uuid"].as_str().expect("uuid").to_string()).collect()
 }
 

@@ -145,7 +145,7 @@ impl Background {
 }
 
 fn ps_row(sim: &Sim, name: &str) -> Option<serde_json::Value> {
-    sim.json(&["ps", "--json"]).as_array()?.iter().find(|w| w["name"] == name).cloned()
+    sim.json(&["ps", "--json"])["workloads"].as_array()?.iter().find(|w| w["name"] == name).cloned()
 }
 
 #[test]

@@ -61,7 +61,7 @@ fn run_puts_share_policy_and_priority_in_the_usage_file_and_makes_the_board() {
     let devices = usage.devices();
     assert_eq!(devices.len(), 1);
     assert_eq!((devices[0].compute_pct, devices[0].policy, devices[0].priority), (30, Policy::Fair, 70));
-    let uuid = w["gpus"][0]["uuid"].as_str().unwrap();
+    let uuid = w["gpus"][0]["gpu_uuid"].as_str().unwrap();
     assert_eq!(devices[0].uuid, uuid);
 
     // The vGPU's slot on the board of GPU 1 (a root-owned directory), its own to write and
@@ -134,7 +134,7 @@ fn update_changes_a_running_workloads_share_live() {
     assert_eq!(record(&sim, &id)["gpus"][1]["compute_pct"], 60);
 
     // The policy alone, by name, with --json.
-    let out = sim.json(&["update", "both", "--compute-policy", "fair", "--json"]);
+    let out = sim.json(&["update", "both", "--compute-policy", "fair", "--json"])["workloads"].clone();
     assert_eq!(out[0]["id"], id.as_str());
     assert_eq!(out[0]["compute_policy"], "fair");
     assert_eq!(out[0]["previous_compute_policy"], "strict");
@@ -202,7 +202,7 @@ fn update_refuses_bad_requests_and_changes_nothing() {
 fn partition_update_changes_the_definition_and_the_live_vgpu() {
     let sim = Sim::new(TWO_GPUS);
     sim.vgpu(&["partition", "create", "svc", "--gpu", "1", "--mem", "2G", "--compute", "50", "--compute-policy", "fair"]).assert().success();
-    let list = sim.json(&["partition", "list", "--json"]);
+    let list = sim.json(&["partition", "list", "--json"])["partitions"].clone();
     assert_eq!((list[0]["compute_pct"].clone(), list[0]["compute_policy"].clone()), (50.into(), "fair".into()));
 
     // Before any use: only partitions.json changes.
@@ -227,11 +227,11 @@ fn partition_update_changes_the_definition_and_the_live_vgpu() {
     // While it runs: live.
     let out = sim.json(&["partition", "update", "svc", "--compute", "70", "--compute-policy", "strict", "--json"]);
     assert_eq!(out["live"], true);
-    assert_eq!(out["workloads"][0], w["id"]);
+    assert_eq!(out["workloads"][0]["id"], w["id"]);
     assert_eq!(shares(&usage), [(70, Policy::Strict)]);
     let w = sim.row("server");
     assert_eq!((w["compute_pct"].clone(), w["compute_policy"].clone()), (70.into(), "strict".into()));
-    let list = sim.json(&["partition", "list", "--json"]);
+    let list = sim.json(&["partition", "list", "--json"])["partitions"].clone();
     assert_eq!((list[0]["compute_pct"].clone(), list[0]["compute_policy"].clone()), (70.into(), "strict".into()));
 
     // Bad requests change nothing.
@@ -273,7 +273,7 @@ fn ps_shows_the_measured_share_and_gpu_time() {
     assert_eq!(w["gpus"][0]["compute_measured_pct"], 28.0);
     assert_eq!(w["gpus"][0]["gpu_time_ns"], 3_000_000_000u64);
     let all = sim.json(&["ps", "-a", "--json"]);
-    let procs = all[0]["processes"].as_array().unwrap();
+    let procs = all["workloads"][0]["processes"].as_array().unwrap();
     let p = procs.iter().find(|p| p["pid"] == pid).expect("the workload's process");
     assert_eq!(p["gpu_time_ns"], serde_json::json!([1_500_000_000u64]));
 

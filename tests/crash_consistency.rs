@@ -78,7 +78,7 @@ fn freeze_directly(name: &str) {
 }
 
 fn ps(sim: &Sim) -> Vec<Value> {
-    sim.json(&["ps", "--json"]).as_array().unwrap().clone()
+    sim.json(&["ps", "--json"])["workloads"].as_array().unwrap().clone()
 }
 
 fn row(sim: &Sim, name: &str) -> Value {

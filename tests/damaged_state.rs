@@ -14,7 +14,7 @@ use serde_json::Value;
 const TWO_GPUS: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB"), ("NVIDIA A16-sim", "16GiB")];
 
 fn ps(sim: &Sim) -> Vec<Value> {
-    sim.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
+    sim.json(&["ps", "--json"])["workloads"].as_array().cloned().unwrap_or_default()
 }
 
 fn stderr(out: &Output) -> String {

@@ -157,9 +157,9 @@ fn store_tree(sim: &Sim) -> BTreeMap<PathBuf, (u32, u32, Option<Vec<u8>>)> {
     all
 }
 
-/// The workload named `name` in a `ps --json` array.
+/// The workload named `name` in a `ps --json` document (or its `workloads` array).
 fn workload_in<'a>(ps: &'a Value, name: &str) -> &'a Value {
-    let rows = ps.as_array().unwrap_or_else(|| panic!("ps --json is not an array: {ps}"));
+    let rows = ps["workloads"].as_array().or(ps.as_array()).unwrap_or_else(|| panic!("ps --json has no workloads: {ps}"));
     rows.iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("no workload {name} in {ps}"))
 }
 
@@ -169,9 +169,9 @@ fn every_user_lists_everything_while_a_writer_holds_the_lock_and_writes_nothing(
     let _w = Workload::start(&sim, "train", 1);
     sim.vgpu(&["partition", "create", "svc", "--gpu", "0", "--mem", "2G"]).assert().success();
     // Root's own view first: the shim's figure.
-    let root = sim.json(&["ps", "--json"]);
+    let root = sim.json(&["ps", "--json"])["workloads"].clone();
     let row = workload_in(&root, "train");
-    assert_eq!((row["gpus"][0]["mem_used"].as_u64(), row["gpus"][0]["mem_used_source"].as_str()), (Some(GIB), Some("shim")), "{row}");
+    assert_eq!((row["gpus"][0]["memory_used_bytes"].as_u64(), row["gpus"][0]["memory_used_source"].as_str()), (Some(GIB), Some("shim")), "{row}");
 
     let _lock = hold_lock(&sim);
     let before = store_tree(&sim);
@@ -181,17 +181,17 @@ fn every_user_lists_everything_while_a_writer_holds_the_lock_and_writes_nothing(
     let ps = listing_json(&sim, false, &["ps", "--json"]);
     let row = workload_in(&ps, "train");
     let gpu = &row["gpus"][0];
-    assert_eq!(gpu["mem_quota"].as_u64(), Some(4 * GIB), "{row}");
-    assert_eq!(gpu["mem_used"].as_u64(), Some(GIB), "the driver's figure: {row}");
-    assert_eq!(gpu["mem_used_source"], "driver", "{row}");
+    assert_eq!(gpu["memory_quota_bytes"].as_u64(), Some(4 * GIB), "{row}");
+    assert_eq!(gpu["memory_used_bytes"].as_u64(), Some(GIB), "the driver's figure: {row}");
+    assert_eq!(gpu["memory_used_source"], "driver", "{row}");
     assert_eq!(row["usage_readable"], false, "{row}");
     assert_eq!((row["state"].as_str(), row["user"].as_str(), row["supervisor_alive"].as_bool()), (Some("running"), Some("root"), Some(true)), "{row}");
     assert_eq!(row["pids"].as_array().map(Vec::len), Some(1), "its process, from its cgroup: {row}");
     // With -a, its processes from the driver.
     let ps = listing_json(&sim, false, &["ps", "-a", "--json"]);
     let procs = &workload_in(&ps, "train")["processes"];
-    assert_eq!(procs[0]["mem_used"][0].as_u64(), Some(GIB), "{procs}");
-    assert_eq!(procs[0]["source"], "driver", "{procs}");
+    assert_eq!(procs[0]["memory_used_bytes"][0].as_u64(), Some(GIB), "{procs}");
+    assert_eq!(procs[0]["memory_used_source"], "driver", "{procs}");
     // The table marks the driver's figure.
     let out = listing(&sim, false, &["ps"]);
     let table = String::from_utf8_lossy(&out.stdout);
@@ -201,15 +201,15 @@ fn every_user_lists_everything_while_a_writer_holds_the_lock_and_writes_nothing(
     let pool = listing_json(&sim, false, &["pool", "--json"]);
     assert!(pool["total_blocks"].as_u64().is_some_and(|b| b > 0), "{pool}");
     let devices = listing_json(&sim, false, &["devices", "--json"]);
-    assert_eq!(devices[0]["memory_used"].as_u64(), Some(GIB), "{devices}");
-    assert_eq!(devices[0]["processes"].as_array().map(Vec::len), Some(1), "{devices}");
+    assert_eq!(devices["gpus"][0]["memory_used_bytes"].as_u64(), Some(GIB), "{devices}");
+    assert_eq!(devices["gpus"][0]["processes"].as_array().map(Vec::len), Some(1), "{devices}");
     let parts = listing_json(&sim, false, &["partition", "list", "--json"]);
-    assert_eq!(parts[0]["name"], "svc", "{parts}");
-    assert_eq!(parts[0]["mem_bytes"].as_u64(), Some(2 * GIB), "{parts}");
+    assert_eq!(parts["partitions"][0]["name"], "svc", "{parts}");
+    assert_eq!(parts["partitions"][0]["memory_quota_bytes"].as_u64(), Some(2 * GIB), "{parts}");
     let plan = listing_json(&sim, false, &["carbon", "plan", "--json"]);
-    assert!(plan["gpus"][0]["workload"].as_str().is_some_and(|w| w.contains("train")), "{plan}");
+    assert!(plan["gpus"][0]["workload_name"].as_str().is_some_and(|w| w.contains("train")), "{plan}");
     let intensity = listing_json(&sim, false, &["carbon", "intensity", "--json"]);
-    assert_eq!(intensity["intensity"].as_f64(), Some(300.0), "{intensity}");
+    assert_eq!(intensity["intensity_g_per_kwh"].as_f64(), Some(300.0), "{intensity}");
     for args in [&["carbon", "plan"][..], &["carbon", "intensity"], &["pool"], &["devices"], &["partition", "list"]] {
         let out = listing(&sim, false, args);
         assert!(out.status.success(), "vgpu {args:?} as nobody: {}", String::from_utf8_lossy(&out.stderr));
@@ -217,7 +217,7 @@ fn every_user_lists_everything_while_a_writer_holds_the_lock_and_writes_nothing(
 
     // Root, while the lock is held: listed as it is, at once.
     let ps = listing_json(&sim, true, &["ps", "--json"]);
-    assert_eq!(workload_in(&ps, "train")["gpus"][0]["mem_used_source"], "shim", "root reads the counters: {ps}");
+    assert_eq!(workload_in(&ps, "train")["gpus"][0]["memory_used_source"], "shim", "root reads the counters: {ps}");
     listing_json(&sim, true, &["pool", "--json"]);
 
     assert_eq!(store_tree(&sim), before, "a listing wrote to the state or library directory");
@@ -229,12 +229,12 @@ fn a_fresh_store_is_listed_by_anyone_without_making_anything() {
     let before = store_tree(&sim);
     assert!(before.is_empty(), "{before:?}");
     let ps = listing_json(&sim, false, &["ps", "--json"]);
-    assert_eq!(ps, serde_json::json!([]));
+    assert_eq!(ps, serde_json::json!({"schema": 1, "workloads": []}));
     let devices = listing_json(&sim, false, &["devices", "--json"]);
-    assert_eq!(devices[0]["name"], "NVIDIA A100-SXM4-40GB", "{devices}");
+    assert_eq!(devices["gpus"][0]["name"], "NVIDIA A100-SXM4-40GB", "{devices}");
     let pool = listing_json(&sim, false, &["pool", "--json"]);
     assert_eq!(pool["used_blocks"].as_u64(), Some(0), "{pool}");
-    assert_eq!(listing_json(&sim, false, &["partition", "list", "--json"]), serde_json::json!([]));
+    assert_eq!(listing_json(&sim, false, &["partition", "list", "--json"]), serde_json::json!({"schema": 1, "partitions": []}));
     listing_json(&sim, false, &["carbon", "plan", "--json"]);
     listing_json(&sim, false, &["carbon", "intensity", "--json"]);
     let out = listing(&sim, false, &["ps"]);
@@ -277,7 +277,7 @@ fn a_dead_supervisor_is_shown_marked_until_root_reconciles() {
     drop(lock);
     let out = listing(&sim, true, &["ps", "--json"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cleaned up workload orphan"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap(), serde_json::json!([]));
+    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap(), serde_json::json!({"schema": 1, "workloads": []}));
 }
 
 /// The process of a workload whose supervisor was killed, killed when the test ends.
@@ -293,7 +293,7 @@ impl Drop for Orphan {
 }
 
 /// Processes on a vGPU's GPU that are in no vGPU: in the table always, in JSON with
-/// `--unmanaged` (the plain `--json` stays an array of workloads).
+/// `--unmanaged` (the plain `--json` lists the workloads only).
 #[test]
 fn processes_in_no_vgpu_are_listed() {
     let sim = shared_sim();
@@ -315,8 +315,8 @@ fn processes_in_no_vgpu_are_listed() {
     let unmanaged = ps["unmanaged"].as_array().unwrap_or_else(|| panic!("{ps}"));
     assert_eq!(unmanaged.len(), 1, "{ps}");
     assert_eq!(unmanaged[0]["pid"].as_u64(), Some(u64::from(rogue.0.id())), "{ps}");
-    assert_eq!((unmanaged[0]["memory_bytes"].as_u64(), unmanaged[0]["user"].as_str()), (Some(2 * GIB), Some("root")), "{ps}");
-    assert!(listing_json(&sim, false, &["ps", "--json"]).is_array(), "plain --json stays an array");
+    assert_eq!((unmanaged[0]["memory_used_bytes"].as_u64(), unmanaged[0]["user"].as_str()), (Some(2 * GIB), Some("root")), "{ps}");
+    assert!(listing_json(&sim, false, &["ps", "--json"]).get("unmanaged").is_none(), "plain --json lists the workloads only");
     let out = listing(&sim, false, &["ps"]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("1 process(es) on these GPUs are in no vGPU") && table.contains(&rogue.0.id().to_string()), "{table}");
@@ -352,7 +352,7 @@ fn watch_refreshes_until_a_signal_and_exits_0() {
             match lines_per_refresh {
                 None => {
                     let ps: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not one JSON document ({e}): {line}"));
-                    assert_eq!(workload_in(&ps, "train")["gpus"][0]["mem_used"].as_u64(), Some(GIB), "{line}");
+                    assert_eq!(workload_in(&ps, "train")["gpus"][0]["memory_used_bytes"].as_u64(), Some(GIB), "{line}");
                     refreshes += 1;
                 }
                 Some(header) => refreshes += usize::from(line.starts_with(header)),

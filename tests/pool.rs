@@ -40,7 +40,7 @@ fn ranges_of(pool: &Value, name: &str) -> Value {
 }
 
 fn running(sim: &Sim, names: &[&str]) -> bool {
-    let ps = sim.json(&["ps", "--json"]);
+    let ps = sim.json(&["ps", "--json"])["workloads"].clone();
     names.iter().all(|n| ps.as_array().unwrap().iter().any(|w| w["name"] == *n && w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty()))
 }
 
@@ -139,10 +139,15 @@ fn preemption_suspends_lower_priority_work_and_resumes_it() {
     let high_marker = sim.path("high-running");
     let mut high = spawn(&sim, &["run", "--tflops", "5", "--kind", "npu", "--priority", "90", "--name", "high", "--", "sh", "-c", &format!("touch {}; sleep 1", high_marker.display())]);
     wait_for("high to start", || high_marker.exists());
-    let ps = sim.json(&["ps", "--json"]);
+    let ps = sim.json(&["ps", "--json"])["workloads"].clone();
     let low_row = ps.as_array().unwrap().iter().find(|w| w["name"] == "low").unwrap().clone();
     assert_eq!(low_row["state"], "suspended");
-    assert_eq!(low_row["suspended_reason"], "preempted by high");
+    assert_eq!(low_row["suspended_reason"], "preempted");
+    assert_eq!(low_row["suspended_by"]["name"], "high", "{low_row}");
+    let pool = sim.json(&["pool", "--json"]);
+    let low_alloc = pool["allocations"].as_array().unwrap().iter().find(|a| a["name"] == "low").unwrap().clone();
+    assert_eq!((low_alloc["suspended_reason"].as_str(), low_alloc["suspended_by"]["name"].as_str()), (Some("preempted"), Some("high")), "{pool}");
+    assert_eq!(low_alloc["suspended_by"]["id"], low_row["suspended_by"]["id"], "one vocabulary: {pool}");
     let frozen_at = read();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(read(), frozen_at, "the preempted workload kept running");
@@ -150,7 +155,7 @@ fn preemption_suspends_lower_priority_work_and_resumes_it() {
 
     assert!(high.wait().unwrap().success());
     wait_for("low to resume after high exits", || read() > frozen_at + 100);
-    assert_eq!(sim.json(&["ps", "--json"])[0]["state"], "running");
+    assert_eq!(sim.json(&["ps", "--json"])["workloads"][0]["state"], "running");
     sim.vgpu(&["kill", "--signal", "KILL", "low"]).assert().success();
     low.wait().unwrap();
 }
@@ -166,7 +171,9 @@ fn waiting_request_starts_when_blocks_free_up() {
         .stderr(predicate::str::contains("timed out"));
     let marker = sim.path("waiter-ran");
     let mut waiter = spawn(&sim, &["run", "--tflops", "4", "--kind", "npu", "--wait", "--name", "waiter", "--", "touch", marker.to_str().unwrap()]);
-    wait_for("the waiter to queue", || sim.json(&["ps", "--json"]).as_array().unwrap().iter().any(|w| w["name"] == "waiter" && w["state"] == "waiting"));
+    wait_for("the waiter to queue", || {
+        sim.json(&["ps", "--json"])["workloads"].as_array().unwrap().iter().any(|w| w["name"] == "waiter" && w["state"] == "waiting")
+    });
     assert!(!marker.exists());
     sim.vgpu(&["kill", "--signal", "KILL", "holder"]).assert().success();
     holder.wait().unwrap();
@@ -181,7 +188,7 @@ fn waiting_request_starts_when_blocks_free_up() {
 fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
     let sim = ten_block_pool();
     let (mut low, read) = counting(&sim, &["--tflops", "8", "--kind", "npu", "--priority", "10"]);
-    let row = sim.json(&["ps", "--json"])[0].clone();
+    let row = sim.json(&["ps", "--json"])["workloads"][0].clone();
     let (id, pids) = (row["id"].as_str().unwrap().to_string(), row["pids"].as_array().unwrap().clone());
     assert_eq!(pids.len(), 1, "{row}");
     // Its process leaves the cgroup (into each hierarchy's root), and the cgroup goes.
@@ -196,7 +203,7 @@ fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("cannot suspend low").and(predicate::str::contains("nothing was changed")));
-    let ps = sim.json(&["ps", "--json"]);
+    let ps = sim.json(&["ps", "--json"])["workloads"].clone();
     assert_eq!(ps.as_array().unwrap().len(), 1, "high was not admitted: {ps}");
     assert_eq!(ps[0]["state"], "running", "{ps}");
     let pool = sim.json(&["pool", "--json"]);
@@ -220,22 +227,24 @@ fn a_preemption_that_cannot_serve_the_memory_freezes_nobody() {
     let sim = Sim::with_config("checkpoint = false\n\n[[device]]\nname = \"NVIDIA L4\"\nmemory = \"24GiB\"\n");
     sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 10\n");
     let (mut low, read) = counting(&sim, &["--tflops", "8", "--priority", "1"]);
-    let low_row = sim.json(&["ps", "--json"])[0].clone();
-    assert_eq!(low_row["gpus"][0]["mem_quota"].as_u64(), Some((24u64 << 30) * 8 / 10), "{low_row}");
-    let out = sim
-        .vgpu(&["run", "--tflops", "5", "--priority", "5", "--name", "high", "--", "true"])
-        .env("VGPU_TEST_STOP_AT", "preempt:frozen")
-        .output()
-        .unwrap();
+    let low_row = sim.json(&["ps", "--json"])["workloads"][0].clone();
+    assert_eq!(low_row["gpus"][0]["memory_quota_bytes"].as_u64(), Some((24u64 << 30) * 8 / 10), "{low_row}");
+    let out =
+        sim.vgpu(&["run", "--tflops", "5", "--priority", "5", "--name", "high", "--", "true"]).env("VGPU_TEST_STOP_AT", "preempt:frozen").output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "refused, not killed at the stop point: {err}");
-    assert!(err.contains("5 TFLOPS were available by suspending low, but not the memory (a suspended workload keeps its GPU memory here") && err.contains("nobody was suspended") && err.contains("does not fit"), "{err}");
+    assert!(
+        err.contains("5 TFLOPS were available by suspending low, but not the memory (a suspended workload keeps its GPU memory here")
+            && err.contains("nobody was suspended")
+            && err.contains("does not fit"),
+        "{err}"
+    );
     let layout = vgpu::cgroup::Layout::detect().expect("cgroups");
     let cgroup = vgpu::cgroup::Cgroup::open(&layout, low_row["id"].as_str().unwrap()).unwrap();
     assert_eq!(cgroup.state().unwrap(), vgpu::cgroup::FreezerState::Thawed);
     let at = read();
     wait_for("low to keep running", || read() > at + 100);
-    let ps = sim.json(&["ps", "--json"]);
+    let ps = sim.json(&["ps", "--json"])["workloads"].clone();
     assert_eq!((ps.as_array().unwrap().len(), ps[0]["state"].as_str()), (1, Some("running")), "{ps}");
     sim.vgpu(&["kill", "--signal", "KILL", "low"]).assert().success();
     low.wait().unwrap();

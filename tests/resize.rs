@@ -135,7 +135,7 @@ fn update_mem_raises_through_admission_and_lowers_down_to_what_is_used() {
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(line.trim(), format!("updated train ({id}): memory on GPU 0 1 GiB → 2 GiB"));
     assert_eq!(quota(&sim, &id), 2 * GIB);
-    assert_eq!(sim.row("train")["gpus"][0]["mem_quota"], 2 * GIB);
+    assert_eq!(sim.row("train")["gpus"][0]["memory_quota_bytes"], 2 * GIB);
     assert!(w.can_allocate(1536), "1.5 GiB within a 2 GiB quota");
 
     // Beyond what admission allows (16 GiB - 12 GiB held by the other): refused, naming the
@@ -148,9 +148,9 @@ fn update_mem_raises_through_admission_and_lowers_down_to_what_is_used() {
     assert_eq!(snapshot(&sim), before);
     assert_eq!(quota(&sim, &id), 2 * GIB);
     // Up to what is left is fine, as a percentage too (25% of 16 GiB).
-    let out = sim.json(&["update", "train", "--mem", "25%", "--json"]);
-    assert_eq!(out[0]["gpus"][0]["mem_bytes"], 4 * GIB);
-    assert_eq!(out[0]["gpus"][0]["previous_mem_bytes"], 2 * GIB);
+    let out = sim.json(&["update", "train", "--mem", "25%", "--json"])["workloads"].clone();
+    assert_eq!(out[0]["gpus"][0]["memory_quota_bytes"], 4 * GIB);
+    assert_eq!(out[0]["gpus"][0]["previous_memory_quota_bytes"], 2 * GIB);
     assert_eq!(quota(&sim, &id), 4 * GIB);
 
     // Below what is in use: refused with both figures, nothing changed.
@@ -198,9 +198,9 @@ fn partition_update_mem_resizes_its_shared_vgpu() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("updated partition team: memory on GPU 0 1 GiB → 2 GiB"));
     assert_eq!(quota(&sim, "p-team"), 2 * GIB);
-    assert_eq!(sim.row("member")["gpus"][0]["mem_quota"], 2 * GIB);
-    let listed = sim.json(&["partition", "list", "--json"]);
-    assert_eq!(listed.as_array().unwrap().iter().find(|p| p["name"] == "team").unwrap()["mem_bytes"], 2 * GIB);
+    assert_eq!(sim.row("member")["gpus"][0]["memory_quota_bytes"], 2 * GIB);
+    let listed = sim.json(&["partition", "list", "--json"])["partitions"].clone();
+    assert_eq!(listed.as_array().unwrap().iter().find(|p| p["name"] == "team").unwrap()["memory_quota_bytes"], 2 * GIB);
     assert!(w.can_allocate(1536));
 
     // Past admission: refused naming the other partition; below use: both figures.
@@ -341,7 +341,7 @@ fn update_mem_cut_with_wait_completes_once_the_workload_frees_memory() {
     assert!(status.success(), "{err}");
     assert_eq!(out.trim(), format!("updated train ({id}): memory on GPU 0 4 GiB → 1 GiB"));
     assert_eq!(quota(&sim, &id), GIB);
-    assert_eq!(sim.row("train")["gpus"][0]["mem_quota"], GIB);
+    assert_eq!(sim.row("train")["gpus"][0]["memory_quota_bytes"], GIB);
     assert!(!w.can_allocate(1536), "the new quota holds");
     w.stop();
 }
@@ -442,7 +442,7 @@ fn update_tflops_raise_takes_free_blocks_and_the_share_follows_live() {
     keeps_counting("train to keep running", &read);
 
     // --json: the TFLOPS before and after; and down again.
-    let out = sim.json(&["update", "train", "--tflops", "3", "--json"]);
+    let out = sim.json(&["update", "train", "--tflops", "3", "--json"])["workloads"].clone();
     assert_eq!((out[0]["previous_tflops"].as_f64(), out[0]["tflops"].as_f64()), (Some(6.0), Some(3.0)), "{out}");
     assert_eq!((out[0]["gpus"][0]["previous_compute_pct"].as_u64(), out[0]["gpus"][0]["compute_pct"].as_u64()), (Some(60), Some(30)));
     assert_eq!(compute_of(&sim, &id), 30);
@@ -467,7 +467,11 @@ fn update_tflops_raise_preempts_lower_priority_and_lowering_resumes_it() {
         format!("updated train ({id}): 4 → 8 TFLOPS (GPU 0 compute 40% → 80%); suspended low ({low_id}) to make room")
     );
     let row = sim.row("low");
-    assert_eq!((row["state"].as_str(), row["suspended_reason"].as_str()), (Some("suspended"), Some("preempted by train")), "{row}");
+    assert_eq!(
+        (row["state"].as_str(), row["suspended_reason"].as_str(), row["suspended_by"]["id"].as_str()),
+        (Some("suspended"), Some("preempted"), Some(id.as_str())),
+        "{row}"
+    );
     let frozen_at = low_count();
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(low_count(), frozen_at, "the preempted workload kept running");

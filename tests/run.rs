@@ -12,7 +12,7 @@ use predicates::prelude::*;
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
 
 fn ps(sim: &Sim) -> Vec<serde_json::Value> {
-    sim.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
+    sim.json(&["ps", "--json"])["workloads"].as_array().cloned().unwrap_or_default()
 }
 
 #[test]
@@ -234,9 +234,9 @@ fn partitions_lifecycle() {
     sim.vgpu(&["partition", "create", "serve", "--gpu", "0", "--mem", "6G", "--compute", "50"]).assert().success();
     sim.vgpu(&["partition", "create", "serve", "--gpu", "0", "--mem", "1G"]).assert().code(2);
     sim.vgpu(&["partition", "create", "big", "--gpu", "0", "--mem", "11G"]).assert().code(1).stderr(predicate::str::contains("partition serve"));
-    let list = sim.json(&["partition", "list", "--json"]);
+    let list = sim.json(&["partition", "list", "--json"])["partitions"].clone();
     assert_eq!(list[0]["name"], "serve");
-    assert_eq!(list[0]["mem_bytes"], 6u64 << 30);
+    assert_eq!(list[0]["memory_quota_bytes"], 6u64 << 30);
     assert_eq!(list[0]["compute_pct"], 50);
     // In use → refused.
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
@@ -251,7 +251,7 @@ fn partitions_lifecycle() {
     sim.vgpu(&["kill", "--signal", "KILL", ps(&sim)[0]["id"].as_str().unwrap()]).assert().success();
     child.wait().unwrap();
     sim.vgpu(&["partition", "remove", "serve"]).assert().success();
-    assert_eq!(sim.json(&["partition", "list", "--json"]), serde_json::json!([]));
+    assert_eq!(sim.json(&["partition", "list", "--json"])["partitions"].clone(), serde_json::json!([]));
 }
 
 fn hold_script() -> String {
@@ -288,11 +288,11 @@ fn two_workloads_of_one_partition_share_its_quota() {
     assert_eq!(stdout.lines().filter(|l| *l == "ok").count(), 1, "{stdout}");
     assert_eq!(stdout.lines().filter(|l| *l == "oom").count(), 1, "{stdout}");
     // ps shows the partition's usage, and -a the holder's process.
-    let rows = sim.json(&["ps", "-a", "--json"]);
+    let rows = sim.json(&["ps", "-a", "--json"])["workloads"].clone();
     let row = rows.as_array().unwrap().iter().find(|w| w["name"] == "holder").unwrap().clone();
-    assert_eq!(row["gpus"][0]["mem_used"], 3u64 << 30);
-    assert_eq!(row["gpus"][0]["mem_quota"], 4u64 << 30);
-    assert_eq!(row["processes"][0]["mem_used"][0], 3u64 << 30);
+    assert_eq!(row["gpus"][0]["memory_used_bytes"], 3u64 << 30);
+    assert_eq!(row["gpus"][0]["memory_quota_bytes"], 4u64 << 30);
+    assert_eq!(row["processes"][0]["memory_used_bytes"][0], 3u64 << 30);
     drop(holder.stdin.take());
     assert!(holder.wait().unwrap().success());
 }

@@ -12,7 +12,7 @@ use common::{files_below, wait_for, Sim};
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
 
 fn ps(sim: &Sim) -> Vec<serde_json::Value> {
-    sim.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
+    sim.json(&["ps", "--json"])["workloads"].as_array().cloned().unwrap_or_default()
 }
 
 /// Wait up to `limit` for `child` to exit; None if it did not.

@@ -59,7 +59,7 @@ fn running_workload(sim: &Sim) -> (std::process::Child, PathBuf) {
     wait_for("the workload to run", || {
         let out = sim.vgpu(&["ps", "--json"]).output().unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v.as_array().is_some_and(|a| a.iter().any(|w| w["state"] == "running" && w["pids"].as_array().is_some_and(|p| !p.is_empty())))
+        v["workloads"].as_array().is_some_and(|a| a.iter().any(|w| w["state"] == "running" && w["pids"].as_array().is_some_and(|p| !p.is_empty())))
     });
     std::fs::set_permissions(sim.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let vgpus: Vec<PathBuf> = std::fs::read_dir(sim.path("run/vgpus")).unwrap().flatten().map(|e| e.path()).collect();

@@ -104,7 +104,7 @@ impl Drop for Workload<'_> {
 
 /// Device memory in use on GPU 0, as NVML says.
 fn used(sim: &Sim) -> u64 {
-    sim.json(&["devices", "--json"])[0]["memory_used"].as_u64().expect("memory_used")
+    sim.json(&["devices", "--json"])["gpus"][0]["memory_used_bytes"].as_u64().expect("memory_used_bytes")
 }
 
 fn stdout(out: &std::process::Output) -> String {
@@ -123,12 +123,16 @@ fn stderr(out: &std::process::Output) -> String {
 fn preemption_moves_the_victims_memory_to_the_host_and_back() {
     let sim = l4(true);
     let low = Workload::start(&sim, "low", &["--tflops", "8", "--priority", "1"], "sync", &["--alloc-mib", "16384"], 50);
-    assert_eq!(low.row()["gpus"][0]["mem_quota"].as_u64(), Some(24 * GIB * 8 / 10));
+    assert_eq!(low.row()["gpus"][0]["memory_quota_bytes"].as_u64(), Some(24 * GIB * 8 / 10));
     assert_eq!(used(&sim), 16 * GIB);
 
     let high = Workload::start(&sim, "high", &["--tflops", "5", "--priority", "5"], "idle", &["--alloc-mib", "10240"], 1);
     let row = low.row();
-    assert_eq!((row["state"].as_str(), row["suspended_reason"].as_str(), row["suspended_memory"].as_str()), (Some("suspended"), Some("preempted by high"), Some("host")), "{row}");
+    assert_eq!(
+        (row["state"].as_str(), row["suspended_reason"].as_str(), row["suspended_by"]["name"].as_str(), row["suspended_memory"].as_str()),
+        (Some("suspended"), Some("preempted"), Some("high"), Some("host")),
+        "{row}"
+    );
     assert_eq!(used(&sim), 10 * GIB, "only high's memory is on the GPU");
     low.assert_stopped();
     let table = String::from_utf8_lossy(&sim.vgpu(&["ps"]).output().expect("ps").stdout).into_owned();

@@ -36,7 +36,7 @@ fn the_vgpu(sim: &Sim) -> PathBuf {
 fn running(sim: &Sim) -> bool {
     let out = sim.vgpu(&["ps", "--json"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v.as_array().is_some_and(|a| a.iter().any(|w| w["state"] == "running" && w["pids"].as_array().is_some_and(|p| !p.is_empty())))
+    v["workloads"].as_array().is_some_and(|a| a.iter().any(|w| w["state"] == "running" && w["pids"].as_array().is_some_and(|p| !p.is_empty())))
 }
 
 #[test]
@@ -64,8 +64,8 @@ fn another_user_can_write_nothing_of_a_vgpu() {
     }
     assert_eq!((std::fs::read(&usage).unwrap(), std::fs::read(&limits).unwrap()), before, "nothing changed");
     assert_eq!((mode(&vgpu), mode(&limits), mode(&usage), mode(&vgpu.join("procs"))), (0o755, 0o644, 0o600, 0o700));
-    let w = &sim.json(&["ps", "--json"])[0];
-    assert_eq!(w["gpus"][0]["mem_quota"].as_u64(), Some(4 * GIB), "{w}");
+    let w = &sim.json(&["ps", "--json"])["workloads"].clone()[0];
+    assert_eq!(w["gpus"][0]["memory_quota_bytes"].as_u64(), Some(4 * GIB), "{w}");
 
     sim.vgpu(&["kill", "victim"]).assert().success();
     let _ = child.wait();

@@ -295,7 +295,7 @@ fn a_stopped_watch_thaws_and_clears_and_after_a_crashed_one_reconcile_does() {
     let out = sim.vgpu(&["ps", "--json"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is no longer throttled: the vgpu watch that throttled it is gone"), "{stderr}");
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let rows: Vec<Value> = serde_json::from_slice::<Value>(&out.stdout).unwrap()["workloads"].as_array().unwrap().clone();
     let r = rows.iter().find(|w| w["id"] == id.as_str()).unwrap();
     assert!(r["enforcement"].is_null() && r["state"] == "running", "{r:#}");
     assert!(!frozen(&id), "reconcile left it frozen");

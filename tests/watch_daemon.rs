@@ -450,7 +450,7 @@ fn a_burst_of_cli_commands_beside_a_watch_all_succeed_and_leave_nothing() {
     }
     let mut long = long.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     wait_for("the long workload to run", || {
-        sim.json(&["ps", "--json"]).as_array().is_some_and(|rows| rows.iter().any(|w| w["name"] == "long" && w["state"] == "running"))
+        sim.json(&["ps", "--json"])["workloads"].as_array().is_some_and(|rows| rows.iter().any(|w| w["name"] == "long" && w["state"] == "running"))
     });
 
     let ids: Vec<String> = std::thread::scope(|scope| {

@@ -49,7 +49,7 @@ fn wait_file(path: &Path) {
 
 /// The one workload's `vgpu ps --json` row.
 fn ps_row(sim: &Sim) -> serde_json::Value {
-    let rows = sim.json(&["ps", "--json"]);
+    let rows = sim.json(&["ps", "--json"])["workloads"].clone();
     assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
     rows[0].clone()
 }
@@ -207,8 +207,8 @@ fn a_dead_supervisor_is_cleaned_up_within_an_interval_without_any_command() {
     assert!(!record.exists(), "record removed");
     assert!(!sim.path(&format!("run/vgpus/{id}")).exists(), "vGPU removed");
     // Its process went with its cgroup, and the driver got its memory back.
-    let devices = sim.json(&["devices", "--json"]);
-    assert_eq!(devices[0]["memory_used"], 0, "{devices}");
+    let devices = sim.json(&["devices", "--json"])["gpus"].clone();
+    assert_eq!(devices[0]["memory_used_bytes"], 0, "{devices}");
     assert!(took < Duration::from_secs(5), "took {took:?}: more than 25 rounds");
 }
 
@@ -266,7 +266,7 @@ fn preempted_work_resumes_when_its_preemptor_dies_without_any_command() {
     let touch = format!("touch {}; sleep 600", marker.display());
     let mut high = spawn_run(&sim, &["--tflops", "5", "--kind", "npu", "--priority", "90", "--name", "high", "--", "sh", "-c", &touch]);
     wait_file(&marker);
-    let rows = sim.json(&["ps", "--json"]);
+    let rows = sim.json(&["ps", "--json"])["workloads"].clone();
     assert!(rows.as_array().expect("rows").iter().any(|w| w["name"] == "low" && w["state"] == "suspended"), "{rows}");
     // From here on, no vgpu command: the preemptor's supervisor dies.
     high.kill().expect("SIGKILL high's vgpu run");

@@ -209,11 +209,11 @@ fn assert_workloads_match_ps(s: &Scrape, ps: &[Json]) {
             None => assert!(find(s, "vgpu_workload_pool_blocks", &who).is_none()),
         }
         for g in w["gpus"].as_array().unwrap() {
-            let gpu = g["index"].to_string();
+            let gpu = g["gpu_index"].to_string();
             let l = [("id", id), ("name", name), ("user", user), ("gpu", gpu.as_str())];
-            assert_eq!(value(s, "vgpu_workload_memory_quota_bytes", &l), g["mem_quota"].as_f64().unwrap(), "{name}");
-            assert_eq!(value(s, "vgpu_workload_memory_used_bytes", &l), g["mem_used"].as_f64().unwrap(), "{name}");
-            assert_eq!(value(s, "vgpu_workload_memory_peak_bytes", &l), g["mem_peak"].as_f64().unwrap(), "{name}");
+            assert_eq!(value(s, "vgpu_workload_memory_quota_bytes", &l), g["memory_quota_bytes"].as_f64().unwrap(), "{name}");
+            assert_eq!(value(s, "vgpu_workload_memory_used_bytes", &l), g["memory_used_bytes"].as_f64().unwrap(), "{name}");
+            assert_eq!(value(s, "vgpu_workload_memory_peak_bytes", &l), g["memory_peak_bytes"].as_f64().unwrap(), "{name}");
             assert_eq!(value(s, "vgpu_workload_compute_share_target_ratio", &l), g["compute_pct"].as_f64().unwrap() / 100.0, "{name}");
             // Both idle: no measured share on either side.
             assert!(g["compute_measured_pct"].is_null());
@@ -232,7 +232,7 @@ fn the_endpoint_and_the_textfile_say_what_ps_devices_and_pool_say() {
     let _held = Holder::start(&sim, "holder", &["--gpu", "1", "--mem", "4G", "--compute", "40"], &[], 2);
     let _pooled = Holder::start(&sim, "pooled", &["--mem", "2G", "--tflops", "10", "--priority", "60"], &[], 1);
     wait_for("both to be recorded running", || {
-        sim.json(&["ps", "--json"]).as_array().unwrap().iter().filter(|w| w["state"] == "running").count() == 2
+        sim.json(&["ps", "--json"])["workloads"].as_array().unwrap().iter().filter(|w| w["state"] == "running").count() == 2
     });
     // Caps set by carbon apply, which the metrics report (NVML cannot read them back). Once
     // the workloads run: starting one re-plans the caps for the config's budget.
@@ -245,18 +245,18 @@ fn the_endpoint_and_the_textfile_say_what_ps_devices_and_pool_say() {
     // The first round's figures are served as soon as the watch is ready; the workloads are
     // idle, so every figure compared is stable.
     let s = scrape(&watch.url("/metrics"));
-    let ps = sim.json(&["ps", "--json"]);
+    let ps = sim.json(&["ps", "--json"])["workloads"].clone();
     assert_workloads_match_ps(&s, ps.as_array().unwrap());
 
-    let devices = sim.json(&["devices", "--json"]);
+    let devices = sim.json(&["devices", "--json"])["gpus"].clone();
     let devices = devices.as_array().unwrap();
     assert_eq!(devices.len(), 2);
     for d in devices {
         let (gpu, uuid) = (d["index"].to_string(), d["uuid"].as_str().unwrap());
         let l = [("gpu", gpu.as_str()), ("uuid", uuid)];
         assert_eq!(value(&s, "vgpu_gpu_info", &[("gpu", gpu.as_str()), ("uuid", uuid), ("name", d["name"].as_str().unwrap())]), 1.0);
-        assert_eq!(value(&s, "vgpu_gpu_memory_total_bytes", &l), d["memory_total"].as_f64().unwrap());
-        assert_eq!(value(&s, "vgpu_gpu_memory_used_bytes", &l), d["memory_used"].as_f64().unwrap());
+        assert_eq!(value(&s, "vgpu_gpu_memory_total_bytes", &l), d["memory_total_bytes"].as_f64().unwrap());
+        assert_eq!(value(&s, "vgpu_gpu_memory_used_bytes", &l), d["memory_used_bytes"].as_f64().unwrap());
         assert_eq!(value(&s, "vgpu_gpu_sm_clock_max_hertz", &l), d["sm_clock_max_mhz"].as_f64().unwrap() * 1e6);
         assert_eq!(value(&s, "vgpu_gpu_processes", &l), d["processes"].as_array().unwrap().len() as f64);
         assert_eq!(value(&s, "vgpu_gpu_unmanaged_processes", &l), 0.0);
@@ -289,7 +289,7 @@ fn the_endpoint_and_the_textfile_say_what_ps_devices_and_pool_say() {
 
     // The textfile: the same figures, mode 0644, nothing else left in its directory.
     let text = parse(&std::fs::read_to_string(&textfile).unwrap());
-    assert_workloads_match_ps(&text, sim.json(&["ps", "--json"]).as_array().unwrap());
+    assert_workloads_match_ps(&text, sim.json(&["ps", "--json"])["workloads"].clone().as_array().unwrap());
     assert_eq!(value(&text, "vgpu_pool_used_blocks", &[]), 10.0);
     assert_eq!(std::fs::metadata(&textfile).unwrap().permissions().mode() & 0o7777, 0o644);
     let names: Vec<_> = std::fs::read_dir(sim.path("textfile")).unwrap().map(|e| e.unwrap().file_name()).collect();

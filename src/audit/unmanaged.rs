@@ -17,6 +17,7 @@ pub struct Unmanaged {
     pub process: ProcessId,
     pub gpu_index: u32,
     pub gpu_uuid: String,
+    #[serde(rename = "memory_used_bytes")]
     pub memory_bytes: Option<u64>,
     /// Its command line, printable, shortened.
     pub command: Option<String>,

@@ -50,7 +50,7 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
         plan.notes.join("; ")
     );
     if !plan.budget_met {
-        eprintln!("vgpu: warning: the carbon budget cannot be met even at the lowest clocks; starting with the minimum of {min} GPU(s)");
+        tracing::warn!("the carbon budget cannot be met even at the lowest clocks; starting with the minimum of {min} GPU(s)");
     }
     let gpus = plan.workloads.last().map(|w| w.gpus.clone()).unwrap_or_default();
     if gpus.len() < min {

@@ -123,7 +123,7 @@ fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
     // library directory is root's).
     let found = current_intensity(ctx, args.intensity, crate::read_only::is_root())?;
     if args.json {
-        return print_json(&found);
+        return print_json(&IntensityView::of(&found));
     }
     let mut t = table(["INTENSITY", "SOURCE", "TIMESTAMP", "AGE", "NOTE"]);
     t.add_row([
@@ -145,13 +145,6 @@ fn status_suffix(status: Status) -> &'static str {
     }
 }
 
-#[derive(Serialize)]
-struct PlanView<'a> {
-    #[serde(flatten)]
-    plan: &'a ClockPlan,
-    intensity_source: &'a Intensity,
-}
-
 fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let budget = budget(ctx, args.budget)?;
     let nvml = open_nvml_to_look(ctx)?;
@@ -159,7 +152,7 @@ fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let intensity = current_intensity(ctx, args.intensity, false)?;
     let plan = make_plan(ctx, &devices, &intensity, budget)?;
     if args.json {
-        return print_json(&PlanView { plan: &plan, intensity_source: &intensity });
+        return print_json(&PlanView::of(&plan, &intensity));
     }
     println!("{}", summary(&plan, &intensity));
     let mut t = table(["GPU", "WORKLOAD", "CLOCK", "POWER", "gCO2/h"]);
@@ -194,7 +187,7 @@ fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
     // The shipped config has no budget and the timer may be enabled all the same: nothing
     // to do is not a failure.
     if args.budget.is_none() && ctx.config.carbon.budget_g_per_hour.is_none() {
-        eprintln!("vgpu: {}", no_budget_note(ctx));
+        crate::notice!("{}", no_budget_note(ctx));
         return Ok(());
     }
     let budget = budget(ctx, args.budget)?;
@@ -240,7 +233,7 @@ fn report(
     headline: Option<String>,
 ) -> Result<()> {
     if json {
-        print_json(decision)?;
+        print_json(&DecisionView::of(decision))?;
     } else {
         if let Some(line) = headline {
             println!("{line}");
@@ -293,7 +286,9 @@ fn outcome_table(gpus: &[GpuOutcome]) -> comfy_table::Table {
 fn failures(action: &str, gpus: &[GpuOutcome]) -> Option<String> {
     let mut groups: Vec<(&str, Vec<u32>)> = Vec::new();
     for gpu in gpus {
-        let Some(e) = gpu.error.as_deref() else { continue };
+        let Some(e) = gpu.error.as_deref() else {
+            continue;
+        };
         match groups.iter_mut().find(|(reason, _)| *reason == e) {
             Some((_, list)) => list.push(gpu.index),
             None => groups.push((e, vec![gpu.index])),
@@ -316,4 +311,162 @@ fn failures(action: &str, gpus: &[GpuOutcome]) -> Option<String> {
         gpus.len(),
         parts.join("; ")
     ))
+}
+
+// The `--json` documents, in the vocabulary of every vgpu listing (`crate::output::schema`):
+// carbon.jsonl keeps the log's own form ([`Decision`]).
+
+/// `carbon intensity --json`, and the `intensity_source` of the others.
+#[derive(Serialize)]
+struct IntensityView<'a> {
+    intensity_g_per_kwh: f64,
+    source: &'a str,
+    status: &'a Status,
+    /// The time the value is for.
+    timestamp_unix_ms: i64,
+    /// Why a remembered or fallback value is used.
+    note: Option<&'a str>,
+}
+
+impl<'a> IntensityView<'a> {
+    fn of(i: &'a Intensity) -> Self {
+        IntensityView {
+            intensity_g_per_kwh: i.intensity,
+            source: &i.source,
+            status: &i.status,
+            timestamp_unix_ms: i.timestamp.timestamp_millis(),
+            note: i.note.as_deref(),
+        }
+    }
+}
+
+/// `carbon plan --json`.
+#[derive(Serialize)]
+struct PlanView<'a> {
+    intensity_g_per_kwh: f64,
+    budget_g_per_hour: Option<f64>,
+    predicted_g_per_hour: f64,
+    predicted_power_w: f64,
+    budget_met: bool,
+    notes: &'a [String],
+    gpus: Vec<GpuPlanView<'a>>,
+    workloads: Vec<WorkloadPlanView<'a>>,
+    intensity_source: IntensityView<'a>,
+}
+
+#[derive(Serialize)]
+struct GpuPlanView<'a> {
+    gpu_index: u32,
+    /// The workload on it (its name; `pid N` for a process outside vgpu); null: idle.
+    workload_name: Option<&'a str>,
+    clock_mhz: u32,
+    min_clock_mhz: u32,
+    max_clock_mhz: u32,
+    power_w: f64,
+    g_per_hour: f64,
+}
+
+#[derive(Serialize)]
+struct WorkloadPlanView<'a> {
+    /// Its name (`pid N` for a process outside vgpu): what the planner knows it by.
+    name: &'a str,
+    /// Empty: not placed.
+    gpu_indexes: &'a [u32],
+    clock_mhz: Option<u32>,
+    /// Modelled completion time, in the planner's units of work per throughput.
+    completion_time: Option<f64>,
+}
+
+impl<'a> PlanView<'a> {
+    fn of(plan: &'a ClockPlan, intensity: &'a Intensity) -> Self {
+        PlanView {
+            intensity_g_per_kwh: plan.intensity,
+            budget_g_per_hour: plan.budget_g_per_hour,
+            predicted_g_per_hour: plan.predicted_g_per_hour,
+            predicted_power_w: plan.predicted_power_w,
+            budget_met: plan.budget_met,
+            notes: &plan.notes,
+            gpus: plan
+                .gpus
+                .iter()
+                .map(|g| GpuPlanView {
+                    gpu_index: g.index,
+                    workload_name: g.workload.as_deref(),
+                    clock_mhz: g.clock_mhz,
+                    min_clock_mhz: g.min_clock_mhz,
+                    max_clock_mhz: g.max_clock_mhz,
+                    power_w: g.power_w,
+                    g_per_hour: g.g_per_hour,
+                })
+                .collect(),
+            workloads: plan
+                .workloads
+                .iter()
+                .map(|w| WorkloadPlanView { name: &w.id, gpu_indexes: &w.gpus, clock_mhz: w.clock_mhz, completion_time: w.completion_time })
+                .collect(),
+            intensity_source: IntensityView::of(intensity),
+        }
+    }
+}
+
+/// `carbon apply|reset --json`.
+#[derive(Serialize)]
+struct DecisionView<'a> {
+    time_unix_ms: i64,
+    action: &'a Action,
+    intensity_g_per_kwh: Option<f64>,
+    intensity_source: Option<IntensityView<'a>>,
+    budget_g_per_hour: Option<f64>,
+    predicted_g_per_hour: Option<f64>,
+    budget_met: Option<bool>,
+    notes: &'a [String],
+    gpus: Vec<OutcomeView<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutcomeView<'a> {
+    gpu_index: u32,
+    gpu_uuid: &'a str,
+    /// The workload on it, by name; null: idle.
+    workload_name: Option<&'a str>,
+    clock_mhz: u32,
+    max_clock_mhz: u32,
+    power_w: Option<f64>,
+    g_per_hour: Option<f64>,
+    cap: &'a Option<apply::Cap>,
+    writes: &'a [apply::Write],
+    notes: &'a [String],
+    error: Option<&'a str>,
+}
+
+impl<'a> DecisionView<'a> {
+    fn of(d: &'a Decision) -> Self {
+        DecisionView {
+            time_unix_ms: d.time.timestamp_millis(),
+            action: &d.action,
+            intensity_g_per_kwh: d.intensity,
+            intensity_source: d.intensity_source.as_ref().map(IntensityView::of),
+            budget_g_per_hour: d.budget_g_per_hour,
+            predicted_g_per_hour: d.predicted_g_per_hour,
+            budget_met: d.budget_met,
+            notes: &d.notes,
+            gpus: d
+                .gpus
+                .iter()
+                .map(|g| OutcomeView {
+                    gpu_index: g.index,
+                    gpu_uuid: &g.uuid,
+                    workload_name: g.workload.as_deref(),
+                    clock_mhz: g.clock_mhz,
+                    max_clock_mhz: g.max_clock_mhz,
+                    power_w: g.power_w,
+                    g_per_hour: g.g_per_hour,
+                    cap: &g.cap,
+                    writes: &g.writes,
+                    notes: &g.notes,
+                    error: g.error.as_deref(),
+                })
+                .collect(),
+        }
+    }
 }

@@ -21,13 +21,19 @@ pub struct DevicesArgs {
     pub watch: Option<Duration>,
 }
 
+/// `devices --json`: `{"schema": N, "gpus": [...]}`.
+#[derive(serde::Serialize)]
+struct Gpus<'a> {
+    gpus: &'a [GpuInfo],
+}
+
 pub fn run(ctx: &Context, args: &DevicesArgs) -> Result<()> {
     // Root as every command (the simulated driver's link directory is made); anyone else
     // makes nothing.
     let nvml = if crate::read_only::is_root() { ctx.nvml()? } else { ctx.nvml_read_only()? };
     let Some(nvml) = nvml else {
         if args.json {
-            println!("[]");
+            crate::output::print_json(&Gpus { gpus: &[] })?;
         } else {
             println!("No NVIDIA driver found (libnvidia-ml.so.1 not loadable); try --simulate to use the simulated driver.");
         }
@@ -36,7 +42,7 @@ pub fn run(ctx: &Context, args: &DevicesArgs) -> Result<()> {
     let frame = |pretty: bool| -> Result<String> {
         let gpus = nvml.inventory()?;
         if args.json {
-            return Ok(if pretty { serde_json::to_string_pretty(&gpus)? } else { serde_json::to_string(&gpus)? });
+            return Ok(crate::output::schema::to_text(&Gpus { gpus: &gpus }, pretty)?);
         }
         if gpus.is_empty() {
             return Ok("The NVIDIA driver reports no GPUs.".into());

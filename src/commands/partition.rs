@@ -9,6 +9,7 @@ use crate::admission::{self, AdmissionGpu, MemSpec};
 use crate::compute::{ComputePolicy, LiveChange};
 use crate::context::Context;
 use crate::error::UsageError;
+use crate::output::schema::WorkloadRef;
 use crate::output::{print_json, table};
 use crate::state::partition::valid_name;
 use crate::state::{Partition, Partitions, Store};
@@ -150,11 +151,28 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
     Ok(())
 }
 
+/// One partition as `partition list --json` prints it (not its on-disk form).
 #[derive(Serialize)]
 struct Listed<'a> {
-    #[serde(flatten)]
+    name: &'a str,
+    gpu_index: u32,
+    gpu_uuid: &'a str,
+    memory_quota_bytes: u64,
+    compute_pct: u32,
+    compute_policy: ComputePolicy,
+    created_unix_ms: u64,
+    /// Who may use it: a user, or a group's members; both null: root only.
+    user: Option<&'a str>,
+    group: Option<&'a str>,
+    /// The workloads running in it.
+    workloads: Vec<WorkloadRef>,
+    #[serde(skip)]
     partition: &'a Partition,
-    workloads: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct ListedAll<'a> {
+    partitions: &'a [Listed<'a>],
 }
 
 fn list(ctx: &Context, json: bool) -> Result<()> {
@@ -165,12 +183,25 @@ fn list(ctx: &Context, json: bool) -> Result<()> {
         .partitions
         .iter()
         .map(|p| Listed {
+            name: &p.name,
+            gpu_index: p.gpu_index,
+            gpu_uuid: &p.gpu_uuid,
+            memory_quota_bytes: p.mem_bytes,
+            compute_pct: p.compute_pct,
+            compute_policy: p.compute_policy,
+            created_unix_ms: p.created_unix_ms,
+            user: p.user.as_deref(),
+            group: p.group.as_deref(),
+            workloads: workloads
+                .iter()
+                .filter(|w| w.partition.as_deref() == Some(p.name.as_str()))
+                .map(|w| WorkloadRef { id: w.id.clone(), name: w.name.clone() })
+                .collect(),
             partition: p,
-            workloads: workloads.iter().filter(|w| w.partition.as_deref() == Some(p.name.as_str())).map(|w| w.id.clone()).collect(),
         })
         .collect();
     if json {
-        return print_json(&listed);
+        return print_json(&ListedAll { partitions: &listed });
     }
     if listed.is_empty() {
         println!("No partitions.");
@@ -190,7 +221,7 @@ fn list(ctx: &Context, json: bool) -> Result<()> {
                 (None, Some(group)) => format!("%{group}"),
                 (None, None) => "root".into(),
             },
-            if l.workloads.is_empty() { "—".into() } else { l.workloads.join(", ") },
+            if l.workloads.is_empty() { "—".into() } else { l.workloads.iter().map(|w| w.id.as_str()).collect::<Vec<_>>().join(", ") },
         ]);
     }
     println!("{t}");
@@ -201,7 +232,9 @@ fn list(ctx: &Context, json: bool) -> Result<()> {
 #[derive(Serialize)]
 struct Updated {
     name: String,
+    #[serde(rename = "memory_quota_bytes")]
     mem_bytes: u64,
+    #[serde(rename = "previous_memory_quota_bytes")]
     previous_mem_bytes: u64,
     compute_pct: u32,
     previous_compute_pct: u32,
@@ -209,8 +242,8 @@ struct Updated {
     previous_compute_policy: ComputePolicy,
     /// Whether the partition's vGPU exists (it has been used), so the change took effect live.
     live: bool,
-    /// Ids of the workloads running in it now.
-    workloads: Vec<String>,
+    /// The workloads running in it now.
+    workloads: Vec<WorkloadRef>,
 }
 
 fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
@@ -298,7 +331,7 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         }
         w.compute_policy = after.compute_policy;
         store.write_workload(&w)?;
-        ids.push(w.id);
+        ids.push(WorkloadRef { id: w.id, name: w.name });
     }
     drop(lock);
     let updated = Updated {

@@ -101,8 +101,8 @@ fn print_view(view: &PoolView) {
     } else {
         let mut allocs = table(["ID", "NAME", "PRIORITY", "STATE", "BLOCKS", "RANGES"]);
         for a in &view.allocations {
-            let state = match &a.preempted_by {
-                Some(by) => format!("{} (preempted by {by})", a.state),
+            let state = match &a.suspended_by {
+                Some(by) => format!("{} (preempted by {} ({}))", a.state, by.name, by.id),
                 None => a.state.to_string(),
             };
             allocs.add_row([a.id.clone(), a.name.clone(), a.priority.to_string(), state, a.blocks.to_string(), ranges(&a.ranges)]);

@@ -24,7 +24,7 @@ pub struct PsArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
-    /// With --json: print {"workloads": [...], "unmanaged": [...]}, adding the processes in no vGPU on the workloads' GPUs (the table always shows them)
+    /// With --json: add "unmanaged": [...], the processes in no vGPU on the workloads' GPUs (the table always shows them)
     #[arg(long)]
     pub unmanaged: bool,
     /// Refresh every SECONDS [default: 2, at least 0.1] until interrupted: in place on a terminal, else one table (with --json one JSON line) per refresh
@@ -32,11 +32,12 @@ pub struct PsArgs {
     pub watch: Option<Duration>,
 }
 
-/// `ps --json --unmanaged`.
+/// `ps --json`: `{"schema": N, "workloads": [...]}`, with `--unmanaged` also `"unmanaged"`.
 #[derive(Serialize)]
-struct WithUnmanaged<'a> {
+struct Listed<'a> {
     workloads: &'a [Row],
-    unmanaged: &'a [UnmanagedRow],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unmanaged: Option<&'a [UnmanagedRow]>,
 }
 
 pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
@@ -51,7 +52,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
         for err in &listing.damaged {
             let line = err.to_string();
             if reported.insert(line.clone()) {
-                eprintln!("vgpu: warning: {line}");
+                tracing::warn!("{line}");
             }
         }
         render(&listing, args, pretty)
@@ -61,11 +62,8 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
 
 fn render(listing: &Listing, args: &PsArgs, pretty: bool) -> Result<String> {
     if args.json {
-        let text = match (&listing.unmanaged, args.unmanaged) {
-            (Some(unmanaged), true) => to_json(&WithUnmanaged { workloads: &listing.rows, unmanaged }, pretty)?,
-            _ => to_json(&listing.rows, pretty)?,
-        };
-        return Ok(text);
+        let unmanaged = listing.unmanaged.as_deref().filter(|_| args.unmanaged);
+        return Ok(crate::output::schema::to_text(&Listed { workloads: &listing.rows, unmanaged }, pretty)?);
     }
     let mut out = Vec::new();
     if listing.rows.is_empty() {
@@ -84,10 +82,6 @@ fn render(listing: &Listing, args: &PsArgs, pretty: bool) -> Result<String> {
     Ok(out.join("\n"))
 }
 
-fn to_json<T: Serialize + ?Sized>(value: &T, pretty: bool) -> Result<String> {
-    Ok(if pretty { serde_json::to_string_pretty(value)? } else { serde_json::to_string(value)? })
-}
-
 fn workload_table(rows: &[Row]) -> comfy_table::Table {
     let mut t = table(["ID", "NAME", "USER", "GPU", "MEM used/quota", "COMPUTE", "MEASURED", "PIDS", "STATE", "AGE", "COMMAND"]);
     for r in rows {
@@ -101,7 +95,7 @@ fn workload_table(rows: &[Row]) -> comfy_table::Table {
                 format!("{used}{mark} / {}", format_size(g.mem_quota))
             })
             .collect();
-        let mut state = match (&r.enforcement, &r.suspended_reason) {
+        let mut state = match (&r.enforcement, &r.suspended_why) {
             (Some(e), _) => format!("{}: {}", e.action.as_str(), e.reason),
             (None, Some(why)) => match r.suspended_memory {
                 Some(place) => format!("{} ({why}; memory on {place})", r.state),
@@ -126,7 +120,7 @@ fn workload_table(rows: &[Row]) -> comfy_table::Table {
             measured_cell(r),
             r.pids.len().to_string(),
             state,
-            humantime::format_duration(std::time::Duration::from_secs(r.age_seconds)).to_string(),
+            humantime::format_duration(Duration::from_secs(crate::clock::now_ms().saturating_sub(r.created_unix_ms) / 1000)).to_string(),
             r.command.join(" "),
         ]);
         for p in r.processes.iter().flatten() {

@@ -173,12 +173,19 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
         all_gpus(&mut request, &gpus);
     }
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
+    tracing::debug!("shim {}; {}; state {}; {} GPU(s)", shim.display(), layout.mode.describe(), ctx.state_dir.display(), gpus.len());
 
     let launched = launch::admit(ctx, &store, &layout, &gpus, &request)?;
+    let w = &launched.workload;
+    let slices: Vec<String> =
+        w.gpus.iter().map(|g| format!("GPU {} {} compute {}%", g.index, vgpu_abi::size::format_size(g.mem_bytes), g.compute_pct)).collect();
+    tracing::info!("admitted {} ({}): {}{}", w.name, w.id, slices.join(", "), w.pool_blocks.map(|b| format!(", {b} pool blocks")).unwrap_or_default());
+    tracing::debug!("cgroup {}, vGPU {}, priority {}", w.cgroup, w.vgpu, w.priority);
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request);
     let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
     let code = result?;
     cleanup?;
+    tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);
     Ok(code)
 }
 
@@ -354,7 +361,9 @@ fn resolve_program(program: &str, path: Option<&str>, cwd: Option<&Path>) -> Opt
 
 fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<u8> {
     let mut child = launch::start(ctx, store, shim, launched, request)?;
+    tracing::info!("started {:?} as pid {}", launched.workload.command, child.id());
     let status = launch::supervise(store, &launched.workload, &mut child)?;
+    tracing::debug!("pid {} ended: {status}", child.id());
     explain_oom_kills(&launched.cgroup, &launched.workload, request);
     explain_enforcement(store, &launched.workload);
     Ok(crate::supervise::exit_code(status))
@@ -363,10 +372,12 @@ fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Lau
 /// Say, in one line on stderr, when `vgpu watch` killed processes of the workload and why
 /// (it recorded that in the record, which goes with the workload).
 fn explain_enforcement(store: &Store, w: &Workload) {
-    let Ok(record) = Workload::read(&store.workload_path(&w.id)) else { return };
+    let Ok(record) = Workload::read(&store.workload_path(&w.id)) else {
+        return;
+    };
     if let Some(e) = record.enforcement.filter(|e| e.action == crate::state::EnforcementAction::Killed) {
         let pids: Vec<String> = e.pids.iter().map(u32::to_string).collect();
-        eprintln!("vgpu: vgpu watch killed pid {} of {} ({}): {}", pids.join(", "), w.name, w.id, e.reason);
+        crate::notice!("vgpu watch killed pid {} of {} ({}): {}", pids.join(", "), w.name, w.id, e.reason);
     }
 }
 
@@ -386,5 +397,5 @@ fn explain_oom_kills(cgroup: &Cgroup, w: &Workload, request: &Request) {
         Some(bytes) => format!("it reached its host memory limit (--memory {})", vgpu_abi::size::format_size(bytes)),
         None => "the host ran out of memory".to_string(),
     };
-    eprintln!("vgpu: the kernel's OOM killer killed {kills} process(es) of {} ({}): {limit}", w.name, w.id);
+    crate::notice!("the kernel's OOM killer killed {kills} process(es) of {} ({}): {limit}", w.name, w.id);
 }

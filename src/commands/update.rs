@@ -93,12 +93,22 @@ struct Updated {
 
 #[derive(Debug, Serialize)]
 struct UpdatedGpu {
+    #[serde(rename = "gpu_index")]
     index: u32,
+    #[serde(rename = "gpu_uuid")]
     uuid: String,
     compute_pct: u32,
     previous_compute_pct: u32,
+    #[serde(rename = "memory_quota_bytes")]
     mem_bytes: u64,
+    #[serde(rename = "previous_memory_quota_bytes")]
     previous_mem_bytes: u64,
+}
+
+/// `update --json`: `{"schema": N, "workloads": [...]}`.
+#[derive(Debug, Serialize)]
+struct UpdatedAll<'a> {
+    workloads: &'a [Updated],
 }
 
 /// A workload to change, checked: its open usage file and its planned quota changes.
@@ -159,7 +169,7 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         Some(limit) => wait_until_done(args, &asked, &store, &devices, limit)?,
     };
     if args.json {
-        return print_json(&out);
+        return print_json(&UpdatedAll { workloads: &out });
     }
     for u in &out {
         println!("updated {} ({}): {}", u.name, u.id, describe(u, &asked, args));
@@ -182,7 +192,7 @@ fn wait_until_done(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[A
         if sig == 0 {
             return Ok(());
         }
-        eprintln!("vgpu: interrupted while waiting; nothing was changed");
+        crate::notice!("interrupted while waiting; nothing was changed");
         // Die of the signal, as without the handler (the caller sees how it ended).
         let sig = i32::try_from(sig).unwrap_or(libc::SIGTERM);
         signal_hook::low_level::emulate_default_handler(sig).context("re-raising the signal")?;
@@ -195,9 +205,11 @@ fn wait_until_done(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[A
         match attempt(args, asked, store, devices) {
             Ok(out) => return Ok(out),
             Err(e) => {
-                let Some(reason) = wait_reason(&e) else { return Err(e) };
+                let Some(reason) = wait_reason(&e) else {
+                    return Err(e);
+                };
                 if !announced {
-                    eprintln!("vgpu: waiting: {reason}…");
+                    crate::notice!("waiting: {reason}…");
                     announced = true;
                 }
                 if let Some(limit) = limit {
@@ -563,7 +575,9 @@ pub(crate) fn admission_devices(ctx: &Context) -> Result<Vec<AdmissionGpu>> {
 
 /// Give workload `id`'s pool allocation the new priority; whether it has one.
 fn set_pool_priority(store: &Store, id: &str, priority: Priority) -> Result<bool> {
-    let Some(mut pool) = crate::pool_effects::load(store)? else { return Ok(false) };
+    let Some(mut pool) = crate::pool_effects::load(store)? else {
+        return Ok(false);
+    };
     if !pool.set_priority(id, priority) {
         return Ok(false);
     }

@@ -11,7 +11,9 @@ pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
     pub name: String,
+    #[serde(rename = "memory_total_bytes")]
     pub memory_total: u64,
+    #[serde(rename = "memory_used_bytes")]
     pub memory_used: u64,
     /// Current and maximum SM clock, MHz.
     pub sm_clock_mhz: Option<u32>,
@@ -28,6 +30,7 @@ pub struct GpuInfo {
 pub struct GpuProcess {
     pub pid: u32,
     /// Device memory the driver says the process holds (None: not reported).
+    #[serde(rename = "memory_used_bytes")]
     pub memory_used: Option<u64>,
 }
 

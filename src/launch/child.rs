@@ -50,9 +50,9 @@ pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitS
     let wake = {
         let (store, id, name, cgroup) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone());
         move |signal: i32| match crate::lifecycle::wake_to_terminate(&store, &id, &cgroup) {
-            Ok(true) => eprintln!("vgpu: {name} ({id}) was suspended: resumed so that it acts on signal {signal}"),
+            Ok(true) => crate::notice!("{name} ({id}) was suspended: resumed so that it acts on signal {signal}"),
             Ok(false) => {}
-            Err(e) => eprintln!("vgpu: warning: cannot resume suspended {name} ({id}) to deliver signal {signal}: {e:#}"),
+            Err(e) => tracing::warn!("cannot resume suspended {name} ({id}) to deliver signal {signal}: {e:#}"),
         }
     };
     crate::supervise::wait_relaying_signals(child, wake).context("waiting for the workload")

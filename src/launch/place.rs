@@ -48,7 +48,7 @@ pub fn on_pool(
                             return Err(e.context(format!("timed out after {} waiting for the memory", humantime::format_duration(limit.unwrap_or_default()))));
                         }
                         if !said_waiting {
-                            eprintln!("vgpu: waiting for the memory: {e:#}…");
+                            crate::notice!("waiting for the memory: {e:#}…");
                             said_waiting = true;
                         }
                         tx.unlock();
@@ -78,7 +78,7 @@ pub fn on_pool(
                 workload.state = WorkloadState::Waiting;
                 store.write_workload(workload)?;
                 tx.wrote_record();
-                eprintln!("vgpu: waiting for {} TFLOPS from the pool…", ask.tflops);
+                crate::notice!("waiting for {} TFLOPS from the pool…", ask.tflops);
                 wait_for_blocks(store, tx, &id, ask.wait.flatten())?;
                 workload.state = WorkloadState::Starting;
                 break pool_effects::load(store)?.context("the pool state disappeared while waiting")?;
@@ -114,7 +114,9 @@ fn check_planned_memory(
     let others = pool_effects::planned_workloads(store, plan, releases.is_ok());
     check_memory_among(store, devices, trial, others).map_err(|e| {
         let held = match (&releases, plan.suspend().is_empty()) {
-            (Err(why), false) => format!(" (a suspended workload keeps its GPU memory here: {why})"),
+            (Err(why), false) => {
+                format!(" (a suspended workload keeps its GPU memory here: {why})")
+            }
             _ => String::new(),
         };
         e.context(format!("{} TFLOPS were available{}, but not the memory{held}; nobody was suspended", ask.tflops, preempting(plan)))
@@ -125,7 +127,9 @@ fn check_planned_memory(
 /// and memory as asked (`--mem`) or in the same proportion.
 fn slices(pool: &crate::pool::Pool, devices: &[AdmissionGpu], request: &Request, workload: &mut Workload) {
     for share in pool.gpu_shares(&workload.id) {
-        let Some(device) = share.device.uuid().and_then(|u| devices.iter().find(|d| d.uuid == u)) else { continue };
+        let Some(device) = share.device.uuid().and_then(|u| devices.iter().find(|d| d.uuid == u)) else {
+            continue;
+        };
         let fraction = share.percent() / 100.0;
         let bytes = match request.mem {
             Some(m) => m.bytes_of(device.memory),

@@ -211,7 +211,7 @@ mod tests {
         let json = serde_json::to_value(&found[0]).unwrap();
         assert_eq!(json["pid"], me);
         assert_eq!(json["gpu_uuid"], "GPU-0");
-        assert_eq!(json["memory_bytes"], 1 << 20);
+        assert_eq!(json["memory_used_bytes"], 1 << 20);
         assert_eq!(json["user"], mine.as_str());
     }
 }

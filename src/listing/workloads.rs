@@ -5,8 +5,9 @@
 use super::driver::{self, Driver, UnmanagedRow};
 use super::{row, Row};
 use crate::cgroup::Layout;
+use crate::output::schema::{SuspendedReason, WorkloadRef};
 use crate::read_only::{Access, ReadOnly};
-use crate::state::{StateError, Store};
+use crate::state::{StateError, Store, Workload};
 
 /// What to list besides the workloads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,6 +46,7 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
     let damaged = reconciled.map(|r| r.damaged).unwrap_or(damaged);
     let layout = Layout::detect();
     let mut rows: Vec<Row> = workloads.iter().map(|w| row(store, layout.as_ref(), w, options.processes)).collect();
+    suspended_by(store, &mut rows, &workloads);
     let unreadable = rows.iter().any(|r| !r.usage_readable || r.gpus.iter().any(|g| g.mem_used.is_none()));
     let snapshot = if options.unmanaged || unreadable { driver.snapshot() } else { None };
     if let Some(snapshot) = &snapshot {
@@ -54,4 +56,28 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
     }
     let unmanaged = options.unmanaged.then(|| snapshot.as_ref().map(|s| driver::unmanaged(s, &workloads)).unwrap_or_default());
     Ok(Listing { rows, unmanaged, damaged, read_only })
+}
+
+/// Who preempted each preempted workload: the pool's record of it (a workload id), else the
+/// name or id its record's reason gives (`preempted by NAME`). Null when neither is known.
+fn suspended_by(store: &Store, rows: &mut [Row], workloads: &[Workload]) {
+    let preempted = |r: &Row| r.suspended_reason == Some(SuspendedReason::Preempted);
+    if !rows.iter().any(preempted) {
+        return;
+    }
+    let pool = crate::pool_effects::read(store).ok().flatten();
+    for row in rows.iter_mut().filter(|r| preempted(r)) {
+        let by_pool = pool.as_ref().and_then(|p| p.allocation(&row.id)).and_then(|a| a.preempted_by.clone());
+        let by_text = row.suspended_why.as_deref().and_then(|t| t.strip_prefix("preempted by ")).map(str::to_string);
+        let found = by_pool
+            .iter()
+            .find_map(|id| workloads.iter().find(|w| &w.id == id))
+            .or_else(|| by_text.as_ref().and_then(|t| workloads.iter().find(|w| &w.id == t).or_else(|| workloads.iter().find(|w| &w.name == t))));
+        row.suspended_by = match (found, by_pool) {
+            (Some(w), _) => Some(WorkloadRef { id: w.id.clone(), name: w.name.clone() }),
+            // Ended since: the pool still says who it was; the record's reason its name.
+            (None, Some(id)) => Some(WorkloadRef { name: by_text.unwrap_or_else(|| id.clone()), id }),
+            (None, None) => None,
+        };
+    }
 }

@@ -12,6 +12,7 @@ use super::config::TflopsSource;
 use super::inventory::{DeviceOrigin, Region};
 use super::kind::{DeviceKind, KindFilter};
 use super::state::{AllocState, Pool};
+use crate::output::schema::{SuspendedReason, WorkloadRef};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PoolView {
@@ -33,7 +34,9 @@ pub struct DeviceView {
     pub kind: DeviceKind,
     pub name: String,
     /// NVML GPUs: their UUID and NVML index.
+    #[serde(rename = "gpu_uuid")]
     pub uuid: Option<String>,
+    #[serde(rename = "gpu_index")]
     pub nvml_index: Option<u32>,
     /// Declared devices: their id.
     pub id: Option<String>,
@@ -56,9 +59,13 @@ pub struct AllocationView {
     pub blocks: u64,
     /// Blocks held now; empty unless running.
     pub ranges: Vec<[u64; 2]>,
-    /// Device indices (into `devices`) of its blocks; kept while suspended.
+    /// Device positions (into the view's `devices`) of its blocks; kept while suspended.
+    #[serde(rename = "device_indexes")]
     pub devices: Vec<usize>,
-    pub preempted_by: Option<String>,
+    /// `preempted` while a higher-priority workload holds its blocks.
+    pub suspended_reason: Option<SuspendedReason>,
+    /// That workload.
+    pub suspended_by: Option<WorkloadRef>,
 }
 
 impl Pool {
@@ -120,7 +127,11 @@ impl Pool {
                     blocks: a.blocks,
                     ranges: owned.remove(&a.seq).unwrap_or_default(),
                     devices: a.shares.iter().map(|s| s.device).collect(),
-                    preempted_by: a.preempted_by.clone(),
+                    suspended_reason: a.preempted_by.as_ref().map(|_| SuspendedReason::Preempted),
+                    suspended_by: a
+                        .preempted_by
+                        .as_ref()
+                        .map(|by| WorkloadRef { id: by.clone(), name: self.allocation(by).map(|b| b.name.clone()).unwrap_or_else(|| by.clone()) }),
                 })
                 .collect(),
             free,

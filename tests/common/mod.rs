@@ -107,9 +107,9 @@ impl Sim {
 }
 
 impl Sim {
-    /// `vgpu ps --json`'s rows.
+    /// `vgpu ps --json`'s rows (its `workloads`).
     pub fn ps(&self) -> Vec<serde_json::Value> {
-        self.json(&["ps", "--json"]).as_array().cloned().unwrap_or_default()
+        self.json(&["ps", "--json"])["workloads"].as_array().cloned().unwrap_or_default()
     }
 
     /// `vgpu run --name NAME RUN_ARGS… -- sh -c SCRIPT` in the background, once `vgpu ps`
@@ -160,7 +160,9 @@ pub fn files_below(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for entry in entries.flatten() {
             let p = entry.path();
             if p.is_dir() {

@@ -85,6 +85,7 @@ fn render(root: &Command, cmd: &Command, path: &[String], pages: &[String]) -> i
     }
     files(&mut own, top);
     environment(&mut own, top);
+    json_output(&mut own, path);
     exit_status(&mut own, top);
     see_also(&mut own, path, pages);
     out.extend(body(&own));
@@ -259,6 +260,27 @@ fn environment(roff: &mut Roff, top: Option<&str>) {
     for (name, what) in vars {
         roff.control("TP", []).text([bold(*name)]).text([roman(*what)]);
     }
+}
+
+/// JSON OUTPUT: on vgpu(1) the schema's rules (stability, vocabulary), on a page whose
+/// command has `--json` its fields, both from `docs/json-schema.md` (one text, also the
+/// README's section), shown as written.
+fn json_output(roff: &mut Roff, path: &[String]) {
+    let doc = crate::output::schema::JSON_SCHEMA_DOC;
+    let text = if path.is_empty() {
+        let intro = doc.split("\n## ").next().unwrap_or_default();
+        Some(intro.lines().skip_while(|l| l.starts_with('#') || l.trim().is_empty()).collect::<Vec<_>>().join("\n"))
+    } else {
+        crate::output::schema::doc_of(&path.join(" "))
+    };
+    let Some(text) = text else { return };
+    roff.control("SH", ["JSON OUTPUT"]);
+    roff.control("nf", []);
+    for line in text.lines() {
+        let plain = line.replace("**", "").replace('`', "");
+        roff.text([roman(plain.trim_start_matches("## ").to_string())]);
+    }
+    roff.control("fi", []);
 }
 
 fn exit_status(roff: &mut Roff, top: Option<&str>) {

@@ -24,7 +24,10 @@ use zbus::MatchRule;
 use super::error::{CgroupError, Result};
 
 /// Test-only (and for a bus elsewhere): the D-Bus address of "systemd" instead of the system
-/// bus, e.g. `unix:path=/tmp/bus` (tests/systemd_cgroup.rs runs a stand-in there).
+/// bus, e.g. `unix:path=/tmp/bus` (tests/systemd_cgroup.rs runs a stand-in there). Only a
+/// `unix:` socket: D-Bus addresses also name programs to run (`unixexec:`) and TCP peers,
+/// neither of which root's vgpu should reach from an environment variable. `vgpu run`
+/// refuses it through sudo.
 pub const ENV_BUS: &str = "VGPU_SYSTEMD_BUS";
 
 /// How long a `vgpu run` waits for systemd to make the scope.
@@ -43,10 +46,22 @@ fn failed(what: &str, e: impl std::fmt::Display) -> CgroupError {
     CgroupError::Manager { reason: format!("systemd over D-Bus: {what}: {e}") }
 }
 
+/// `address` if it names a unix socket (`unix:path=…`, `unix:abstract=…`), the only kind
+/// [`ENV_BUS`] may give.
+fn unix_address(address: &str) -> std::result::Result<&str, String> {
+    // One address (`;` separates alternatives), of the unix transport.
+    if address.starts_with("unix:") && !address.contains(';') {
+        Ok(address)
+    } else {
+        Err(format!("{ENV_BUS}={address:?}: give a unix socket address, e.g. unix:path=/run/test-bus"))
+    }
+}
+
 fn connect(timeout: Duration) -> Result<Connection> {
     let builder = match std::env::var(ENV_BUS) {
         Ok(address) if !address.is_empty() => {
-            zbus::blocking::connection::Builder::address(address.as_str()).map_err(|e| failed(&format!("{ENV_BUS}={address:?}"), e))?
+            let address = unix_address(&address).map_err(|reason| CgroupError::Manager { reason })?;
+            zbus::blocking::connection::Builder::address(address).map_err(|e| failed(&format!("{ENV_BUS}={address:?}"), e))?
         }
         _ => zbus::blocking::connection::Builder::system().map_err(|e| failed("the system bus", e))?,
     };
@@ -121,6 +136,20 @@ fn start_on(conn: &Connection, unit: &str, pid: u32, description: &str, timeout:
             }
             Ok(_) => continue,
             Err(_) => return Err(failed(&format!("the job starting {unit}"), format!("not done within {timeout:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bus_override_is_a_unix_socket_only() {
+        assert!(unix_address("unix:path=/tmp/bus").is_ok());
+        assert!(unix_address("unix:abstract=x").is_ok());
+        for bad in ["unixexec:path=/bin/sh,argv1=-c,argv2=id", "tcp:host=10.0.0.1,port=1", "unix:path=/a;unixexec:path=/bin/sh", "launchd:env=X"] {
+            assert!(unix_address(bad).is_err(), "{bad}");
         }
     }
 }

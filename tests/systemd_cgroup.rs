@@ -132,6 +132,34 @@ fn a_workload_of_a_delegated_unit_lives_in_its_subtree_and_goes_with_it() {
     assert!(sim.ps().is_empty(), "the record is gone");
 }
 
+/// A cgroup a user owns (one of their own delegated subtree, where they could run `sudo vgpu
+/// run` from) is never taken as the workload's home: root would put the workload, and the
+/// limits it was given, where its owner may move or change them.
+#[test]
+fn a_cgroup_a_user_owns_is_never_the_workloads_home() {
+    let unit = FakeUnit::new();
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let nobody = nix::unistd::User::from_name("nobody").expect("getpwnam").expect("a nobody user");
+    for dir in &unit.dirs {
+        std::os::unix::fs::chown(dir, Some(nobody.uid.as_raw()), None).expect("chown the unit's cgroup");
+    }
+    let ran = sim.path("ran");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--mem", "1G", "--", "touch"]).arg(&ran);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    delegated(&mut cmd, &unit);
+    let out = cmd.output().expect("vgpu run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("is not a cgroup root owns"), "{stderr}");
+    assert!(!ran.exists(), "the workload ran");
+    for dir in &unit.dirs {
+        assert!(!dir.join("vgpu").exists(), "{} was made in a user's cgroup", dir.join("vgpu").display());
+    }
+    assert!(sim.ps().is_empty(), "a record was left: {stderr}");
+}
+
 fn manager_check(sim: &Sim, unit: Option<&FakeUnit>) -> serde_json::Value {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
     cmd.args(["--simulate", "doctor", "--json"]);

@@ -57,13 +57,37 @@ fn unix_address(address: &str) -> std::result::Result<&str, String> {
     }
 }
 
+/// Connects within `timeout`: zbus bounds method calls (`method_timeout`) but not the
+/// connection's own handshake (authentication, `Hello`), which waits as long as a bus that
+/// accepted the socket says nothing. So the handshake runs on a thread of its own; should it
+/// not end in time, that thread is left blocked on its socket (it ends with the process) and
+/// the caller gets an error (under `auto`, vgpu goes on with cgroupfs).
 fn connect(timeout: Duration) -> Result<Connection> {
-    let builder = match std::env::var(ENV_BUS) {
-        Ok(address) if !address.is_empty() => {
+    connect_to(std::env::var(ENV_BUS).ok().filter(|a| !a.is_empty()), timeout)
+}
+
+/// [`connect`] to `address` (`None`: the system bus).
+fn connect_to(address: Option<String>, timeout: Duration) -> Result<Connection> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("vgpu-dbus-connect".into())
+        .spawn(move || {
+            let _ = tx.send(connect_unbounded(address, timeout));
+        })
+        .map_err(|e| failed("cannot start a thread to connect", e))?;
+    match rx.recv_timeout(timeout) {
+        Ok(outcome) => outcome,
+        Err(_) => Err(failed("cannot connect", format!("the bus did not complete the handshake within {timeout:?}"))),
+    }
+}
+
+fn connect_unbounded(address: Option<String>, timeout: Duration) -> Result<Connection> {
+    let builder = match address {
+        Some(address) => {
             let address = unix_address(&address).map_err(|reason| CgroupError::Manager { reason })?;
             zbus::blocking::connection::Builder::address(address).map_err(|e| failed(&format!("{ENV_BUS}={address:?}"), e))?
         }
-        _ => zbus::blocking::connection::Builder::system().map_err(|e| failed("the system bus", e))?,
+        None => zbus::blocking::connection::Builder::system().map_err(|e| failed("the system bus", e))?,
     };
     builder.method_timeout(timeout).build().map_err(|e| failed("cannot connect", e))
 }
@@ -143,6 +167,26 @@ fn start_on(conn: &Connection, unit: &str, pid: u32, description: &str, timeout:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bus that accepts the connection and never answers (the old code waited forever in
+    /// the handshake): connecting fails within its timeout. The test's own bound, on a
+    /// thread, only keeps a regression from hanging the test run.
+    #[test]
+    fn a_silent_bus_is_given_up_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("bus");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let address = format!("unix:path={}", socket.display());
+        std::thread::spawn(move || {
+            let _ = tx.send(connect_to(Some(address), Duration::from_millis(300)).map(|_| ()));
+        });
+        // Accept, then say nothing.
+        let (_peer, _) = listener.accept().unwrap();
+        let outcome = rx.recv_timeout(Duration::from_secs(120)).expect("connect returned (a silent bus is not waited on forever)");
+        let err = outcome.expect_err("connected to a silent bus");
+        assert!(err.to_string().contains("handshake"), "{err}");
+    }
 
     #[test]
     fn the_bus_override_is_a_unix_socket_only() {

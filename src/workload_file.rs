@@ -201,7 +201,7 @@ fn read_checked(path: &Path, dir: &Path, caller: Caller) -> Result<String, Workl
         }
         Some(uid) if owner == uid => {}
         // Readable by all: nothing an error quotes is hidden from the caller.
-        Some(_) if root_only_writable && mode & 0o004 != 0 && in_dir(path, dir) => {}
+        Some(_) if root_only_writable && mode & 0o004 != 0 && in_dir(&file, dir) => {}
         Some(uid) => {
             return Err(refused(format!("through sudo, a workload file must be yours (uid {uid}), or root's, readable by all, in {}", dir.display())));
         }
@@ -214,14 +214,13 @@ fn read_checked(path: &Path, dir: &Path, caller: Caller) -> Result<String, Workl
     Ok(text)
 }
 
-/// Whether `path`'s directory is `dir` (both resolved).
-fn in_dir(path: &Path, dir: &Path) -> bool {
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    match (parent.canonicalize(), dir.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
+/// Whether the open `file` is in `dir` (resolved): where the kernel says the file it opened
+/// is (`/proc/self/fd/N`), not where its path, which may be changed meanwhile, led.
+fn in_dir(file: &std::fs::File, dir: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    match (opened, dir.canonicalize()) {
+        (Ok(opened), Ok(dir)) => opened.parent() == Some(dir.as_path()),
         _ => false,
     }
 }

@@ -90,6 +90,13 @@ else
 fi
 systemd_dir=$(absolute "$systemd_dir")
 etc_dir=$(absolute "$etc_dir")
+# The manifest holds one TAB-separated entry a line: a path with a tab or a newline would
+# split into entries of its own at --uninstall. Spaces are fine.
+for dir in "$prefix" "$systemd_dir" "$etc_dir" "$root"; do
+  case "$dir" in
+    *$'\t'*|*$'\n'*) echo "install.sh: ${dir@Q} contains a tab or a newline, which the install manifest cannot hold" >&2; exit 2 ;;
+  esac
+done
 
 # Whether systemd runs here (sd_booted: /run/systemd/system) and loads units from
 # $systemd_dir: only then does install.sh ask it to (re)load, enable, start or stop a unit.

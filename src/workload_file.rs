@@ -11,8 +11,23 @@
 //!
 //! An unknown key or a bad value is an error that names the key and the file, as in the
 //! config file (`config.rs`).
+//!
+//! vgpu reads the file as root, possibly for a user who has sudo rights to `vgpu run` only,
+//! so [`load`] reads only what that user could have given on the command line: a regular
+//! file (opened without following a final symlink and without blocking, so a FIFO or a
+//! device is refused, not waited on), at most [`MAX_BYTES`], and
+//! - as root itself (no sudo, systemd's `vgpu@NAME`): owned by root and writable by root
+//!   alone, since its `user` and `command` run as whoever it names;
+//! - through sudo by a user other than root: owned by that user, or root's (writable by root
+//!   alone, readable by all) in the workloads directory. Any other file (`/etc/shadow`) is
+//!   refused before a byte of it is read, so an error that quotes a file's content (a key, a
+//!   value) quotes only what the caller may read themselves.
+//!
+//! The values then go through the same checks, `[policy]`'s included, as the command line's.
 
 use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -23,6 +38,9 @@ use crate::compute::ComputePolicy;
 /// hosts that keep them elsewhere).
 pub const DEFAULT_DIR: &str = "/etc/vgpu/workloads";
 pub const ENV_DIR: &str = "VGPU_WORKLOADS_DIR";
+
+/// The largest workload file vgpu reads (a workload file is a few lines).
+pub const MAX_BYTES: u64 = 64 * 1024;
 
 /// A string or an integer in TOML (`gpus = 2` or `gpus = "1-4"`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -121,15 +139,15 @@ pub enum WorkloadFileError {
     },
     #[error("invalid workload file {}: {message}", path.display())]
     Invalid { path: PathBuf, message: String },
+    #[error("refusing workload file {}: {reason}", path.display())]
+    Refused { path: PathBuf, reason: String },
 }
+
+/// Who asks for the file: `None` for root itself, else the uid of the user who ran sudo.
+pub type Caller = Option<u32>;
 
 /// The file `--workload` names: a path when it contains `/`, else `NAME.toml` in the
-/// workloads directory, NAME a plain name (as systemd's `%i` is).
-pub fn resolve(arg: &str) -> Result<PathBuf, WorkloadFileError> {
-    let dir = std::env::var_os(ENV_DIR).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
-    resolve_in(arg, &dir)
-}
-
+/// workloads directory `dir`, NAME a plain name (as systemd's `%i` is).
 fn resolve_in(arg: &str, dir: &Path) -> Result<PathBuf, WorkloadFileError> {
     if arg.contains('/') {
         return Ok(PathBuf::from(arg));
@@ -144,11 +162,67 @@ fn resolve_in(arg: &str, dir: &Path) -> Result<PathBuf, WorkloadFileError> {
     Ok(dir.join(format!("{arg}.toml")))
 }
 
-/// Reads and checks the workload file `--workload ARG` names.
-pub fn load(arg: &str) -> Result<Options, WorkloadFileError> {
-    let path = resolve(arg)?;
-    let text = std::fs::read_to_string(&path).map_err(|source| WorkloadFileError::Read { path: path.clone(), source })?;
+/// Reads and checks the workload file `--workload ARG` names, for `caller` (see the module
+/// comment for what it may read).
+pub fn load(arg: &str, caller: Caller) -> Result<Options, WorkloadFileError> {
+    let dir = std::env::var_os(ENV_DIR).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+    let path = resolve_in(arg, &dir)?;
+    let text = read_checked(&path, &dir, caller)?;
     parse(&text, &path)
+}
+
+/// The file's text, read under the rules of the module comment.
+fn read_checked(path: &Path, dir: &Path, caller: Caller) -> Result<String, WorkloadFileError> {
+    let read_err = |source: std::io::Error| WorkloadFileError::Read { path: path.to_path_buf(), source };
+    let refused = |reason: String| WorkloadFileError::Refused { path: path.to_path_buf(), reason };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        // Not through a final symlink; a FIFO opens at once (and is refused below) instead
+        // of waiting for a writer; never a controlling terminal.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refused("it is a symbolic link: give the file itself".into()),
+            _ => read_err(e),
+        })?;
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.file_type().is_file() {
+        return Err(refused("not a regular file".into()));
+    }
+    if meta.len() > MAX_BYTES {
+        return Err(refused(format!("larger than {MAX_BYTES} bytes")));
+    }
+    let (owner, mode) = (meta.uid(), meta.mode());
+    let root_only_writable = owner == 0 && mode & 0o022 == 0;
+    match caller {
+        None if root_only_writable => {}
+        None => {
+            return Err(refused(format!("owned by uid {owner} with mode {:o}: run as root, a workload file must be root's and writable by root alone", mode & 0o7777)));
+        }
+        Some(uid) if owner == uid => {}
+        // Readable by all: nothing an error quotes is hidden from the caller.
+        Some(_) if root_only_writable && mode & 0o004 != 0 && in_dir(&file, dir) => {}
+        Some(uid) => {
+            return Err(refused(format!("through sudo, a workload file must be yours (uid {uid}), or root's, readable by all, in {}", dir.display())));
+        }
+    }
+    let mut text = String::new();
+    file.take(MAX_BYTES + 1).read_to_string(&mut text).map_err(read_err)?;
+    if text.len() as u64 > MAX_BYTES {
+        return Err(refused(format!("larger than {MAX_BYTES} bytes")));
+    }
+    Ok(text)
+}
+
+/// Whether the open `file` is in `dir` (resolved): where the kernel says the file it opened
+/// is (`/proc/self/fd/N`), not where its path, which may be changed meanwhile, led.
+fn in_dir(file: &std::fs::File, dir: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let opened = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    match (opened, dir.canonicalize()) {
+        (Ok(opened), Ok(dir)) => opened.parent() == Some(dir.as_path()),
+        _ => false,
+    }
 }
 
 /// Parses workload file text (`path` for messages).
@@ -313,6 +387,53 @@ mod tests {
             assert!(err.contains(key) && err.contains("w.toml"), "{text:?}: {err}");
             assert!(!err.contains('\n'), "{err}");
         }
+    }
+
+    /// A file in `dir` with `text`, owner `uid` and `mode`.
+    fn file_in(dir: &Path, name: &str, text: &str, uid: u32, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(&path, Some(uid), None).unwrap();
+        path
+    }
+
+    #[test]
+    fn only_files_the_caller_could_give_are_read() {
+        assert!(nix::unistd::geteuid().is_root(), "this test must run as root (CI does): it gives files owners");
+        let workloads = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let (dir, other) = (workloads.path(), elsewhere.path());
+        let text = "command = [\"x\"]\n";
+        let (alice, bob) = (Some(60_001), Some(60_002));
+        let ok = |path: &Path, caller: Caller| read_checked(path, dir, caller).map(|t| t == text).unwrap_or(false);
+        let refused = |path: &Path, caller: Caller| matches!(read_checked(path, dir, caller), Err(WorkloadFileError::Refused { .. }));
+
+        // Root's, writable by root alone, in the workloads directory: anyone's to run.
+        let admin = file_in(dir, "admin.toml", text, 0, 0o644);
+        assert!(ok(&admin, None) && ok(&admin, alice));
+        // ... not if the caller could not read it, nor from another directory.
+        let secret = file_in(dir, "secret.toml", text, 0, 0o600);
+        assert!(ok(&secret, None) && refused(&secret, alice));
+        let outside = file_in(other, "shadow", text, 0, 0o644);
+        assert!(ok(&outside, None) && refused(&outside, alice));
+        // Writable by others: nobody's to trust.
+        let loose = file_in(dir, "loose.toml", text, 0, 0o664);
+        assert!(refused(&loose, None) && refused(&loose, alice));
+        // A user's own file, anywhere: theirs through sudo, never root's.
+        let mine = file_in(other, "mine.toml", text, 60_001, 0o666);
+        assert!(ok(&mine, alice) && refused(&mine, bob) && refused(&mine, None));
+        // Not through a symlink, not a FIFO (refused at once, not waited on), not too big.
+        let link = dir.join("link.toml");
+        std::os::unix::fs::symlink(&admin, &link).unwrap();
+        assert!(refused(&link, None) && refused(&link, alice));
+        let fifo = dir.join("fifo.toml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        assert!(refused(&fifo, None));
+        let big = file_in(dir, "big.toml", &format!("{text}#{}\n", "x".repeat(MAX_BYTES as usize)), 0, 0o644);
+        assert!(refused(&big, None));
+        assert!(matches!(read_checked(&dir.join("none.toml"), dir, None), Err(WorkloadFileError::Read { .. })));
     }
 
     #[test]

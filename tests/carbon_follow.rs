@@ -257,3 +257,43 @@ fn an_api_that_never_answers_falls_back_to_the_remembered_reading_and_the_run_st
     }
     drop(silent);
 }
+
+/// Reconcile re-plans with the store lock held: it must not ask the source (up to its
+/// timeout, 10 s by default, longer than other commands wait for the lock, 5 s), but use the
+/// remembered reading. The source is an API that accepts connections and never answers: a
+/// connection waiting in its backlog after `vgpu ps` means reconcile asked it.
+#[test]
+fn reconcile_re_plans_with_the_remembered_reading_never_asking_the_source_under_the_lock() {
+    let sim = Sim::new(&[H100]);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    silent.set_nonblocking(true).unwrap();
+    let port = silent.local_addr().unwrap().port();
+    sim.write_vgpu_config(&format!(
+        "[carbon]\nsource = \"uk-grid\"\nbase_url = \"http://127.0.0.1:{port}\"\ntimeout = \"1s\"\nbudget_g_per_hour = 1000\n"
+    ));
+    let at = chrono::Utc::now() - chrono::Duration::minutes(1);
+    let cached = serde_json::json!({
+        "source": "uk-grid national",
+        "reading": {"g_per_kwh": 321.0, "timestamp": at.to_rfc3339()},
+        "fetched_at": at.to_rfc3339(),
+    });
+    std::fs::write(sim.path("lib/carbon-intensity.json"), cached.to_string()).unwrap();
+    sim.json(&["carbon", "apply", "--json"]);
+    let (progress, stop) = (sim.path("progress"), sim.path("stop"));
+    let mut run = vgpu_run(&sim, &busy_args(&progress, &stop));
+    wait_for_steps(&progress);
+    let id = sim.ps()[0]["id"].as_str().expect("workload id").to_string();
+    // `apply` and the run's start asked the API (outside the lock); their connections are
+    // done with before the workload's first step.
+    let drain = || std::iter::from_fn(|| silent.accept().ok()).count();
+    assert!(drain() >= 1, "the run's start did not ask the API");
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let out = sim.vgpu(&["ps"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(sim.ps().is_empty(), "cleaned up");
+    assert_eq!(drain(), 0, "reconcile asked the intensity source with the store lock held");
+    let last = decisions(&sim).pop().unwrap();
+    assert_eq!(last["reason"], format!("workload ended {id}"), "{last}");
+    assert_eq!((last["intensity_source"]["status"].as_str(), last["intensity"].as_f64()), (Some("cached"), Some(321.0)), "{last}");
+}

@@ -347,3 +347,33 @@ fn deb_metadata_names_files_that_exist_or_are_generated() {
         assert_eq!(text.matches("#DEBHELPER#").count(), 1, "{}: one #DEBHELPER# token", script.display());
     }
 }
+
+/// The manifest is TAB-separated, one entry a line: a prefix with spaces installs and
+/// uninstalls cleanly; one with a newline (which would split into entries of its own at
+/// --uninstall, e.g. `\nfile\t-\t/etc/passwd`) is refused before anything is written.
+#[test]
+fn prefixes_with_spaces_work_and_ones_the_manifest_cannot_hold_are_refused() {
+    let s = Scratch::new();
+    let spaced = s.path("my prefix");
+    install_sh(&s.root(), &["--no-build", "--prefix", spaced.to_str().expect("utf-8")]);
+    assert!(spaced.join("bin/vgpu").is_file());
+    install_sh(&s.root(), &["--uninstall", "--prefix", spaced.to_str().expect("utf-8")]);
+    assert!(!spaced.exists() || tree(&spaced).is_empty(), "left behind: {:?}", tree(&spaced));
+
+    let victim = s.path("victim");
+    std::fs::write(&victim, "someone else's\n").expect("write");
+    let evil = s.path(&format!("p\nfile\t-\t{}", victim.display()));
+    for prefix in [evil.clone(), s.path("tab\there")] {
+        let out = Command::new("bash")
+            .arg(script())
+            .args(["--no-build", "--prefix", prefix.to_str().expect("utf-8")])
+            .env("VGPU_INSTALL_ROOT", s.root())
+            .env("VGPU_INSTALL_FROM", artefact_dir())
+            .output()
+            .expect("run install.sh");
+        assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("tab or a newline"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(victim.is_file() && tree(&s.root()).is_empty());
+    assert!(!s.path("p").exists() && !s.path("tab\there").exists(), "refused, yet it wrote");
+}

@@ -173,3 +173,77 @@ fn policy_grants_priority_and_oversubscription_to_users_and_groups() {
     let cmd = as_root(&sim, &["run", "--mem", "1G", "--", "sh", "-c", &script]);
     assert_refused(&sim, cmd, &marker, "[policy.users.nobody] max_priority");
 }
+
+/// `path` with `text`, owned by `uid`, mode `mode`.
+fn write_owned(path: &std::path::Path, text: &str, uid: u32, mode: u32) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    std::os::unix::fs::chown(path, Some(uid), None).unwrap();
+}
+
+/// A workload file goes through the same `[policy]` checks as the command line. (It would
+/// pass on code that applied them to the command line alone only if that code also ignored
+/// the file's `user`, `priority` and `oversubscribe`: the last case shows the file is read.)
+#[test]
+fn a_workload_file_grants_a_sudo_user_nothing_the_command_line_would_not() {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(sim.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let marker = sim.path("ran");
+    let script = touch(&marker);
+    let file = sim.dir.path().join("mine.toml");
+    for (key, needle) in [("user = \"root\"", "--user"), ("priority = 100", "--priority 100 is above 50"), ("oversubscribe = true", "--oversubscribe is not granted")] {
+        write_owned(&file, &format!("{key}\nmem = \"1G\"\ncommand = [\"sh\", \"-c\", {script:?}]\n"), nobody.uid.as_raw(), 0o644);
+        let cmd = as_sudo_nobody(&sim, &["run", "--workload", file.to_str().unwrap()]);
+        assert_refused(&sim, cmd, &marker, needle);
+    }
+    // The same file of theirs, within the policy, runs as them.
+    write_owned(&file, "mem = \"1G\"\ncommand = [\"id\", \"-u\"]\n", nobody.uid.as_raw(), 0o644);
+    let out = as_sudo_nobody(&sim, &["run", "--workload", file.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), nobody.uid.to_string());
+}
+
+#[test]
+fn a_sudo_user_cannot_make_root_read_a_file_for_them() {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(sim.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let marker = sim.path("ran");
+    // Root's, readable by root alone, outside the workloads directory: its values would
+    // show in the errors (the old code said `--user: unknown user "s3cr3t"`).
+    let secret = sim.dir.path().join("secret.toml");
+    write_owned(&secret, &format!("user = \"s3cr3t\"\ncommand = [\"touch\", {:?}]\n", marker.display().to_string()), 0, 0o600);
+    for path in [secret.to_str().unwrap(), "/etc/shadow"] {
+        let cmd = as_sudo_nobody(&sim, &["run", "--workload", path]);
+        assert_refused(&sim, cmd, &marker, "through sudo, a workload file must be yours");
+    }
+    let out = as_sudo_nobody(&sim, &["run", "--workload", secret.to_str().unwrap()]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cr3t"), "{}", String::from_utf8_lossy(&out.stderr));
+    // Nor pick the workloads directory, or the cgroup and D-Bus peer root takes as its own.
+    for (var, value) in [("VGPU_WORKLOADS_DIR", "/etc"), ("VGPU_SYSTEMD_BUS", "unixexec:path=/bin/sh"), ("VGPU_CGROUP_SELF", "/")] {
+        let mut cmd = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--", "touch", marker.to_str().unwrap()]);
+        cmd.env(var, value);
+        assert_refused(&sim, cmd, &marker, var);
+    }
+}
+
+#[test]
+fn a_workload_file_is_a_regular_file_of_roots() {
+    let sim = Sim::new(GPU16);
+    let marker = sim.path("ran");
+    let good = sim.dir.path().join("good.toml");
+    write_owned(&good, &format!("mem = \"1G\"\ncommand = [\"touch\", {:?}]\n", marker.display().to_string()), 0, 0o644);
+    let link = sim.dir.path().join("link.toml");
+    std::os::unix::fs::symlink(&good, &link).unwrap();
+    let fifo = sim.dir.path().join("fifo.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let theirs = sim.dir.path().join("theirs.toml");
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    write_owned(&theirs, &format!("command = [\"touch\", {:?}]\n", marker.display().to_string()), nobody.uid.as_raw(), 0o644);
+    for (path, needle) in [(&link, "symbolic link"), (&fifo, "not a regular file"), (&theirs, "must be root's"), (&sim.dir.path().to_path_buf(), "not a regular file")] {
+        let mut cmd = as_root(&sim, &["run", "--workload", path.to_str().unwrap()]);
+        // A bound on a FIFO's read, should one wait for a writer (the old code did).
+        cmd.timeout(std::time::Duration::from_secs(120));
+        assert_refused(&sim, cmd, &marker, needle);
+    }
+}

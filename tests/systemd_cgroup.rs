@@ -78,6 +78,13 @@ fn delegated(cmd: &mut Command, unit: &FakeUnit) {
     cmd.env("VGPU_CGROUP_MANAGER", "delegated").env("VGPU_CGROUP_SELF", &unit.rel);
 }
 
+/// A workload file as an admin writes it: root's, mode 0644 whatever the umask (vgpu reads
+/// one only if root alone may write it).
+fn write_workload(path: &Path, text: impl AsRef<[u8]>) -> std::io::Result<()> {
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+}
+
 /// The pids listed in `dir/cgroup.procs`.
 fn procs(dir: &Path) -> Vec<u32> {
     std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
@@ -130,6 +137,34 @@ fn a_workload_of_a_delegated_unit_lives_in_its_subtree_and_goes_with_it() {
         assert!(!dir.join("vgpu").join(&id).exists(), "{} left behind: {stderr}", dir.join("vgpu").join(&id).display());
     }
     assert!(sim.ps().is_empty(), "the record is gone");
+}
+
+/// A cgroup a user owns (one of their own delegated subtree, where they could run `sudo vgpu
+/// run` from) is never taken as the workload's home: root would put the workload, and the
+/// limits it was given, where its owner may move or change them.
+#[test]
+fn a_cgroup_a_user_owns_is_never_the_workloads_home() {
+    let unit = FakeUnit::new();
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let nobody = nix::unistd::User::from_name("nobody").expect("getpwnam").expect("a nobody user");
+    for dir in &unit.dirs {
+        std::os::unix::fs::chown(dir, Some(nobody.uid.as_raw()), None).expect("chown the unit's cgroup");
+    }
+    let ran = sim.path("ran");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--mem", "1G", "--", "touch"]).arg(&ran);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    delegated(&mut cmd, &unit);
+    let out = cmd.output().expect("vgpu run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("is not a cgroup root owns"), "{stderr}");
+    assert!(!ran.exists(), "the workload ran");
+    for dir in &unit.dirs {
+        assert!(!dir.join("vgpu").exists(), "{} was made in a user's cgroup", dir.join("vgpu").display());
+    }
+    assert!(sim.ps().is_empty(), "a record was left: {stderr}");
 }
 
 fn manager_check(sim: &Sim, unit: Option<&FakeUnit>) -> serde_json::Value {
@@ -192,8 +227,8 @@ fn a_workload_file_gives_run_its_options_and_command() {
     let dir = sim.path("workloads");
     std::fs::create_dir(&dir).unwrap();
     let started = sim.path("started");
-    std::fs::write(
-        dir.join("job.toml"),
+    write_workload(
+        &dir.join("job.toml"),
         format!(
             "name = \"from-file\"\nmem = \"2G\"\ncompute = 30\nenv = {{ GREETING = \"hi\" }}\ncommand = [\"sh\", \"-c\", \"echo $GREETING $$ > {}; exec sleep 600\"]\n",
             started.display()
@@ -232,14 +267,14 @@ fn a_bad_workload_file_is_refused_naming_the_key() {
         ("mem = \"2G\"\n", "command"),
         ("partition = \"p\"\nmem = \"2G\"\ncommand = [\"true\"]\n", "partition"),
     ] {
-        std::fs::write(dir.join("bad.toml"), text).unwrap();
+        write_workload(&dir.join("bad.toml"), text).unwrap();
         let out = sim.vgpu(&["run", "--workload", "bad"]).env("VGPU_WORKLOADS_DIR", &dir).output().expect("vgpu run");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{text:?}: {stderr}");
         assert!(stderr.contains(key) && stderr.contains("bad.toml"), "{text:?} should name `{key}` and the file: {stderr}");
     }
     // The command line's options may not conflict with the file's either (clap saw only its own).
-    std::fs::write(dir.join("ok.toml"), "mem = \"2G\"\ncommand = [\"true\"]\n").unwrap();
+    write_workload(&dir.join("ok.toml"), "mem = \"2G\"\ncommand = [\"true\"]\n").unwrap();
     let out = sim.vgpu(&["run", "--workload", "ok", "--partition", "p"]).env("VGPU_WORKLOADS_DIR", &dir).output().expect("vgpu run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -471,7 +506,7 @@ fn the_template_units_capabilities_run_another_users_workload() {
     std::fs::set_permissions(sim.path("fakegpu-state"), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let dir = sim.path("workloads");
     std::fs::create_dir(&dir).unwrap();
-    std::fs::write(dir.join("tenant.toml"), "user = \"nobody\"\nmem = \"1G\"\ncommand = [\"sh\", \"-c\", \"test $(id -u) != 0 && exit 7\"]\n").unwrap();
+    write_workload(&dir.join("tenant.toml"), "user = \"nobody\"\nmem = \"1G\"\ncommand = [\"sh\", \"-c\", \"test $(id -u) != 0 && exit 7\"]\n").unwrap();
     let run = |bounding: &str| {
         let mut cmd = Command::new("setpriv");
         cmd.args(["--bounding-set", bounding, "--no-new-privs", "--", env!("CARGO_BIN_EXE_vgpu"), "--simulate", "run", "--workload", "tenant"]);

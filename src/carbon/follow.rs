@@ -9,7 +9,9 @@
 //! * **Bounded**: the intensity source by its `timeout`, falling back to the remembered
 //!   reading (`intensity/cache.rs`) and then to `fallback`, as `carbon apply` does; the store
 //!   lock and the applier's lock by their deadlines. The intensity is read before the store
-//!   lock is taken where this module takes it ([`replan_now`]).
+//!   lock is taken where this module takes it ([`replan_now`]); where the caller holds it
+//!   (reconcile, [`replan`]) the source is not asked at all: the remembered reading or the
+//!   fallback stands in, so no other command waits on the network for the lock.
 //! * **Never in the way**: a failure is a warning in the [`Report`]; the workload starts and
 //!   ends all the same.
 //! * **Logged**: every decision goes to the decision log with its reason
@@ -112,12 +114,13 @@ pub fn replan_now(ctx: &Context, store: &Store, change: &Change) -> Report {
     apply_now(ctx, store, &lock, &intensity, change)
 }
 
-/// Re-plan and apply after `change`, with the store lock held by the caller.
+/// Re-plan and apply after `change`, with the store lock held by the caller: with the
+/// remembered intensity (or the fallback), never asking the source under the lock.
 pub fn replan(ctx: &Context, store: &Store, lock: &StoreLock, change: &Change) -> Report {
     if !active(ctx) {
         return Report::default();
     }
-    match host::resolve_intensity(ctx, Utc::now(), true) {
+    match host::remembered_intensity(ctx, Utc::now()) {
         Ok(intensity) => apply_now(ctx, store, lock, &intensity, change),
         Err(e) => Report::failed(change, format!("{e:#}")),
     }

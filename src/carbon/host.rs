@@ -17,6 +17,19 @@ use crate::error::UsageError;
 use crate::gpu::Nvml;
 use crate::state::{Store, WorkloadState};
 
+/// The configured source's remembered reading (within `max_age`), else its `fallback`,
+/// without reading the source: for a re-plan made with the store lock held, which must not
+/// keep every other command waiting on the network (the lock's own wait, 5 s by default, is
+/// shorter than a source's default timeout, 10 s).
+pub fn remembered_intensity(ctx: &Context, now: DateTime<Utc>) -> Result<Intensity> {
+    let config = &ctx.config.carbon;
+    let source = intensity::from_config(config).map_err(|e| UsageError::new(e.to_string()))?;
+    let not_read = intensity::NotRead(source.describe());
+    let cache = Cache::new(ctx.lib_path(CACHE_FILE));
+    let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember: false };
+    Ok(intensity::resolve(&not_read, &policy, now)?)
+}
+
 /// What is said when NVML cannot be loaded.
 pub const NO_DRIVER: &str = "no NVIDIA driver found (libnvidia-ml.so.1 not loadable); try --simulate";
 

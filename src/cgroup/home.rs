@@ -242,8 +242,27 @@ pub fn settle(layout: &Layout, setting: Setting, id: &str) -> Result<CgroupHome>
         }
         _ => choice.home,
     };
+    owned_by_root(layout, &home)?;
     prepare(layout, &home)?;
     Ok(home)
+}
+
+/// Refuses a home in a cgroup root does not own: a cgroup delegated to a user (their
+/// `user@.service` subtree, or one they were given) is theirs to rearrange, and root's vgpu,
+/// started through sudo from there, must not put a workload (and its limits) in it.
+pub fn owned_by_root(layout: &Layout, home: &CgroupHome) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if home.manager == ManagerKind::Cgroupfs {
+        return Ok(());
+    }
+    let within = layout.within(home)?;
+    for dir in within.unified.iter().chain(within.v1.values()) {
+        let meta = std::fs::symlink_metadata(dir).map_err(|source| CgroupError::Io { op: "stat", path: dir.clone(), source })?;
+        if !meta.is_dir() || meta.uid() != 0 {
+            return Err(CgroupError::Manager { reason: format!("{} is not a cgroup root owns (uid {}): a workload's cgroup goes only in one of root's", dir.display(), meta.uid()) });
+        }
+    }
+    Ok(())
 }
 
 /// [`choose`] with its inputs given: `delegated(dir)` says whether systemd marked the
@@ -320,9 +339,13 @@ fn tracking_mount(layout: &Layout) -> Option<PathBuf> {
 }
 
 /// systemd (≥ 251) marks a delegated unit's cgroup with the extended attribute
-/// `trusted.delegate` (and, ≥ 252, `user.delegate`) set to `1`.
+/// `trusted.delegate` set to `1`. Only that one, on a cgroup root owns, counts: a user may
+/// set `user.delegate` on a cgroup of their own (systemd ≥ 252 sets both, and a user's
+/// systemd sets it in their subtree), and root's vgpu started through sudo from there must
+/// not take that user's cgroup as its home.
 fn is_delegated(dir: &Path) -> bool {
-    ["trusted.delegate", "user.delegate"].iter().any(|name| xattr_is_one(dir, name))
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == 0) && xattr_is_one(dir, "trusted.delegate")
 }
 
 fn xattr_is_one(path: &Path, name: &str) -> bool {
@@ -427,6 +450,30 @@ mod tests {
         assert_eq!(layout.v1[&Controller::Freezer], fake.root().join("freezer"));
         // Nothing to move on v1.
         prepare(&fake.layout(), &choice.home).unwrap();
+    }
+
+    fn set_xattr(dir: &Path, name: &str) {
+        use std::os::unix::ffi::OsStrExt;
+        let (path, name) = (std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap(), std::ffi::CString::new(name).unwrap());
+        // SAFETY: both strings are NUL-terminated and live across the call; the value is one
+        // byte of a static slice.
+        let rc = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+        assert_eq!(rc, 0, "setxattr {name:?} on {}: {}", dir.display(), std::io::Error::last_os_error());
+    }
+
+    #[test]
+    fn only_systemds_mark_on_roots_cgroup_means_delegated() {
+        assert!(nix::unistd::geteuid().is_root(), "this test must run as root (CI does): it sets trusted.* attributes");
+        // A user may set user.delegate on a cgroup of theirs: it does not count.
+        let by_user = tempfile::tempdir().unwrap();
+        set_xattr(by_user.path(), "user.delegate");
+        assert!(!is_delegated(by_user.path()));
+        let by_systemd = tempfile::tempdir().unwrap();
+        set_xattr(by_systemd.path(), "trusted.delegate");
+        assert!(is_delegated(by_systemd.path()));
+        // ... and not on a cgroup root does not own.
+        std::os::unix::fs::chown(by_systemd.path(), Some(60_001), None).unwrap();
+        assert!(!is_delegated(by_systemd.path()));
     }
 
     #[test]

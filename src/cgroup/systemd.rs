@@ -24,7 +24,10 @@ use zbus::MatchRule;
 use super::error::{CgroupError, Result};
 
 /// Test-only (and for a bus elsewhere): the D-Bus address of "systemd" instead of the system
-/// bus, e.g. `unix:path=/tmp/bus` (tests/systemd_cgroup.rs runs a stand-in there).
+/// bus, e.g. `unix:path=/tmp/bus` (tests/systemd_cgroup.rs runs a stand-in there). Only a
+/// `unix:` socket: D-Bus addresses also name programs to run (`unixexec:`) and TCP peers,
+/// neither of which root's vgpu should reach from an environment variable. `vgpu run`
+/// refuses it through sudo.
 pub const ENV_BUS: &str = "VGPU_SYSTEMD_BUS";
 
 /// How long a `vgpu run` waits for systemd to make the scope.
@@ -43,12 +46,48 @@ fn failed(what: &str, e: impl std::fmt::Display) -> CgroupError {
     CgroupError::Manager { reason: format!("systemd over D-Bus: {what}: {e}") }
 }
 
+/// `address` if it names a unix socket (`unix:path=…`, `unix:abstract=…`), the only kind
+/// [`ENV_BUS`] may give.
+fn unix_address(address: &str) -> std::result::Result<&str, String> {
+    // One address (`;` separates alternatives), of the unix transport.
+    if address.starts_with("unix:") && !address.contains(';') {
+        Ok(address)
+    } else {
+        Err(format!("{ENV_BUS}={address:?}: give a unix socket address, e.g. unix:path=/run/test-bus"))
+    }
+}
+
+/// Connects within `timeout`: zbus bounds method calls (`method_timeout`) but not the
+/// connection's own handshake (authentication, `Hello`), which waits as long as a bus that
+/// accepted the socket says nothing. So the handshake runs on a thread of its own; should it
+/// not end in time, that thread is left blocked on its socket (it ends with the process) and
+/// the caller gets an error (under `auto`, vgpu goes on with cgroupfs).
 fn connect(timeout: Duration) -> Result<Connection> {
-    let builder = match std::env::var(ENV_BUS) {
-        Ok(address) if !address.is_empty() => {
-            zbus::blocking::connection::Builder::address(address.as_str()).map_err(|e| failed(&format!("{ENV_BUS}={address:?}"), e))?
+    connect_to(std::env::var(ENV_BUS).ok().filter(|a| !a.is_empty()), timeout)
+}
+
+/// [`connect`] to `address` (`None`: the system bus).
+fn connect_to(address: Option<String>, timeout: Duration) -> Result<Connection> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("vgpu-dbus-connect".into())
+        .spawn(move || {
+            let _ = tx.send(connect_unbounded(address, timeout));
+        })
+        .map_err(|e| failed("cannot start a thread to connect", e))?;
+    match rx.recv_timeout(timeout) {
+        Ok(outcome) => outcome,
+        Err(_) => Err(failed("cannot connect", format!("the bus did not complete the handshake within {timeout:?}"))),
+    }
+}
+
+fn connect_unbounded(address: Option<String>, timeout: Duration) -> Result<Connection> {
+    let builder = match address {
+        Some(address) => {
+            let address = unix_address(&address).map_err(|reason| CgroupError::Manager { reason })?;
+            zbus::blocking::connection::Builder::address(address).map_err(|e| failed(&format!("{ENV_BUS}={address:?}"), e))?
         }
-        _ => zbus::blocking::connection::Builder::system().map_err(|e| failed("the system bus", e))?,
+        None => zbus::blocking::connection::Builder::system().map_err(|e| failed("the system bus", e))?,
     };
     builder.method_timeout(timeout).build().map_err(|e| failed("cannot connect", e))
 }
@@ -121,6 +160,40 @@ fn start_on(conn: &Connection, unit: &str, pid: u32, description: &str, timeout:
             }
             Ok(_) => continue,
             Err(_) => return Err(failed(&format!("the job starting {unit}"), format!("not done within {timeout:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bus that accepts the connection and never answers (the old code waited forever in
+    /// the handshake): connecting fails within its timeout. The test's own bound, on a
+    /// thread, only keeps a regression from hanging the test run.
+    #[test]
+    fn a_silent_bus_is_given_up_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("bus");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let address = format!("unix:path={}", socket.display());
+        std::thread::spawn(move || {
+            let _ = tx.send(connect_to(Some(address), Duration::from_millis(300)).map(|_| ()));
+        });
+        // Accept, then say nothing.
+        let (_peer, _) = listener.accept().unwrap();
+        let outcome = rx.recv_timeout(Duration::from_secs(120)).expect("connect returned (a silent bus is not waited on forever)");
+        let err = outcome.expect_err("connected to a silent bus");
+        assert!(err.to_string().contains("handshake"), "{err}");
+    }
+
+    #[test]
+    fn the_bus_override_is_a_unix_socket_only() {
+        assert!(unix_address("unix:path=/tmp/bus").is_ok());
+        assert!(unix_address("unix:abstract=x").is_ok());
+        for bad in ["unixexec:path=/bin/sh,argv1=-c,argv2=id", "tcp:host=10.0.0.1,port=1", "unix:path=/a;unixexec:path=/bin/sh", "launchd:env=X"] {
+            assert!(unix_address(bad).is_err(), "{bad}");
         }
     }
 }

@@ -228,6 +228,11 @@ const VGPU_ENV: &[(&str, &str)] = &[
     ("VGPU_LIB_DIR", "The persistent state directory, as --lib-dir."),
     ("VGPU_SIMULATE", "Set (and not 0, false, no or off): use the bundled simulated driver, as --simulate."),
     ("VGPU_LOG", "A log filter (tracing's EnvFilter syntax, e.g. vgpu=debug) that replaces the one -v and -q set."),
+    ("VGPU_CGROUP_MANAGER", "Who places a workload's cgroup: auto, cgroupfs, delegated or systemd, as the config's [cgroup] manager."),
+    ("VGPU_WORKLOADS_DIR", "Where vgpu run --workload NAME finds NAME.toml [default: /etc/vgpu/workloads]. Refused through sudo."),
+    ("VGPU_SYSTEMD_BUS", "For tests: the unix: D-Bus address (unix:path=...) the systemd cgroup manager asks instead of the system bus. Refused through sudo."),
+    ("VGPU_CGROUP_SELF", "For tests: the cgroup vgpu takes as its own instead of /proc/self/cgroup's. Refused through sudo."),
+    ("VGPU_LOCK_TIMEOUT_MS", "How long a command waits for the state lock, in milliseconds [default: 5000]."),
     ("COMPLETE", "Set by the completion scripts (vgpu completions SHELL) to ask vgpu for completions."),
 ];
 
@@ -379,5 +384,23 @@ fn is_sibling(p: &str, name: &str) -> bool {
     match (p.rsplit_once('-'), name.rsplit_once('-')) {
         (Some((a, _)), Some((b, _))) => a == b && a != "vgpu" && p != name,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variable root's vgpu honours from its environment is in vgpu(1)'s ENVIRONMENT,
+    /// and those `vgpu run` refuses through sudo say so.
+    #[test]
+    fn the_environment_section_lists_the_variables_vgpu_reads() {
+        let listed = |var: &str| VGPU_ENV.iter().find(|(k, _)| *k == var).map(|(_, what)| *what);
+        for var in [crate::cgroup::home::ENV_MANAGER, crate::state::lock::TIMEOUT_ENV].into_iter().chain(crate::commands::run::ROOT_ONLY_ENV) {
+            assert!(listed(var).is_some(), "{var} is not in vgpu(1)'s ENVIRONMENT");
+        }
+        for var in crate::commands::run::ROOT_ONLY_ENV {
+            assert!(listed(var).is_some_and(|what| what.contains("Refused through sudo")), "{var}");
+        }
     }
 }

@@ -93,9 +93,30 @@ pub struct RunArgs {
     pub workload: Option<String>,
 }
 
+/// Variables that change which workload files root's `vgpu run` trusts, which cgroup it
+/// takes as its own, or whom it talks to on D-Bus (tests, and hosts set up by their admin):
+/// a user with sudo rights to `vgpu run` alone has no use for them. Refused through sudo
+/// (`SUDO_UID` set and not 0), should sudo keep the environment (`-E`, `env_keep`). The
+/// settings that are also config keys (`VGPU_CONFIG` itself, `VGPU_CGROUP_MANAGER`) are
+/// honoured as ever: sudo's `env_reset` (its default) is what keeps them root's (README,
+/// Privileges).
+pub const ROOT_ONLY_ENV: [&str; 3] = [crate::workload_file::ENV_DIR, crate::cgroup::home::ENV_SELF, crate::cgroup::systemd::ENV_BUS];
+
+/// The user who ran sudo (`SUDO_UID` set, not 0), if any; refuses [`ROOT_ONLY_ENV`] for them.
+fn sudo_caller_uid() -> Result<Option<u32>> {
+    let sudo_uid = std::env::var("SUDO_UID").ok();
+    let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
+    if caller.is_some() {
+        if let Some(var) = ROOT_ONLY_ENV.iter().find(|v| std::env::var_os(v).is_some()) {
+            crate::usage!("{var} is root's own setting: through sudo, unset it (is sudo keeping the environment, -E or env_keep?)");
+        }
+    }
+    Ok(caller.map(|c| c.uid))
+}
+
 /// `args` with the workload file's values where the command line gives none (`--workload`).
-fn with_workload_file(args: &RunArgs, workload: &str) -> Result<RunArgs> {
-    let file = crate::workload_file::load(workload).map_err(|e| match std::error::Error::source(&e) {
+fn with_workload_file(args: &RunArgs, workload: &str, caller: Option<u32>) -> Result<RunArgs> {
+    let file = crate::workload_file::load(workload, caller).map_err(|e| match std::error::Error::source(&e) {
         Some(cause) => UsageError::new(format!("{e}: {cause}")),
         None => UsageError::new(e.to_string()),
     })?;
@@ -150,10 +171,11 @@ fn with_workload_file(args: &RunArgs, workload: &str) -> Result<RunArgs> {
 }
 
 pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
+    let caller = sudo_caller_uid()?;
     let from_file;
     let args = match &args.workload {
         Some(workload) => {
-            from_file = with_workload_file(args, workload)?;
+            from_file = with_workload_file(args, workload, caller)?;
             &from_file
         }
         None => args,

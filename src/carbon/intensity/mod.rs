@@ -79,6 +79,20 @@ pub trait Source {
     fn read(&self, now: DateTime<Utc>) -> Result<Reading, SourceError>;
 }
 
+/// A source not read now (its description only), so that [`resolve`] takes the remembered
+/// reading or the fallback: for a re-plan made with the store lock held.
+pub struct NotRead(pub String);
+
+impl Source for NotRead {
+    fn describe(&self) -> String {
+        self.0.clone()
+    }
+
+    fn read(&self, _now: DateTime<Utc>) -> Result<Reading, SourceError> {
+        Err(SourceError::Unreachable { url: self.0.clone(), message: "not asked while the store lock is held (a workload's end found by reconcile)".into() })
+    }
+}
+
 /// The source the config chooses.
 pub fn from_config(config: &CarbonConfig) -> Result<Box<dyn Source>, SourceError> {
     config.validate()?;

@@ -367,7 +367,7 @@ impl AppliedStore {
     pub fn lock(&self) -> Result<Option<crate::state::StoreLock>, crate::state::StateError> {
         let path = self.path.with_extension("lock");
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if let Err(e) = std::fs::create_dir_all(dir) {
+            if let Err(e) = crate::carbon::create_dir(dir) {
                 tracing::debug!("no lock {}: {e}", path.display());
                 return Ok(None);
             }
@@ -385,7 +385,7 @@ impl AppliedStore {
     pub fn save(&self, records: &[Applied]) -> Result<(), ApplyError> {
         let err = |source| ApplyError::Write { path: self.path.clone(), source };
         let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(err)?;
+        crate::carbon::create_dir(dir).map_err(err)?;
         let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(err)?;
         let text = serde_json::to_string_pretty(records).map_err(|e| err(e.into()))?;
         tmp.write_all(text.as_bytes()).map_err(err)?;

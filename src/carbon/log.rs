@@ -125,7 +125,7 @@ fn lock_path(path: &Path) -> PathBuf {
 pub fn append(path: &Path, decision: &Decision, rotation: Rotation) -> Result<(), LogError> {
     let err = |source| LogError { path: path.to_path_buf(), source };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
+        crate::carbon::create_dir(dir).map_err(err)?;
     }
     let mut line = serde_json::to_vec(decision).map_err(|e| err(e.into()))?;
     line.push(b'\n');

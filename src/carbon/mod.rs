@@ -20,3 +20,10 @@ pub mod model;
 pub mod planner;
 pub mod range;
 pub mod workload;
+
+/// Make the directory of a carbon file (the lib dir, normally made already) with an explicit
+/// mode, 0755 root's (as `state::dirs` makes the lib dir), never the umask's.
+pub(crate) fn create_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(crate::state::dirs::DIR_MODE).create(dir)
+}

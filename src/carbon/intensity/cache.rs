@@ -59,7 +59,7 @@ impl Cache {
     pub fn store(&self, entry: &CachedReading) -> Result<(), CacheError> {
         let write_err = |source| CacheError::Write { path: self.path.clone(), source };
         let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(write_err)?;
+        crate::carbon::create_dir(dir).map_err(write_err)?;
         let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(write_err)?;
         let text = serde_json::to_string_pretty(entry).map_err(|e| write_err(e.into()))?;
         tmp.write_all(text.as_bytes()).map_err(write_err)?;

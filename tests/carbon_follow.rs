@@ -221,16 +221,15 @@ fn reconcile_re_plans_when_it_cleans_up_after_a_dead_supervisor() {
     assert_eq!(cap0(&last), ("locked-clocks".into(), Some(345)), "the idle plan again: {last}");
 }
 
-#[test]
-fn an_api_that_never_answers_falls_back_to_the_remembered_reading_and_the_run_starts() {
-    let sim = Sim::new(&[H100]);
-    // Connections are accepted by the kernel (the backlog) and never answered.
+/// A uk-grid source at an API that accepts connections (the kernel's backlog) and never
+/// answers, with a 1 s timeout and a budget, and a good reading of it (321 g/kWh) remembered
+/// a minute ago. The listener must live as long as the test needs the silent API.
+fn silent_uk_grid(sim: &Sim) -> std::net::TcpListener {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
     sim.write_vgpu_config(&format!(
         "[carbon]\nsource = \"uk-grid\"\nbase_url = \"http://127.0.0.1:{port}\"\ntimeout = \"1s\"\nbudget_g_per_hour = 1000\n"
     ));
-    // A good reading of this source, remembered a minute ago.
     let at = chrono::Utc::now() - chrono::Duration::minutes(1);
     let cached = serde_json::json!({
         "source": "uk-grid national",
@@ -238,6 +237,13 @@ fn an_api_that_never_answers_falls_back_to_the_remembered_reading_and_the_run_st
         "fetched_at": at.to_rfc3339(),
     });
     std::fs::write(sim.path("lib/carbon-intensity.json"), cached.to_string()).unwrap();
+    silent
+}
+
+#[test]
+fn an_api_that_never_answers_falls_back_to_the_remembered_reading_and_the_run_starts() {
+    let sim = Sim::new(&[H100]);
+    let silent = silent_uk_grid(&sim);
     let apply = sim.json(&["carbon", "apply", "--json"]);
     assert_eq!(apply["intensity_source"]["status"], "cached", "{apply}");
 
@@ -265,19 +271,8 @@ fn an_api_that_never_answers_falls_back_to_the_remembered_reading_and_the_run_st
 #[test]
 fn reconcile_re_plans_with_the_remembered_reading_never_asking_the_source_under_the_lock() {
     let sim = Sim::new(&[H100]);
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = silent_uk_grid(&sim);
     silent.set_nonblocking(true).unwrap();
-    let port = silent.local_addr().unwrap().port();
-    sim.write_vgpu_config(&format!(
-        "[carbon]\nsource = \"uk-grid\"\nbase_url = \"http://127.0.0.1:{port}\"\ntimeout = \"1s\"\nbudget_g_per_hour = 1000\n"
-    ));
-    let at = chrono::Utc::now() - chrono::Duration::minutes(1);
-    let cached = serde_json::json!({
-        "source": "uk-grid national",
-        "reading": {"g_per_kwh": 321.0, "timestamp": at.to_rfc3339()},
-        "fetched_at": at.to_rfc3339(),
-    });
-    std::fs::write(sim.path("lib/carbon-intensity.json"), cached.to_string()).unwrap();
     sim.json(&["carbon", "apply", "--json"]);
     let (progress, stop) = (sim.path("progress"), sim.path("stop"));
     let mut run = vgpu_run(&sim, &busy_args(&progress, &stop));

@@ -44,18 +44,20 @@ impl FakeUnit {
     }
 }
 
+/// Remove the (empty) cgroup directories under `dir`, deepest first, then `dir`.
+fn rmdir_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                rmdir_tree(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
 impl Drop for FakeUnit {
     fn drop(&mut self) {
-        fn rmdir_tree(dir: &Path) {
-            if let Ok(entries) = std::fs::read_dir(dir) {
-                for entry in entries.flatten() {
-                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                        rmdir_tree(&entry.path());
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir(dir);
-        }
         for dir in &self.dirs {
             rmdir_tree(dir);
         }
@@ -391,16 +393,6 @@ struct Slice(Vec<PathBuf>);
 
 impl Drop for Slice {
     fn drop(&mut self) {
-        fn rmdir_tree(dir: &Path) {
-            if let Ok(entries) = std::fs::read_dir(dir) {
-                for entry in entries.flatten() {
-                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                        rmdir_tree(&entry.path());
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir(dir);
-        }
         self.0.iter().for_each(|dir| rmdir_tree(dir));
     }
 }

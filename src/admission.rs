@@ -211,6 +211,7 @@ mod tests {
             suspended_memory: None,
             created_unix_ms: 0,
             enforcement: None,
+            service: None,
         }
     }
 

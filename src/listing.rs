@@ -64,6 +64,8 @@ pub struct Row {
     pub enforcement: Option<Enforcement>,
     /// When it was started, ms since the Unix epoch.
     pub created_unix_ms: u64,
+    /// The service it is a replica of, `{"name", "replica"}`; null for other workloads.
+    pub service: Option<crate::state::ServiceRef>,
     pub command: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<Vec<ProcRow>>,
@@ -203,6 +205,7 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
         },
         enforcement: w.enforcement.clone(),
         created_unix_ms: w.created_unix_ms,
+        service: w.service.clone(),
         command: w.command.clone(),
         processes,
     }

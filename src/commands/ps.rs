@@ -106,10 +106,13 @@ fn workload_table(rows: &[Row]) -> comfy_table::Table {
         if !r.supervisor_alive {
             state.push_str(", supervisor gone");
         }
-        let name = match &r.partition {
+        let mut name = match &r.partition {
             Some(p) => format!("{} [{p}]", r.name),
             None => r.name.clone(),
         };
+        if let Some(s) = &r.service {
+            name.push_str(&format!(" ({}/{})", s.name, s.replica));
+        }
         t.add_row([
             r.id.clone(),
             name,

@@ -88,6 +88,12 @@ pub struct RunArgs {
     /// The command and its arguments
     #[arg(required_unless_present = "workload", value_name = "CMD")]
     pub command: Vec<String>,
+    /// A replica of service NAME (set by the service runners, `vgpu watch` and `vgpu service run`; root's own `vgpu run` only)
+    #[arg(long, value_name = "NAME", hide = true, requires = "replica", help_heading = PROCESS)]
+    pub service: Option<String>,
+    /// Which replica of --service, from 0
+    #[arg(long, value_name = "N", hide = true, requires = "service", help_heading = PROCESS)]
+    pub replica: Option<u32>,
     /// Take the options and the command from a workload file: NAME is /etc/vgpu/workloads/NAME.toml (what vgpu@NAME.service runs), a path if it contains '/'; options given here win over the file's
     #[arg(long, value_name = "NAME|FILE", help_heading = PROCESS)]
     pub workload: Option<String>,
@@ -259,6 +265,19 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
             crate::usage!("--cwd {}: no such directory", cwd.display());
         }
     }
+    let service = match (&args.service, args.replica) {
+        (Some(name), Some(replica)) => {
+            if !crate::state::partition::valid_name(name) {
+                crate::usage!("invalid --service {name:?}: use letters, digits, '-', '_' and '.' (at most 64)");
+            }
+            // The runners take a record with it for one of their replicas: only root marks one.
+            if std::env::var("SUDO_UID").ok().is_some_and(|uid| uid != "0") {
+                crate::usage!("--service is for vgpu's service runners (vgpu watch, vgpu service run): not through sudo");
+            }
+            Some(crate::state::ServiceRef { name: name.clone(), replica })
+        }
+        _ => None,
+    };
     let asked_priority = args.priority.as_deref().map(str::parse::<Priority>).transpose().map_err(pool_error)?;
     let pool = match &args.tflops {
         Some(text) => Some(PoolAsk {
@@ -316,6 +335,7 @@ fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         mem,
         oversubscribe: args.oversubscribe,
         placement,
+        service,
     })
 }
 

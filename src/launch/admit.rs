@@ -59,6 +59,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         suspended_memory: None,
         created_unix_ms: crate::clock::now_ms(),
         enforcement: None,
+        service: request.service.clone(),
     };
     // The cgroup manager's choice, and its effects: a transient scope from systemd, this
     // process moved to its leaf of a delegated cgroup (cgroup/home.rs).

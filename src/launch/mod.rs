@@ -54,6 +54,9 @@ pub struct Request {
     /// Admit even when the memory is reserved already.
     pub oversubscribe: bool,
     pub placement: Placement,
+    /// The service and replica it is (`--service`, `--replica`), recorded for `vgpu ps`
+    /// and the service runners.
+    pub service: Option<crate::state::ServiceRef>,
 }
 
 /// Where the workload's GPUs come from.

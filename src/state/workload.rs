@@ -103,6 +103,18 @@ pub struct Workload {
     /// What `vgpu watch` is doing to it, and why (None: nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<Enforcement>,
+    /// The service it is a replica of (`vgpu run --service NAME --replica N`, as `vgpu
+    /// watch` and `vgpu service run` start replicas); None: an ordinary workload. A runner
+    /// that starts finds the replicas a previous one left running by this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceRef>,
+}
+
+/// Which service a workload is a replica of, and which replica (0-based).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRef {
+    pub name: String,
+    pub replica: u32,
 }
 
 /// What `vgpu watch` does to a workload that breaks its slice.
@@ -290,6 +302,7 @@ pub(crate) mod tests {
             suspended_memory: None,
             created_unix_ms: 0,
             enforcement: None,
+            service: None,
         }
     }
 

@@ -9,6 +9,7 @@ pub mod partition;
 pub mod pool;
 pub mod ps;
 pub mod run;
+pub mod service_run;
 pub mod update;
 pub mod watch;
 

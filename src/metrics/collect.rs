@@ -29,6 +29,8 @@ pub struct Sources<'a> {
     pub intensity: Option<&'a Intensity>,
     pub budget_g_per_hour: Option<f64>,
     pub now_unix_ms: u64,
+    /// The services the watch runs, as its runner counts them.
+    pub services: &'a [super::model::ServiceMetrics],
 }
 
 /// The figures, and what had to be left out and why.
@@ -59,6 +61,7 @@ pub fn collect(s: &Sources<'_>) -> (Metrics, Vec<MetricsError>) {
         workloads: workloads(s),
         pool,
         carbon: CarbonMetrics { intensity, budget_g_per_hour: s.budget_g_per_hour, emission_rate_g_per_hour },
+        services: s.services.to_vec(),
     };
     (metrics, problems)
 }

@@ -91,6 +91,18 @@ struct WorkloadGpuLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ServiceReplicasLabels {
+    service: String,
+    kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ServiceSignalLabels {
+    service: String,
+    signal: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PriorityLabels {
     priority: String,
 }
@@ -143,6 +155,7 @@ pub fn render(m: &Metrics, enforcements: &Enforcements) -> Result<Exposition, st
     );
     pool(&mut r, m);
     carbon(&mut r, m);
+    services(&mut r, m);
     let round: Ratio = single(&mut r, "vgpu_watch_last_round_timestamp_seconds", "When vgpu watch last gathered these figures");
     round.set(m.collected_unix_ms as f64 / 1000.0);
     let mut openmetrics = String::new();
@@ -283,6 +296,25 @@ fn workloads(r: &mut Registry, m: &Metrics) {
             }
             gpu_time.get_or_create(&gl).inc_by(g.gpu_time_ns as f64 / 1e9);
             throttled.get_or_create(&gl).inc_by(g.throttled_ns as f64 / 1e9);
+        }
+    }
+}
+
+fn services(r: &mut Registry, m: &Metrics) {
+    let replicas: Family<ServiceReplicasLabels, Int> =
+        family(r, "vgpu_service_replicas", "Replicas of a service vgpu watch runs: kind=desired (what it keeps) and kind=actual (running)");
+    let signal: Family<ServiceSignalLabels, Ratio> =
+        family(r, "vgpu_service_signal_ratio", "A scaling signal of a service at its last decision: the mean utilization over its replicas (1 = 100%)");
+    let target: Family<ServiceSignalLabels, Ratio> =
+        family(r, "vgpu_service_signal_target_ratio", "The utilization a service is scaled to keep for the signal");
+    for s in &m.services {
+        for (kind, n) in [("desired", s.desired), ("actual", s.actual)] {
+            replicas.get_or_create(&ServiceReplicasLabels { service: s.name.clone(), kind: kind.into() }).set(i64::from(n));
+        }
+        for (name, value, goal) in &s.signals {
+            let l = ServiceSignalLabels { service: s.name.clone(), signal: name.clone() };
+            signal.get_or_create(&l).set(*value);
+            target.get_or_create(&l).set(*goal);
         }
     }
 }

@@ -162,7 +162,7 @@ impl Exporter {
 
     /// Gather, render and publish one round's figures (when there is anywhere to publish
     /// them). Returns the problems not returned at the previous round.
-    pub fn publish(&mut self, ctx: &Context, store: &Store, snapshot: Option<&Snapshot>) -> Vec<MetricsError> {
+    pub fn publish(&mut self, ctx: &Context, store: &Store, snapshot: Option<&Snapshot>, services: &[model::ServiceMetrics]) -> Vec<MetricsError> {
         if self.endpoint.is_none() && self.textfile.is_none() {
             return Vec::new();
         }
@@ -184,6 +184,7 @@ impl Exporter {
             intensity: intensity.as_ref(),
             budget_g_per_hour: ctx.config.carbon.budget_g_per_hour,
             now_unix_ms: crate::clock::now_ms(),
+            services,
         };
         let (metrics, left_out) = collect::collect(&sources);
         problems.extend(left_out);

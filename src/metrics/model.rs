@@ -15,6 +15,19 @@ pub struct Metrics {
     /// None: no pool (its file is damaged, or its devices cannot be counted).
     pub pool: Option<PoolMetrics>,
     pub carbon: CarbonMetrics,
+    /// The services the watch runs (not those a `vgpu service run` runs).
+    pub services: Vec<ServiceMetrics>,
+}
+
+/// One service the watch runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceMetrics {
+    pub name: String,
+    pub desired: u32,
+    /// Replicas running (and not being stopped).
+    pub actual: u32,
+    /// The last decision's inputs: (signal, mean utilization over the replicas, target).
+    pub signals: Vec<(String, f64, f64)>,
 }
 
 /// One GPU, as NVML reads it, with the cap `vgpu carbon apply` set on it.

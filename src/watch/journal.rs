@@ -21,12 +21,25 @@ pub fn format(level: Level, message: &str) -> String {
 
 /// Write one line to stderr.
 pub fn write(level: Level, message: &str) {
+    write_line(&format(level, &message.replace(|c: char| c.is_control(), " ")), level);
+}
+
+/// Write one line of another daemon (`vgpu service run: …`) to stderr, as the watch's.
+pub fn write_as(daemon: &str, level: Level, message: &str) {
+    let message = message.replace(|c: char| c.is_control(), " ");
+    match level {
+        Level::Warn => write_line(&format!("{daemon}: warning: {message}"), level),
+        Level::Info | Level::Debug => write_line(&format!("{daemon}: {message}"), level),
+    }
+}
+
+fn write_line(text: &str, level: Level) {
     let mut line = String::new();
     if to_journal() {
         line.push_str(priority(level));
     }
     // One line whatever the message holds.
-    line.push_str(&format(level, &message.replace(|c: char| c.is_control(), " ")));
+    line.push_str(text);
     line.push('\n');
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }

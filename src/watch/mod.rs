@@ -93,6 +93,9 @@ pub struct Watch {
     damaged: BTreeSet<String>,
     /// Whether the driver was found not to report workload processes' memory (said once).
     memory_blind: bool,
+    /// The services it runs (those no `vgpu service run` holds): their replicas are its
+    /// children.
+    services: crate::service::runner::Runner,
 }
 
 impl Watch {
@@ -111,6 +114,7 @@ impl Watch {
         let me = ProcessId::current().ok_or(StartError::Identity)?;
         let metrics = crate::metrics::Exporter::start(&ctx.config.watch).map_err(StartError::Metrics)?;
         let mut watch = Watch {
+            services: crate::service::runner::Runner::all(&ctx),
             compute: compute::ComputeEnforcer::new(store.clone(), me),
             ctx,
             store,
@@ -194,6 +198,7 @@ impl Watch {
         let (state_dir, lib_dir) = (self.ctx.state_dir.clone(), self.ctx.lib_dir.clone());
         self.ctx = Context { state_dir, lib_dir, ..ctx };
         crate::suspension::configure(&self.ctx);
+        self.services.reload(&self.ctx);
         if self.nvml.is_none() {
             self.open_nvml();
             events.append(&mut self.pending);
@@ -231,16 +236,25 @@ impl Watch {
         events.extend(self.compute.events());
         events.extend(self.terminations.tick(Instant::now()));
         self.records.flush(&self.store, &mut events);
+        self.services.tick(&mut events);
         self.publish(&mut events);
         self.rounds += 1;
         events.push(Event::debug(format!("round {} done", self.rounds)));
         events
     }
 
-    /// The watch stops (SIGTERM, SIGINT): thaw what it throttled and clear the throttles
-    /// from the records.
+    /// The watch stops (SIGTERM, SIGINT): stop the replicas of the services it runs
+    /// (SIGTERM, SIGKILL after each service's grace), thaw what it throttled and clear the
+    /// throttles from the records.
     pub fn shutdown(&mut self) -> Vec<Event> {
-        self.compute.stop(&self.store)
+        let mut events = self.services.stop();
+        events.extend(self.compute.stop(&self.store));
+        events
+    }
+
+    /// The services it runs, for the metrics.
+    pub fn services(&self) -> &crate::service::runner::Runner {
+        &self.services
     }
 
     /// The memory and compute audits and the processes in no vGPU, against one snapshot.

@@ -20,7 +20,8 @@ impl Watch {
 
     /// Gather, render and publish this round's figures.
     pub(super) fn publish(&mut self, events: &mut Vec<Event>) {
-        for problem in self.metrics.publish(&self.ctx, &self.store, self.snapshot.as_ref()) {
+        let services = self.services().metrics();
+        for problem in self.metrics.publish(&self.ctx, &self.store, self.snapshot.as_ref(), &services) {
             events.push(Event::warn(problem.to_string()));
         }
     }

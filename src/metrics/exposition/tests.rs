@@ -79,6 +79,7 @@ fn sample() -> Metrics {
             budget_g_per_hour: Some(300.0),
             emission_rate_g_per_hour: Some(50.1),
         },
+        services: vec![ServiceMetrics { name: "web".into(), desired: 3, actual: 2, signals: vec![("cpu".into(), 0.93, 0.7)] }],
     }
 }
 
@@ -174,6 +175,15 @@ fn pool_carbon_and_the_round() {
     assert_eq!(value(&s, "vgpu_carbon_budget_grams_per_hour", &[]), 300.0);
     assert_eq!(value(&s, "vgpu_carbon_emission_rate_grams_per_hour", &[]), 50.1);
     assert_eq!(value(&s, "vgpu_watch_last_round_timestamp_seconds", &[]), 1_700_000_000.5);
+}
+
+#[test]
+fn services_replicas_and_signals() {
+    let s = parse(&rendered().text);
+    assert_eq!(value(&s, "vgpu_service_replicas", &[("service", "web"), ("kind", "desired")]), 3.0);
+    assert_eq!(value(&s, "vgpu_service_replicas", &[("service", "web"), ("kind", "actual")]), 2.0);
+    assert_eq!(value(&s, "vgpu_service_signal_ratio", &[("service", "web"), ("signal", "cpu")]), 0.93);
+    assert_eq!(value(&s, "vgpu_service_signal_target_ratio", &[("service", "web"), ("signal", "cpu")]), 0.7);
 }
 
 #[test]

@@ -1,0 +1,111 @@
+//! `vgpu service run NAME`: run one service's replicas in the foreground, as `vgpu watch`
+//! runs every service (`crate::service::runner`), for `vgpu-service@NAME.service`. It holds
+//! the service's lock, so the watch leaves the service to it. SIGTERM or SIGINT stops the
+//! replicas (SIGTERM, SIGKILL after the service's grace) and it (exit 0); SIGHUP reloads the
+//! config. Under systemd (`Type=notify`) it says READY=1 after its first round, STOPPING=1,
+//! and WATCHDOG=1 each round when the unit has a watchdog.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use sd_notify::NotifyState;
+use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGTERM};
+
+use crate::context::Context;
+use crate::service::runner::Runner;
+use crate::watch::{journal, notify, Event, Level};
+
+#[derive(Debug, Args)]
+pub struct ServiceRunArgs {
+    /// The service (/var/lib/vgpu/services/NAME.toml)
+    pub name: String,
+}
+
+const DAEMON: &str = "vgpu service run";
+
+pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        anyhow::bail!("vgpu service run must run as root: it starts the replicas with vgpu run");
+    }
+    let mut runner = Runner::one(ctx, &args.name).with_context(|| format!("cannot run service {}", args.name))?;
+    let (tx, rx) = mpsc::channel::<i32>();
+    let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM]).context("installing signal handlers")?;
+    let handle = signals.handle();
+    let relay = std::thread::spawn(move || {
+        for signal in signals.forever() {
+            if tx.send(signal).is_err() {
+                break;
+            }
+        }
+    });
+    let ping = sd_notify::watchdog_enabled();
+    let mut ctx = ctx.clone();
+    print(vec![Event::info(format!(
+        "running service {} (pid {}, interval {})",
+        args.name,
+        std::process::id(),
+        humantime::format_duration(ctx.config.watch.interval)
+    ))]);
+    let mut ready = false;
+    let stopped_by = 'rounds: loop {
+        let started = Instant::now();
+        let mut events = Vec::new();
+        runner.tick(&mut events);
+        print(events);
+        if !ready {
+            ready = true;
+            tell(&[NotifyState::Ready]);
+            print(vec![Event::info("ready")]);
+        }
+        if ping.is_some() {
+            tell(&[NotifyState::Watchdog]);
+        }
+        loop {
+            let due = started + ctx.config.watch.interval;
+            let left = due.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(left) {
+                Ok(SIGHUP) => match Context::load(ctx.origin.clone()) {
+                    Ok(new) => {
+                        ctx = Context { state_dir: ctx.state_dir.clone(), lib_dir: ctx.lib_dir.clone(), ..new };
+                        runner.reload(&ctx);
+                        print(vec![Event::info("reloaded the config")]);
+                    }
+                    Err(e) => print(vec![Event::warn(format!("kept the running config: {:#}", anyhow::Error::from(e)))]),
+                },
+                Ok(signal) => break 'rounds signal,
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => break 'rounds 0,
+            }
+        }
+    };
+    tell(&[NotifyState::Stopping]);
+    print(runner.stop());
+    handle.close();
+    let _ = relay.join();
+    print(vec![Event::info(format!("stopped (signal {stopped_by})"))]);
+    Ok(())
+}
+
+/// Events on stderr (the journal under systemd), unless `-q`; debug ones with `-vv`.
+fn print(events: Vec<Event>) {
+    for e in events {
+        let shown = match e.level {
+            Level::Warn | Level::Info => tracing::enabled!(tracing::Level::WARN),
+            Level::Debug => tracing::enabled!(tracing::Level::DEBUG),
+        };
+        if shown {
+            journal::write_as(DAEMON, e.level, &e.message);
+        }
+    }
+}
+
+fn tell(state: &[NotifyState]) {
+    if let Err(e) = notify::send(state) {
+        tracing::debug!("sd_notify: {e}");
+    }
+}

@@ -94,6 +94,9 @@ pub struct RunArgs {
     /// Which replica of --service, from 0
     #[arg(long, value_name = "N", hide = true, requires = "service", help_heading = PROCESS)]
     pub replica: Option<u32>,
+    /// With --service: the runner's pipe, inherited as this descriptor, told `admitted ID` or `error: REASON` once and closed (the workload never has it)
+    #[arg(long, value_name = "FD", hide = true, requires = "service", help_heading = PROCESS)]
+    pub report_fd: Option<i32>,
     /// Take the options and the command from a workload file: NAME is /etc/vgpu/workloads/NAME.toml (what vgpu@NAME.service runs), a path if it contains '/'; options given here win over the file's
     #[arg(long, value_name = "NAME|FILE", help_heading = PROCESS)]
     pub workload: Option<String>,
@@ -177,6 +180,47 @@ fn with_workload_file(args: &RunArgs, workload: &str, caller: Option<u32>) -> Re
 }
 
 pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
+    let mut report = Report::take(args.report_fd)?;
+    let result = admit_and_run(ctx, args, &mut report);
+    if let Err(e) = &result {
+        report.say(&format!("error: {e:#}"));
+    }
+    result
+}
+
+/// A service runner's pipe (`--report-fd`): it learns whether the replica was admitted, and
+/// if not why, without reading the replica's stderr (which stays the runner's, the journal
+/// under systemd, and outlives the runner).
+struct Report(Option<std::fs::File>);
+
+impl Report {
+    fn take(fd: Option<i32>) -> Result<Report> {
+        let Some(fd) = fd else { return Ok(Report(None)) };
+        if fd < 3 {
+            crate::usage!("--report-fd {fd}: not one of the standard descriptors");
+        }
+        if std::env::var("SUDO_UID").ok().is_some_and(|uid| uid != "0") {
+            crate::usage!("--report-fd is for vgpu's service runners: not through sudo");
+        }
+        // Checked open before it is owned: a descriptor number that is not open is refused.
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).map_err(|e| UsageError::new(format!("--report-fd {fd}: {e}")))?;
+        // SAFETY: the descriptor is open (checked above), given to this process for this use
+        // alone, and owned from here by exactly one File.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // The workload must not inherit it: the runner sees end of file once vgpu run closes it.
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC)).context("--report-fd")?;
+        Ok(Report(Some(file)))
+    }
+
+    /// Say `line` (the first time only) and close the pipe.
+    fn say(&mut self, line: &str) {
+        if let Some(mut f) = self.0.take() {
+            let _ = std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes());
+        }
+    }
+}
+
+fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u8> {
     let caller = sudo_caller_uid()?;
     let from_file;
     let args = match &args.workload {
@@ -205,6 +249,7 @@ pub fn run(ctx: &Context, args: &RunArgs) -> Result<u8> {
 
     let launched = launch::admit(ctx, &store, &layout, &gpus, &request)?;
     let w = &launched.workload;
+    report.say(&format!("admitted {}", w.id));
     let slices: Vec<String> =
         w.gpus.iter().map(|g| format!("GPU {} {} compute {}%", g.index, vgpu_abi::size::format_size(g.mem_bytes), g.compute_pct)).collect();
     tracing::info!("admitted {} ({}): {}{}", w.name, w.id, slices.join(", "), w.pool_blocks.map(|b| format!(", {b} pool blocks")).unwrap_or_default());

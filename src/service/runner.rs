@@ -14,18 +14,22 @@
 //! name the service and replica, [`crate::state::ServiceRef`]): they are watched through
 //! their `vgpu run`'s pid rather than started twice.
 //!
-//! A replica's stderr (its `vgpu run`'s and its workload's) is read by a thread of this
-//! process and logged as `service NAME/INDEX: LINE`. A replica whose `vgpu run` exits 1 or 2
-//! with a `vgpu: error:` line before any record of it appeared was **not admitted**: the
-//! service stays short, `short` says why, and it is tried again next round. Any other exit is
-//! restarted after 1 s, 2 s, 4 s … at most 60 s (back to 1 s after a replica ran a minute).
+//! A replica's stdout and stderr are the runner's (the journal under systemd), so a replica
+//! outlives a runner that dies. Its `vgpu run` also gets a pipe (`--report-fd 3`, closed before
+//! the workload starts) on which it says `admitted ID` or `error: REASON`: a replica refused
+//! admission leaves the service **short** (`short` in its state says why) and is tried again
+//! every round, without back-off. Any other exit is restarted after 1 s, 2 s, 4 s … at most
+//! 60 s (back to 1 s after a replica ran a minute).
+//!
+//! When the runner stops (SIGTERM to `vgpu watch` or `vgpu service run`), it stops the
+//! replicas as on scale-down, and waits for them.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal as Sig};
@@ -45,22 +49,35 @@ use super::store::{ReplicaState, ServiceError, ServiceState, Services, MAX_DECIS
 /// The first restart's delay; doubled at each exit in a row, up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// Lines of one replica's stderr kept between two rounds (more are counted, not logged).
-const LINES_KEPT: usize = 200;
+/// The descriptor a replica's `vgpu run` gets its report pipe as (`--report-fd`).
+const REPORT_FD: i32 = 3;
 
 /// The lock a runner holds for one service, in the state directory.
 pub fn lock_path(ctx: &Context, name: &str) -> PathBuf {
     ctx.state_path(&format!("service-{name}.lock"))
 }
 
-/// What the reading thread kept of a replica's stderr.
-#[derive(Debug, Default)]
-struct Lines {
-    new: Vec<String>,
-    dropped: u64,
-    /// The last `vgpu: error: …` line, without its prefix.
-    error: Option<String>,
+/// What a replica's `vgpu run` said on its report pipe (`vgpu run --report-fd`), read by a
+/// thread until the pipe closes: once admitted, or why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Said {
+    Admitted(String),
+    Refused(String),
 }
+
+impl Said {
+    fn parse(text: &str) -> Option<Said> {
+        let line = text.lines().next()?;
+        match line.split_once(' ') {
+            Some(("admitted", id)) => Some(Said::Admitted(id.to_string())),
+            Some(("error:", reason)) => Some(Said::Refused(reason.to_string())),
+            _ => None,
+        }
+    }
+}
+
+/// The thread reading a replica's report pipe; its result once the pipe closed.
+type Reader = std::thread::JoinHandle<Option<Said>>;
 
 /// The process a replica runs as: a child of this runner, or one a previous runner left.
 #[derive(Debug)]
@@ -81,7 +98,10 @@ impl Proc {
 #[derive(Debug)]
 struct Replica {
     proc: Option<Proc>,
-    lines: Arc<Mutex<Lines>>,
+    /// Reads its report pipe until `vgpu run` closes it (admitted, or exiting).
+    reader: Option<Reader>,
+    /// What it said there, not acted on yet.
+    said: Option<Said>,
     /// Its workload's id, once its record was seen.
     workload: Option<Workload>,
     started: Instant,
@@ -103,7 +123,8 @@ impl Replica {
     fn new(now: Instant) -> Replica {
         Replica {
             proc: None,
-            lines: Arc::default(),
+            reader: None,
+            said: None,
             workload: None,
             started: now,
             stopping: None,
@@ -119,6 +140,11 @@ impl Replica {
 
     fn running(&self) -> bool {
         self.proc.is_some()
+    }
+
+    /// Running, its workload's record seen (admitted).
+    fn admitted(&self) -> bool {
+        self.proc.is_some() && self.workload.is_some()
     }
 }
 
@@ -143,8 +169,9 @@ struct Running {
 }
 
 impl Running {
+    /// Replicas admitted and running (and not being stopped).
     fn actual(&self) -> u32 {
-        self.replicas.values().filter(|r| r.running() && r.stopping.is_none()).count() as u32
+        self.replicas.values().filter(|r| r.admitted() && r.stopping.is_none()).count() as u32
     }
 
     /// Its state for `service show`.
@@ -413,7 +440,20 @@ impl Runner {
     fn reap(&mut self, run: &mut Running, records: &[&Workload], now: Instant, events: &mut Vec<Event>) {
         let name = run.def.name.clone();
         for (index, r) in run.replicas.iter_mut() {
-            log_lines(&name, *index, r, events);
+            // Its report pipe closes once it is admitted, or when it exits.
+            if r.reader.as_ref().is_some_and(|t| t.is_finished()) {
+                r.said = r.reader.take().and_then(|t| t.join().ok()).flatten();
+            }
+            let admitted = match &r.said {
+                Some(Said::Admitted(id)) => Some(id.clone()),
+                _ => None,
+            };
+            if let Some(id) = admitted {
+                r.said = None;
+                if r.refused.take().is_some() {
+                    events.push(Event::info(format!("service {name}: replica {index} admitted ({id})")));
+                }
+            }
             if let Some(w) = records.iter().find(|w| r.proc.as_ref().is_some_and(|p| p.pid() == w.supervisor.pid)) {
                 r.workload = Some((*w).clone());
             }
@@ -421,20 +461,22 @@ impl Runner {
                 Some(Proc::Child(child)) => match child.try_wait() {
                     Ok(Some(status)) => Some(describe(status)),
                     Ok(None) => None,
-                    Err(e) => Some((None, None, format!("cannot be waited for ({e})"))),
+                    Err(e) => Some((None, format!("cannot be waited for ({e})"))),
                 },
-                Some(Proc::Adopted(p)) => (!p.is_alive()).then(|| (None, None, "ended".to_string())),
+                Some(Proc::Adopted(p)) => (!p.is_alive()).then(|| (None, "ended".to_string())),
                 None => None,
             };
-            let Some((code, status, how)) = status else {
+            let Some((status, how)) = status else {
                 self.kill_after_grace(&name, *index, r, run.def.grace, now, events);
                 continue;
             };
             r.proc = None;
-            // What it said last (its stderr is read to its end).
-            log_lines(&name, *index, r, events);
-            let error = r.lines.lock().map(|mut l| l.error.take()).unwrap_or_default();
-            let workload = r.workload.take();
+            r.workload = None;
+            // It exited: its pipe is closed, what it said is read to the end.
+            if let Some(t) = r.reader.take() {
+                r.said = t.join().ok().flatten();
+            }
+            let said = r.said.take();
             if r.stopping.take().is_some() {
                 r.killed = false;
                 r.next_start = None;
@@ -442,8 +484,9 @@ impl Runner {
                 events.push(Event::info(format!("service {name}: replica {index} stopped ({how})")));
                 continue;
             }
-            match (workload, error, code) {
-                (None, Some(reason), Some(1 | 2)) => {
+            match said {
+                // Tried again at the next round (admission is not a crash: no back-off).
+                Some(Said::Refused(reason)) => {
                     if r.refused.as_deref() != Some(reason.as_str()) {
                         events.push(Event::warn(format!("service {name}: replica {index} not admitted: {reason} (tried again every round)")));
                     }
@@ -517,12 +560,13 @@ impl Runner {
                 continue;
             }
             match spawn(&self.ctx, &run.def, index) {
-                Ok((child, lines)) => {
+                Ok((child, reader)) => {
                     // A replica refused admission is tried every round: said once.
                     let line = format!("service {name}: starting replica {index} (vgpu run pid {})", child.id());
                     events.push(if r.refused.is_none() { Event::info(line) } else { Event::debug(line) });
                     r.proc = Some(Proc::Child(child));
-                    r.lines = lines;
+                    r.reader = Some(reader);
+                    r.said = None;
                     r.started = now;
                     r.next_start = None;
                     r.next_start_unix_ms = None;
@@ -619,33 +663,39 @@ impl Runner {
     }
 }
 
-/// `vgpu run <run_args>` for replica `index` of `def`, its stderr read by a thread.
-fn spawn(ctx: &Context, def: &ServiceDef, index: u32) -> std::io::Result<(Child, Arc<Mutex<Lines>>)> {
+/// `vgpu run --report-fd 3 <run_args>` for replica `index` of `def`, and the thread
+/// reading that pipe. Its stdout and stderr are the runner's (the journal under systemd):
+/// they outlive the runner.
+fn spawn(ctx: &Context, def: &ServiceDef, index: u32) -> std::io::Result<(Child, Reader)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(global_args(ctx)).arg("run").args(def.run_args(index));
+    cmd.args(global_args(ctx)).arg("run").arg("--report-fd").arg(REPORT_FD.to_string()).args(def.run_args(index));
     // Not theirs: systemd's notification socket, watchdog and sockets are the runner's.
     for var in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"] {
         cmd.env_remove(var);
     }
-    let mut child = cmd.stdin(Stdio::null()).stderr(Stdio::piped()).spawn()?;
-    let lines = Arc::new(Mutex::new(Lines::default()));
-    if let Some(stderr) = child.stderr.take() {
-        let kept = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let Ok(mut l) = kept.lock() else { break };
-                if let Some(reason) = line.strip_prefix("vgpu: error: ") {
-                    l.error = Some(reason.to_string());
-                }
-                if l.new.len() < LINES_KEPT {
-                    l.new.push(line);
-                } else {
-                    l.dropped += 1;
-                }
+    let fd = write.as_raw_fd();
+    // SAFETY: between fork and exec the child only calls dup2(2) or fcntl(2), which are
+    // async-signal-safe, on a descriptor this process owns; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would keep FD_CLOEXEC: clear it instead.
+            let done = if fd == REPORT_FD { libc::fcntl(fd, libc::F_SETFD, 0) } else { libc::dup2(fd, REPORT_FD) };
+            if done == -1 {
+                return Err(std::io::Error::last_os_error());
             }
+            Ok(())
         });
     }
-    Ok((child, lines))
+    let child = cmd.stdin(Stdio::null()).spawn()?;
+    // Only the child holds the write end now: the pipe ends when it closes it.
+    drop(write);
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(read), &mut text).ok()?;
+        Said::parse(&text)
+    });
+    Ok((child, reader))
 }
 
 /// `vgpu`'s own global options as this runner got them, for its `vgpu run` children.
@@ -674,14 +724,13 @@ pub fn backoff(failures: u32) -> Duration {
     FIRST_BACKOFF.saturating_mul(1u32.checked_shl(failures.min(16)).unwrap_or(u32::MAX)).min(MAX_BACKOFF)
 }
 
-/// Its exit code (None: killed by a signal), its status as a shell says it (128+N for
-/// signal N), and how it ended in words.
-fn describe(status: std::process::ExitStatus) -> (Option<i32>, Option<i32>, String) {
+/// Its status as a shell says it (128+N for signal N), and how it ended in words.
+fn describe(status: std::process::ExitStatus) -> (Option<i32>, String) {
     use std::os::unix::process::ExitStatusExt as _;
     match (status.code(), status.signal()) {
-        (Some(code), _) => (Some(code), Some(code), format!("exited with status {code}")),
-        (None, Some(sig)) => (None, Some(128 + sig), format!("was killed by signal {sig}")),
-        (None, None) => (None, None, format!("ended ({status})")),
+        (Some(code), _) => (Some(code), format!("exited with status {code}")),
+        (None, Some(sig)) => (Some(128 + sig), format!("was killed by signal {sig}")),
+        (None, None) => (None, format!("ended ({status})")),
     }
 }
 
@@ -691,11 +740,13 @@ fn short(run: &Running, actual: u32) -> String {
         .replicas
         .iter()
         .filter(|(i, _)| **i < run.desired)
-        .find_map(|(i, r)| match (&r.refused, &r.proc, &r.last_exit) {
-            (Some(reason), None, _) => Some(format!("replica {i} not admitted: {reason}")),
-            (None, None, Some(exit)) => Some(format!("replica {i} exited with status {exit}, restarting")),
-            _ => None,
+        .filter(|(_, r)| !r.admitted() || r.stopping.is_some())
+        .map(|(i, r)| match (&r.refused, &r.proc, &r.last_exit) {
+            (Some(reason), _, _) => format!("replica {i} not admitted: {reason}"),
+            (None, None, Some(exit)) => format!("replica {i} exited with status {exit}, restarting"),
+            _ => format!("replica {i} starting"),
         })
+        .next()
         .unwrap_or_else(|| "replicas starting".to_string());
     format!("{actual} of {} running: {why}", run.desired)
 }
@@ -718,21 +769,17 @@ fn signal(p: &Proc, sig: Sig) {
     }
 }
 
-/// The replica's stderr lines read since the last round, logged.
-fn log_lines(name: &str, index: u32, r: &Replica, events: &mut Vec<Event>) {
-    let Ok(mut l) = r.lines.lock() else { return };
-    for line in l.new.drain(..) {
-        events.push(Event::info(format!("service {name}/{index}: {line}")));
-    }
-    if l.dropped > 0 {
-        events.push(Event::warn(format!("service {name}/{index}: {} more lines of its stderr not logged", l.dropped)));
-        l.dropped = 0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_says_admitted_or_why_not() {
+        assert_eq!(Said::parse("admitted 0a1b2c3d\n"), Some(Said::Admitted("0a1b2c3d".into())));
+        assert_eq!(Said::parse("error: GPU 0 has 0 B free of 16 GiB\n"), Some(Said::Refused("GPU 0 has 0 B free of 16 GiB".into())));
+        assert_eq!(Said::parse(""), None);
+        assert_eq!(Said::parse("garbage"), None);
+    }
 
     #[test]
     fn backoff_doubles_up_to_a_minute() {

@@ -1,0 +1,225 @@
+//! Services run by `vgpu watch` (issue 15), on real cgroups with the simulated driver: the
+//! replicas are ordinary workloads (`vgpu ps` shows them under their service), scaled by
+//! their CPU or memory load one step per decision, restarted when killed, held short when
+//! the GPU has no room (and `service show` says why), stopped when the watch stops, and
+//! taken over by a watch that starts while they run. Needs root.
+//!
+//! Each test synchronises on the watch's log lines (its decisions, starts, exits) and on
+//! `vgpu ps`; the rounds are 200 ms and the services' windows and cooldowns a second or two.
+
+mod common;
+#[path = "support/watch.rs"]
+mod watch;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
+
+use common::{wait_for, Sim};
+use watch::Watch;
+
+/// Short rounds; no metrics endpoint.
+const FAST: &str = "[watch]\ninterval = \"200ms\"\nlisten = \"\"\n";
+
+/// Write `<lib>/services/NAME.toml` (root's, 0644, in a 0755 directory), as `vgpu service
+/// create` does.
+fn define(sim: &Sim, name: &str, toml: &str) {
+    let dir = sim.path("lib/services");
+    std::fs::create_dir_all(&dir).expect("mkdir services");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, toml).expect("write service");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+}
+
+/// The runner's state of the service (`service show`'s source).
+fn state(sim: &Sim, name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(sim.path(&format!("lib/services/{name}.state.json"))).expect("state file");
+    serde_json::from_str(&text).expect("state JSON")
+}
+
+/// `vgpu ps --json` rows of the replicas of `service`.
+fn replicas(sim: &Sim, service: &str) -> Vec<serde_json::Value> {
+    sim.ps().into_iter().filter(|w| w["service"]["name"] == service).collect()
+}
+
+/// Replicas of `service` running with their process.
+fn running(sim: &Sim, service: &str) -> usize {
+    replicas(sim, service).iter().filter(|w| w["state"] == "running" && w["pids"].as_array().is_some_and(|p| !p.is_empty())).count()
+}
+
+/// The (current, desired) of a decision line `… decision: 2 → 3 (…)`.
+fn decision(line: &str) -> Option<(u32, u32)> {
+    let rest = line.split("decision: ").nth(1)?;
+    let (from, rest) = rest.split_once(" → ")?;
+    let to = rest.split_whitespace().next()?;
+    Some((from.parse().ok()?, to.parse().ok()?))
+}
+
+/// Wait for the service's decision that moves it from `from` to `to`.
+fn wait_decision(watch: &mut Watch, service: &str, from: u32, to: u32) -> String {
+    let prefix = format!("service {service}: decision: ");
+    watch.wait_line(&format!("{service}: {from} → {to}"), |l| l.contains(&prefix) && decision(l) == Some((from, to)))
+}
+
+/// Every decision of the service in the log so far moved it at most one replica.
+fn one_step_each(watch: &Watch, service: &str) -> usize {
+    let prefix = format!("service {service}: decision: ");
+    let decisions: Vec<(u32, u32)> = watch.log.iter().filter(|l| l.contains(&prefix)).filter_map(|l| decision(l)).collect();
+    for (from, to) in &decisions {
+        assert!(from.abs_diff(*to) <= 1, "a decision moved {from} → {to}:\n{}", watch.log.join("\n"));
+    }
+    decisions.len()
+}
+
+/// On a failed test (the watch SIGKILLed by its drop, replicas left behind), SIGKILL the
+/// processes of every workload left, so that their `vgpu run` clean up and end.
+struct Leftovers<'a>(&'a Sim);
+
+impl Drop for Leftovers<'_> {
+    fn drop(&mut self) {
+        let Ok(out) = self.0.vgpu(&["ps", "--json"]).output() else { return };
+        let Ok(listing) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else { return };
+        for w in listing["workloads"].as_array().into_iter().flatten() {
+            for pid in w["pids"].as_array().into_iter().flatten().filter_map(|p| p.as_i64()) {
+                // SAFETY: kill(2) on a process of this test's own workload.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+fn stop_file(sim: &Sim) -> PathBuf {
+    sim.path("stop")
+}
+
+#[test]
+fn a_cpu_bound_service_scales_up_one_step_per_decision_and_back_down_after_the_cooldown() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    let stop = stop_file(&sim);
+    // Each replica burns its 0.2 CPU until the stop file appears, then idles.
+    define(
+        &sim,
+        "burn",
+        &format!(
+            "replicas = \"1-3\"\nscale_on = [\"cpu=50%\"]\nwindow = \"1s\"\ncooldown = \"2s\"\ngrace = \"2s\"\ncpus = 0.2\nmem = \"1G\"\ncommand = [\"sh\", \"-c\", \"while [ ! -e {s} ]; do :; done; exec sleep 600\"]\n",
+            s = stop.display()
+        ),
+    );
+    let mut watch = Watch::start(&sim, &[]);
+    wait_decision(&mut watch, "burn", 1, 2);
+    wait_decision(&mut watch, "burn", 2, 3);
+    wait_for("3 burning replicas", || running(&sim, "burn") == 3);
+    // At MAX it holds, however loaded: wait for a few more decisions.
+    for _ in 0..3 {
+        watch.wait_line("a decision at 3", |l| l.contains("service burn: decision: 3 → 3"));
+    }
+    let names: Vec<String> = replicas(&sim, "burn").iter().map(|w| w["name"].as_str().unwrap_or("").to_string()).collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    for i in 0..3 {
+        assert!(names.contains(&format!("burn-{i}")), "{names:?}");
+    }
+    let table = String::from_utf8(sim.vgpu(&["ps"]).output().expect("ps").stdout).expect("utf-8");
+    assert!(table.contains("burn-2 (burn/2)"), "{table}");
+
+    std::fs::write(&stop, b"").expect("stop the load");
+    wait_decision(&mut watch, "burn", 3, 2);
+    wait_decision(&mut watch, "burn", 2, 1);
+    watch.wait_line("the last surplus replica stopped", |l| l.contains("service burn: replica 1 stopped"));
+    wait_for("one replica left", || replicas(&sim, "burn").len() == 1);
+    assert!(one_step_each(&watch, "burn") >= 4);
+    let st = state(&sim, "burn");
+    assert_eq!(st["desired"], 1, "{st}");
+    assert!(st["decisions"].as_array().is_some_and(|d| !d.is_empty()), "{st}");
+    // The watch stops: so do the replicas, gracefully.
+    assert_eq!(watch.stop().code(), Some(0));
+    assert!(replicas(&sim, "burn").is_empty(), "{:?}", replicas(&sim, "burn"));
+}
+
+#[test]
+fn a_replica_killed_with_sigkill_is_restarted() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    define(&sim, "steady", "replicas = \"1\"\nmem = \"1G\"\ncommand = [\"sleep\", \"600\"]\n");
+    let mut watch = Watch::start(&sim, &[]);
+    wait_for("the replica to run", || running(&sim, "steady") == 1);
+    let first = replicas(&sim, "steady").remove(0);
+    assert_eq!(first["service"], serde_json::json!({"name": "steady", "replica": 0}), "{first}");
+    let pid = first["pids"][0].as_i64().expect("pid") as i32;
+    // SAFETY: kill(2) on the replica's process, found in its cgroup.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let line = watch.wait_line("the restart", |l| l.contains("service steady: replica 0 "));
+    assert!(line.contains("exited with status 137: restarting in 1s"), "{line}");
+    wait_for("a new replica 0", || replicas(&sim, "steady").iter().any(|w| w["id"] != first["id"] && w["state"] == "running"));
+    wait_for("the restart in the state", || state(&sim, "steady")["replicas"][0]["restarts"] == 1);
+    assert_eq!(state(&sim, "steady")["replicas"][0]["last_exit"], 137);
+    assert_eq!(watch.stop().code(), Some(0));
+    assert!(replicas(&sim, "steady").is_empty());
+}
+
+#[test]
+fn a_service_larger_than_the_gpu_holds_at_what_is_admitted_and_says_why() {
+    let sim = Sim::new(&[("Tesla V100-SXM2-16GB", "16GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    define(&sim, "big", "replicas = \"8\"\nmem = \"4G\"\ncommand = [\"sleep\", \"600\"]\n");
+    let mut watch = Watch::start(&sim, &[]);
+    let line = watch.wait_line("a replica refused", |l| l.contains("service big: replica") && l.contains("not admitted"));
+    assert!(line.contains("(tried again every round)"), "{line}");
+    wait_for("4 replicas", || running(&sim, "big") == 4);
+    // Retried every round, never admitted: still 4 after more rounds.
+    watch.wait_rounds(5);
+    assert_eq!(replicas(&sim, "big").len(), 4);
+    wait_for("the reason in the state", || state(&sim, "big")["short"].as_str().is_some_and(|s| s.starts_with("4 of 8 running: replica")));
+    let short = state(&sim, "big")["short"].as_str().unwrap_or_default().to_string();
+    assert!(short.contains("not admitted:") && short.contains("GPU 0"), "{short}");
+    assert_eq!(watch.stop().code(), Some(0));
+    assert!(replicas(&sim, "big").is_empty());
+}
+
+#[test]
+fn a_memory_bound_service_scales_on_mem() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    // Each replica holds 40 MB (a shell variable; building it takes twice that for a moment)
+    // of its 128 MiB limit, about 30%: above a 20% target, it scales to MAX.
+    define(
+        &sim,
+        "hog",
+        "replicas = \"1-2\"\nscale_on = [\"mem=20%\"]\nwindow = \"1s\"\ncooldown = \"60s\"\nmemory = \"128M\"\nmem = \"1G\"\ncommand = [\"sh\", \"-c\", \"x=$(head -c 40000000 /dev/zero | tr '\\\\0' a); sleep 600\"]\n",
+    );
+    let mut watch = Watch::start(&sim, &[]);
+    let line = wait_decision(&mut watch, "hog", 1, 2);
+    assert!(line.contains("[mem 0."), "{line}");
+    wait_for("2 replicas", || running(&sim, "hog") == 2);
+    assert_eq!(watch.stop().code(), Some(0));
+    assert!(replicas(&sim, "hog").is_empty());
+}
+
+#[test]
+fn a_watch_that_starts_takes_over_the_replicas_a_killed_watch_left() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    define(&sim, "keep", "replicas = \"2\"\nmem = \"1G\"\ncommand = [\"sleep\", \"600\"]\n");
+    let killed = Watch::start(&sim, &[]);
+    wait_for("2 replicas", || running(&sim, "keep") == 2);
+    let before: Vec<serde_json::Value> = replicas(&sim, "keep").iter().map(|w| w["id"].clone()).collect();
+    // Kept (not dropped): its log pipe, which the replicas inherited, stays read, as the
+    // journal's would.
+    killed.signal(libc::SIGKILL);
+    let mut watch = Watch::start(&sim, &[]);
+    // Its first round (before it said ready) took them over.
+    let took = watch.log.iter().filter(|l| l.contains("service keep: replica") && l.contains("found running") && l.contains("taken over")).count();
+    assert_eq!(took, 2, "{:?}", watch.log);
+    watch.wait_rounds(3);
+    let after: Vec<serde_json::Value> = replicas(&sim, "keep").iter().map(|w| w["id"].clone()).collect();
+    assert_eq!(after, before, "the same replicas, none started twice");
+    assert!(!watch.log.iter().any(|l| l.contains("service keep: starting replica")), "{:?}", watch.log);
+    assert_eq!(watch.stop().code(), Some(0));
+    assert!(replicas(&sim, "keep").is_empty());
+    drop(killed);
+}

@@ -155,7 +155,7 @@ pub fn parse_replicas(text: &str) -> Result<(u32, u32), String> {
         None => num(text).map(|n| (n, n)),
     };
     match range {
-        Some((min, max)) if min <= max && max >= 1 && max <= MAX_REPLICAS => Ok((min, max)),
+        Some((min, max)) if min <= max && (1..=MAX_REPLICAS).contains(&max) => Ok((min, max)),
         _ => Err(format!("expected MIN-MAX or N with 0 <= MIN <= MAX <= {MAX_REPLICAS} and MAX >= 1, got {text:?}")),
     }
 }
@@ -276,7 +276,7 @@ impl ServiceDef {
                 self.name
             )));
         }
-        if !(self.min <= self.max && self.max >= 1 && self.max <= MAX_REPLICAS) {
+        if !(self.min <= self.max && (1..=MAX_REPLICAS).contains(&self.max)) {
             return Err(def_err(format!(
                 "replicas {}-{}: 0 <= MIN <= MAX <= {MAX_REPLICAS} and MAX >= 1",
                 self.min, self.max

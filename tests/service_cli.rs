@@ -552,3 +552,45 @@ fn a_hand_edited_file_is_reported_naming_the_key_and_the_file() {
         "{stderr}"
     );
 }
+
+/// `vgpu service show <TAB>` offers the defined services (fish's protocol: one candidate a
+/// line, a tab before its description).
+#[test]
+fn service_names_complete() {
+    let sim = Sim::new(GPU16);
+    as_root(
+        &sim,
+        &[
+            "service",
+            "create",
+            "web",
+            "--replicas",
+            "1-3",
+            "--",
+            "true",
+        ],
+    )
+    .assert()
+    .success();
+    as_root(
+        &sim,
+        &["service", "create", "api", "--replicas", "2", "--", "true"],
+    )
+    .assert()
+    .success();
+    for sub in ["show", "scale", "update", "remove"] {
+        let mut fish = assert_cmd::Command::cargo_bin("vgpu").unwrap();
+        fish.env("COMPLETE", "fish")
+            .args(["--", "vgpu", "service", sub, ""]);
+        for (k, v) in sim.env() {
+            fish.env(k, v);
+        }
+        let out = String::from_utf8(fish.output().unwrap().stdout).unwrap();
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with('-')).collect();
+        assert_eq!(
+            lines,
+            ["api\t2-2 replicas", "web\t1-3 replicas"],
+            "vgpu service {sub} <TAB>: {out}"
+        );
+    }
+}

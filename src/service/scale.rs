@@ -302,7 +302,11 @@ mod tests {
         s.decide(0, 3, &[cpu(1.0); 3]);
         let d = s.decide(60 * S, 3, &[cpu(1.0); 3]);
         assert_eq!((d.recommended, d.desired), (3, 3), "{}", d.reason);
-        assert!(d.reason.contains("wants 6, clamped to max 3"), "{}", d.reason);
+        assert!(
+            d.reason.contains("wants 6, clamped to max 3"),
+            "{}",
+            d.reason
+        );
         let mut s = scaler(1, 3);
         s.decide(0, 2, &[cpu(1.0); 2]);
         let d = s.decide(60 * S, 2, &[cpu(1.0); 2]);

@@ -383,7 +383,11 @@ mod tests {
         assert!(err.contains("symbolic link"), "{err}");
         // A FIFO is refused at once, not waited on.
         std::fs::remove_file(s.def_path("web")).unwrap();
-        nix::unistd::mkfifo(&s.def_path("web"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        nix::unistd::mkfifo(
+            &s.def_path("web"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
         let err = s.load("web").unwrap_err().to_string();
         assert!(err.contains("not a regular file"), "{err}");
     }

@@ -84,6 +84,8 @@ pub enum Command {
     Carbon(CarbonArgs),
     /// The compute pool of 1-TFLOPS blocks
     Pool(PoolArgs),
+    /// Services: a command kept running as MIN..MAX replicas, each in its own vGPU, scaled by CPU, memory or GPU utilization
+    Service(crate::commands::service::ServiceArgs),
     /// Run the enforcer in the foreground: audit GPU memory and compute through NVML, kill what escapes the shim, reconcile continuously, serve metrics
     Watch(crate::commands::watch::WatchArgs),
     /// Print the shell's completion script: `source <(vgpu completions bash)`; it asks vgpu at each completion, so workload IDs and names and partitions complete as they are now
@@ -138,6 +140,20 @@ pub fn partition_candidates() -> ArgValueCandidates {
             return Vec::new();
         };
         partitions.partitions.iter().map(|p| CompletionCandidate::new(&p.name).help(Some(format!("GPU {}", p.gpu_uuid).into()))).collect()
+    })
+}
+
+/// Completion candidates for a service name: the definitions in the lib directory's
+/// `services/` (each with its replica range as help), read as they are.
+pub fn service_candidates() -> ArgValueCandidates {
+    ArgValueCandidates::new(|| {
+        let Some(store) = completion_store() else {
+            return Vec::new();
+        };
+        let Ok((services, _damaged)) = crate::service::Services::new(&store.lib_dir).list() else {
+            return Vec::new();
+        };
+        services.iter().map(|s| CompletionCandidate::new(&s.name).help(Some(format!("{}-{} replicas", s.min, s.max).into()))).collect()
     })
 }
 

@@ -186,6 +186,49 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     covered.insert("kill".to_string());
     drop(children);
 
+    // Services: one per kind of placement, so that every option field has a value, and the
+    // runner's state (replicas, a decision, why short) written as the runner writes it.
+    let full = [
+        "--gpu", "0", "--mem", "1G", "--compute", "20", "--compute-policy", "fair", "--priority", "40", "--freq-sensitivity", "0.5", "--cpus", "1",
+        "--memory", "64M", "--pids", "100", "--user", "root", "--env", "A=1", "--cwd", "/tmp", "--oversubscribe", "--scale-on", "cpu=70%",
+    ];
+    let service_runs: [Vec<&str>; 4] = [
+        [&["service", "create", "web", "--replicas", "1-4", "--json"][..], &full[..], &["--", "sleep", "1"]].concat(),
+        vec!["service", "create", "inpart", "--replicas", "1", "--partition", "p1", "--json", "--", "true"],
+        vec!["service", "create", "pooled", "--replicas", "1", "--tflops", "1", "--kind", "npu", "--json", "--", "true"],
+        vec!["service", "create", "counted", "--replicas", "1", "--gpus", "1", "--json", "--", "true"],
+    ];
+    let mut fields = Fields::new();
+    for args in &service_runs {
+        collect("", &document(&sim, args), &mut fields);
+    }
+    golden.extend(lines("service create", &fields));
+    std::fs::write(
+        sim.path("lib/services/web.state.json"),
+        r#"{"desired": 2, "short": "replica 1 not admitted", "stopping": false,
+            "decisions": [{"at_unix_ms": 1, "current": 1, "recommended": 2, "desired": 2, "reason": "cpu",
+                           "values": [{"signal": "cpu", "value": 0.9, "target": 0.7, "replicas": 1, "recommended": 2}]}],
+            "replicas": [{"index": 0, "workload_id": "0123456789ab", "restarts": 1, "last_exit": 137, "next_start_unix_ms": 5}]}"#,
+    )
+    .unwrap();
+    std::fs::write(sim.path("lib/services/damaged.toml"), "replicas = 1\nbogus = 1\ncommand = [\"true\"]\n").unwrap();
+    let names = ["web", "inpart", "pooled", "counted"];
+    for (output, args) in [
+        ("service list", vec!["service", "list", "--json"]),
+        ("service show", vec!["service", "show", "NAME", "--json"]),
+        ("service scale", vec!["service", "scale", "NAME", "1", "--json"]),
+        ("service update", vec!["service", "update", "NAME", "--cpus", "2", "--json"]),
+        ("service remove", vec!["service", "remove", "NAME", "--json"]),
+    ] {
+        let mut fields = Fields::new();
+        for name in if args.contains(&"NAME") { &names[..] } else { &names[..1] } {
+            let args: Vec<&str> = args.iter().map(|a| if *a == "NAME" { *name } else { a }).collect();
+            collect("", &document(&sim, &args), &mut fields);
+        }
+        golden.extend(lines(output, &fields));
+    }
+    covered.extend(["service create", "service list", "service show", "service scale", "service update", "service remove"].map(String::from));
+
     let missing: Vec<String> = json_commands().into_iter().filter(|c| !covered.contains(c)).collect();
     assert!(missing.is_empty(), "these subcommands have --json but tests/json_schema.rs does not run them: {missing:?}");
 

@@ -9,6 +9,7 @@ pub mod partition;
 pub mod pool;
 pub mod ps;
 pub mod run;
+pub mod service;
 pub mod service_run;
 pub mod update;
 pub mod watch;
@@ -35,6 +36,7 @@ pub fn dispatch(ctx: &Context, command: &Command) -> Result<u8> {
         Command::Partition(args) => done(partition::run(ctx, args)),
         Command::Carbon(args) => done(carbon::run(ctx, args)),
         Command::Pool(args) => done(pool::run(ctx, args)),
+        Command::Service(args) => done(service::run(ctx, args)),
         Command::Watch(args) => done(watch::run(ctx, args)),
         Command::Completions(args) => done(completions::run(args)),
     }

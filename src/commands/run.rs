@@ -112,7 +112,7 @@ pub struct RunArgs {
 pub const ROOT_ONLY_ENV: [&str; 3] = [crate::workload_file::ENV_DIR, crate::cgroup::home::ENV_SELF, crate::cgroup::systemd::ENV_BUS];
 
 /// The user who ran sudo (`SUDO_UID` set, not 0), if any; refuses [`ROOT_ONLY_ENV`] for them.
-fn sudo_caller_uid() -> Result<Option<u32>> {
+pub(crate) fn sudo_caller_uid() -> Result<Option<u32>> {
     let sudo_uid = std::env::var("SUDO_UID").ok();
     let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
     if caller.is_some() {
@@ -262,7 +262,7 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     Ok(code)
 }
 
-fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
+pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
     let mem = args.mem.as_deref().map(MemSpec::parse).transpose().map_err(|e| UsageError::new(format!("--mem: {e}")))?;
     if let Some(cpus) = args.cpus {
         if !(cpus > 0.0 && cpus.is_finite()) {

@@ -155,7 +155,7 @@ pub fn parse_replicas(text: &str) -> Result<(u32, u32), String> {
         None => num(text).map(|n| (n, n)),
     };
     match range {
-        Some((min, max)) if min <= max && max >= 1 && max <= MAX_REPLICAS => Ok((min, max)),
+        Some((min, max)) if min <= max && (1..=MAX_REPLICAS).contains(&max) => Ok((min, max)),
         _ => Err(format!("expected MIN-MAX or N with 0 <= MIN <= MAX <= {MAX_REPLICAS} and MAX >= 1, got {text:?}")),
     }
 }
@@ -199,8 +199,23 @@ impl ServiceDef {
     /// The `vgpu run` options and command of replica `index`, without the service's own
     /// flags: what `vgpu run` validates (`commands::service` parses them as `vgpu run`'s).
     pub fn option_args(&self, index: u32) -> Vec<String> {
+        self.args_with(&format!("{}-{index}", self.name), &|s: &str| {
+            s.replace(REPLICA_PLACEHOLDER, &index.to_string())
+        })
+    }
+
+    /// The options as the definition gives them (`{replica}` kept), for people to read:
+    /// `--mem=4G --env=PORT=80{replica}` (no `--name`, no command).
+    pub fn options_text(&self) -> Vec<String> {
+        let args = self.args_with("", &|s: &str| s.to_string());
+        args.into_iter()
+            .take_while(|a| a != "--")
+            .filter(|a| a != "--name=")
+            .collect()
+    }
+
+    fn args_with(&self, name: &str, subst: &dyn Fn(&str) -> String) -> Vec<String> {
         let r = &self.run;
-        let subst = |s: &str| s.replace(REPLICA_PLACEHOLDER, &index.to_string());
         let mut out: Vec<String> = Vec::new();
         let mut flag = |name: &str, value: Option<String>| {
             if let Some(v) = value {
@@ -225,7 +240,7 @@ impl ServiceDef {
         flag("cpus", r.cpus.map(|c| c.to_string()));
         flag("memory", r.memory.clone());
         flag("pids", r.pids.map(|p| p.to_string()));
-        flag("name", Some(format!("{}-{index}", self.name)));
+        flag("name", Some(name.to_string()));
         flag("user", r.user.clone());
         for kv in &r.env {
             flag("env", Some(subst(kv)));
@@ -261,7 +276,7 @@ impl ServiceDef {
                 self.name
             )));
         }
-        if !(self.min <= self.max && self.max >= 1 && self.max <= MAX_REPLICAS) {
+        if !(self.min <= self.max && (1..=MAX_REPLICAS).contains(&self.max)) {
             return Err(def_err(format!(
                 "replicas {}-{}: 0 <= MIN <= MAX <= {MAX_REPLICAS} and MAX >= 1",
                 self.min, self.max

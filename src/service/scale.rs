@@ -238,10 +238,11 @@ impl Scaler {
                 ),
             );
         }
-        let reason = if values.iter().all(|v| v.recommended == current) {
-            "within tolerance".to_string()
-        } else {
-            format!("{why_signal}: {current} is right")
+        let reason = match raw {
+            Some(r) if r > max => format!("{why_signal}: wants {r}, clamped to max {max}"),
+            Some(r) if r < min => format!("{why_signal}: wants {r}, clamped to min {min}"),
+            _ if values.iter().all(|v| v.recommended == current) => "within tolerance".to_string(),
+            _ => format!("{why_signal}: {current} is right"),
         };
         decision(current, reason)
     }
@@ -301,6 +302,11 @@ mod tests {
         s.decide(0, 3, &[cpu(1.0); 3]);
         let d = s.decide(60 * S, 3, &[cpu(1.0); 3]);
         assert_eq!((d.recommended, d.desired), (3, 3), "{}", d.reason);
+        assert!(
+            d.reason.contains("wants 6, clamped to max 3"),
+            "{}",
+            d.reason
+        );
         let mut s = scaler(1, 3);
         s.decide(0, 2, &[cpu(1.0); 2]);
         let d = s.decide(60 * S, 2, &[cpu(1.0); 2]);

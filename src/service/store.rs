@@ -79,6 +79,39 @@ pub struct ReplicaState {
     pub next_start_unix_ms: Option<u64>,
 }
 
+/// A service file's bytes and the metadata of the file they were read from (the opened
+/// descriptor's, not the path's): never through a symlink (any component), never blocking
+/// on a FIFO, a regular file of at most [`MAX_FILE_BYTES`].
+fn read_with_metadata(path: &Path) -> Result<(Vec<u8>, std::fs::Metadata), StateError> {
+    use std::io::Read;
+    let file =
+        vgpu_abi::mapping::open_no_links(path, false).map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => StateError::NotRegular {
+                path: path.to_path_buf(),
+                kind: "symbolic link",
+            },
+            _ => StateError::io(path, e),
+        })?;
+    let meta = file.metadata().map_err(|e| StateError::io(path, e))?;
+    if !meta.file_type().is_file() {
+        return Err(StateError::NotRegular {
+            path: path.to_path_buf(),
+            kind: "special file",
+        });
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(StateError::Damaged {
+            path: path.to_path_buf(),
+            message: format!("{} bytes (at most {MAX_FILE_BYTES} expected)", meta.len()),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| StateError::io(path, e))?;
+    Ok((bytes, meta))
+}
+
 /// The services of a lib directory.
 #[derive(Debug, Clone)]
 pub struct Services {
@@ -156,8 +189,8 @@ impl Services {
     pub fn load(&self, name: &str) -> Result<ServiceDef, ServiceError> {
         self.checked_name(name)?;
         let path = self.def_path(name);
-        let bytes = match atomic::read_regular(&path, MAX_FILE_BYTES) {
-            Ok(b) => b,
+        let (bytes, meta) = match read_with_metadata(&path) {
+            Ok(read) => read,
             Err(StateError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Err(ServiceError::NotFound {
                     name: name.to_string(),
@@ -166,13 +199,16 @@ impl Services {
             Err(e) => return Err(e.into()),
         };
         // Its `user` and `command` run as root's workload: a file root alone can write.
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| StateError::io(&path, e))?;
         if meta.uid() != 0 && meta.uid() != nix::unistd::geteuid().as_raw()
             || meta.mode() & 0o022 != 0
         {
             return Err(ServiceError::Refused {
                 path,
-                reason: format!("owned by uid {} with mode {:o}: a service file must be root's and writable by root alone", meta.uid(), meta.mode() & 0o7777),
+                reason: format!(
+                    "owned by uid {} with mode {:o}: a service file must be root's and writable by root alone",
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
             });
         }
         let text = String::from_utf8(bytes).map_err(|_| ServiceError::Invalid {
@@ -345,5 +381,14 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, s.def_path("web")).unwrap();
         let err = s.load("web").unwrap_err().to_string();
         assert!(err.contains("symbolic link"), "{err}");
+        // A FIFO is refused at once, not waited on.
+        std::fs::remove_file(s.def_path("web")).unwrap();
+        nix::unistd::mkfifo(
+            &s.def_path("web"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let err = s.load("web").unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 }

@@ -30,6 +30,7 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
         anyhow::bail!("vgpu service run must run as root: it starts the replicas with vgpu run");
     }
     let mut runner = Runner::one(ctx, &args.name).with_context(|| format!("cannot run service {}", args.name))?;
+    leave_the_unit_root(ctx)?;
     let (tx, rx) = mpsc::channel::<i32>();
     let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM]).context("installing signal handlers")?;
     let handle = signals.handle();
@@ -88,6 +89,18 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
     handle.close();
     let _ = relay.join();
     print(vec![Event::info(format!("stopped (signal {stopped_by})"))]);
+    Ok(())
+}
+
+/// In a delegated unit (`vgpu-service@NAME.service`, `Delegate=yes`) on cgroup v2, move to
+/// the unit's `supervisor` leaf, as each replica's `vgpu run` does before it makes its
+/// workload's cgroup: the unit's own cgroup must hold no process to hand controllers down.
+fn leave_the_unit_root(ctx: &Context) -> Result<()> {
+    let Some(layout) = crate::cgroup::Layout::detect() else { return Ok(()) };
+    let choice = crate::cgroup::home::choose(&layout, ctx.config.cgroup.manager).context("choosing the cgroup manager")?;
+    if choice.home.manager == crate::cgroup::ManagerKind::Delegated {
+        crate::cgroup::home::prepare(&layout, &choice.home).context("moving to the unit's supervisor cgroup")?;
+    }
     Ok(())
 }
 

@@ -11,7 +11,6 @@ mod common;
 #[path = "support/watch.rs"]
 mod watch;
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 
 use common::{wait_for, Sim};
@@ -20,21 +19,17 @@ use watch::Watch;
 /// Short rounds; no metrics endpoint.
 const FAST: &str = "[watch]\ninterval = \"200ms\"\nlisten = \"\"\n";
 
-/// Write `<lib>/services/NAME.toml` (root's, 0644, in a 0755 directory), as `vgpu service
-/// create` does.
-fn define(sim: &Sim, name: &str, toml: &str) {
-    let dir = sim.path("lib/services");
-    std::fs::create_dir_all(&dir).expect("mkdir services");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, toml).expect("write service");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+/// `vgpu service create ARGS…`.
+fn create(sim: &Sim, args: &[&str]) {
+    let mut all = vec!["service", "create"];
+    all.extend_from_slice(args);
+    let out = sim.vgpu(&all).output().expect("service create");
+    assert!(out.status.success(), "service create {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// The runner's state of the service (`service show`'s source).
-fn state(sim: &Sim, name: &str) -> serde_json::Value {
-    let text = std::fs::read_to_string(sim.path(&format!("lib/services/{name}.state.json"))).expect("state file");
-    serde_json::from_str(&text).expect("state JSON")
+/// `vgpu service show NAME --json`.
+fn show(sim: &Sim, name: &str) -> serde_json::Value {
+    sim.json(&["service", "show", name, "--json"])
 }
 
 /// `vgpu ps --json` rows of the replicas of `service`.
@@ -99,13 +94,30 @@ fn a_cpu_bound_service_scales_up_one_step_per_decision_and_back_down_after_the_c
     sim.write_vgpu_config(FAST);
     let stop = stop_file(&sim);
     // Each replica burns its 0.2 CPU until the stop file appears, then idles.
-    define(
+    let script = format!("while [ ! -e {} ]; do :; done; exec sleep 600", stop.display());
+    create(
         &sim,
-        "burn",
-        &format!(
-            "replicas = \"1-3\"\nscale_on = [\"cpu=50%\"]\nwindow = \"1s\"\ncooldown = \"2s\"\ngrace = \"2s\"\ncpus = 0.2\nmem = \"1G\"\ncommand = [\"sh\", \"-c\", \"while [ ! -e {s} ]; do :; done; exec sleep 600\"]\n",
-            s = stop.display()
-        ),
+        &[
+            "burn",
+            "--replicas",
+            "1-3",
+            "--scale-on",
+            "cpu=50%",
+            "--window",
+            "1s",
+            "--cooldown",
+            "2s",
+            "--grace",
+            "2s",
+            "--cpus",
+            "0.2",
+            "--mem",
+            "1G",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
     );
     let mut watch = Watch::start(&sim, &[]);
     wait_decision(&mut watch, "burn", 1, 2);
@@ -129,8 +141,8 @@ fn a_cpu_bound_service_scales_up_one_step_per_decision_and_back_down_after_the_c
     watch.wait_line("the last surplus replica stopped", |l| l.contains("service burn: replica 1 stopped"));
     wait_for("one replica left", || replicas(&sim, "burn").len() == 1);
     assert!(one_step_each(&watch, "burn") >= 4);
-    let st = state(&sim, "burn");
-    assert_eq!(st["desired"], 1, "{st}");
+    let st = show(&sim, "burn");
+    assert_eq!(st["desired_replicas"], 1, "{st}");
     assert!(st["decisions"].as_array().is_some_and(|d| !d.is_empty()), "{st}");
     // The watch stops: so do the replicas, gracefully.
     assert_eq!(watch.stop().code(), Some(0));
@@ -142,7 +154,7 @@ fn a_replica_killed_with_sigkill_is_restarted() {
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     let _leftovers = Leftovers(&sim);
     sim.write_vgpu_config(FAST);
-    define(&sim, "steady", "replicas = \"1\"\nmem = \"1G\"\ncommand = [\"sleep\", \"600\"]\n");
+    create(&sim, &["steady", "--replicas", "1", "--mem", "1G", "--", "sleep", "600"]);
     let mut watch = Watch::start(&sim, &[]);
     wait_for("the replica to run", || running(&sim, "steady") == 1);
     let first = replicas(&sim, "steady").remove(0);
@@ -153,8 +165,8 @@ fn a_replica_killed_with_sigkill_is_restarted() {
     let line = watch.wait_line("the restart", |l| l.contains("service steady: replica 0 "));
     assert!(line.contains("exited with status 137: restarting in 1s"), "{line}");
     wait_for("a new replica 0", || replicas(&sim, "steady").iter().any(|w| w["id"] != first["id"] && w["state"] == "running"));
-    wait_for("the restart in the state", || state(&sim, "steady")["replicas"][0]["restarts"] == 1);
-    assert_eq!(state(&sim, "steady")["replicas"][0]["last_exit"], 137);
+    wait_for("the restart in service show", || show(&sim, "steady")["replicas"][0]["restarts"] == 1);
+    assert_eq!(show(&sim, "steady")["replicas"][0]["last_exit"], 137);
     assert_eq!(watch.stop().code(), Some(0));
     assert!(replicas(&sim, "steady").is_empty());
 }
@@ -164,7 +176,7 @@ fn a_service_larger_than_the_gpu_holds_at_what_is_admitted_and_says_why() {
     let sim = Sim::new(&[("Tesla V100-SXM2-16GB", "16GiB")]);
     let _leftovers = Leftovers(&sim);
     sim.write_vgpu_config(FAST);
-    define(&sim, "big", "replicas = \"8\"\nmem = \"4G\"\ncommand = [\"sleep\", \"600\"]\n");
+    create(&sim, &["big", "--replicas", "8", "--mem", "4G", "--", "sleep", "600"]);
     let mut watch = Watch::start(&sim, &[]);
     let line = watch.wait_line("a replica refused", |l| l.contains("service big: replica") && l.contains("not admitted"));
     assert!(line.contains("(tried again every round)"), "{line}");
@@ -172,8 +184,10 @@ fn a_service_larger_than_the_gpu_holds_at_what_is_admitted_and_says_why() {
     // Retried every round, never admitted: still 4 after more rounds.
     watch.wait_rounds(5);
     assert_eq!(replicas(&sim, "big").len(), 4);
-    wait_for("the reason in the state", || state(&sim, "big")["short"].as_str().is_some_and(|s| s.starts_with("4 of 8 running: replica")));
-    let short = state(&sim, "big")["short"].as_str().unwrap_or_default().to_string();
+    wait_for("the reason in service show", || show(&sim, "big")["short"].as_str().is_some_and(|s| s.starts_with("4 of 8 running: replica")));
+    let shown = show(&sim, "big");
+    assert_eq!((shown["desired_replicas"].as_u64(), shown["running_replicas"].as_u64()), (Some(8), Some(4)), "{shown}");
+    let short = shown["short"].as_str().unwrap_or_default().to_string();
     assert!(short.contains("not admitted:") && short.contains("GPU 0"), "{short}");
     assert_eq!(watch.stop().code(), Some(0));
     assert!(replicas(&sim, "big").is_empty());
@@ -186,10 +200,27 @@ fn a_memory_bound_service_scales_on_mem() {
     sim.write_vgpu_config(FAST);
     // Each replica holds 40 MB (a shell variable; building it takes twice that for a moment)
     // of its 128 MiB limit, about 30%: above a 20% target, it scales to MAX.
-    define(
+    create(
         &sim,
-        "hog",
-        "replicas = \"1-2\"\nscale_on = [\"mem=20%\"]\nwindow = \"1s\"\ncooldown = \"60s\"\nmemory = \"128M\"\nmem = \"1G\"\ncommand = [\"sh\", \"-c\", \"x=$(head -c 40000000 /dev/zero | tr '\\\\0' a); sleep 600\"]\n",
+        &[
+            "hog",
+            "--replicas",
+            "1-2",
+            "--scale-on",
+            "mem=20%",
+            "--window",
+            "1s",
+            "--cooldown",
+            "60s",
+            "--memory",
+            "128M",
+            "--mem",
+            "1G",
+            "--",
+            "sh",
+            "-c",
+            "x=$(head -c 40000000 /dev/zero | tr '\\0' a); sleep 600",
+        ],
     );
     let mut watch = Watch::start(&sim, &[]);
     let line = wait_decision(&mut watch, "hog", 1, 2);
@@ -204,7 +235,7 @@ fn a_watch_that_starts_takes_over_the_replicas_a_killed_watch_left() {
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     let _leftovers = Leftovers(&sim);
     sim.write_vgpu_config(FAST);
-    define(&sim, "keep", "replicas = \"2\"\nmem = \"1G\"\ncommand = [\"sleep\", \"600\"]\n");
+    create(&sim, &["keep", "--replicas", "2", "--mem", "1G", "--", "sleep", "600"]);
     let killed = Watch::start(&sim, &[]);
     wait_for("2 replicas", || running(&sim, "keep") == 2);
     let before: Vec<serde_json::Value> = replicas(&sim, "keep").iter().map(|w| w["id"].clone()).collect();
@@ -222,4 +253,89 @@ fn a_watch_that_starts_takes_over_the_replicas_a_killed_watch_left() {
     assert_eq!(watch.stop().code(), Some(0));
     assert!(replicas(&sim, "keep").is_empty());
     drop(killed);
+}
+
+/// `vgpu --simulate service run NAME`, its stderr read line by line.
+struct Foreground {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: Vec<String>,
+}
+
+impl Foreground {
+    fn start(sim: &Sim, name: &str) -> Foreground {
+        use std::io::BufRead as _;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        cmd.args(["--simulate", "service", "run", name]).env_remove("VGPU_SIMULATE").env("VGPU_LOG", "vgpu=debug");
+        for (k, v) in sim.env() {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().expect("spawn service run");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut fg = Foreground { child, lines, log: Vec::new() };
+        fg.wait_line("ready", |l| l == "vgpu service run: ready");
+        fg
+    }
+
+    fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        loop {
+            match self.lines.recv_timeout(watch::LINE_TIMEOUT) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!("{e} waiting for {what}; log:\n{}", self.log.join("\n")),
+            }
+        }
+    }
+}
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn vgpu_service_run_runs_one_service_and_the_watch_leaves_it_alone_until_it_stops() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    create(&sim, &["solo", "--replicas", "2", "--mem", "1G", "--", "sleep", "600"]);
+    let mut fg = Foreground::start(&sim, "solo");
+    wait_for("2 replicas", || running(&sim, "solo") == 2);
+    // A second runner of the same service is refused, at once.
+    let out = sim.vgpu(&["service", "run", "solo"]).output().expect("service run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("service solo is already run by pid {}", fg.child.id())), "{err}");
+    // So is the watch: it leaves the service to it, and starts nothing.
+    let mut watch = Watch::start(&sim, &[]);
+    assert!(watch.log.iter().any(|l| l.contains(&format!("service solo: run by pid {} (vgpu service run): left to it", fg.child.id()))), "{:?}", watch.log);
+    watch.wait_rounds(3);
+    assert_eq!(replicas(&sim, "solo").len(), 2);
+    assert!(!watch.log.iter().any(|l| l.contains("service solo: starting replica")), "{:?}", watch.log);
+    // SIGTERM: the runner stops its replicas and ends; the watch takes the service over.
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(fg.child.id() as i32, libc::SIGTERM) }, 0);
+    fg.wait_line("the replicas stopped", |l| l.starts_with("vgpu service run: stopped"));
+    assert_eq!(fg.child.wait().expect("wait").code(), Some(0));
+    assert!(fg.log.iter().filter(|l| l.contains("service solo: replica") && l.contains(" stopped (")).count() == 2, "{:?}", fg.log);
+    watch.wait_line("the watch takes it", |l| l.contains("service solo: running it"));
+    wait_for("2 replicas again", || running(&sim, "solo") == 2);
+    assert_eq!(watch.stop().code(), Some(0));
+    assert!(replicas(&sim, "solo").is_empty());
 }

@@ -243,7 +243,12 @@ impl ServiceDef {
         flag("name", Some(name.to_string()));
         flag("user", r.user.clone());
         for kv in &r.env {
-            flag("env", Some(subst(kv)));
+            // In the value only: a variable's name is the same in every replica.
+            let kv = match kv.split_once('=') {
+                Some((k, v)) => format!("{k}={}", subst(v)),
+                None => kv.clone(),
+            };
+            flag("env", Some(kv));
         }
         flag("cwd", r.cwd.as_ref().map(|c| c.display().to_string()));
         if r.oversubscribe {
@@ -496,7 +501,7 @@ mod tests {
 
     #[test]
     fn run_args_substitute_the_replica_index() {
-        let def = parse("replicas = 2\nmem = \"1G\"\nenv = { PORT = \"80{replica}\" }\ncommand = [\"serve\", \"--port\", \"80{replica}\"]\n").unwrap();
+        let def = parse("replicas = 2\nmem = \"1G\"\nenv = { PORT = \"80{replica}\", \"X{replica}\" = \"{replica}{replica}\" }\ncommand = [\"serve\", \"--port\", \"80{replica}\"]\n").unwrap();
         assert_eq!(
             def.run_args(3),
             [
@@ -507,6 +512,7 @@ mod tests {
                 "--mem=1G",
                 "--name=web-3",
                 "--env=PORT=803",
+                "--env=X{replica}=33",
                 "--",
                 "serve",
                 "--port",

@@ -339,3 +339,20 @@ fn vgpu_service_run_runs_one_service_and_the_watch_leaves_it_alone_until_it_stop
     assert_eq!(watch.stop().code(), Some(0));
     assert!(replicas(&sim, "solo").is_empty());
 }
+
+#[test]
+fn a_service_removed_with_force_has_its_replicas_stopped_and_then_its_state_removed() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    create(&sim, &["gone", "--replicas", "1", "--mem", "1G", "--", "sleep", "600"]);
+    let mut fg = Foreground::start(&sim, "gone");
+    wait_for("the replica", || running(&sim, "gone") == 1);
+    let out = sim.vgpu(&["service", "remove", "gone", "--force"]).output().expect("remove");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fg.wait_line("the runner to end", |l| l == "vgpu service run: service gone was removed: nothing left to run");
+    assert_eq!(fg.child.wait().expect("wait").code(), Some(0));
+    assert!(fg.log.iter().any(|l| l.contains("service gone: replica 0 stopped (")), "{:?}", fg.log);
+    assert!(replicas(&sim, "gone").is_empty());
+    assert!(!sim.path("lib/services/gone.state.json").exists());
+}

@@ -63,6 +63,10 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
         if ping.is_some() {
             tell(&[NotifyState::Watchdog]);
         }
+        if runner.is_empty() {
+            print(vec![Event::info(format!("service {} was removed: nothing left to run", args.name))]);
+            break 0;
+        }
         loop {
             let due = started + ctx.config.watch.interval;
             let left = due.saturating_duration_since(Instant::now());

@@ -288,6 +288,11 @@ impl Runner {
         self.running.insert(run.def.name.clone(), run);
     }
 
+    /// Whether it runs no service (`vgpu service run`'s was removed, its replicas stopped).
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
     /// What the metrics export of the services it runs.
     pub fn metrics(&self) -> Vec<crate::metrics::model::ServiceMetrics> {
         self.running

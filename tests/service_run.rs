@@ -356,3 +356,25 @@ fn a_service_removed_with_force_has_its_replicas_stopped_and_then_its_state_remo
     assert!(replicas(&sim, "gone").is_empty());
     assert!(!sim.path("lib/services/gone.state.json").exists());
 }
+
+#[test]
+fn the_watch_stops_what_is_left_of_a_service_removed_while_no_runner_ran_it() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    create(&sim, &["left", "--replicas", "2", "--mem", "1G", "--", "sleep", "600"]);
+    // Its runner is killed: the replicas go on (its stderr, which they share, stays read).
+    let fg = Foreground::start(&sim, "left");
+    wait_for("2 replicas in service show", || show(&sim, "left")["running_replicas"] == 2);
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(fg.child.id() as i32, libc::SIGKILL) }, 0);
+    let out = sim.vgpu(&["service", "remove", "left", "--force"]).output().expect("remove");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(running(&sim, "left"), 2);
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_line("the service forgotten", |l| l.contains("service left: removed, its replicas stopped"));
+    assert!(replicas(&sim, "left").is_empty());
+    assert!(!sim.path("lib/services/left.state.json").exists());
+    assert_eq!(watch.stop().code(), Some(0));
+    drop(fg);
+}

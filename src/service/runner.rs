@@ -393,6 +393,32 @@ impl Runner {
                 Err(e) => events.push(Event::warn(format!("service {}: cannot take its lock: {e}", def.name))),
             }
         }
+        // Removed (`remove --force`) while no runner ran it: its replicas, found by their
+        // records, are stopped and its state removed as if it had been running here.
+        if matches!(self.scope, Scope::All) {
+            for name in self.services.orphan_states().unwrap_or_default() {
+                if self.running.contains_key(&name) || !self.services.state(&name).is_ok_and(|s| s.stopping) {
+                    continue;
+                }
+                let Ok(lock) = StoreLock::acquire_within(&lock_path(&self.ctx, &name), Duration::ZERO) else { continue };
+                events.push(Event::info(format!("service {name}: removed: stopping what is left of it")));
+                let def = ServiceDef {
+                    name: name.clone(),
+                    min: 0,
+                    max: 0,
+                    run: crate::workload_file::Options::default(),
+                    command: Vec::new(),
+                    scale_on: Vec::new(),
+                    window: super::def::DEFAULT_WINDOW,
+                    cooldown: super::def::DEFAULT_COOLDOWN,
+                    grace: super::def::DEFAULT_GRACE,
+                };
+                self.take(def, lock);
+                if let Some(run) = self.running.get_mut(&name) {
+                    run.removed = true;
+                }
+            }
+        }
     }
 
     fn say_damaged(&mut self, damaged: Vec<String>, events: &mut Vec<Event>) {

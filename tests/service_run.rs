@@ -175,7 +175,7 @@ fn a_replica_killed_with_sigkill_is_restarted() {
 fn a_service_larger_than_the_gpu_holds_at_what_is_admitted_and_says_why() {
     let sim = Sim::new(&[("Tesla V100-SXM2-16GB", "16GiB")]);
     let _leftovers = Leftovers(&sim);
-    sim.write_vgpu_config(FAST);
+    sim.write_vgpu_config(&FAST.replace("listen = \"\"", "listen = \"127.0.0.1:0\""));
     create(&sim, &["big", "--replicas", "8", "--mem", "4G", "--", "sleep", "600"]);
     let mut watch = Watch::start(&sim, &[]);
     let line = watch.wait_line("a replica refused", |l| l.contains("service big: replica") && l.contains("not admitted"));
@@ -189,6 +189,13 @@ fn a_service_larger_than_the_gpu_holds_at_what_is_admitted_and_says_why() {
     assert_eq!((shown["desired_replicas"].as_u64(), shown["running_replicas"].as_u64()), (Some(8), Some(4)), "{shown}");
     let short = shown["short"].as_str().unwrap_or_default().to_string();
     assert!(short.contains("not admitted:") && short.contains("GPU 0"), "{short}");
+    // The watch's metrics say so too.
+    let addr = watch.log.iter().find_map(|l| l.split("metrics on http://").nth(1).map(str::to_string)).expect("metrics address");
+    let text = ureq::get(&format!("http://{addr}")).call().expect("GET /metrics").into_string().expect("text");
+    for (kind, n) in [("desired", 8), ("actual", 4)] {
+        let series = format!("vgpu_service_replicas{{service=\"big\",kind=\"{kind}\"}} {n}\n");
+        assert!(text.contains(&series), "no {series} in:\n{text}");
+    }
     assert_eq!(watch.stop().code(), Some(0));
     assert!(replicas(&sim, "big").is_empty());
 }

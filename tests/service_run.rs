@@ -8,8 +8,12 @@
 //! `vgpu ps`; the rounds are 200 ms and the services' windows and cooldowns a second or two.
 
 mod common;
+#[path = "support/process.rs"]
+mod process;
 #[path = "support/watch.rs"]
 mod watch;
+#[path = "support/workload.rs"]
+mod workload;
 
 use std::path::PathBuf;
 
@@ -384,4 +388,42 @@ fn the_watch_stops_what_is_left_of_a_service_removed_while_no_runner_ran_it() {
     assert!(!sim.path("lib/services/left.state.json").exists());
     assert_eq!(watch.stop().code(), Some(0));
     drop(fg);
+}
+
+#[test]
+fn a_gpu_bound_service_scales_on_gpu() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    // Each replica launches 2 ms kernels back to back on a strict 20% share: it uses all of
+    // its share, twice a 50% target.
+    let bin = workload::workload_bin().display().to_string();
+    create(
+        &sim,
+        &[
+            "gpuload",
+            "--replicas",
+            "1-2",
+            "--scale-on",
+            "gpu=50%",
+            "--window",
+            "1s",
+            "--compute",
+            "20",
+            "--mem",
+            "1G",
+            "--",
+            &bin,
+            "sync",
+            "600",
+            "--kernel-us",
+            "2000",
+        ],
+    );
+    let mut watch = Watch::start(&sim, &[]);
+    let line = wait_decision(&mut watch, "gpuload", 1, 2);
+    assert!(line.contains("[gpu "), "{line}");
+    wait_for("2 replicas", || running(&sim, "gpuload") == 2);
+    assert_eq!(watch.stop().code(), Some(0));
+    assert!(replicas(&sim, "gpuload").is_empty());
 }

@@ -83,5 +83,12 @@ fn init_logging(verbose: u8, quiet: bool) {
         eprintln!("vgpu: warning: VGPU_LOG={directives:?} is not a log filter ({e}); logging warnings");
         tracing_subscriber::EnvFilter::new(vgpu::output::log_filter(0, false, None))
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).event_format(vgpu::output::LogFormat).init();
+    // A log line that cannot be written (stderr a closed pipe) is dropped: tracing's own
+    // report of that failure would panic the thread that logged, e.g. `vgpu run`'s signal relay.
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false)
+        .event_format(vgpu::output::LogFormat)
+        .init();
 }

@@ -10,6 +10,7 @@
 pub mod refresh;
 pub mod schema;
 
+use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use comfy_table::presets::UTF8_BORDERS_ONLY;
@@ -54,7 +55,9 @@ pub fn set_quiet(quiet: bool) {
 /// memory…`), on stderr unless `-q`. Not a result (stdout) and not a warning (the log).
 pub fn notice(message: std::fmt::Arguments<'_>) {
     if !QUIET.load(Ordering::Relaxed) {
-        eprintln!("vgpu: {message}");
+        // Not eprintln!, which panics when stderr is gone (a closed pipe): a notice is
+        // dropped then, and the command (`vgpu run` relaying signals) goes on.
+        let _ = writeln!(std::io::stderr(), "vgpu: {message}");
     }
 }
 

@@ -190,3 +190,37 @@ fn a_listing_into_a_closed_pipe_ends_quietly() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// `vgpu run` whose stderr is a closed pipe (a supervisor that went away) still relays a
+/// SIGTERM to its workload and ends with it: no message it cannot write (`-vv` logs the
+/// relay) may take the relaying thread down.
+#[test]
+fn run_relays_a_signal_even_when_its_stderr_is_a_closed_pipe() {
+    use std::os::fd::OwnedFd;
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let (read, write): (OwnedFd, OwnedFd) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"))
+        .args(["--simulate", "-vv", "run", "--mem", "1G", "--name", "orphan", "--", "sleep", "600"])
+        .envs(sim.env())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write))
+        .spawn()
+        .unwrap();
+    wait_for("the workload to run", || sim.ps().iter().any(|w| w["name"] == "orphan" && w["pids"].as_array().is_some_and(|p| !p.is_empty())));
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(run.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = run.kill();
+            panic!("vgpu run did not end 30 s after SIGTERM: the relay is gone");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert!(sim.ps().iter().all(|w| w["name"] != "orphan"), "torn down");
+}

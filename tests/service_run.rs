@@ -427,3 +427,24 @@ fn a_gpu_bound_service_scales_on_gpu() {
     assert_eq!(watch.stop().code(), Some(0));
     assert!(replicas(&sim, "gpuload").is_empty());
 }
+
+/// `service remove` without `--force` counts the replicas by their workload records, not by
+/// the runner's state: a replica admitted before any runner wrote the state (here, started
+/// by hand as a runner starts it) keeps the service from being removed.
+#[test]
+fn remove_without_force_is_refused_while_a_replica_runs_that_the_state_does_not_list_yet() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    create(&sim, &["early", "--replicas", "1", "--mem", "1G", "--", "sleep", "600"]);
+    let mut replica = sim.spawn(&["run", "--service", "early", "--replica", "0", "--mem", "1G", "--name", "early-0", "--", "sleep", "600"]);
+    wait_for("the replica", || running(&sim, "early") == 1);
+    let listed = show(&sim, "early");
+    assert!(listed["replicas"].as_array().is_none_or(|r| r.iter().all(|r| r["workload_id"].is_null())), "no runner listed it: {listed}");
+    let out = sim.vgpu(&["service", "remove", "early"]).output().expect("remove");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 running replica(s)"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(sim.path("lib/services/early.toml").exists(), "the definition is kept");
+    // SAFETY: kill(2) on our own child (vgpu run relays SIGTERM and tears down).
+    assert_eq!(unsafe { libc::kill(replica.id() as i32, libc::SIGTERM) }, 0);
+    replica.wait().expect("wait for the replica's vgpu run");
+}

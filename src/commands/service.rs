@@ -505,12 +505,12 @@ fn remove(ctx: &Context, args: &RemoveArgs) -> Result<()> {
     let service = services.load(&args.name).map_err(service_error)?;
     check_owner(&service)?;
     let mut state = services.state(&service.name).map_err(service_error)?;
-    // Replicas the state says run, whose workload record is still there.
-    let running: Vec<&str> = state
-        .running()
-        .filter_map(|r| r.workload_id.as_deref())
-        .filter(|id| store.workload_path(id).exists())
-        .collect();
+    // Replicas that run: the workload records naming this service (`vgpu run --service`
+    // writes the name before the workload starts, so a replica admitted a moment ago counts
+    // even before the runner's state lists it).
+    let (workloads, _) = store.workloads();
+    let running: Vec<String> =
+        workloads.iter().filter(|w| w.service.as_ref().is_some_and(|s| s.name == service.name)).map(|w| w.id.clone()).collect();
     let stopping = running.len() as u32;
     if stopping == 0 {
         services.remove(&service.name).map_err(service_error)?;

@@ -507,10 +507,16 @@ fn remove(ctx: &Context, args: &RemoveArgs) -> Result<()> {
     let mut state = services.state(&service.name).map_err(service_error)?;
     // Replicas that run: the workload records naming this service (`vgpu run --service`
     // writes the name before the workload starts, so a replica admitted a moment ago counts
-    // even before the runner's state lists it).
+    // even before the runner's state lists it), and those the state lists whose record is
+    // still there (even damaged: it may still run).
     let (workloads, _) = store.workloads();
-    let running: Vec<String> =
+    let mut running: Vec<String> =
         workloads.iter().filter(|w| w.service.as_ref().is_some_and(|s| s.name == service.name)).map(|w| w.id.clone()).collect();
+    for id in state.running().filter_map(|r| r.workload_id.as_deref()).filter(|id| store.workload_path(id).exists()) {
+        if !running.iter().any(|r| r == id) {
+            running.push(id.to_string());
+        }
+    }
     let stopping = running.len() as u32;
     if stopping == 0 {
         services.remove(&service.name).map_err(service_error)?;

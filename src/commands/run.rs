@@ -25,9 +25,10 @@ pub const CARBON: &str = "Carbon";
 pub const HOST_LIMITS: &str = "Host limits";
 pub const PROCESS: &str = "Process";
 
-#[derive(Debug, Clone, Args)]
-#[command(trailing_var_arg = true)]
-pub struct RunArgs {
+/// The options of a workload, as `vgpu run` takes them: the one definition that `vgpu run`
+/// and `vgpu service create|update` (a service's replicas) share.
+#[derive(Debug, Clone, Default, Args)]
+pub struct WorkloadOptions {
     /// Which GPUs, by index or UUID: --gpu 0,1 or --gpu 0 --gpu 1 (a slice of each; for a number of whole GPUs see --gpus) [default: the GPU with the most unreserved memory]
     #[arg(long = "gpu", value_name = "INDEX|UUID", value_delimiter = ',', conflicts_with = "tflops", allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub gpus: Vec<String>,
@@ -55,9 +56,6 @@ pub struct RunArgs {
     /// Which kind of device the pool blocks come from: gpu, npu, fpga or any [default: any]
     #[arg(long, value_name = "KIND", requires = "tflops", help_heading = COMPUTE_POOL, add = crate::cli::kind_candidates())]
     pub kind: Option<String>,
-    /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks and memory instead of refusing
-    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops", help_heading = COMPUTE_POOL)]
-    pub wait: Option<String>,
     /// Priority, 0-100 (higher wins in the compute pool); through sudo, at most what the config's [policy] grants the caller [default: 50, or that maximum if lower]
     #[arg(long, value_name = "P", allow_negative_numbers = true, help_heading = COMPUTE_POOL)]
     pub priority: Option<String>,
@@ -73,9 +71,6 @@ pub struct RunArgs {
     /// Maximum number of host processes and threads
     #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = HOST_LIMITS)]
     pub pids: Option<u64>,
-    /// Name of the workload (unique among running workloads)
-    #[arg(long, help_heading = PROCESS)]
-    pub name: Option<String>,
     /// Run as USER[:GROUP]; through sudo, only as the user who ran it (unless the config's [policy] run_as_others lists them) [default: the user who ran sudo, else root]
     #[arg(long, value_name = "USER[:GROUP]", help_heading = PROCESS)]
     pub user: Option<String>,
@@ -85,6 +80,19 @@ pub struct RunArgs {
     /// Working directory of the workload
     #[arg(long, value_name = "DIR", help_heading = PROCESS)]
     pub cwd: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(trailing_var_arg = true)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub opts: WorkloadOptions,
+    /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks and memory instead of refusing
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops", help_heading = COMPUTE_POOL)]
+    pub wait: Option<String>,
+    /// Name of the workload (unique among running workloads)
+    #[arg(long, help_heading = PROCESS)]
+    pub name: Option<String>,
     /// The command and its arguments
     #[arg(required_unless_present = "workload", value_name = "CMD")]
     pub command: Vec<String>,
@@ -135,43 +143,43 @@ fn with_workload_file(args: &RunArgs, workload: &str, caller: Option<u32>) -> Re
             *cli = from;
         }
     };
-    if merged.gpus.is_empty() {
-        merged.gpus = file.gpu;
+    if merged.opts.gpus.is_empty() {
+        merged.opts.gpus = file.gpu;
     }
-    fill(&mut merged.gpu_count, file.gpus);
-    fill(&mut merged.mem, file.mem);
-    merged.compute = merged.compute.or(file.compute);
-    merged.compute_policy = merged.compute_policy.or(file.compute_policy);
-    fill(&mut merged.partition, file.partition);
-    fill(&mut merged.tflops, file.tflops);
-    fill(&mut merged.kind, file.kind);
+    fill(&mut merged.opts.gpu_count, file.gpus);
+    fill(&mut merged.opts.mem, file.mem);
+    merged.opts.compute = merged.opts.compute.or(file.compute);
+    merged.opts.compute_policy = merged.opts.compute_policy.or(file.compute_policy);
+    fill(&mut merged.opts.partition, file.partition);
+    fill(&mut merged.opts.tflops, file.tflops);
+    fill(&mut merged.opts.kind, file.kind);
     fill(&mut merged.wait, file.wait);
-    merged.freq_sensitivity = merged.freq_sensitivity.or(file.freq_sensitivity);
-    merged.cpus = merged.cpus.or(file.cpus);
-    fill(&mut merged.memory, file.memory);
-    merged.pids = merged.pids.or(file.pids);
+    merged.opts.freq_sensitivity = merged.opts.freq_sensitivity.or(file.freq_sensitivity);
+    merged.opts.cpus = merged.opts.cpus.or(file.cpus);
+    fill(&mut merged.opts.memory, file.memory);
+    merged.opts.pids = merged.opts.pids.or(file.pids);
     fill(&mut merged.name, file.name);
-    fill(&mut merged.user, file.user);
+    fill(&mut merged.opts.user, file.user);
     // The file's variables first: one given on the command line comes later and wins.
-    merged.env = file.env.into_iter().chain(args.env.iter().cloned()).collect();
-    merged.cwd = merged.cwd.or(file.cwd);
-    fill(&mut merged.priority, file.priority);
-    merged.oversubscribe |= file.oversubscribe;
+    merged.opts.env = file.env.into_iter().chain(args.opts.env.iter().cloned()).collect();
+    merged.opts.cwd = merged.opts.cwd.or(file.cwd);
+    fill(&mut merged.opts.priority, file.priority);
+    merged.opts.oversubscribe |= file.oversubscribe;
     if merged.command.is_empty() {
         merged.command = file.command;
     }
     // clap checked the command line's options among themselves, not against the file's.
     let given = |key: &str| match key {
-        "gpu" => !merged.gpus.is_empty(),
-        "gpus" => merged.gpu_count.is_some(),
-        "mem" => merged.mem.is_some(),
-        "compute" => merged.compute.is_some(),
-        "compute_policy" => merged.compute_policy.is_some(),
-        "partition" => merged.partition.is_some(),
-        "tflops" => merged.tflops.is_some(),
-        "kind" => merged.kind.is_some(),
+        "gpu" => !merged.opts.gpus.is_empty(),
+        "gpus" => merged.opts.gpu_count.is_some(),
+        "mem" => merged.opts.mem.is_some(),
+        "compute" => merged.opts.compute.is_some(),
+        "compute_policy" => merged.opts.compute_policy.is_some(),
+        "partition" => merged.opts.partition.is_some(),
+        "tflops" => merged.opts.tflops.is_some(),
+        "kind" => merged.opts.kind.is_some(),
         "wait" => merged.wait.is_some(),
-        "oversubscribe" => merged.oversubscribe,
+        "oversubscribe" => merged.opts.oversubscribe,
         _ => false,
     };
     crate::workload_file::check_combination(&given, &|key| format!("--{} (or `{key}` in {})", key.replace('_', "-"), file.path.display()))
@@ -241,7 +249,7 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     };
     let gpus = nvml.inventory()?;
     drop(nvml);
-    if args.gpu_count.as_deref().map(parse_gpu_count) == Some(Ok(GpuCount::All)) {
+    if args.opts.gpu_count.as_deref().map(parse_gpu_count) == Some(Ok(GpuCount::All)) {
         all_gpus(&mut request, &gpus);
     }
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
@@ -263,13 +271,13 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
 }
 
 pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
-    let mem = args.mem.as_deref().map(MemSpec::parse).transpose().map_err(|e| UsageError::new(format!("--mem: {e}")))?;
-    if let Some(cpus) = args.cpus {
+    let mem = args.opts.mem.as_deref().map(MemSpec::parse).transpose().map_err(|e| UsageError::new(format!("--mem: {e}")))?;
+    if let Some(cpus) = args.opts.cpus {
         if !(cpus > 0.0 && cpus.is_finite()) {
             crate::usage!("--cpus must be a positive number, got {cpus}");
         }
     }
-    let memory = match &args.memory {
+    let memory = match &args.opts.memory {
         Some(text) => match parse_size(text) {
             Ok(bytes) if bytes < crate::cgroup::MIN_MEMORY_BYTES => crate::usage!(
                 "--memory {text} is too small: a workload's host memory limit must be at least {} (sizes are bytes unless suffixed, e.g. 512M, 8G)",
@@ -280,8 +288,8 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         },
         None => None,
     };
-    let wanted = gpu_list(&args.gpus).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
-    if args.pids == Some(0) {
+    let wanted = gpu_list(&args.opts.gpus).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
+    if args.opts.pids == Some(0) {
         crate::usage!("--pids must be at least 1");
     }
     if let Some(name) = &args.name {
@@ -290,7 +298,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         }
     }
     let mut env = Vec::new();
-    for kv in &args.env {
+    for kv in &args.opts.env {
         match kv.split_once('=') {
             Some((k, v)) if !k.is_empty() => {
                 match launch::shim_var(k) {
@@ -305,7 +313,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
             _ => crate::usage!("--env expects K=V, got {kv:?}"),
         }
     }
-    if let Some(cwd) = &args.cwd {
+    if let Some(cwd) = &args.opts.cwd {
         if !cwd.is_dir() {
             crate::usage!("--cwd {}: no such directory", cwd.display());
         }
@@ -323,39 +331,39 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         }
         _ => None,
     };
-    let asked_priority = args.priority.as_deref().map(str::parse::<Priority>).transpose().map_err(pool_error)?;
-    let pool = match &args.tflops {
+    let asked_priority = args.opts.priority.as_deref().map(str::parse::<Priority>).transpose().map_err(pool_error)?;
+    let pool = match &args.opts.tflops {
         Some(text) => Some(PoolAsk {
             tflops: crate::pool::parse_tflops(text).map_err(pool_error)?,
-            kind: args.kind.as_deref().unwrap_or("any").parse::<KindFilter>().map_err(pool_error)?,
+            kind: args.opts.kind.as_deref().unwrap_or("any").parse::<KindFilter>().map_err(pool_error)?,
             wait: crate::commands::wait_limit(args.wait.as_deref())?,
         }),
         None => None,
     };
-    if let Some(s) = args.freq_sensitivity {
+    if let Some(s) = args.opts.freq_sensitivity {
         if !(0.0..=1.0).contains(&s) {
             crate::usage!("--freq-sensitivity must be between 0 and 1, got {s}");
         }
     }
-    let gpu_count = args.gpu_count.as_deref().map(parse_gpu_count).transpose().map_err(|e| UsageError::new(format!("--gpus: {e}")))?;
+    let gpu_count = args.opts.gpu_count.as_deref().map(parse_gpu_count).transpose().map_err(|e| UsageError::new(format!("--gpus: {e}")))?;
     let sudo_uid = std::env::var("SUDO_UID").ok();
-    let user = crate::identity::resolve(args.user.as_deref(), sudo_uid.as_deref(), &ctx.config.policy.run_as_others).map_err(|e| UsageError::new(format!("--user: {e}")))?;
+    let user = crate::identity::resolve(args.opts.user.as_deref(), sudo_uid.as_deref(), &ctx.config.policy.run_as_others).map_err(|e| UsageError::new(format!("--user: {e}")))?;
     // Through sudo, priorities and oversubscription only as far as [policy] grants the caller.
     let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
-    let priority = crate::policy::check_run(&ctx.config.policy, caller.as_ref(), asked_priority, args.oversubscribe)
+    let priority = crate::policy::check_run(&ctx.config.policy, caller.as_ref(), asked_priority, args.opts.oversubscribe)
         .map_err(|e| UsageError::new(e.to_string()))?;
     let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
     let program = &args.command[0];
     // Refused before anything is made: 127 for a missing command, 126 for one that cannot
     // be executed, as shells, `env` and `docker run` exit.
-    match resolve_program(program, path_var.as_deref(), args.cwd.as_deref()) {
+    match resolve_program(program, path_var.as_deref(), args.opts.cwd.as_deref()) {
         None => return Err(crate::error::NotRunnable { program: program.clone(), missing: true }.into()),
         Some(path) if nix::unistd::access(&path, nix::unistd::AccessFlags::X_OK).is_err() => {
             return Err(crate::error::NotRunnable { program: program.clone(), missing: false }.into())
         }
         Some(_) => {}
     }
-    let placement = match (pool, &args.partition) {
+    let placement = match (pool, &args.opts.partition) {
         (Some(ask), _) => Placement::Pool(ask),
         (None, Some(name)) => Placement::Partition(name.clone()),
         (None, None) => {
@@ -364,7 +372,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
                 // Every GPU, by index, once the driver has listed them (`all_gpus`).
                 Some(GpuCount::All) | None => None,
             };
-            Placement::Gpus { wanted, count, compute_pct: args.compute.unwrap_or(100) }
+            Placement::Gpus { wanted, count, compute_pct: args.opts.compute.unwrap_or(100) }
         }
     };
     Ok(Request {
@@ -372,13 +380,13 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         argv: args.command.clone(),
         user,
         env,
-        cwd: args.cwd.clone(),
-        limits: Limits { cpus: args.cpus, memory, pids: args.pids },
+        cwd: args.opts.cwd.clone(),
+        limits: Limits { cpus: args.opts.cpus, memory, pids: args.opts.pids },
         priority,
-        compute_policy: args.compute_policy,
-        freq_sensitivity: args.freq_sensitivity,
+        compute_policy: args.opts.compute_policy,
+        freq_sensitivity: args.opts.freq_sensitivity,
         mem,
-        oversubscribe: args.oversubscribe,
+        oversubscribe: args.opts.oversubscribe,
         placement,
         service,
     })

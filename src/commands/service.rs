@@ -3,13 +3,12 @@
 //! watch`, `vgpu service run`) starts and scales them; these commands define them and show
 //! what the runner recorded.
 
-use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use crate::commands::run::{COMPUTE_POOL, GPU_SLICE, HOST_LIMITS, PROCESS};
+use crate::commands::run::WorkloadOptions;
 use crate::compute::ComputePolicy;
 use crate::context::Context;
 use crate::error::UsageError;
@@ -45,64 +44,8 @@ pub enum ServiceCommand {
     Run(crate::commands::service_run::ServiceRunArgs),
 }
 
-/// `vgpu run`'s options that a service's replicas take, as `vgpu run` takes them (`--name`,
-/// `--wait` and `--workload` are not a service's).
-#[derive(Debug, Clone, Default, Args)]
-pub struct ReplicaOptions {
-    /// Which GPUs, by index or UUID: --gpu 0,1 or --gpu 0 --gpu 1 (a slice of each) [default: the GPU with the most unreserved memory]
-    #[arg(long = "gpu", value_name = "INDEX|UUID", value_delimiter = ',', conflicts_with = "tflops", allow_hyphen_values = true, help_heading = GPU_SLICE)]
-    pub gpus: Vec<String>,
-    /// How many GPUs per replica: `all`, a number N, or a range MIN-MAX
-    #[arg(long = "gpus", value_name = "all|N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"], allow_hyphen_values = true, help_heading = GPU_SLICE)]
-    pub gpu_count: Option<String>,
-    /// GPU device memory per replica and selected GPU (not host RAM: see --memory): 4G, 512M, 1.5G, or NN% of the device
-    #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = GPU_SLICE)]
-    pub mem: Option<String>,
-    /// Share of each GPU's busy time per replica, percent (1-100)
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops", allow_negative_numbers = true, help_heading = GPU_SLICE)]
-    pub compute: Option<u32>,
-    /// How the compute share is applied: strict or fair
-    #[arg(long, value_name = "POLICY", value_enum, help_heading = GPU_SLICE)]
-    pub compute_policy: Option<ComputePolicy>,
-    /// Run every replica inside a partition (a persistent vGPU they share)
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"], help_heading = GPU_SLICE, add = crate::cli::partition_candidates())]
-    pub partition: Option<String>,
-    /// Admit replicas even when the GPU's memory is fully reserved; through sudo, only if the config's [policy] grants it
-    #[arg(long, help_heading = GPU_SLICE)]
-    pub oversubscribe: bool,
-    /// Compute from the pool per replica, in TFLOPS (whole blocks)
-    #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = COMPUTE_POOL)]
-    pub tflops: Option<String>,
-    /// Which kind of device the pool blocks come from: gpu, npu, fpga or any
-    #[arg(long, value_name = "KIND", requires = "tflops", help_heading = COMPUTE_POOL, add = crate::cli::kind_candidates())]
-    pub kind: Option<String>,
-    /// Priority, 0-100; through sudo, at most what the config's [policy] grants the caller (recorded in the definition)
-    #[arg(long, value_name = "P", allow_negative_numbers = true, help_heading = COMPUTE_POOL)]
-    pub priority: Option<String>,
-    /// How much the replicas' speed depends on the GPU clock, 0 to 1
-    #[arg(long, value_name = "S", allow_negative_numbers = true, help_heading = crate::commands::run::CARBON)]
-    pub freq_sensitivity: Option<f64>,
-    /// Host CPUs per replica (fractional, e.g. 1.5); the cpu signal's denominator
-    #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = HOST_LIMITS)]
-    pub cpus: Option<f64>,
-    /// Host RAM limit per replica, at least 16M (e.g. 8G); the mem signal needs it
-    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, help_heading = HOST_LIMITS)]
-    pub memory: Option<String>,
-    /// Maximum number of host processes and threads per replica
-    #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = HOST_LIMITS)]
-    pub pids: Option<u64>,
-    /// Run as USER[:GROUP]; through sudo, only as the caller unless [policy] run_as_others allows [default: the user who ran sudo (recorded in the definition), else root]
-    #[arg(long, value_name = "USER[:GROUP]", help_heading = PROCESS)]
-    pub user: Option<String>,
-    /// Extra environment variable (repeatable); `{replica}` in the value becomes the replica's index
-    #[arg(long = "env", value_name = "K=V", help_heading = PROCESS)]
-    pub env: Vec<String>,
-    /// Working directory of the replicas
-    #[arg(long, value_name = "DIR", help_heading = PROCESS)]
-    pub cwd: Option<PathBuf>,
-}
 
-/// The service's own options.
+/// The service's own options (its replicas take `vgpu run`'s, [`WorkloadOptions`]).
 #[derive(Debug, Clone, Default, Args)]
 pub struct ScalingOptions {
     /// Scale on a signal's mean utilization over the replicas: cpu=70%, mem=80%, gpu=60% (repeatable; `none` on update removes them) [default: no autoscaling]
@@ -130,7 +73,7 @@ pub struct CreateArgs {
     #[command(flatten)]
     pub scaling: ScalingOptions,
     #[command(flatten)]
-    pub options: ReplicaOptions,
+    pub options: WorkloadOptions,
     /// Print the service as JSON
     #[arg(long)]
     pub json: bool,
@@ -151,7 +94,7 @@ pub struct UpdateArgs {
     #[command(flatten)]
     pub scaling: ScalingOptions,
     #[command(flatten)]
-    pub options: ReplicaOptions,
+    pub options: WorkloadOptions,
     /// Print the service as JSON
     #[arg(long)]
     pub json: bool,
@@ -232,7 +175,7 @@ fn usage<E: std::fmt::Display>(option: &str) -> impl Fn(E) -> anyhow::Error + '_
 }
 
 /// The definition's values for the options given.
-fn apply_options(def: &mut ServiceDef, o: &ReplicaOptions) {
+fn apply_options(def: &mut ServiceDef, o: &WorkloadOptions) {
     let r = &mut def.run;
     if !o.gpus.is_empty() {
         r.gpu = o.gpus.clone();

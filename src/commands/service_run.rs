@@ -5,17 +5,18 @@
 //! config. Under systemd (`Type=notify`) it says READY=1 after its first round, STOPPING=1,
 //! and WATCHDOG=1 each round when the unit has a watchdog.
 
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
 use sd_notify::NotifyState;
-use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::signal::SIGHUP;
 
 use crate::context::Context;
 use crate::service::runner::Runner;
-use crate::watch::{journal, notify, Event, Level};
+use crate::commands::watch::{print_as, tell, SignalRelay};
+use crate::watch::Event;
 
 #[derive(Debug, Args)]
 pub struct ServiceRunArgs {
@@ -31,16 +32,7 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
     }
     let mut runner = Runner::one(ctx, &args.name).with_context(|| format!("cannot run service {}", args.name))?;
     leave_the_unit_root(ctx)?;
-    let (tx, rx) = mpsc::channel::<i32>();
-    let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM]).context("installing signal handlers")?;
-    let handle = signals.handle();
-    let relay = std::thread::spawn(move || {
-        for signal in signals.forever() {
-            if tx.send(signal).is_err() {
-                break;
-            }
-        }
-    });
+    let signals = SignalRelay::start()?;
     let ping = sd_notify::watchdog_enabled();
     let mut ctx = ctx.clone();
     print(vec![Event::info(format!(
@@ -73,7 +65,7 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
             if left.is_zero() {
                 break;
             }
-            match rx.recv_timeout(left) {
+            match signals.rx.recv_timeout(left) {
                 Ok(SIGHUP) => match Context::load(ctx.origin.clone()) {
                     Ok(new) => {
                         ctx = Context { state_dir: ctx.state_dir.clone(), lib_dir: ctx.lib_dir.clone(), ..new };
@@ -90,8 +82,7 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
     };
     tell(&[NotifyState::Stopping]);
     print(runner.stop());
-    handle.close();
-    let _ = relay.join();
+    signals.stop();
     print(vec![Event::info(format!("stopped (signal {stopped_by})"))]);
     Ok(())
 }
@@ -108,21 +99,8 @@ fn leave_the_unit_root(ctx: &Context) -> Result<()> {
     Ok(())
 }
 
-/// Events on stderr (the journal under systemd), unless `-q`; debug ones with `-vv`.
+/// Events on stderr (the journal under systemd) as `vgpu service run: …`, unless `-q`;
+/// debug ones with `-vv`.
 fn print(events: Vec<Event>) {
-    for e in events {
-        let shown = match e.level {
-            Level::Warn | Level::Info => tracing::enabled!(tracing::Level::WARN),
-            Level::Debug => tracing::enabled!(tracing::Level::DEBUG),
-        };
-        if shown {
-            journal::write_as(DAEMON, e.level, &e.message);
-        }
-    }
-}
-
-fn tell(state: &[NotifyState]) {
-    if let Err(e) = notify::send(state) {
-        tracing::debug!("sd_notify: {e}");
-    }
+    print_as(Some(DAEMON), events)
 }

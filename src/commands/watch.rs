@@ -25,16 +25,7 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
     if let Some(addr) = watch.metrics_addr() {
         print(vec![Event::info(format!("metrics on http://{addr}/metrics"))]);
     }
-    let (tx, rx) = mpsc::channel::<i32>();
-    let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM]).context("installing signal handlers")?;
-    let handle = signals.handle();
-    let relay = std::thread::spawn(move || {
-        for signal in signals.forever() {
-            if tx.send(signal).is_err() {
-                break;
-            }
-        }
-    });
+    let signals = SignalRelay::start()?;
     // systemd's WatchdogSec: ping at half of it.
     let ping = sd_notify::watchdog_enabled().map(|timeout| timeout / 2);
     tracing::info!("vgpu watch started (pid {}, state {}, interval {})", std::process::id(), ctx.state_dir.display(), humantime::format_duration(watch.interval()));
@@ -54,7 +45,7 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
         // started, so a burst of SIGHUPs cannot make the rounds run back to back.
         loop {
             let due = watch.next_round(started);
-            match wait(&rx, due, ping) {
+            match wait(&signals.rx, due, ping) {
                 Wake::Round => break,
                 Wake::Signal(SIGHUP) => reload(&mut watch),
                 Wake::Signal(signal) => break 'rounds signal,
@@ -64,8 +55,7 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
     };
     tell(&[NotifyState::Stopping]);
     print(watch.shutdown());
-    handle.close();
-    let _ = relay.join();
+    signals.stop();
     print(vec![Event::info(format!("stopped (signal {stopped_by})"))]);
     Ok(())
 }
@@ -115,22 +105,59 @@ fn reload(watch: &mut Watch) {
     tell(&[NotifyState::Ready]);
 }
 
+/// SIGHUP, SIGINT and SIGTERM as messages on a channel, which a daemon's loop (`vgpu watch`,
+/// `vgpu service run`) waits on with a timeout.
+pub(crate) struct SignalRelay {
+    pub rx: Receiver<i32>,
+    handle: signal_hook::iterator::Handle,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl SignalRelay {
+    pub(crate) fn start() -> Result<SignalRelay> {
+        let (tx, rx) = mpsc::channel::<i32>();
+        let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGINT, SIGTERM]).context("installing signal handlers")?;
+        let handle = signals.handle();
+        let thread = std::thread::spawn(move || {
+            for signal in signals.forever() {
+                if tx.send(signal).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(SignalRelay { rx, handle, thread })
+    }
+
+    pub(crate) fn stop(self) {
+        self.handle.close();
+        let _ = self.thread.join();
+    }
+}
+
 /// Events on stderr, as the daemon's log: what it did and found (unless `-q`), and with
 /// `-vv` the rounds it skipped.
 fn print(events: Vec<Event>) {
+    print_as(None, events)
+}
+
+/// [`print`] for a daemon whose lines carry its name (`vgpu service run: …`).
+pub(crate) fn print_as(daemon: Option<&str>, events: Vec<Event>) {
     for e in events {
         let shown = match e.level {
             Level::Warn | Level::Info => tracing::enabled!(tracing::Level::WARN),
             Level::Debug => tracing::enabled!(tracing::Level::DEBUG),
         };
         if shown {
-            journal::write(e.level, &e.message);
+            match daemon {
+                Some(name) => journal::write_as(name, e.level, &e.message),
+                None => journal::write(e.level, &e.message),
+            }
         }
     }
 }
 
 /// Tell systemd (`Type=notify`); nothing happens outside systemd.
-fn tell(state: &[NotifyState]) {
+pub(crate) fn tell(state: &[NotifyState]) {
     if let Err(e) = notify::send(state) {
         tracing::debug!("sd_notify: {e}");
     }

@@ -359,13 +359,20 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
     Ok(())
 }
 
-fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
-    must_be_root("update")?;
+/// For a command that changes service `name`: root, the store lock, the definition, and
+/// the caller's right to it (through sudo, only a service whose replicas run as the caller).
+fn open_own(ctx: &Context, what: &str, name: &str) -> Result<(Store, crate::state::StoreLock, Services, ServiceDef)> {
+    must_be_root(what)?;
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    let _lock = store.lock()?;
+    let lock = store.lock()?;
     let services = Services::new(&ctx.lib_dir);
-    let mut service = services.load(&args.name).map_err(service_error)?;
+    let service = services.load(name).map_err(service_error)?;
     check_owner(&service)?;
+    Ok((store, lock, services, service))
+}
+
+fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
+    let (_store, _lock, services, mut service) = open_own(ctx, "update", &args.name)?;
     if let Some(replicas) = &args.replicas {
         (service.min, service.max) = def::parse_replicas(replicas).map_err(usage("--replicas"))?;
     }
@@ -401,12 +408,7 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
 }
 
 fn scale(ctx: &Context, args: &ScaleArgs) -> Result<()> {
-    must_be_root("scale")?;
-    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    let _lock = store.lock()?;
-    let services = Services::new(&ctx.lib_dir);
-    let service = services.load(&args.name).map_err(service_error)?;
-    check_owner(&service)?;
+    let (_store, _lock, services, service) = open_own(ctx, "scale", &args.name)?;
     if !(service.min..=service.max).contains(&args.replicas) {
         crate::usage!("service {}: {} replicas is outside its range {}-{} (change it with `vgpu service update {} --replicas MIN-MAX`)", service.name, args.replicas, service.min, service.max, service.name);
     }
@@ -441,12 +443,7 @@ struct Removed<'a> {
 }
 
 fn remove(ctx: &Context, args: &RemoveArgs) -> Result<()> {
-    must_be_root("remove")?;
-    let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    let _lock = store.lock()?;
-    let services = Services::new(&ctx.lib_dir);
-    let service = services.load(&args.name).map_err(service_error)?;
-    check_owner(&service)?;
+    let (store, _lock, services, service) = open_own(ctx, "remove", &args.name)?;
     let mut state = services.state(&service.name).map_err(service_error)?;
     // Replicas that run: the workload records naming this service (`vgpu run --service`
     // writes the name before the workload starts, so a replica admitted a moment ago counts

@@ -325,9 +325,15 @@ fn vgpu_service_run_runs_one_service_and_the_watch_leaves_it_alone_until_it_stop
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     let _leftovers = Leftovers(&sim);
     sim.write_vgpu_config(FAST);
-    create(&sim, &["solo", "--replicas", "2", "--mem", "1G", "--", "sleep", "600"]);
+    // Nothing runs it yet: `service create` and `service show` say so, and how to run it.
+    let out = sim.vgpu(&["service", "create", "solo", "--replicas", "2", "--mem", "1G", "--", "sleep", "600"]).output().expect("create");
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stderr).contains("nothing runs service solo now"), "{out:?}");
+    assert_eq!(show(&sim, "solo")["runner"], serde_json::Value::Null);
+    let text = sim.vgpu(&["service", "show", "solo"]).output().expect("show");
+    assert!(String::from_utf8_lossy(&text.stdout).contains("vgpu-service@solo.service"), "{text:?}");
     let mut fg = Foreground::start(&sim, "solo");
     wait_for("2 replicas", || running(&sim, "solo") == 2);
+    assert_eq!(show(&sim, "solo")["runner"], "service-run");
     // A second runner of the same service is refused, at once.
     let out = sim.vgpu(&["service", "run", "solo"]).output().expect("service run");
     assert_eq!(out.status.code(), Some(1));
@@ -347,6 +353,7 @@ fn vgpu_service_run_runs_one_service_and_the_watch_leaves_it_alone_until_it_stop
     assert!(fg.log.iter().filter(|l| l.contains("service solo: replica") && l.contains(" stopped (")).count() == 2, "{:?}", fg.log);
     watch.wait_line("the watch takes it", |l| l.contains("service solo: running it"));
     wait_for("2 replicas again", || running(&sim, "solo") == 2);
+    assert_eq!(show(&sim, "solo")["runner"], "watch");
     assert_eq!(watch.stop().code(), Some(0));
     assert!(replicas(&sim, "solo").is_empty());
 }

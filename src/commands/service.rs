@@ -344,7 +344,7 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
     services
         .save_state(&service.name, &state)
         .map_err(service_error)?;
-    let view = Listed::of(&service, &state);
+    let view = Listed::of(ctx, &service, &state);
     if args.json {
         return print_json(&view);
     }
@@ -356,6 +356,9 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         min,
         services.def_path(&service.name).display()
     );
+    if runner_of(ctx, &service.name).is_none() {
+        crate::notice!("{}", no_runner_hint(&service.name));
+    }
     Ok(())
 }
 
@@ -392,7 +395,7 @@ fn update(ctx: &Context, args: &UpdateArgs) -> Result<()> {
             .map_err(service_error)?;
     }
     if args.json {
-        return print_json(&Listed::of(&service, &state));
+        return print_json(&Listed::of(ctx, &service, &state));
     }
     let running = state.running().count();
     println!(
@@ -419,7 +422,7 @@ fn scale(ctx: &Context, args: &ScaleArgs) -> Result<()> {
         .save_state(&service.name, &state)
         .map_err(service_error)?;
     if args.json {
-        return print_json(&Listed::of(&service, &state));
+        return print_json(&Listed::of(ctx, &service, &state));
     }
     println!(
         "service {}: {} replicas wanted (was {before}){}",
@@ -528,6 +531,9 @@ struct Listed<'a> {
     short: Option<&'a str>,
     /// Removed with --force; the runner is stopping its replicas.
     stopping: bool,
+    /// What runs it now: "service-run" (`vgpu service run NAME`), "watch" (`vgpu watch`),
+    /// or null: nothing, its replicas are neither started nor restarted.
+    runner: Option<&'static str>,
     scale_on: Vec<TargetJson>,
     window_ms: u64,
     cooldown_ms: u64,
@@ -544,10 +550,33 @@ fn pct(ratio: f64) -> f64 {
     (ratio * 1000.0).round() / 10.0
 }
 
+/// What runs service `name` now: the holder of its runner lock (`vgpu service run`), else
+/// the watch (which runs every service not held so), else nothing.
+fn runner_of(ctx: &Context, name: &str) -> Option<&'static str> {
+    use crate::watch::instance::{held, running, Running};
+    let watch = running(&ctx.state_dir);
+    match (held(&crate::service::runner::lock_path(ctx, name)), &watch) {
+        // The watch takes a service's lock too while it runs it.
+        (Running::Yes(Some(holder)), Running::Yes(Some(watch))) if holder == *watch => Some("watch"),
+        (Running::Yes(_), _) => Some("service-run"),
+        (_, Running::Yes(_)) => Some("watch"),
+        _ => None,
+    }
+}
+
+/// The line that says nothing runs a service, and how to have it run.
+fn no_runner_hint(name: &str) -> String {
+    format!(
+        "nothing runs service {name} now: start `vgpu watch` (systemctl enable --now vgpu-watch.service), \
+         or `vgpu service run {name}` (systemctl enable --now vgpu-service@{name}.service)"
+    )
+}
+
 impl<'a> Listed<'a> {
-    fn of(def: &'a ServiceDef, state: &'a ServiceState) -> Listed<'a> {
+    fn of(ctx: &Context, def: &'a ServiceDef, state: &'a ServiceState) -> Listed<'a> {
         let r = &def.run;
         Listed {
+            runner: runner_of(ctx, &def.name),
             name: &def.name,
             min_replicas: def.min,
             max_replicas: def.max,
@@ -612,7 +641,7 @@ fn list(ctx: &Context, json: bool) -> Result<()> {
     let listed: Vec<Listed> = defs
         .iter()
         .zip(&states)
-        .map(|(d, s)| Listed::of(d, s))
+        .map(|(d, s)| Listed::of(ctx, d, s))
         .collect();
     for e in &damaged {
         tracing::warn!("{e}");
@@ -704,7 +733,7 @@ fn show(ctx: &Context, args: &NameArgs) -> Result<()> {
     let service = services.load(&args.name).map_err(service_error)?;
     let state = services.state(&service.name).map_err(service_error)?;
     let shown = Shown {
-        service: Listed::of(&service, &state),
+        service: Listed::of(ctx, &service, &state),
         replicas: state
             .replicas
             .iter()
@@ -753,6 +782,11 @@ fn show(ctx: &Context, args: &NameArgs) -> Result<()> {
         l.max_replicas,
         if l.stopping { "; being removed" } else { "" }
     );
+    match l.runner {
+        Some("service-run") => println!("run by: vgpu service run {}", l.name),
+        Some(_) => println!("run by: vgpu watch"),
+        None => println!("run by: {}", no_runner_hint(l.name)),
+    }
     if let Some(short) = l.short {
         println!("short: {short}");
     }

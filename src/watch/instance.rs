@@ -20,7 +20,13 @@ pub enum Running {
 /// Look without creating anything: the lock file is opened read-only, without following a
 /// link or blocking on a FIFO, and a shared lock is tried without waiting.
 pub fn running(state_dir: &Path) -> Running {
-    let path = state_dir.join(super::INSTANCE_LOCK);
+    held(&state_dir.join(super::INSTANCE_LOCK))
+}
+
+/// Whether a lock file of this kind (an exclusive `flock` held for a runner's life, its pid
+/// written in it: `watch.lock`, `service-NAME.lock`) is held, looked at as [`running`] does.
+pub fn held(path: &Path) -> Running {
+    let path = path.to_path_buf();
     let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(&path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Running::No,

@@ -507,6 +507,97 @@ fn a_sudo_caller_cannot_define_what_run_would_refuse_them() {
 }
 
 #[test]
+fn a_sudo_caller_cannot_bring_their_own_config_or_directories() {
+    let sim = Sim::new(GPU16);
+    // A config of the caller's own that lets them run as anyone: root's `service create`
+    // would record a service that root's runner then starts as root.
+    let evil = sim.dir.path().join("mine.toml");
+    std::fs::write(
+        &evil,
+        "[policy]\nrun_as_others = [\"nobody\"]\nmax_priority = 100\n",
+    )
+    .unwrap();
+    let evil = evil.to_str().unwrap();
+    let lib = sim.dir.path().join("mylib");
+    let lib = lib.to_str().unwrap();
+    for (args, option) in [
+        (
+            vec![
+                "--config",
+                evil,
+                "service",
+                "create",
+                "pwn",
+                "--replicas",
+                "1",
+                "--user",
+                "root",
+                "--",
+                "true",
+            ],
+            "--config",
+        ),
+        // A global option after the subcommand is the same option.
+        (
+            vec![
+                "service",
+                "create",
+                "pwn",
+                "--config",
+                evil,
+                "--replicas",
+                "1",
+                "--user",
+                "root",
+                "--",
+                "true",
+            ],
+            "--config",
+        ),
+        (
+            vec!["--config", evil, "run", "--user", "root", "true"],
+            "--config",
+        ),
+        (
+            vec![
+                "--lib-dir",
+                lib,
+                "service",
+                "create",
+                "pwn",
+                "--replicas",
+                "1",
+                "--",
+                "true",
+            ],
+            "--lib-dir",
+        ),
+        (vec!["--state-dir", lib, "service", "list"], "--state-dir"),
+    ] {
+        assert_refused(&sim, as_sudo_nobody(&sim, &args), option);
+    }
+    // Root may name them.
+    as_root(
+        &sim,
+        &[
+            "--config",
+            evil,
+            "service",
+            "create",
+            "web",
+            "--replicas",
+            "1",
+            "--user",
+            "nobody",
+            "--",
+            "true",
+        ],
+    )
+    .assert()
+    .success();
+}
+
+#[test]
 fn a_hand_edited_file_is_reported_naming_the_key_and_the_file() {
     let sim = Sim::new(GPU16);
     as_root(

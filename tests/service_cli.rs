@@ -598,6 +598,49 @@ fn a_sudo_caller_cannot_bring_their_own_config_or_directories() {
 }
 
 #[test]
+fn a_replica_name_is_kept_for_the_replica() {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(
+        sim.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    as_root(
+        &sim,
+        &[
+            "service",
+            "create",
+            "web",
+            "--replicas",
+            "1-3",
+            "--",
+            "true",
+        ],
+    )
+    .assert()
+    .success();
+    // Another user's workload named web-2 would keep replica 2 out while it runs.
+    for name in ["web-0", "web-2", "web-63"] {
+        assert_refused(
+            &sim,
+            as_sudo_nobody(&sim, &["run", "--name", name, "true"]),
+            "kept for a replica of service web",
+        );
+    }
+    assert_refused(
+        &sim,
+        as_root(&sim, &["run", "--name", "web-1", "true"]),
+        "kept for a replica of service web",
+    );
+    // Names that are no replica's run.
+    for name in ["web-01", "web-64", "web-x", "webs-0"] {
+        as_root(&sim, &["run", "--name", name, "true"])
+            .assert()
+            .success();
+    }
+}
+
+#[test]
 fn a_hand_edited_file_is_reported_naming_the_key_and_the_file() {
     let sim = Sim::new(GPU16);
     as_root(

@@ -219,6 +219,22 @@ impl Services {
             .map_err(|DefError { message }| ServiceError::Invalid { path, message })
     }
 
+    /// The service whose replica `workload_name` is named after (`NAME-<index>`, the
+    /// service defined), if any: that name is kept for the replica (`vgpu run --name`).
+    pub fn replica_name_owner(&self, workload_name: &str) -> Option<String> {
+        let (name, index) = workload_name.rsplit_once('-')?;
+        let index: u32 = index.parse().ok()?;
+        if index >= super::def::MAX_REPLICAS
+            || index.to_string() != workload_name[name.len() + 1..]
+            || !super::def::valid_name(name)
+        {
+            return None;
+        }
+        std::fs::symlink_metadata(self.def_path(name))
+            .is_ok()
+            .then(|| name.to_string())
+    }
+
     /// Writes the definition (atomically, mode 0644, the directory 0755).
     pub fn save(&self, def: &ServiceDef) -> Result<(), ServiceError> {
         self.checked_name(&def.name)?;

@@ -641,6 +641,21 @@ fn a_replica_name_is_kept_for_the_replica() {
 }
 
 #[test]
+fn service_run_is_not_for_sudo() {
+    let sim = Sim::new(GPU16);
+    as_root(
+        &sim,
+        &["service", "create", "web", "--replicas", "1", "--", "true"],
+    )
+    .assert()
+    .success();
+    // The old code ran in the foreground: the timeout only ends such a run.
+    let mut cmd = as_sudo_nobody(&sim, &["service", "run", "web"]);
+    cmd.timeout(std::time::Duration::from_secs(60));
+    assert_refused(&sim, cmd, "not for sudo");
+}
+
+#[test]
 fn a_hand_edited_file_is_reported_naming_the_key_and_the_file() {
     let sim = Sim::new(GPU16);
     as_root(

@@ -664,7 +664,8 @@ impl Runner {
                 }
             }
         }
-        let deadline = start + longest + Duration::from_secs(5);
+        // Checked: an Instant plus a duration past its range panics.
+        let deadline = start.checked_add(longest.saturating_add(Duration::from_secs(5)));
         loop {
             let now = Instant::now();
             let (workloads, _) = self.store.workloads();
@@ -676,7 +677,7 @@ impl Runner {
                 run.replicas.retain(|_, r| r.proc.is_some());
                 self.running.insert(name, run);
             }
-            if self.running.values().all(|r| r.replicas.is_empty()) || now >= deadline {
+            if self.running.values().all(|r| r.replicas.is_empty()) || deadline.is_none_or(|d| now >= d) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -656,6 +656,46 @@ fn service_run_is_not_for_sudo() {
 }
 
 #[test]
+fn the_runners_flags_of_run_are_refused_through_sudo() {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(
+        sim.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    as_root(
+        &sim,
+        &["service", "create", "web", "--replicas", "1", "--", "true"],
+    )
+    .assert()
+    .success();
+    // Claiming to be replica 0 of root's service (the runner would adopt and signal it).
+    assert_refused(
+        &sim,
+        as_sudo_nobody(&sim, &["run", "--service", "web", "--replica", "0", "true"]),
+        "--service is for vgpu's service runners",
+    );
+    // A descriptor number of root's own process to write to.
+    assert_refused(
+        &sim,
+        as_sudo_nobody(
+            &sim,
+            &[
+                "run",
+                "--service",
+                "web",
+                "--replica",
+                "0",
+                "--report-fd",
+                "5",
+                "true",
+            ],
+        ),
+        "--report-fd is for vgpu's service runners",
+    );
+}
+
+#[test]
 fn a_hand_edited_file_is_reported_naming_the_key_and_the_file() {
     let sim = Sim::new(GPU16);
     as_root(

@@ -18,7 +18,8 @@
 //! outlives a runner that dies. Its `vgpu run` also gets a pipe (`--report-fd 3`, closed before
 //! the workload starts) on which it says `admitted ID` or `error: REASON`: a replica refused
 //! admission leaves the service **short** (`short` in its state says why) and is tried again
-//! every round, without back-off. Any other exit is restarted after 1 s, 2 s, 4 s … at most
+//! every round (one not-admitted replica of a service at a time, lowest index first),
+//! without back-off. Any other exit is restarted after 1 s, 2 s, 4 s … at most
 //! 60 s (back to 1 s after a replica ran a minute).
 //!
 //! When the runner stops (SIGTERM to `vgpu watch` or `vgpu service run`), it stops the
@@ -585,10 +586,20 @@ impl Runner {
     /// those above it, newest first.
     fn converge(&mut self, run: &mut Running, now: Instant, events: &mut Vec<Event>) {
         let name = run.def.name.clone();
+        // Replicas not admitted are retried one at a time, lowest index first: what refused
+        // one (the GPU, the pool, the policy) refuses the next alike, and a service held
+        // short by MAX-MIN replicas must not fork as many `vgpu run` every round.
+        let mut retrying = run.replicas.values().any(|r| r.refused.is_some() && r.proc.is_some());
         for index in 0..run.desired {
             let r = run.replicas.entry(index).or_insert_with(|| Replica::new(now));
             if r.proc.is_some() || r.next_start.is_some_and(|t| t > now) {
                 continue;
+            }
+            if r.refused.is_some() {
+                if retrying {
+                    continue;
+                }
+                retrying = true;
             }
             match spawn(&self.ctx, &run.def, index) {
                 Ok((child, reader)) => {

@@ -387,6 +387,24 @@ fn a_service_removed_with_force_has_its_replicas_stopped_and_then_its_state_remo
 }
 
 #[test]
+fn a_service_removed_beside_a_damaged_one_whose_name_ends_with_its_own_is_stopped() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    create(&sim, &["b", "--replicas", "1", "--mem", "1G", "--", "sleep", "600"]);
+    // `ab.toml` is damaged: its error names `…/ab.toml`, which contains `b.toml`.
+    std::fs::write(sim.path("lib/services/ab.toml"), "replicas = 1\nmems = \"1G\"\ncommand = [\"true\"]\n").expect("write ab.toml");
+    let mut watch = Watch::start(&sim, &[]);
+    wait_for("the replica", || running(&sim, "b") == 1);
+    let out = sim.vgpu(&["service", "remove", "b", "--force"]).output().expect("remove");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    watch.wait_line("b's replicas to be stopped", |l| l.contains("service b: definition removed: stopping its replicas"));
+    watch.wait_line("b to be removed", |l| l.contains("service b: removed, its replicas stopped"));
+    assert!(replicas(&sim, "b").is_empty());
+    assert_eq!(watch.stop().code(), Some(0));
+}
+
+#[test]
 fn the_watch_stops_what_is_left_of_a_service_removed_while_no_runner_ran_it() {
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     let _leftovers = Leftovers(&sim);

@@ -364,8 +364,9 @@ impl Runner {
                     run.removed = false;
                 }
                 Some(_) => run.removed = false,
-                // A damaged file is not a removed one: its replicas keep running.
-                None if damaged.iter().any(|d| d.contains(&format!("{}.toml", run.def.name))) => {}
+                // A damaged file is not a removed one: its replicas keep running. (Its file
+                // is there; not a damaged message's text, where `ab.toml` contains `b.toml`.)
+                None if std::fs::symlink_metadata(self.services.def_path(&run.def.name)).is_ok() => {}
                 None => {
                     if !run.removed {
                         events.push(Event::info(format!("service {}: definition removed: stopping its replicas", run.def.name)));

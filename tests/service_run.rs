@@ -258,12 +258,15 @@ fn a_watch_that_starts_takes_over_the_replicas_a_killed_watch_left() {
     let _leftovers = Leftovers(&sim);
     sim.write_vgpu_config(FAST);
     create(&sim, &["keep", "--replicas", "2", "--mem", "1G", "--", "sleep", "600"]);
-    let killed = Watch::start(&sim, &[]);
+    let mut killed = Watch::start(&sim, &[]);
     wait_for("2 replicas", || running(&sim, "keep") == 2);
     let before: Vec<serde_json::Value> = replicas(&sim, "keep").iter().map(|w| w["id"].clone()).collect();
     // Kept (not dropped): its log pipe, which the replicas inherited, stays read, as the
     // journal's would.
     killed.signal(libc::SIGKILL);
+    // Ended (its instance lock released) before the next starts: else that one may find
+    // it still running and exit.
+    killed.wait_exit();
     let mut watch = Watch::start(&sim, &[]);
     // Its first round (before it said ready) took them over.
     let took = watch.log.iter().filter(|l| l.contains("service keep: replica") && l.contains("found running") && l.contains("taken over")).count();

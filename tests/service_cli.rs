@@ -696,6 +696,39 @@ fn the_runners_flags_of_run_are_refused_through_sudo() {
 }
 
 #[test]
+fn a_state_file_workload_id_never_becomes_a_path() {
+    let sim = Sim::new(GPU16);
+    as_root(
+        &sim,
+        &["service", "create", "web", "--replicas", "1", "--", "true"],
+    )
+    .assert()
+    .success();
+    // A damaged state whose replica names `../../forged`: `<state>/workloads/../../forged.json`
+    // is a file, but no workload's record.
+    std::fs::create_dir_all(sim.path("run/workloads")).unwrap();
+    std::fs::write(sim.path("forged.json"), "{}").unwrap();
+    let state = serde_json::json!({
+        "desired": 1,
+        "replicas": [{"index": 0, "workload_id": "../../forged"}],
+    });
+    std::fs::write(sim.path("lib/services/web.state.json"), state.to_string()).unwrap();
+    assert_eq!(
+        json(&sim, &["service", "show", "web", "--json"])["running_replicas"],
+        0
+    );
+    let out = as_root(&sim, &["service", "remove", "web"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!sim.path("lib/services/web.toml").exists());
+}
+
+#[test]
 fn a_hand_edited_file_is_reported_naming_the_key_and_the_file() {
     let sim = Sim::new(GPU16);
     as_root(

@@ -56,10 +56,16 @@ impl ServiceState {
         self.decisions.drain(..extra);
     }
 
-    /// Replicas with a running workload.
+    /// Replicas with a running workload. An id that is not a workload id (hex digits, as
+    /// `vgpu run` makes them) is not one: a damaged file's `../x` never becomes a path.
     pub fn running(&self) -> impl Iterator<Item = &ReplicaState> {
-        self.replicas.iter().filter(|r| r.workload_id.is_some())
+        self.replicas.iter().filter(|r| r.workload_id.as_deref().is_some_and(is_workload_id))
     }
+}
+
+/// Lowercase hex digits (`launch::ids::new_id` makes eight), at most 64.
+fn is_workload_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// One replica slot, as the runner last saw it.

@@ -1,7 +1,8 @@
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::FromArgMatches as _;
 
 use vgpu::cli::Cli;
 use vgpu::config::ConfigError;
@@ -16,10 +17,18 @@ fn main() -> ExitCode {
     // A shell asking for completions (COMPLETE=SHELL, from `vgpu completions SHELL`'s
     // script) is answered here, and vgpu exits: nothing below runs.
     clap_complete::CompleteEnv::with_factory(vgpu::cli::command).var(vgpu::commands::completions::COMPLETE_VAR).complete();
-    let cli = match Cli::try_parse() {
+    let matches = match vgpu::cli::command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => return clap_error(e),
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
     };
+    if let Some(option) = root_only_option(&matches) {
+        eprintln!("vgpu: error: {option} is root's own setting: through sudo, vgpu uses root's config and directories (README, Privileges)");
+        return ExitCode::from(vgpu::error::EXIT_USAGE);
+    }
     init_logging(cli.verbose, cli.quiet);
     // A listing piped into `head` ends quietly when the pipe closes (SIGPIPE, exit 141 in
     // a shell), as coreutils do, instead of panicking on EPIPE. Not `run` (it must outlive
@@ -41,6 +50,21 @@ fn main() -> ExitCode {
             ExitCode::from(exit_code_for(&err))
         }
     }
+}
+
+/// Through sudo by a user other than root (`SUDO_UID` set, not 0), `--config`,
+/// `--state-dir` and `--lib-dir` given on the command line are refused: root's commands
+/// would otherwise take their `[policy]` (who may run as whom, priorities), the workload
+/// records and the service definitions from the caller's files. sudo cannot filter
+/// arguments the way its `env_reset` keeps `VGPU_CONFIG` and the like root's.
+fn root_only_option(matches: &clap::ArgMatches) -> Option<&'static str> {
+    if std::env::var("SUDO_UID").ok().is_none_or(|uid| uid == "0") {
+        return None;
+    }
+    [("config", "--config"), ("state_dir", "--state-dir"), ("lib_dir", "--lib-dir")]
+        .into_iter()
+        .find(|(id, _)| matches.value_source(id) == Some(ValueSource::CommandLine))
+        .map(|(_, option)| option)
 }
 
 /// Help and version go to stdout as clap writes them (exit 0), and so does the help shown

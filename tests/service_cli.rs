@@ -507,6 +507,228 @@ fn a_sudo_caller_cannot_define_what_run_would_refuse_them() {
 }
 
 #[test]
+fn a_sudo_caller_cannot_bring_their_own_config_or_directories() {
+    let sim = Sim::new(GPU16);
+    // A config of the caller's own that lets them run as anyone: root's `service create`
+    // would record a service that root's runner then starts as root.
+    let evil = sim.dir.path().join("mine.toml");
+    std::fs::write(
+        &evil,
+        "[policy]\nrun_as_others = [\"nobody\"]\nmax_priority = 100\n",
+    )
+    .unwrap();
+    let evil = evil.to_str().unwrap();
+    let lib = sim.dir.path().join("mylib");
+    let lib = lib.to_str().unwrap();
+    for (args, option) in [
+        (
+            vec![
+                "--config",
+                evil,
+                "service",
+                "create",
+                "pwn",
+                "--replicas",
+                "1",
+                "--user",
+                "root",
+                "--",
+                "true",
+            ],
+            "--config",
+        ),
+        // A global option after the subcommand is the same option.
+        (
+            vec![
+                "service",
+                "create",
+                "pwn",
+                "--config",
+                evil,
+                "--replicas",
+                "1",
+                "--user",
+                "root",
+                "--",
+                "true",
+            ],
+            "--config",
+        ),
+        (
+            vec!["--config", evil, "run", "--user", "root", "true"],
+            "--config",
+        ),
+        (
+            vec![
+                "--lib-dir",
+                lib,
+                "service",
+                "create",
+                "pwn",
+                "--replicas",
+                "1",
+                "--",
+                "true",
+            ],
+            "--lib-dir",
+        ),
+        (vec!["--state-dir", lib, "service", "list"], "--state-dir"),
+    ] {
+        assert_refused(&sim, as_sudo_nobody(&sim, &args), option);
+    }
+    // Root may name them.
+    as_root(
+        &sim,
+        &[
+            "--config",
+            evil,
+            "service",
+            "create",
+            "web",
+            "--replicas",
+            "1",
+            "--user",
+            "nobody",
+            "--",
+            "true",
+        ],
+    )
+    .assert()
+    .success();
+}
+
+#[test]
+fn a_replica_name_is_kept_for_the_replica() {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(
+        sim.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    as_root(
+        &sim,
+        &[
+            "service",
+            "create",
+            "web",
+            "--replicas",
+            "1-3",
+            "--",
+            "true",
+        ],
+    )
+    .assert()
+    .success();
+    // Another user's workload named web-2 would keep replica 2 out while it runs.
+    for name in ["web-0", "web-2", "web-63"] {
+        assert_refused(
+            &sim,
+            as_sudo_nobody(&sim, &["run", "--name", name, "true"]),
+            "kept for a replica of service web",
+        );
+    }
+    assert_refused(
+        &sim,
+        as_root(&sim, &["run", "--name", "web-1", "true"]),
+        "kept for a replica of service web",
+    );
+    // Names that are no replica's run.
+    for name in ["web-01", "web-64", "web-x", "webs-0"] {
+        as_root(&sim, &["run", "--name", name, "true"])
+            .assert()
+            .success();
+    }
+}
+
+#[test]
+fn service_run_is_not_for_sudo() {
+    let sim = Sim::new(GPU16);
+    as_root(
+        &sim,
+        &["service", "create", "web", "--replicas", "1", "--", "true"],
+    )
+    .assert()
+    .success();
+    // The old code ran in the foreground: the timeout only ends such a run.
+    let mut cmd = as_sudo_nobody(&sim, &["service", "run", "web"]);
+    cmd.timeout(std::time::Duration::from_secs(60));
+    assert_refused(&sim, cmd, "not for sudo");
+}
+
+#[test]
+fn the_runners_flags_of_run_are_refused_through_sudo() {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(
+        sim.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    as_root(
+        &sim,
+        &["service", "create", "web", "--replicas", "1", "--", "true"],
+    )
+    .assert()
+    .success();
+    // Claiming to be replica 0 of root's service (the runner would adopt and signal it).
+    assert_refused(
+        &sim,
+        as_sudo_nobody(&sim, &["run", "--service", "web", "--replica", "0", "true"]),
+        "--service is for vgpu's service runners",
+    );
+    // A descriptor number of root's own process to write to.
+    assert_refused(
+        &sim,
+        as_sudo_nobody(
+            &sim,
+            &[
+                "run",
+                "--service",
+                "web",
+                "--replica",
+                "0",
+                "--report-fd",
+                "5",
+                "true",
+            ],
+        ),
+        "--report-fd is for vgpu's service runners",
+    );
+}
+
+#[test]
+fn a_state_file_workload_id_never_becomes_a_path() {
+    let sim = Sim::new(GPU16);
+    as_root(
+        &sim,
+        &["service", "create", "web", "--replicas", "1", "--", "true"],
+    )
+    .assert()
+    .success();
+    // A damaged state whose replica names `../../forged`: `<state>/workloads/../../forged.json`
+    // is a file, but no workload's record.
+    std::fs::create_dir_all(sim.path("run/workloads")).unwrap();
+    std::fs::write(sim.path("forged.json"), "{}").unwrap();
+    let state = serde_json::json!({
+        "desired": 1,
+        "replicas": [{"index": 0, "workload_id": "../../forged"}],
+    });
+    std::fs::write(sim.path("lib/services/web.state.json"), state.to_string()).unwrap();
+    assert_eq!(
+        json(&sim, &["service", "show", "web", "--json"])["running_replicas"],
+        0
+    );
+    let out = as_root(&sim, &["service", "remove", "web"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!sim.path("lib/services/web.toml").exists());
+}
+
+#[test]
 fn a_hand_edited_file_is_reported_naming_the_key_and_the_file() {
     let sim = Sim::new(GPU16);
     as_root(

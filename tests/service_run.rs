@@ -186,8 +186,19 @@ fn a_service_larger_than_the_gpu_holds_at_what_is_admitted_and_says_why() {
     assert!(line.contains("(tried again every round)"), "{line}");
     wait_for("4 replicas", || running(&sim, "big") == 4);
     // Retried every round, never admitted: still 4 after more rounds.
+    let from = watch.log.len();
     watch.wait_rounds(5);
     assert_eq!(replicas(&sim, "big").len(), 4);
+    // One refused replica's `vgpu run` at a time, not all four every round.
+    let mut in_round = 0;
+    for line in &watch.log[from..] {
+        if line.contains("service big: starting replica") {
+            in_round += 1;
+            assert!(in_round <= 1, "more than one retry in a round:\n{}", watch.log[from..].join("\n"));
+        } else if line.contains("round ") && line.contains(" done") {
+            in_round = 0;
+        }
+    }
     wait_for("the reason in service show", || show(&sim, "big")["short"].as_str().is_some_and(|s| s.starts_with("4 of 8 running: replica")));
     let shown = show(&sim, "big");
     assert_eq!((shown["desired_replicas"].as_u64(), shown["running_replicas"].as_u64()), (Some(8), Some(4)), "{shown}");
@@ -247,12 +258,15 @@ fn a_watch_that_starts_takes_over_the_replicas_a_killed_watch_left() {
     let _leftovers = Leftovers(&sim);
     sim.write_vgpu_config(FAST);
     create(&sim, &["keep", "--replicas", "2", "--mem", "1G", "--", "sleep", "600"]);
-    let killed = Watch::start(&sim, &[]);
+    let mut killed = Watch::start(&sim, &[]);
     wait_for("2 replicas", || running(&sim, "keep") == 2);
     let before: Vec<serde_json::Value> = replicas(&sim, "keep").iter().map(|w| w["id"].clone()).collect();
     // Kept (not dropped): its log pipe, which the replicas inherited, stays read, as the
     // journal's would.
     killed.signal(libc::SIGKILL);
+    // Ended (its instance lock released) before the next starts: else that one may find
+    // it still running and exit.
+    killed.wait_exit();
     let mut watch = Watch::start(&sim, &[]);
     // Its first round (before it said ready) took them over.
     let took = watch.log.iter().filter(|l| l.contains("service keep: replica") && l.contains("found running") && l.contains("taken over")).count();
@@ -373,6 +387,24 @@ fn a_service_removed_with_force_has_its_replicas_stopped_and_then_its_state_remo
     assert!(fg.log.iter().any(|l| l.contains("service gone: replica 0 stopped (")), "{:?}", fg.log);
     assert!(replicas(&sim, "gone").is_empty());
     assert!(!sim.path("lib/services/gone.state.json").exists());
+}
+
+#[test]
+fn a_service_removed_beside_a_damaged_one_whose_name_ends_with_its_own_is_stopped() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    create(&sim, &["b", "--replicas", "1", "--mem", "1G", "--", "sleep", "600"]);
+    // `ab.toml` is damaged: its error names `…/ab.toml`, which contains `b.toml`.
+    std::fs::write(sim.path("lib/services/ab.toml"), "replicas = 1\nmems = \"1G\"\ncommand = [\"true\"]\n").expect("write ab.toml");
+    let mut watch = Watch::start(&sim, &[]);
+    wait_for("the replica", || running(&sim, "b") == 1);
+    let out = sim.vgpu(&["service", "remove", "b", "--force"]).output().expect("remove");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    watch.wait_line("b's replicas to be stopped", |l| l.contains("service b: definition removed: stopping its replicas"));
+    watch.wait_line("b to be removed", |l| l.contains("service b: removed, its replicas stopped"));
+    assert!(replicas(&sim, "b").is_empty());
+    assert_eq!(watch.stop().code(), Some(0));
 }
 
 #[test]

@@ -239,6 +239,13 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
         None => args,
     };
     let mut request = validate(ctx, args)?;
+    // Another user's workload named like a replica would keep that replica out for as long
+    // as it runs (names are unique among running workloads).
+    if let (Some(name), None) = (&request.name, &request.service) {
+        if let Some(service) = crate::service::Services::new(&ctx.lib_dir).replica_name_owner(name) {
+            crate::usage!("--name {name:?} is kept for a replica of service {service} (vgpu service show {service}): choose another name");
+        }
+    }
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu run must run as root (through sudo, systemd or cron): it creates cgroups");
     }

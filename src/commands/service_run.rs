@@ -30,6 +30,12 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu service run must run as root: it starts the replicas with vgpu run");
     }
+    // Through sudo by a user other than root: its replicas' `vgpu run` would inherit the
+    // caller's SUDO_UID and be refused (--service, --report-fd) in a restart loop, while it
+    // held the service's lock, keeping the watch off a service that may not be the caller's.
+    if std::env::var("SUDO_UID").ok().is_some_and(|uid| uid != "0") {
+        crate::usage!("vgpu service run is root's daemon, not for sudo: `systemctl start vgpu-service@{}` runs the service (or `vgpu watch` does)", args.name);
+    }
     let mut runner = Runner::one(ctx, &args.name).with_context(|| format!("cannot run service {}", args.name))?;
     leave_the_unit_root(ctx)?;
     let signals = SignalRelay::start()?;

@@ -160,9 +160,17 @@ pub fn parse_replicas(text: &str) -> Result<(u32, u32), String> {
     }
 }
 
-/// A duration such as `60s`, `2m`, `1m30s`; at least one second.
+/// The longest `window`, `cooldown` and `grace`: a runner's stop waits for the longest
+/// grace, and its deadlines are instants that must not overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// A duration such as `60s`, `2m`, `1m30s`; at least one second, at most [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text.trim()) {
+        Ok(d) if d > MAX_DURATION => Err(format!(
+            "at most {}, got {text:?}",
+            humantime::format_duration(MAX_DURATION)
+        )),
         Ok(d) if d >= Duration::from_secs(1) => Ok(d),
         Ok(_) => Err(format!("at least 1s, got {text:?}")),
         Err(e) => Err(format!("{text:?}: {e}")),
@@ -555,6 +563,20 @@ mod tests {
             assert!(err.contains(key), "{text:?}: {err}");
             assert!(!err.contains('\n'), "{err}");
         }
+    }
+
+    #[test]
+    fn durations_are_one_second_to_one_day() {
+        assert_eq!(parse_duration("24h"), Ok(MAX_DURATION));
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        // Beyond an Instant's range: `vgpu watch`'s stop panicked adding it.
+        for huge in ["25h", "500000000000years"] {
+            let err = parse_duration(huge).unwrap_err();
+            assert!(err.contains("at most 1day"), "{huge}: {err}");
+        }
+        assert!(parse("replicas = 2\ngrace = \"1000years\"\ncommand = [\"x\"]\n")
+            .unwrap_err()
+            .contains("grace"));
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //! outlives a runner that dies. Its `vgpu run` also gets a pipe (`--report-fd 3`, closed before
 //! the workload starts) on which it says `admitted ID` or `error: REASON`: a replica refused
 //! admission leaves the service **short** (`short` in its state says why) and is tried again
-//! every round, without back-off. Any other exit is restarted after 1 s, 2 s, 4 s … at most
+//! every round (one not-admitted replica of a service at a time, lowest index first),
+//! without back-off. Any other exit is restarted after 1 s, 2 s, 4 s … at most
 //! 60 s (back to 1 s after a replica ran a minute).
 //!
 //! When the runner stops (SIGTERM to `vgpu watch` or `vgpu service run`), it stops the
@@ -363,8 +364,9 @@ impl Runner {
                     run.removed = false;
                 }
                 Some(_) => run.removed = false,
-                // A damaged file is not a removed one: its replicas keep running.
-                None if damaged.iter().any(|d| d.contains(&format!("{}.toml", run.def.name))) => {}
+                // A damaged file is not a removed one: its replicas keep running. (Its file
+                // is there; not a damaged message's text, where `ab.toml` contains `b.toml`.)
+                None if std::fs::symlink_metadata(self.services.def_path(&run.def.name)).is_ok() => {}
                 None => {
                     if !run.removed {
                         events.push(Event::info(format!("service {}: definition removed: stopping its replicas", run.def.name)));
@@ -585,10 +587,20 @@ impl Runner {
     /// those above it, newest first.
     fn converge(&mut self, run: &mut Running, now: Instant, events: &mut Vec<Event>) {
         let name = run.def.name.clone();
+        // Replicas not admitted are retried one at a time, lowest index first: what refused
+        // one (the GPU, the pool, the policy) refuses the next alike, and a service held
+        // short by MAX-MIN replicas must not fork as many `vgpu run` every round.
+        let mut retrying = run.replicas.values().any(|r| r.refused.is_some() && r.proc.is_some());
         for index in 0..run.desired {
             let r = run.replicas.entry(index).or_insert_with(|| Replica::new(now));
             if r.proc.is_some() || r.next_start.is_some_and(|t| t > now) {
                 continue;
+            }
+            if r.refused.is_some() {
+                if retrying {
+                    continue;
+                }
+                retrying = true;
             }
             match spawn(&self.ctx, &run.def, index) {
                 Ok((child, reader)) => {
@@ -664,7 +676,8 @@ impl Runner {
                 }
             }
         }
-        let deadline = start + longest + Duration::from_secs(5);
+        // Checked: an Instant plus a duration past its range panics.
+        let deadline = start.checked_add(longest.saturating_add(Duration::from_secs(5)));
         loop {
             let now = Instant::now();
             let (workloads, _) = self.store.workloads();
@@ -676,7 +689,7 @@ impl Runner {
                 run.replicas.retain(|_, r| r.proc.is_some());
                 self.running.insert(name, run);
             }
-            if self.running.values().all(|r| r.replicas.is_empty()) || now >= deadline {
+            if self.running.values().all(|r| r.replicas.is_empty()) || deadline.is_none_or(|d| now >= d) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -56,10 +56,16 @@ impl ServiceState {
         self.decisions.drain(..extra);
     }
 
-    /// Replicas with a running workload.
+    /// Replicas with a running workload. An id that is not a workload id (hex digits, as
+    /// `vgpu run` makes them) is not one: a damaged file's `../x` never becomes a path.
     pub fn running(&self) -> impl Iterator<Item = &ReplicaState> {
-        self.replicas.iter().filter(|r| r.workload_id.is_some())
+        self.replicas.iter().filter(|r| r.workload_id.as_deref().is_some_and(is_workload_id))
     }
+}
+
+/// Lowercase hex digits (`launch::ids::new_id` makes eight), at most 64.
+fn is_workload_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// One replica slot, as the runner last saw it.
@@ -217,6 +223,22 @@ impl Services {
         })?;
         ServiceDef::parse(name, &text, &path)
             .map_err(|DefError { message }| ServiceError::Invalid { path, message })
+    }
+
+    /// The service whose replica `workload_name` is named after (`NAME-<index>`, the
+    /// service defined), if any: that name is kept for the replica (`vgpu run --name`).
+    pub fn replica_name_owner(&self, workload_name: &str) -> Option<String> {
+        let (name, index) = workload_name.rsplit_once('-')?;
+        let index: u32 = index.parse().ok()?;
+        if index >= super::def::MAX_REPLICAS
+            || index.to_string() != workload_name[name.len() + 1..]
+            || !super::def::valid_name(name)
+        {
+            return None;
+        }
+        std::fs::symlink_metadata(self.def_path(name))
+            .is_ok()
+            .then(|| name.to_string())
     }
 
     /// Writes the definition (atomically, mode 0644, the directory 0755).

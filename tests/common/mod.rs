@@ -20,7 +20,11 @@ pub fn artefact_dir() -> PathBuf {
 /// Path of a built library, failing clearly when the workspace was not built first.
 pub fn artefact(file: &str) -> PathBuf {
     let path = artefact_dir().join(file);
-    assert!(path.is_file(), "{} missing: run `cargo build --workspace` before the tests", path.display());
+    assert!(
+        path.is_file(),
+        "{} missing: run `cargo build --workspace` before the tests",
+        path.display()
+    );
     path
 }
 
@@ -33,7 +37,9 @@ impl Sim {
     pub fn new(devices: &[(&str, &str)]) -> Sim {
         let toml: String = devices
             .iter()
-            .map(|(name, memory)| format!("[[device]]\nname = \"{name}\"\nmemory = \"{memory}\"\n\n"))
+            .map(|(name, memory)| {
+                format!("[[device]]\nname = \"{name}\"\nmemory = \"{memory}\"\n\n")
+            })
             .collect();
         Sim::with_config(&toml)
     }
@@ -41,8 +47,12 @@ impl Sim {
     /// Simulated GPUs from a full FAKEGPU_CONFIG text.
     pub fn with_config(fakegpu_toml: &str) -> Sim {
         artefact("libfakegpu.so");
-        let dir = tempfile::Builder::new().prefix("vgpu-test-").tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("fakegpu.toml"), fakegpu_toml).expect("write fakegpu config");
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-test-")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::write(dir.path().join("fakegpu.toml"), fakegpu_toml)
+            .expect("write fakegpu config");
         std::fs::write(dir.path().join("vgpu.toml"), "").expect("write vgpu config");
         for sub in ["fakegpu-state", "run", "lib"] {
             std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
@@ -80,7 +90,10 @@ impl Sim {
     /// `vgpu --simulate ARGS…` in this simulation.
     pub fn vgpu(&self, args: &[&str]) -> Command {
         let mut cmd = Command::cargo_bin("vgpu").expect("vgpu binary");
-        cmd.arg("--simulate").args(args).env_remove("VGPU_SIMULATE").env("VGPU_LOG", "vgpu=warn");
+        cmd.arg("--simulate")
+            .args(args)
+            .env_remove("VGPU_SIMULATE")
+            .env("VGPU_LOG", "vgpu=warn");
         for (k, v) in self.env() {
             cmd.env(k, v);
         }
@@ -100,34 +113,57 @@ impl Sim {
     /// JSON stdout of a successful `vgpu --simulate ARGS…`.
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let out = self.vgpu(args).output().expect("run vgpu");
-        assert!(out.status.success(), "vgpu {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("vgpu {args:?}: bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+        assert!(
+            out.status.success(),
+            "vgpu {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "vgpu {args:?}: bad JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
     }
 }
 
 impl Sim {
     /// `vgpu ps --json`'s rows (its `workloads`).
     pub fn ps(&self) -> Vec<serde_json::Value> {
-        self.json(&["ps", "--json"])["workloads"].as_array().cloned().unwrap_or_default()
+        self.json(&["ps", "--json"])["workloads"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// `vgpu run --name NAME RUN_ARGS… -- sh -c SCRIPT` in the background, once `vgpu ps`
     /// shows it running with its process.
-    pub fn spawn_running(&self, name: &str, run_args: &[&str], script: &str) -> std::process::Child {
+    pub fn spawn_running(
+        &self,
+        name: &str,
+        run_args: &[&str],
+        script: &str,
+    ) -> std::process::Child {
         let mut args = vec!["run", "--name", name];
         args.extend_from_slice(run_args);
         args.extend_from_slice(&["--", "sh", "-c", script]);
         let child = self.spawn(&args);
         wait_for(&format!("workload {name} to run"), || {
-            self.ps().iter().any(|w| w["name"] == name && w["state"] == "running" && w["pids"].as_array().is_some_and(|p| !p.is_empty()))
+            self.ps().iter().any(|w| {
+                w["name"] == name
+                    && w["state"] == "running"
+                    && w["pids"].as_array().is_some_and(|p| !p.is_empty())
+            })
         });
         child
     }
 
     /// The `vgpu ps --json` row of workload `name`; fails the test when there is none.
     pub fn row(&self, name: &str) -> serde_json::Value {
-        self.ps().into_iter().find(|w| w["name"] == name).unwrap_or_else(|| panic!("no workload {name} in ps"))
+        self.ps()
+            .into_iter()
+            .find(|w| w["name"] == name)
+            .unwrap_or_else(|| panic!("no workload {name} in ps"))
     }
 }
 
@@ -151,7 +187,10 @@ impl Sim {
         for (k, v) in self.env() {
             cmd.env(k, v);
         }
-        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("spawn vgpu")
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn vgpu")
     }
 }
 

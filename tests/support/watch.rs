@@ -88,6 +88,11 @@ impl Watch {
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0, "kill watch");
     }
 
+    /// Its exit status once it has ended (after a signal), its log still read.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        self.child.wait().expect("wait for the watch")
+    }
+
     /// SIGTERM, then its exit status.
     pub fn stop(mut self) -> ExitStatus {
         self.signal(libc::SIGTERM);

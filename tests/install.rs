@@ -210,11 +210,18 @@ fn an_edited_config_survives_uninstall() {
 
 #[test]
 fn sudo_without_cargo_says_what_to_run() {
-    let path = "/usr/sbin:/usr/bin:/sbin:/bin";
-    if path.split(':').any(|dir| Path::new(dir).join("cargo").exists()) {
-        eprintln!("cargo is in {path}: cannot simulate a root PATH without cargo here");
-        return;
+    // root's PATH under sudo, without cargo even where the system has one: one directory
+    // of links to every program of /usr/sbin, /usr/bin, /sbin and /bin but cargo.
+    let bin = tempfile::tempdir().expect("temporary directory");
+    for dir in ["/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            if name != "cargo" && !bin.path().join(&name).exists() {
+                std::os::unix::fs::symlink(entry.path(), bin.path().join(&name)).expect("link a program");
+            }
+        }
     }
+    let path = bin.path().to_str().expect("a UTF-8 temporary path");
     let out = Command::new("bash")
         .arg(script())
         .args(["--prefix", "/opt/vgpu-never-made"])

@@ -26,8 +26,7 @@
 //! The values then go through the same checks, `[policy]`'s included, as the command line's.
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -175,23 +174,14 @@ pub fn load(arg: &str, caller: Caller) -> Result<Options, WorkloadFileError> {
 fn read_checked(path: &Path, dir: &Path, caller: Caller) -> Result<String, WorkloadFileError> {
     let read_err = |source: std::io::Error| WorkloadFileError::Read { path: path.to_path_buf(), source };
     let refused = |reason: String| WorkloadFileError::Refused { path: path.to_path_buf(), reason };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        // Not through a final symlink; a FIFO opens at once (and is refused below) instead
-        // of waiting for a writer; never a controlling terminal.
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => refused("it is a symbolic link: give the file itself".into()),
-            _ => read_err(e),
-        })?;
-    let meta = file.metadata().map_err(read_err)?;
-    if !meta.file_type().is_file() {
-        return Err(refused("not a regular file".into()));
-    }
-    if meta.len() > MAX_BYTES {
-        return Err(refused(format!("larger than {MAX_BYTES} bytes")));
-    }
+    use crate::state::small_file::{self, Links, SmallFileError};
+    let small_file_err = |e: SmallFileError| match e {
+        SmallFileError::Io(e) => read_err(e),
+        SmallFileError::Link => refused("it is a symbolic link: give the file itself".into()),
+        SmallFileError::NotRegular => refused("not a regular file".into()),
+        SmallFileError::TooLarge(_) => refused(format!("larger than {MAX_BYTES} bytes")),
+    };
+    let (file, meta) = small_file::open(path, Links::NotLast, MAX_BYTES).map_err(small_file_err)?;
     let (owner, mode) = (meta.uid(), meta.mode());
     let root_only_writable = owner == 0 && mode & 0o022 == 0;
     match caller {
@@ -206,12 +196,8 @@ fn read_checked(path: &Path, dir: &Path, caller: Caller) -> Result<String, Workl
             return Err(refused(format!("through sudo, a workload file must be yours (uid {uid}), or root's, readable by all, in {}", dir.display())));
         }
     }
-    let mut text = String::new();
-    file.take(MAX_BYTES + 1).read_to_string(&mut text).map_err(read_err)?;
-    if text.len() as u64 > MAX_BYTES {
-        return Err(refused(format!("larger than {MAX_BYTES} bytes")));
-    }
-    Ok(text)
+    let bytes = small_file::read(file, MAX_BYTES).map_err(small_file_err)?;
+    String::from_utf8(bytes).map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 /// Whether the open `file` is in `dir` (resolved): where the kernel says the file it opened

@@ -21,9 +21,9 @@ pub mod planner;
 pub mod range;
 pub mod workload;
 
-/// Make the directory of a carbon file (the lib dir, normally made already) with an explicit
-/// mode, 0755 root's (as `state::dirs` makes the lib dir), never the umask's.
+/// Make the directory of a carbon file (the lib dir, normally made already) as the store
+/// makes its directories ([`crate::state::dirs::ensure_dir`]: root's, 0755, checked), never
+/// with the umask's mode.
 pub(crate) fn create_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(crate::state::dirs::DIR_MODE).create(dir)
+    crate::state::dirs::ensure_dir(dir, crate::state::dirs::DIR_MODE).map_err(|e| std::io::Error::other(e.to_string()))
 }

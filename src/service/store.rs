@@ -89,32 +89,17 @@ pub struct ReplicaState {
 /// descriptor's, not the path's): never through a symlink (any component), never blocking
 /// on a FIFO, a regular file of at most [`MAX_FILE_BYTES`].
 fn read_with_metadata(path: &Path) -> Result<(Vec<u8>, std::fs::Metadata), StateError> {
-    use std::io::Read;
-    let file =
-        vgpu_abi::mapping::open_no_links(path, false).map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => StateError::NotRegular {
-                path: path.to_path_buf(),
-                kind: "symbolic link",
-            },
-            _ => StateError::io(path, e),
-        })?;
-    let meta = file.metadata().map_err(|e| StateError::io(path, e))?;
-    if !meta.file_type().is_file() {
-        return Err(StateError::NotRegular {
-            path: path.to_path_buf(),
-            kind: "special file",
-        });
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(StateError::Damaged {
-            path: path.to_path_buf(),
-            message: format!("{} bytes (at most {MAX_FILE_BYTES} expected)", meta.len()),
-        });
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| StateError::io(path, e))?;
+    use crate::state::small_file::{self, Links, SmallFileError};
+    let refused = |e: SmallFileError| match e {
+        SmallFileError::Io(e) => StateError::io(path, e),
+        SmallFileError::Link => StateError::NotRegular { path: path.to_path_buf(), kind: "symbolic link" },
+        SmallFileError::NotRegular => StateError::NotRegular { path: path.to_path_buf(), kind: "special file" },
+        SmallFileError::TooLarge(n) => {
+            StateError::Damaged { path: path.to_path_buf(), message: format!("{n} bytes (at most {MAX_FILE_BYTES} expected)") }
+        }
+    };
+    let (file, meta) = small_file::open(path, Links::Nowhere, MAX_FILE_BYTES).map_err(refused)?;
+    let bytes = small_file::read(file, MAX_FILE_BYTES).map_err(refused)?;
     Ok((bytes, meta))
 }
 

@@ -13,6 +13,7 @@ pub mod damaged;
 pub mod intent;
 pub mod lock;
 pub mod partition;
+pub mod small_file;
 pub mod workload;
 
 pub use damaged::DamagedRecord;

@@ -15,7 +15,7 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod gpu;
-pub(crate) mod identity;
+pub mod identity;
 pub(crate) mod launch;
 pub(crate) mod lifecycle;
 pub mod listing;

@@ -58,13 +58,15 @@ fn main() -> ExitCode {
 /// records and the service definitions from the caller's files. sudo cannot filter
 /// arguments the way its `env_reset` keeps `VGPU_CONFIG` and the like root's.
 fn root_only_option(matches: &clap::ArgMatches) -> Option<&'static str> {
-    if std::env::var("SUDO_UID").ok().is_none_or(|uid| uid == "0") {
-        return None;
-    }
-    [("config", "--config"), ("state_dir", "--state-dir"), ("lib_dir", "--lib-dir")]
+    let option = [("config", "--config"), ("state_dir", "--state-dir"), ("lib_dir", "--lib-dir")]
         .into_iter()
         .find(|(id, _)| matches.value_source(id) == Some(ValueSource::CommandLine))
-        .map(|(_, option)| option)
+        .map(|(_, option)| option)?;
+    // Who is a sudo caller, as `vgpu run` decides it: an unreadable SUDO_UID is one too.
+    match vgpu::identity::sudo_caller(std::env::var("SUDO_UID").ok().as_deref()) {
+        Ok(None) => None,
+        Ok(Some(_)) | Err(_) => Some(option),
+    }
 }
 
 /// Help and version go to stdout as clap writes them (exit 0), and so does the help shown

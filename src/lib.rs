@@ -15,6 +15,7 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod gpu;
+pub mod history;
 pub mod identity;
 pub(crate) mod launch;
 pub(crate) mod lifecycle;

@@ -1,0 +1,127 @@
+use super::*;
+use crate::audit::{idle_gpu, GpuProcessSample, GpuSample};
+use crate::state::workload::tests::sample;
+
+fn gpu(index: u32, counter: Option<u64>, power: Option<f64>, util: Option<u32>, processes: Vec<GpuProcessSample>) -> GpuSample {
+    GpuSample { energy_mj: counter, power_w: power, utilization_pct: util, sm_clock_mhz: Some(1980), ..idle_gpu(index, processes) }
+}
+
+fn process(pid: u32, cgroup: &str, pct: u32) -> GpuProcessSample {
+    GpuProcessSample { pid, start_time: Some(1), memory_bytes: None, sm_util_pct: Some(pct), owner: Owner::Workload(cgroup.into()) }
+}
+
+fn snapshot(t: u64, gpus: Vec<GpuSample>) -> Snapshot {
+    Snapshot { taken_unix_ms: t, taken_us: t * 1000, gpus }
+}
+
+/// A workload on GPU-0 in its own vGPU with `compute_pct`.
+fn workload(id: &str, compute_pct: u32) -> Workload {
+    let mut w = sample();
+    w.id = id.into();
+    w.vgpu = id.into();
+    w.cgroup = id.into();
+    w.gpus[0].uuid = "GPU-0".into();
+    w.gpus[0].compute_pct = compute_pct;
+    w
+}
+
+fn ledger(vgpu: &str, pct: u32, ns: u64) -> Ledger {
+    Ledger { vgpu: vgpu.into(), gpu_uuid: "GPU-0".into(), compute_pct: pct, charged_ns: ns }
+}
+
+#[test]
+fn first_round_remembers_and_the_next_takes_the_counter_delta() {
+    let (tick, prev) = build(&Previous::default(), &snapshot(1_000, vec![gpu(0, Some(5_000), Some(100.0), Some(50), vec![])]), &[], &[]);
+    assert_eq!(tick, Tick::default());
+    let (tick, _) = build(&prev, &snapshot(3_000, vec![gpu(0, Some(405_000), Some(250.0), Some(50), vec![])]), &[], &[]);
+    let row = &tick.gpus[0];
+    assert_eq!((row.t0_ms, row.t1_ms, row.energy_mj, row.energy_source), (1_000, 3_000, 400_000, EnergySource::Counter));
+    assert_eq!(row.busy_ms, Some(1_000));
+    assert_eq!(row.energy_counter_mj, Some(405_000));
+    assert_eq!(row.power_w, Some(250.0));
+}
+
+#[test]
+fn a_counter_that_went_back_or_is_missing_gives_power_times_duration() {
+    let (_, prev) = build(&Previous::default(), &snapshot(1_000, vec![gpu(0, Some(9_000_000), None, None, vec![])]), &[], &[]);
+    // The driver reloaded: the counter restarted near 0.
+    let (tick, prev) = build(&prev, &snapshot(2_000, vec![gpu(0, Some(10), Some(300.0), None, vec![])]), &[], &[]);
+    assert_eq!((tick.gpus[0].energy_mj, tick.gpus[0].energy_source), (300_000, EnergySource::Power));
+    assert_eq!(tick.gpus[0].busy_ms, None);
+    // No counter at all.
+    let (tick, prev) = build(&prev, &snapshot(2_500, vec![gpu(0, None, Some(100.0), None, vec![])]), &[], &[]);
+    assert_eq!((tick.gpus[0].energy_mj, tick.gpus[0].energy_source), (50_000, EnergySource::Power));
+    // Neither counter nor power: no row, nothing invented.
+    let (tick, _) = build(&prev, &snapshot(3_000, vec![gpu(0, None, None, None, vec![])]), &[], &[]);
+    assert!(tick.gpus.is_empty());
+}
+
+#[test]
+fn a_restart_bridges_a_short_gap_but_not_a_long_one() {
+    let restored = |t_ms| Previous { restored: [("GPU-0".to_string(), LastGpu { t_ms, counter_mj: Some(1_000) })].into(), ..Previous::default() };
+    let now = 1_000_000;
+    let snap = snapshot(now, vec![gpu(0, Some(61_000), Some(100.0), None, vec![process(7, "w", 100)])]);
+    let (tick, next) = build(&restored(now - 60_000), &snap, &[workload("w", 100)], &[]);
+    assert_eq!(tick.gpus.len(), 1);
+    assert_eq!((tick.gpus[0].t0_ms, tick.gpus[0].energy_mj), (now - 60_000, 60_000));
+    // Workload time is not known across the gap.
+    assert!(tick.workloads.is_empty());
+    assert!(next.restored.is_empty());
+    let (tick, _) = build(&restored(now - MAX_BRIDGE.as_millis() as u64 - 1), &snap, &[], &[]);
+    assert!(tick.gpus.is_empty());
+}
+
+#[test]
+fn the_ledger_counts_where_there_is_a_limit_and_it_advanced_else_nvml() {
+    let w = workload("w", 50);
+    let snap0 = snapshot(1_000, vec![gpu(0, Some(0), None, None, vec![process(7, "w", 40)])]);
+    let (_, prev) = build(&Previous::default(), &snap0, std::slice::from_ref(&w), &[ledger("w", 50, 1_000_000_000)]);
+    let snap1 = snapshot(2_000, vec![gpu(0, Some(1), None, None, vec![process(7, "w", 40)])]);
+    // 300 ms charged in the second.
+    let (tick, prev) = build(&prev, &snap1, std::slice::from_ref(&w), &[ledger("w", 50, 1_300_000_000)]);
+    assert_eq!(tick.workloads, vec![WorkloadRow { t0_ms: 1_000, t1_ms: 2_000, workload_id: "w".into(), gpu_uuid: "GPU-0".into(), busy_ms: 300, source: TimeSource::Ledger }]);
+    // The ledger did not advance (work the shim does not see): NVML's 40 %.
+    let snap2 = snapshot(3_000, vec![gpu(0, Some(2), None, None, vec![process(7, "w", 40)])]);
+    let (tick, prev) = build(&prev, &snap2, std::slice::from_ref(&w), &[ledger("w", 50, 1_300_000_000)]);
+    assert_eq!((tick.workloads[0].busy_ms, tick.workloads[0].source), (400, TimeSource::Nvml));
+    // No limit (100 %): NVML even though the ledger advanced.
+    let unlimited = workload("w", 100);
+    let snap3 = snapshot(4_000, vec![gpu(0, Some(3), None, None, vec![process(7, "w", 10)])]);
+    let (tick, _) = build(&prev, &snap3, std::slice::from_ref(&unlimited), &[ledger("w", 100, 2_000_000_000)]);
+    assert_eq!((tick.workloads[0].busy_ms, tick.workloads[0].source), (100, TimeSource::Nvml));
+}
+
+#[test]
+fn a_shared_vgpu_is_split_by_nvml_not_by_its_common_ledger() {
+    let (mut a, mut b) = (workload("a", 50), workload("b", 50));
+    a.vgpu = "p-x".into();
+    b.vgpu = "p-x".into();
+    let procs = || vec![process(1, "a", 30), process(2, "b", 20)];
+    let (_, prev) = build(&Previous::default(), &snapshot(0, vec![gpu(0, Some(0), None, None, procs())]), &[a.clone(), b.clone()], &[ledger("p-x", 50, 0)]);
+    let (tick, _) = build(&prev, &snapshot(1_000, vec![gpu(0, Some(0), None, None, procs())]), &[a, b], &[ledger("p-x", 50, 900_000_000)]);
+    let got: Vec<_> = tick.workloads.iter().map(|r| (r.workload_id.as_str(), r.busy_ms, r.source)).collect();
+    assert_eq!(got, [("a", 300, TimeSource::Nvml), ("b", 200, TimeSource::Nvml)]);
+}
+
+#[test]
+fn gpu_time_is_capped_at_the_duration_and_zero_is_not_recorded() {
+    let w = workload("w", 50);
+    let procs = vec![process(1, "w", 100), process(2, "w", 100)];
+    let (_, prev) = build(&Previous::default(), &snapshot(0, vec![gpu(0, None, None, None, procs.clone())]), std::slice::from_ref(&w), &[ledger("w", 50, 0)]);
+    // NVML: two processes at 100 % each.
+    let (tick, _) = build(&prev, &snapshot(500, vec![gpu(0, None, None, None, procs)]), std::slice::from_ref(&w), &[ledger("w", 50, 0)]);
+    assert_eq!(tick.workloads[0].busy_ms, 500);
+    // The ledger charged more than the interval (work queued ahead).
+    let (tick, _) = build(&prev, &snapshot(500, vec![gpu(0, None, None, None, vec![])]), std::slice::from_ref(&w), &[ledger("w", 50, 2_000_000_000)]);
+    assert_eq!((tick.workloads[0].busy_ms, tick.workloads[0].source), (500, TimeSource::Ledger));
+    // Idle: no row.
+    let (tick, _) = build(&prev, &snapshot(500, vec![gpu(0, None, None, None, vec![process(1, "w", 0)])]), &[w], &[ledger("w", 50, 0)]);
+    assert!(tick.workloads.is_empty());
+}
+
+#[test]
+fn a_clock_that_stepped_back_records_nothing() {
+    let (_, prev) = build(&Previous::default(), &snapshot(5_000, vec![gpu(0, Some(0), Some(1.0), None, vec![])]), &[], &[]);
+    let (tick, _) = build(&prev, &snapshot(4_000, vec![gpu(0, Some(10), Some(1.0), None, vec![process(1, "w", 50)])]), &[workload("w", 100)], &[]);
+    assert_eq!(tick, Tick::default());
+}

@@ -176,7 +176,7 @@ fn examples(roff: &mut Roff) {
 const FILES: &[(&str, &str, &[&str])] = &[
     (
         "/etc/vgpu/config.toml",
-        "The configuration (--config, VGPU_CONFIG): state directories, [policy], [compute], [pool], [carbon], [watch], [suspend]. A missing default file means the defaults.",
+        "The configuration (--config, VGPU_CONFIG): state directories, [policy], [compute], [pool], [carbon], [watch], [suspend], [history]. A missing default file means the defaults.",
         &["run", "update", "partition", "pool", "carbon", "watch", "doctor"],
     ),
     (
@@ -202,6 +202,11 @@ const FILES: &[(&str, &str, &[&str])] = &[
     ("/var/lib/vgpu/", "Persistent state (--lib-dir, VGPU_LIB_DIR).", &["doctor"]),
     ("/var/lib/vgpu/partitions.json", "The partitions.", &["partition", "run"]),
     ("/var/lib/vgpu/carbon.jsonl", "The log of applied clock plans, one JSON object a line.", &["carbon"]),
+    (
+        "/var/lib/vgpu/history.db",
+        "The history (SQLite, mode 0644): each GPU's energy and each workload's GPU time per vgpu watch interval, intensity readings, clock decisions; kept [history] keep (90 days). Schema and example queries: docs/history.md.",
+        &["watch", "carbon"],
+    ),
     ("/var/lib/vgpu/carbon-intensity.json", "The last carbon intensity read, used when the source does not answer.", &["carbon"]),
     (
         "libvgpu.so",

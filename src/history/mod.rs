@@ -14,6 +14,7 @@ pub const SCHEMA_VERSION: i64 = 1;
 /// Every table and index, `CREATE … IF NOT EXISTS`.
 pub const SCHEMA: &str = include_str!("schema.sql");
 
+pub mod config;
 pub mod db;
 pub mod store;
 pub mod tick;

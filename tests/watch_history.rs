@@ -298,3 +298,23 @@ fn a_link_in_place_of_the_database_is_refused_not_followed() {
     assert!(!sim.path("elsewhere.db-wal").exists());
     assert!(std::fs::symlink_metadata(db_path(&sim)).unwrap().file_type().is_symlink());
 }
+
+#[test]
+fn carbon_apply_records_the_intensity_it_used_and_its_decision() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config("[carbon]\nsource = \"static\"\nvalue = 250\nbudget_g_per_hour = 500\n");
+    for args in [&["carbon", "apply", "--json"][..], &["carbon", "apply", "--json", "--intensity", "300"]] {
+        let out = sim.vgpu(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let conn = open(&sim);
+    let mut stmt = conn.prepare("SELECT action, intensity, json_extract(record, '$.intensity') FROM decisions ORDER BY ts_ms").unwrap();
+    let decisions: Vec<(String, f64, f64)> = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    assert_eq!(decisions, [("apply".to_string(), 250.0, 250.0), ("apply".to_string(), 300.0, 300.0)]);
+    // The source's reading is recorded; an --intensity override is not a reading of the grid.
+    let mut stmt = conn.prepare("SELECT kind, g_per_kwh, source FROM intensity").unwrap();
+    let readings: Vec<(String, f64, String)> = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    assert_eq!(readings.len(), 1, "{readings:?}");
+    assert_eq!((readings[0].0.as_str(), readings[0].1), ("reading", 250.0), "{readings:?}");
+}

@@ -179,6 +179,7 @@ fn try_apply(ctx: &Context, store: &Store, intensity: &Intensity, change: &Chang
     if let Err(e) = log::append(&ctx.lib_path(LOG_FILE), &decision, rotation) {
         warnings.push(format!("carbon: the caps are set but the decision was not logged: {e}"));
     }
+    crate::history::best_effort(&ctx.lib_dir, &ctx.config.history, "the clock decision", |h| h.record_decision(&decision));
     Ok(Report { decision: Some(decision), warnings })
 }
 

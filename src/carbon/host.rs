@@ -27,7 +27,15 @@ pub fn remembered_intensity(ctx: &Context, now: DateTime<Utc>) -> Result<Intensi
     let not_read = intensity::NotRead(source.describe());
     let cache = Cache::new(ctx.lib_path(CACHE_FILE));
     let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember: false };
-    Ok(intensity::resolve(&not_read, &policy, now)?)
+    let found = intensity::resolve(&not_read, &policy, now)?;
+    record_intensity(ctx, &found, now);
+    Ok(found)
+}
+
+/// The intensity a decision is made with, in the history (best effort).
+fn record_intensity(ctx: &Context, found: &Intensity, now: DateTime<Utc>) {
+    let now_ms = now.timestamp_millis().max(0) as u64;
+    crate::history::best_effort(&ctx.lib_dir, &ctx.config.history, "the carbon intensity", |h| h.record_resolved(found, now_ms));
 }
 
 /// What is said when NVML cannot be loaded.
@@ -55,7 +63,12 @@ pub fn resolve_intensity(ctx: &Context, now: DateTime<Utc>, remember: bool) -> R
     let source = intensity::from_config(config).map_err(|e| UsageError::new(e.to_string()))?;
     let cache = Cache::new(ctx.lib_path(CACHE_FILE));
     let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember };
-    Ok(intensity::resolve(source.as_ref(), &policy, now)?)
+    let found = intensity::resolve(source.as_ref(), &policy, now)?;
+    // Commands that only look (`plan`, remember = false) write nothing.
+    if remember {
+        record_intensity(ctx, &found, now);
+    }
+    Ok(found)
 }
 
 /// NVML, as root may use it.

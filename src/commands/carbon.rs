@@ -251,6 +251,7 @@ fn report(
     // run() validated the config: the rotation settings are good.
     let rotation = ctx.config.carbon.log_rotation().unwrap_or_default();
     let logged = log::append(&ctx.lib_path(LOG_FILE), decision, rotation);
+    crate::history::best_effort(&ctx.lib_dir, &ctx.config.history, "the clock decision", |h| h.record_decision(decision));
     let action = match decision.action {
         Action::Apply => "carbon apply",
         Action::Reset => "carbon reset",

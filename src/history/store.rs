@@ -42,6 +42,15 @@ impl WriteError {
         }
     }
 
+    /// The caller may not write the database (a user's command where root's watch records).
+    pub fn is_permission(&self) -> bool {
+        match self {
+            WriteError::Open(HistoryError::Io { source, .. }) => source.kind() == std::io::ErrorKind::PermissionDenied,
+            WriteError::Sqlite { source, .. } => matches!(source.sqlite_error_code(), Some(ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::PermissionDenied)),
+            _ => false,
+        }
+    }
+
     fn from_sqlite(path: &Path, source: rusqlite::Error) -> WriteError {
         let path = path.to_path_buf();
         match source.sqlite_error_code() {

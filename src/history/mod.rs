@@ -24,14 +24,15 @@ pub use store::{History, WriteError};
 /// Record something in `<lib_dir>/history.db` for a command that is not the watch (an
 /// intensity it resolved, a decision it logged): best effort. Nothing when `[history]
 /// enabled = false`; a failure is a warning, or a debug line where this caller may not
-/// write the database (not root).
+/// write the database (not root, or refused the directory or file).
 pub fn best_effort<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig, what: &str, f: impl FnOnce(&History) -> Result<T, WriteError>) {
     if !config.enabled {
         return;
     }
     match History::open(lib_dir).and_then(|h| f(&h)) {
         Ok(_) => {}
-        Err(e) if e.is_permission() => tracing::debug!("history: cannot record {what}: {e}"),
+        // Root's watch and commands record; a user's command may not write there.
+        Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => tracing::debug!("history: cannot record {what}: {e}"),
         Err(e) => tracing::warn!("history: cannot record {what}: {e}"),
     }
 }

@@ -294,8 +294,8 @@ impl Watch {
                 // reason when its workload ends.
                 self.records.add(&id, enforce::killed(self.me, &breach.reason, fresh.iter().map(|p| p.pid).collect()));
                 self.records.flush(&self.store, events);
-                let whose = enforce::whose(&workloads, &id);
-                let labels = crate::metrics::WorkloadLabels::find(&workloads, &id);
+                let whose = enforce::whose(workloads, &id);
+                let labels = crate::metrics::WorkloadLabels::find(workloads, &id);
                 for p in fresh {
                     if let Some(event) = self.terminations.terminate(p, &whose, &breach.reason, now, config.kill_after) {
                         if event.level != Level::Warn {
@@ -306,7 +306,7 @@ impl Watch {
                 }
             }
         }
-        let round = compute::Round { store: &self.store, workloads: &workloads, files: &files, snapshot, config: &config, now, counters: self.metrics.enforcements() };
+        let round = compute::Round { store: &self.store, workloads, files, snapshot, config: &config, now, counters: self.metrics.enforcements() };
         self.compute.round(&round, &mut self.terminations, &mut self.records, events);
         let vgpu_gpus: HashSet<String> = workloads.iter().flat_map(|w| w.gpus.iter().map(|g| g.uuid.clone())).collect();
         self.unmanaged = unmanaged::find(snapshot, &vgpu_gpus, &[self.me.pid]);

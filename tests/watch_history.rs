@@ -103,8 +103,10 @@ fn energy_adds_up_across_rounds_and_a_restart_and_workload_time_is_the_ledger() 
     let first = gpu_rows(&conn);
     assert!(first.len() >= 10, "2 s at 200 ms rounds: {first:?}");
     assert_energy_adds_up(&first);
-    let (id, ended): (String, Option<i64>) = conn.query_row("SELECT id, ended_ms FROM workloads WHERE name = 'hist'", [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+    let (id, ended, outcome): (String, Option<i64>, Option<String>) =
+        conn.query_row("SELECT id, ended_ms, outcome FROM workloads WHERE name = 'hist'", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap();
     assert!(ended.is_some(), "its end is recorded");
+    assert_eq!(outcome.as_deref(), Some("exit 0"), "vgpu run says how it ended");
     let mut stmt = conn.prepare("SELECT t1_ms - t0_ms, busy_ms, source FROM workload_gpu_time WHERE workload_id = ?1").unwrap();
     let times: Vec<(i64, i64, String)> = stmt.query_map([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
     assert!(!times.is_empty(), "GPU time recorded");

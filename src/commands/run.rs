@@ -271,6 +271,7 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     tracing::debug!("cgroup {}, vGPU {}, priority {}", w.cgroup, w.vgpu, w.priority);
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request);
     let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
+    launch::record_end(ctx, w, &result);
     let code = result?;
     cleanup?;
     tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);

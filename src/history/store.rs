@@ -223,13 +223,15 @@ impl History {
         Ok(())
     }
 
-    /// Record that a workload ended (only the first end counts). Returns whether a row
-    /// changed.
+    /// Record that a workload ended: the first end's time counts, and the first outcome said
+    /// (the watch sees a record gone without knowing how it ended; `vgpu run` knows). Returns
+    /// whether a row changed.
     pub fn end_workload(&self, id: &str, ended_ms: u64, outcome: Option<&str>) -> Result<bool, WriteError> {
         let n = self
             .conn
             .execute(
-                "UPDATE workloads SET ended_ms = ?2, outcome = coalesce(?3, outcome) WHERE id = ?1 AND ended_ms IS NULL",
+                "UPDATE workloads SET ended_ms = coalesce(ended_ms, ?2), outcome = coalesce(outcome, ?3)
+                 WHERE id = ?1 AND (ended_ms IS NULL OR (outcome IS NULL AND ?3 IS NOT NULL))",
                 params![id, ms(ended_ms), outcome],
             )
             .map_err(self.err())?;

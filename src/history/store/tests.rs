@@ -51,8 +51,11 @@ fn workloads_keep_their_start_and_their_first_end() {
     info.name = "renamed".into();
     h.upsert_workload(&info).unwrap();
     assert_eq!(h.running_workloads().unwrap(), vec![info.id.clone()]);
-    assert!(h.end_workload(&info.id, 500, Some("exit 0")).unwrap());
-    assert!(!h.end_workload(&info.id, 600, None).unwrap());
+    // The watch sees it gone first; vgpu run then says how it ended.
+    assert!(h.end_workload(&info.id, 500, None).unwrap());
+    assert!(!h.end_workload(&info.id, 550, None).unwrap());
+    assert!(h.end_workload(&info.id, 600, Some("exit 0")).unwrap());
+    assert!(!h.end_workload(&info.id, 700, Some("exit 1")).unwrap());
     let got: (String, i64, i64, String, String) = h
         .connection()
         .query_row("SELECT name, started_ms, ended_ms, outcome, gpus FROM workloads", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))

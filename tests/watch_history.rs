@@ -4,7 +4,9 @@
 //! ledger, within each interval; a watch killed inside a round's transaction leaves a sound
 //! database without that round; a full disk is one clear warning, enforcement goes on, and
 //! recording resumes when space is back; retention deletes old rows only; `enabled = false`
-//! records nothing; a link in place of history.db is refused, never followed.
+//! records nothing; a link in place of history.db is refused, never followed; `[history]
+//! interval` adds rounds up into longer rows; `vgpu carbon apply` records its intensity and
+//! decision.
 //!
 //! Synchronisation: the watch's `ready` and `round N done` lines, its warnings, and `vgpu
 //! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
@@ -319,4 +321,20 @@ fn carbon_apply_records_the_intensity_it_used_and_its_decision() {
     let readings: Vec<(String, f64, String)> = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
     assert_eq!(readings.len(), 1, "{readings:?}");
     assert_eq!((readings[0].0.as_str(), readings[0].1), ("reading", 250.0), "{readings:?}");
+}
+
+#[test]
+fn a_history_interval_adds_rounds_up_and_the_stop_writes_the_rest() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config("[history]\ninterval = \"1s\"\n"));
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(13);
+    assert!(watch.stop().success());
+    let rows = gpu_rows(&open(&sim));
+    assert!(rows.len() >= 2, "{rows:?}");
+    // 200 ms rounds, a row per second at least; the last, written at the stop, may be shorter.
+    assert!(rows[..rows.len() - 1].iter().all(|r| r.1 - r.0 >= 1000), "{rows:?}");
+    assert!(rows.len() <= 4, "13 rounds of 200 ms in rows of 1 s: {rows:?}");
+    assert_energy_adds_up(&rows);
 }

@@ -4,6 +4,7 @@
 //! [history]
 //! enabled = true   # false: vgpu watch records nothing
 //! keep = "90d"     # rows older than this are deleted (at start, then hourly)
+//! interval = "0s"  # one row per GPU (and workload) per this much; 0s: per watch round
 //! ```
 
 use std::time::Duration;
@@ -14,6 +15,8 @@ use serde::Deserialize;
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(90 * 86_400);
 /// The shortest retention: an hour (retention runs hourly).
 pub const MIN_KEEP: Duration = Duration::from_secs(3600);
+/// The longest recording interval.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -21,11 +24,15 @@ pub struct HistoryConfig {
     pub enabled: bool,
     #[serde(with = "humantime_serde")]
     pub keep: Duration,
+    /// How long one row covers at least: the watch's rounds are added up until then
+    /// (zero: every round is written).
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
 }
 
 impl Default for HistoryConfig {
     fn default() -> Self {
-        HistoryConfig { enabled: true, keep: DEFAULT_KEEP }
+        HistoryConfig { enabled: true, keep: DEFAULT_KEEP, interval: Duration::ZERO }
     }
 }
 
@@ -37,6 +44,13 @@ impl HistoryConfig {
                 "[history] keep: must be at least {}, got {}",
                 humantime::format_duration(MIN_KEEP),
                 humantime::format_duration(self.keep)
+            ));
+        }
+        if self.interval > MAX_INTERVAL {
+            return Err(format!(
+                "[history] interval: must be at most {}, got {}",
+                humantime::format_duration(MAX_INTERVAL),
+                humantime::format_duration(self.interval)
             ));
         }
         Ok(())
@@ -54,9 +68,9 @@ mod tests {
         assert_eq!(c, HistoryConfig::default());
         assert!(c.enabled);
         assert_eq!(c.keep, Duration::from_secs(90 * 86_400));
-        let c = Config::parse("[history]\nenabled = false\nkeep = \"7d\"\n").unwrap().history;
+        let c = Config::parse("[history]\nenabled = false\nkeep = \"7d\"\ninterval = \"10s\"\n").unwrap().history;
         c.validate().unwrap();
-        assert_eq!(c, HistoryConfig { enabled: false, keep: Duration::from_secs(7 * 86_400) });
+        assert_eq!(c, HistoryConfig { enabled: false, keep: Duration::from_secs(7 * 86_400), interval: Duration::from_secs(10) });
     }
 
     #[test]
@@ -67,5 +81,7 @@ mod tests {
         assert!(err.contains("kep"), "{err}");
         let err = Config::parse("[history]\nkeep = \"5m\"\n").unwrap().validate().unwrap_err();
         assert!(err.contains("[history] keep") && !err.contains('\n'), "{err}");
+        let err = Config::parse("[history]\ninterval = \"2h\"\n").unwrap().validate().unwrap_err();
+        assert!(err.contains("[history] interval"), "{err}");
     }
 }

@@ -90,6 +90,47 @@ pub struct Tick {
     pub workloads: Vec<WorkloadRow>,
 }
 
+impl Tick {
+    /// Add the next round's rows (whose intervals start where these end) to these: one
+    /// longer interval per GPU and per workload on a GPU, so that the history can be written
+    /// less often than the watch's rounds (`[history] interval`) or after a failed write.
+    /// Energy and busy time add up; clock, power and counter are the latest; a GPU
+    /// interval with any part from power × duration is 'power', a workload interval with any
+    /// part from NVML is 'nvml'. A row that does not continue one here is kept as it is.
+    pub fn absorb(&mut self, next: Tick) {
+        for r in next.gpus {
+            match self.gpus.iter_mut().find(|o| o.gpu_uuid == r.gpu_uuid && o.t1_ms == r.t0_ms) {
+                Some(o) => {
+                    o.t1_ms = r.t1_ms;
+                    o.energy_mj += r.energy_mj;
+                    if r.energy_source == EnergySource::Power {
+                        o.energy_source = EnergySource::Power;
+                    }
+                    o.busy_ms = o.busy_ms.zip(r.busy_ms).map(|(a, b)| a + b);
+                    (o.gpu_index, o.sm_clock_mhz, o.power_w, o.energy_counter_mj) = (r.gpu_index, r.sm_clock_mhz, r.power_w, r.energy_counter_mj);
+                }
+                None => self.gpus.push(r),
+            }
+        }
+        for r in next.workloads {
+            match self.workloads.iter_mut().find(|o| o.workload_id == r.workload_id && o.gpu_uuid == r.gpu_uuid && o.t1_ms == r.t0_ms) {
+                Some(o) => {
+                    o.t1_ms = r.t1_ms;
+                    o.busy_ms += r.busy_ms;
+                    if r.source == TimeSource::Nvml {
+                        o.source = TimeSource::Nvml;
+                    }
+                }
+                None => self.workloads.push(r),
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty() && self.workloads.is_empty()
+    }
+}
+
 /// A GPU's previous reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LastGpu {

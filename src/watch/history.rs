@@ -4,8 +4,8 @@
 //! A history failure (full disk, a lock held too long, a damaged file, a link in place of
 //! the database) never stops enforcement: it is said once per kind of failure, the
 //! connection is dropped, and the next round tries again. A round that could not be written
-//! is not lost: the next one continues from the last interval written (the energy counter's
-//! delta covers both).
+//! is not lost: it is kept and written with the next (one longer interval, the same totals).
+//! With `[history] interval` the rounds are added up the same way until it has passed.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use super::Event;
 use crate::audit::Snapshot;
 use crate::history::config::HistoryConfig;
 use crate::history::store::WorkloadInfo;
-use crate::history::tick::{self, Ledger, Previous};
+use crate::history::tick::{self, Ledger, Previous, Tick};
 use crate::history::{History, WriteError};
 use crate::state::Workload;
 
@@ -27,6 +27,10 @@ pub struct Recorder {
     config: HistoryConfig,
     db: Option<History>,
     prev: Previous,
+    /// Rounds built but not written yet (`[history] interval`, or a failed write), and the
+    /// time of the first of them.
+    pending: Tick,
+    pending_since: Option<u64>,
     /// Workloads recorded in this run (upserted), to see them end.
     seen: HashSet<String>,
     /// Kinds of failure already said, until a write succeeds again.
@@ -43,6 +47,8 @@ impl Recorder {
             config,
             db: None,
             prev: Previous::default(),
+            pending: Tick::default(),
+            pending_since: None,
             seen: HashSet::new(),
             warned: BTreeSet::new(),
             last_prune: None,
@@ -130,14 +136,42 @@ impl Recorder {
         }
         if let Some(snapshot) = snapshot {
             let (rows, next) = tick::build(&self.prev, snapshot, workloads, ledgers);
-            db.record_tick(&rows)?;
-            // Only once written: a round that failed is covered by the next.
             self.prev = next;
+            self.pending.absorb(rows);
+            let since = *self.pending_since.get_or_insert(snapshot.taken_unix_ms);
+            if snapshot.taken_unix_ms.saturating_sub(since) >= self.config.interval.as_millis() as u64 {
+                // Kept until written: a round that could not be written is covered by the next.
+                db.record_tick(&self.pending)?;
+                self.pending = Tick::default();
+                self.pending_since = None;
+            }
         }
         Ok(())
+    }
+
+    /// Write what is pending (the watch stops).
+    pub fn flush(&mut self, events: &mut Vec<Event>) {
+        if !self.config.enabled || self.pending.is_empty() {
+            return;
+        }
+        let written = match &mut self.db {
+            Some(db) => db.record_tick(&self.pending),
+            None => History::open(&self.lib_dir).and_then(|mut db| db.record_tick(&self.pending)),
+        };
+        match written {
+            Ok(()) => self.pending = Tick::default(),
+            Err(e) => events.push(Event::warn(format!("history: the last {} of readings were not recorded: {e}", pending_span(&self.pending)))),
+        }
     }
 }
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// How long what is pending covers, for a message.
+fn pending_span(t: &Tick) -> String {
+    let t0 = t.gpus.iter().map(|r| r.t0_ms).chain(t.workloads.iter().map(|r| r.t0_ms)).min().unwrap_or(0);
+    let t1 = t.gpus.iter().map(|r| r.t1_ms).chain(t.workloads.iter().map(|r| r.t1_ms)).max().unwrap_or(0);
+    humantime::format_duration(Duration::from_millis(t1.saturating_sub(t0))).to_string()
 }

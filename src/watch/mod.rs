@@ -263,6 +263,7 @@ impl Watch {
     pub fn shutdown(&mut self) -> Vec<Event> {
         let mut events = self.services.stop();
         events.extend(self.compute.stop(&self.store));
+        self.history.flush(&mut events);
         events
     }
 

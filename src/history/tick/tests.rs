@@ -125,3 +125,33 @@ fn a_clock_that_stepped_back_records_nothing() {
     let (tick, _) = build(&prev, &snapshot(4_000, vec![gpu(0, Some(10), Some(1.0), None, vec![process(1, "w", 50)])]), &[workload("w", 100)], &[]);
     assert_eq!(tick, Tick::default());
 }
+
+#[test]
+fn rounds_absorbed_make_one_interval_with_the_same_totals() {
+    let w = workload("w", 50);
+    let mut prev = Previous::default();
+    let mut whole = Tick::default();
+    let mut written = Vec::new();
+    for (i, (counter, power, ns, pct)) in [(0, Some(100.0), 0, 0), (1_000, Some(110.0), 300_000_000, 20), (1_500, Some(120.0), 300_000_000, 30), (900, Some(130.0), 700_000_000, 0)].into_iter().enumerate() {
+        let snap = snapshot(1_000 * (i as u64 + 1), vec![gpu(0, Some(counter), power, Some(50), vec![process(7, "w", pct)])]);
+        let (tick, next) = build(&prev, &snap, std::slice::from_ref(&w), &[ledger("w", 50, ns)]);
+        written.push(tick.clone());
+        whole.absorb(tick);
+        prev = next;
+    }
+    assert_eq!(whole.gpus.len(), 1);
+    let g = &whole.gpus[0];
+    assert_eq!((g.t0_ms, g.t1_ms), (1_000, 4_000));
+    // 1000 + 500 by the counter, then the driver reloaded: 130 W × 1 s.
+    assert_eq!((g.energy_mj, g.energy_source, g.busy_ms, g.power_w, g.energy_counter_mj), (131_500, EnergySource::Power, Some(1_500), Some(130.0), Some(900)));
+    let sum: u64 = written.iter().flat_map(|t| &t.gpus).map(|r| r.energy_mj).sum();
+    assert_eq!(g.energy_mj, sum);
+    // Ledger 300 ms, then NVML 30 % (the ledger did not advance), then ledger 400 ms.
+    assert_eq!(whole.workloads, vec![WorkloadRow { t0_ms: 1_000, t1_ms: 4_000, workload_id: "w".into(), gpu_uuid: "GPU-0".into(), busy_ms: 1_000, source: TimeSource::Nvml }]);
+    // A row that does not continue another is kept apart.
+    let mut t = whole.clone();
+    let mut apart = whole.workloads[0].clone();
+    (apart.t0_ms, apart.t1_ms) = (5_000, 6_000);
+    t.absorb(Tick { gpus: vec![], workloads: vec![apart] });
+    assert_eq!(t.workloads.len(), 2);
+}

@@ -205,7 +205,8 @@ fn fill(path: &Path) {
 fn a_full_disk_is_one_clear_warning_enforcement_goes_on_and_recording_resumes() {
     let _serial = serial();
     let sim = Sim::new(ONE_GPU);
-    sim.write_vgpu_config(&config(""));
+    let prom = sim.path("vgpu.prom");
+    sim.write_vgpu_config(&config(&format!("textfile = \"{}\"\n", prom.display())));
     let _mount = Mount::tmpfs(&sim.path("lib"), "16m");
     let mut watch = Watch::start(&sim, &[]);
     watch.wait_rounds(2);
@@ -213,8 +214,10 @@ fn a_full_disk_is_one_clear_warning_enforcement_goes_on_and_recording_resumes() 
     fill(&filler);
     let warning = watch.wait_line("the disk-full warning", |l| l.contains("history: cannot record"));
     assert!(warning.contains("history.db: disk full"), "{warning}");
-    // Rounds go on, and the warning is not repeated.
+    // Rounds go on, and the warning is not repeated; the metrics count the failures.
     watch.wait_rounds(3);
+    let counted = |l: &str| l.starts_with("vgpu_history_write_failures_total{kind=\"disk-full\"} ") && !l.ends_with(" 0");
+    common::wait_for("the metrics to count the failures", || std::fs::read_to_string(&prom).is_ok_and(|t| t.lines().any(counted)));
     assert_eq!(watch.log.iter().filter(|l| l.contains("warning: history: cannot record")).count(), 1, "{:#?}", watch.log);
     let conn = open(&sim);
     assert_eq!(integrity(&conn), "ok");

@@ -36,8 +36,6 @@ pub struct Recorder {
     /// Kinds of failure already said, until a write succeeds again.
     warned: BTreeSet<&'static str>,
     last_prune: Option<Instant>,
-    /// Writes that failed, for the metrics.
-    pub failures: u64,
 }
 
 impl Recorder {
@@ -52,7 +50,6 @@ impl Recorder {
             seen: HashSet::new(),
             warned: BTreeSet::new(),
             last_prune: None,
-            failures: 0,
         }
     }
 
@@ -69,9 +66,10 @@ impl Recorder {
 
     /// Record one round. `snapshot`: the GPUs now (None: NVML unavailable, only workloads
     /// are recorded); `ended`: workloads this round's reconcile tore down, with how.
-    pub fn round(&mut self, snapshot: Option<&Snapshot>, workloads: &[Workload], ledgers: &[Ledger], ended: &HashMap<String, String>, events: &mut Vec<Event>) {
+    /// Returns the kind of failure when the round could not be recorded.
+    pub fn round(&mut self, snapshot: Option<&Snapshot>, workloads: &[Workload], ledgers: &[Ledger], ended: &HashMap<String, String>, events: &mut Vec<Event>) -> Option<&'static str> {
         if !self.config.enabled {
-            return;
+            return None;
         }
         match self.try_round(snapshot, workloads, ledgers, ended, events) {
             Ok(()) => {
@@ -79,9 +77,9 @@ impl Recorder {
                     self.warned.clear();
                     events.push(Event::info("history: recording again"));
                 }
+                None
             }
             Err(e) => {
-                self.failures += 1;
                 // A fresh connection next round (a replaced or repaired file is opened anew).
                 self.db = None;
                 if self.warned.insert(e.kind()) {
@@ -89,6 +87,7 @@ impl Recorder {
                 } else {
                     events.push(Event::debug(format!("history: cannot record: {e}")));
                 }
+                Some(e.kind())
             }
         }
     }

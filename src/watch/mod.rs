@@ -246,7 +246,9 @@ impl Watch {
         }
         let ledgers: Vec<_> = files.iter().flat_map(|f| f.ledgers()).collect();
         let ended = std::mem::take(&mut self.ended);
-        self.history.round(self.snapshot.as_ref(), &workloads, &ledgers, &ended, &mut events);
+        if let Some(kind) = self.history.round(self.snapshot.as_ref(), &workloads, &ledgers, &ended, &mut events) {
+            self.metrics.enforcements().history_failure(kind);
+        }
         events.extend(self.compute.events());
         events.extend(self.terminations.tick(Instant::now()));
         self.records.flush(&self.store, &mut events);

@@ -24,6 +24,8 @@ pub enum WriteError {
     Busy { path: PathBuf },
     #[error("{}: damaged: {detail} (move it aside; vgpu watch starts a new one)", .path.display())]
     Damaged { path: PathBuf, detail: String },
+    #[error("{}: a symbolic link: refused, never followed (remove it; the watch then creates the database)", .path.display())]
+    Link { path: PathBuf },
     #[error(transparent)]
     Open(HistoryError),
     #[error("{}: {source}", .path.display())]
@@ -37,7 +39,7 @@ impl WriteError {
             WriteError::DiskFull { .. } => "disk-full",
             WriteError::Busy { .. } => "busy",
             WriteError::Damaged { .. } => "damaged",
-            WriteError::Open(_) => "open",
+            WriteError::Link { .. } | WriteError::Open(_) => "open",
             WriteError::Sqlite { .. } => "sqlite",
         }
     }
@@ -66,6 +68,7 @@ impl WriteError {
             HistoryError::Io { path, source } if source.raw_os_error() == Some(libc::ENOSPC) => {
                 WriteError::DiskFull { path, detail: source.to_string() }
             }
+            HistoryError::Io { path, source } if source.raw_os_error() == Some(libc::ELOOP) => WriteError::Link { path },
             HistoryError::Sqlite { path, source } => WriteError::from_sqlite(&path, source),
             other => WriteError::Open(other),
         }

@@ -136,4 +136,6 @@ fn errors_are_classified() {
     assert_eq!(WriteError::from_sqlite(&path, busy).kind(), "busy");
     let enospc = HistoryError::Io { path: path.clone(), source: std::io::Error::from_raw_os_error(libc::ENOSPC) };
     assert_eq!(WriteError::from_open(enospc).kind(), "disk-full");
+    let link = HistoryError::Io { path: path.clone(), source: std::io::Error::from_raw_os_error(libc::ELOOP) };
+    assert!(WriteError::from_open(link).to_string().contains("a symbolic link: refused, never followed"));
 }

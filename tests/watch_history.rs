@@ -6,7 +6,7 @@
 //! recording resumes when space is back; retention deletes old rows only; `enabled = false`
 //! records nothing; a link in place of history.db is refused, never followed; `[history]
 //! interval` adds rounds up into longer rows; `vgpu carbon apply` records its intensity and
-//! decision.
+//! decision; a workload ends with `vgpu run`'s exit status, or as reconcile found it.
 //!
 //! Synchronisation: the watch's `ready` and `round N done` lines, its warnings, and `vgpu
 //! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
@@ -340,4 +340,26 @@ fn a_history_interval_adds_rounds_up_and_the_stop_writes_the_rest() {
     assert!(rows[..rows.len() - 1].iter().all(|r| r.1 - r.0 >= 1000), "{rows:?}");
     assert!(rows.len() <= 4, "13 rounds of 200 ms in rows of 1 s: {rows:?}");
     assert_energy_adds_up(&rows);
+}
+
+#[test]
+fn a_workload_whose_supervisor_died_is_recorded_ended_by_the_watch() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    let mut watch = Watch::start(&sim, &[]);
+    let mut supervisor = sim.spawn_running("orphan", &["--mem", "1G"], "exec sleep 3600");
+    // Seen by a round after it runs.
+    watch.drain();
+    watch.wait_rounds(2);
+    supervisor.kill().unwrap();
+    supervisor.wait().unwrap();
+    watch.wait_line("reconcile to clean it up", |l| l.contains("cleaned up workload orphan"));
+    watch.wait_rounds(1);
+    assert!(watch.stop().success());
+    let (ended, outcome): (Option<i64>, Option<String>) =
+        open(&sim).query_row("SELECT ended_ms, outcome FROM workloads WHERE name = 'orphan'", [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+    assert!(ended.is_some());
+    let outcome = outcome.unwrap_or_default();
+    assert!(outcome.starts_with("supervisor (pid ") && outcome.ends_with(") died"), "{outcome}");
 }

@@ -128,7 +128,9 @@ impl Recorder {
             }
         }
         let live: HashSet<&str> = workloads.iter().map(|w| w.id.as_str()).collect();
-        let gone: Vec<String> = self.seen.iter().filter(|id| !live.contains(id.as_str())).cloned().collect();
+        // Those seen before, and those reconcile tore down before the watch saw them.
+        let mut gone: Vec<String> = self.seen.iter().filter(|id| !live.contains(id.as_str())).cloned().collect();
+        gone.extend(ended.keys().filter(|id| !self.seen.contains(*id) && !live.contains(id.as_str())).cloned());
         for id in gone {
             db.end_workload(&id, now_ms, ended.get(&id).map(String::as_str))?;
             self.seen.remove(&id);

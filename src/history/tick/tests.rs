@@ -155,3 +155,65 @@ fn rounds_absorbed_make_one_interval_with_the_same_totals() {
     t.absorb(Tick { gpus: vec![], workloads: vec![apart] });
     assert_eq!(t.workloads.len(), 2);
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One round: ms since the last, the counter's increase (None: no counter this round;
+    /// Some(None): it restarted at 0), power, the workload's NVML %, ledger ns added.
+    type Round = (u64, Option<Option<u64>>, Option<u32>, u32, u64);
+
+    fn round() -> impl Strategy<Value = Round> {
+        (1u64..5_000, prop::option::weighted(0.9, prop::option::weighted(0.9, 0u64..2_000_000)), prop::option::of(0u32..700), 0u32..=100, 0u64..6_000_000_000)
+    }
+
+    proptest! {
+        #[test]
+        fn rows_are_contiguous_bounded_and_add_up_when_absorbed(rounds in prop::collection::vec(round(), 2..40)) {
+            let w = workload("w", 50);
+            let (mut t, mut counter, mut charged) = (1_000_000u64, 10_000u64, 0u64);
+            let mut prev = Previous::default();
+            let mut all = Tick::default();
+            let mut ticks = Vec::new();
+            for (dt, bump, power, pct, ns) in rounds {
+                t += dt;
+                let reading = match bump {
+                    Some(Some(b)) => { counter += b; Some(counter) }
+                    Some(None) => { counter = 0; Some(0) }
+                    None => None,
+                };
+                charged += ns;
+                let snap = snapshot(t, vec![gpu(0, reading, power.map(f64::from), Some(pct), vec![process(7, "w", pct)])]);
+                let (tick, next) = build(&prev, &snap, std::slice::from_ref(&w), &[ledger("w", 50, charged)]);
+                for r in &tick.gpus {
+                    prop_assert!(r.t1_ms > r.t0_ms);
+                    prop_assert!(r.busy_ms.is_none_or(|b| b <= r.t1_ms - r.t0_ms));
+                }
+                for r in &tick.workloads {
+                    prop_assert!(r.busy_ms > 0 && r.busy_ms <= r.t1_ms - r.t0_ms, "{r:?}");
+                }
+                ticks.push(tick.clone());
+                all.absorb(tick);
+                prev = next;
+            }
+            let rows: Vec<&GpuRow> = ticks.iter().flat_map(|t| &t.gpus).collect();
+            let energy: u64 = rows.iter().map(|r| r.energy_mj).sum();
+            prop_assert_eq!(all.gpus.iter().map(|r| r.energy_mj).sum::<u64>(), energy);
+            let busy: u64 = ticks.iter().flat_map(|t| &t.workloads).map(|r| r.busy_ms).sum();
+            prop_assert_eq!(all.workloads.iter().map(|r| r.busy_ms).sum::<u64>(), busy);
+            prop_assert!(all.workloads.iter().all(|r| r.busy_ms <= r.t1_ms - r.t0_ms), "{:?}", all.workloads);
+            // Contiguous rows absorb into one.
+            if rows.windows(2).all(|p| p[0].t1_ms == p[1].t0_ms) && !rows.is_empty() {
+                prop_assert_eq!(all.gpus.len(), 1);
+                prop_assert_eq!((all.gpus[0].t0_ms, all.gpus[0].t1_ms), (rows[0].t0_ms, rows[rows.len() - 1].t1_ms));
+            }
+            // Where the counter was always read and never went back, the rows are exactly
+            // its delta.
+            if rows.iter().all(|r| r.energy_source == EnergySource::Counter) && rows.len() + 1 == ticks.len() {
+                let first = rows[0].energy_counter_mj.unwrap() - rows[0].energy_mj;
+                prop_assert_eq!(energy, rows[rows.len() - 1].energy_counter_mj.unwrap() - first);
+            }
+        }
+    }
+}

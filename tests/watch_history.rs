@@ -6,7 +6,8 @@
 //! recording resumes when space is back; retention deletes old rows only; `enabled = false`
 //! records nothing; a link in place of history.db is refused, never followed; `[history]
 //! interval` adds rounds up into longer rows; `vgpu carbon apply` records its intensity and
-//! decision; a workload ends with `vgpu run`'s exit status, or as reconcile found it.
+//! decision; a workload ends with `vgpu run`'s exit status, or as reconcile found it; a
+//! write lock held elsewhere is one warning and delays nothing recorded.
 //!
 //! Synchronisation: the watch's `ready` and `round N done` lines, its warnings, and `vgpu
 //! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
@@ -362,4 +363,25 @@ fn a_workload_whose_supervisor_died_is_recorded_ended_by_the_watch() {
     assert!(ended.is_some());
     let outcome = outcome.unwrap_or_default();
     assert!(outcome.starts_with("supervisor (pid ") && outcome.ends_with(") died"), "{outcome}");
+}
+
+#[test]
+fn a_database_locked_elsewhere_is_one_warning_and_nothing_is_lost() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(1);
+    // An admin's sqlite3 holding the write lock.
+    let other = Connection::open(db_path(&sim)).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let warning = watch.wait_line("the busy warning", |l| l.contains("warning: history: cannot record"));
+    assert!(warning.contains("history.db: busy"), "{warning}");
+    watch.wait_rounds(3);
+    other.execute_batch("COMMIT").unwrap();
+    drop(other);
+    watch.wait_line("recording to resume", |l| l.contains("history: recording again"));
+    watch.wait_rounds(1);
+    assert!(watch.stop().success());
+    assert_energy_adds_up(&gpu_rows(&open(&sim)));
 }

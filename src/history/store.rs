@@ -20,7 +20,7 @@ use super::tick::{LastGpu, Tick};
 pub enum WriteError {
     #[error("{}: disk full: {detail}", .path.display())]
     DiskFull { path: PathBuf, detail: String },
-    #[error("{}: busy: another process holds the database's lock longer than {}", .path.display(), humantime::format_duration(db::BUSY_TIMEOUT))]
+    #[error("{}: busy: another process holds the database's write lock", .path.display())]
     Busy { path: PathBuf },
     #[error("{}: damaged: {detail} (move it aside; vgpu watch starts a new one)", .path.display())]
     Damaged { path: PathBuf, detail: String },
@@ -143,6 +143,12 @@ impl History {
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> WriteError + '_ {
         move |e| WriteError::from_sqlite(&self.path, e)
+    }
+
+    /// Wait at most `wait` for another connection's lock (shorter than
+    /// [`db::BUSY_TIMEOUT`] for the watch, whose rounds must not stall on it).
+    pub fn set_busy_timeout(&self, wait: Duration) -> Result<(), WriteError> {
+        self.conn.busy_timeout(wait.min(db::BUSY_TIMEOUT)).map_err(self.err())
     }
 
     /// The connection, for readers in tests and tools.

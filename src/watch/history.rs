@@ -25,6 +25,10 @@ pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 pub struct Recorder {
     lib_dir: PathBuf,
     config: HistoryConfig,
+    /// How long a write waits for another connection's lock: a quarter of the watch's
+    /// interval (at most `db::BUSY_TIMEOUT`), so that a lock held elsewhere delays no round
+    /// by much; what was not written waits for the next round.
+    busy: Duration,
     db: Option<History>,
     prev: Previous,
     /// Rounds built but not written yet (`[history] interval`, or a failed write), and the
@@ -39,10 +43,11 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(lib_dir: PathBuf, config: HistoryConfig) -> Recorder {
+    pub fn new(lib_dir: PathBuf, config: HistoryConfig, watch_interval: Duration) -> Recorder {
         Recorder {
             lib_dir,
             config,
+            busy: watch_interval / 4,
             db: None,
             prev: Previous::default(),
             pending: Tick::default(),
@@ -54,7 +59,13 @@ impl Recorder {
     }
 
     /// A new `[history]` (SIGHUP).
-    pub fn reload(&mut self, config: HistoryConfig) {
+    pub fn reload(&mut self, config: HistoryConfig, watch_interval: Duration) {
+        self.busy = watch_interval / 4;
+        if let Some(db) = &self.db {
+            if db.set_busy_timeout(self.busy).is_err() {
+                self.db = None;
+            }
+        }
         if config.enabled != self.config.enabled || config.keep != self.config.keep {
             self.last_prune = None;
         }
@@ -97,7 +108,11 @@ impl Recorder {
         let first_open = self.db.is_none();
         let db = match &mut self.db {
             Some(db) => db,
-            slot => slot.insert(History::open(&self.lib_dir)?),
+            slot => {
+                let db = History::open(&self.lib_dir)?;
+                db.set_busy_timeout(self.busy)?;
+                slot.insert(db)
+            }
         };
         if first_open && self.prev.t_ms.is_none() && self.prev.restored.is_empty() {
             // A restarted watch continues from the last readings of the one before.

@@ -118,7 +118,7 @@ impl Watch {
         };
         let me = ProcessId::current().ok_or(StartError::Identity)?;
         let metrics = crate::metrics::Exporter::start(&ctx.config.watch).map_err(StartError::Metrics)?;
-        let (ctx_lib_dir, ctx_history) = (ctx.lib_dir.clone(), ctx.config.history.clone());
+        let (ctx_lib_dir, ctx_history, interval) = (ctx.lib_dir.clone(), ctx.config.history.clone(), ctx.config.watch.interval);
         let mut watch = Watch {
             services: crate::service::runner::Runner::all(&ctx),
             compute: compute::ComputeEnforcer::new(store.clone(), me),
@@ -140,7 +140,7 @@ impl Watch {
             pending: Vec::new(),
             damaged: BTreeSet::new(),
             memory_blind: false,
-            history: history::Recorder::new(ctx_lib_dir, ctx_history),
+            history: history::Recorder::new(ctx_lib_dir, ctx_history, interval),
             ended: HashMap::new(),
         };
         watch.open_nvml();
@@ -207,7 +207,7 @@ impl Watch {
         self.ctx = Context { state_dir, lib_dir, ..ctx };
         crate::suspension::configure(&self.ctx);
         self.services.reload(&self.ctx);
-        self.history.reload(self.ctx.config.history.clone());
+        self.history.reload(self.ctx.config.history.clone(), self.interval());
         if self.nvml.is_none() {
             self.open_nvml();
             events.append(&mut self.pending);

@@ -7,7 +7,8 @@
 //! records nothing; a link in place of history.db is refused, never followed; `[history]
 //! interval` adds rounds up into longer rows; `vgpu carbon apply` records its intensity and
 //! decision; a workload ends with `vgpu run`'s exit status, or as reconcile found it; a
-//! write lock held elsewhere is one warning and delays nothing recorded.
+//! write lock held elsewhere is one warning and delays nothing recorded; a damaged file is
+//! one warning, left as it is, and a new database records once it is moved aside.
 //!
 //! Synchronisation: the watch's `ready` and `round N done` lines, its warnings, and `vgpu
 //! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
@@ -384,4 +385,23 @@ fn a_database_locked_elsewhere_is_one_warning_and_nothing_is_lost() {
     watch.wait_rounds(1);
     assert!(watch.stop().success());
     assert_energy_adds_up(&gpu_rows(&open(&sim)));
+}
+
+#[test]
+fn a_damaged_database_is_one_warning_and_moved_aside_a_new_one_records() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    std::fs::write(db_path(&sim), vec![0xA5u8; 8192]).unwrap();
+    std::fs::set_permissions(db_path(&sim), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut watch = Watch::start(&sim, &[]);
+    let warning = watch.log.iter().find(|l| l.contains("warning: history: cannot record")).cloned().unwrap_or_else(|| panic!("no warning: {:#?}", watch.log));
+    assert!(warning.contains("history.db: damaged: ") && warning.contains("move it aside"), "{warning}");
+    watch.wait_rounds(2);
+    assert_eq!(std::fs::read(db_path(&sim)).unwrap(), vec![0xA5u8; 8192], "left as it was");
+    std::fs::rename(db_path(&sim), sim.path("lib/history.db.damaged")).unwrap();
+    watch.wait_line("recording to resume", |l| l.contains("history: recording again"));
+    watch.wait_rounds(2);
+    assert!(watch.stop().success());
+    assert!(!gpu_rows(&open(&sim)).is_empty());
 }

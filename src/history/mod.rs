@@ -15,3 +15,4 @@ pub const SCHEMA_VERSION: i64 = 1;
 pub const SCHEMA: &str = include_str!("schema.sql");
 
 pub mod db;
+pub mod spent;

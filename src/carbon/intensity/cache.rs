@@ -1,16 +1,20 @@
 //! The last good reading, remembered in `<lib_dir>/carbon-intensity.json` so that a failing
-//! source does not stop the 15-minute apply.
+//! source does not stop the 15-minute apply; the last good forecast likewise, in
+//! `<lib_dir>/carbon-forecast.json` ([`FORECAST_FILE`]).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::Reading;
 
 pub const CACHE_FILE: &str = "carbon-intensity.json";
+/// The last good forecast ([`super::Forecast`]), in the lib directory.
+pub const FORECAST_FILE: &str = "carbon-forecast.json";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CachedReading {
@@ -47,6 +51,11 @@ impl Cache {
 
     /// The remembered reading; `None` when there is none yet.
     pub fn load(&self) -> Result<Option<CachedReading>, CacheError> {
+        self.load_as()
+    }
+
+    /// The remembered entry, of any kind (a reading, a forecast); `None` when there is none.
+    pub fn load_as<T: DeserializeOwned>(&self) -> Result<Option<T>, CacheError> {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -57,6 +66,11 @@ impl Cache {
 
     /// Replace the remembered reading atomically (write beside it, then rename).
     pub fn store(&self, entry: &CachedReading) -> Result<(), CacheError> {
+        self.store_as(entry)
+    }
+
+    /// Replace the remembered entry, of any kind, atomically.
+    pub fn store_as<T: Serialize>(&self, entry: &T) -> Result<(), CacheError> {
         let write_err = |source| CacheError::Write { path: self.path.clone(), source };
         let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         crate::carbon::create_dir(dir).map_err(write_err)?;

@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use crate::carbon::apply::{self, CarbonGpu};
 use crate::carbon::planner::{self, ClockPlan, PlanRequest};
 use crate::carbon::config::CarbonConfig;
-use crate::carbon::intensity::cache::{Cache, CACHE_FILE};
-use crate::carbon::intensity::{self, Intensity, Policy};
+use crate::carbon::intensity::cache::{Cache, CACHE_FILE, FORECAST_FILE};
+use crate::carbon::intensity::{self, Forecast, Intensity, Policy, Status};
 use crate::carbon::model::Tunables;
 use crate::carbon::workload::{current, Recorded, PlannedWorkload};
 use crate::context::Context;
@@ -28,6 +28,51 @@ pub fn remembered_intensity(ctx: &Context, now: DateTime<Utc>) -> Result<Intensi
     let cache = Cache::new(ctx.lib_path(CACHE_FILE));
     let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember: false };
     Ok(intensity::resolve(&not_read, &policy, now)?)
+}
+
+/// The environment variable that fixes "now" for the carbon commands, RFC 3339; read only
+/// under the simulated driver (`--simulate`): for tests, which must plan at a chosen time of
+/// a forecast. Never on a real host.
+pub const NOW_VAR: &str = "VGPU_NOW";
+
+/// The time the carbon commands plan for: now, or [`NOW_VAR`] under the simulated driver.
+pub fn now(ctx: &Context) -> Result<DateTime<Utc>> {
+    if !ctx.simulate {
+        return Ok(Utc::now());
+    }
+    match std::env::var(NOW_VAR) {
+        Ok(text) => intensity::parse_timestamp(&text)
+            .ok_or_else(|| UsageError::new(format!("{NOW_VAR}={text:?} is not a time like 2024-05-01T12:00:00Z")).into()),
+        Err(_) => Ok(Utc::now()),
+    }
+}
+
+/// The configured source's forecast for [now, until), with its fallbacks (the remembered
+/// forecast, then flat at `current`); `remember` (root): cache a fresh one and record it in
+/// the history database (best effort: a failure is logged at `info`).
+pub fn forecast(ctx: &Context, now: DateTime<Utc>, until: DateTime<Utc>, current: &Intensity, remember: bool) -> Result<Forecast> {
+    let config = &ctx.config.carbon;
+    let cache = Cache::new(ctx.lib_path(FORECAST_FILE));
+    let policy = Policy { cache: &cache, max_age: config.max_age()?, fallback: config.fallback, remember };
+    let found = if current.status == Status::Override {
+        Forecast::flat(current, now, None)
+    } else {
+        let source = intensity::from_config(config).map_err(|e| UsageError::new(e.to_string()))?;
+        intensity::resolve_forecast(source.as_ref(), &policy, now, until, current)
+    };
+    if remember && found.status == Status::Fresh {
+        if let Err(e) = record_forecast(ctx, &found) {
+            tracing::info!("the forecast is not recorded in the history: {e}");
+        }
+    }
+    Ok(found)
+}
+
+fn record_forecast(ctx: &Context, found: &Forecast) -> Result<(), crate::history::db::HistoryError> {
+    let mut conn = crate::history::db::open_rw(&ctx.lib_dir)?;
+    let points: Vec<(i64, f64)> = found.readings.iter().map(|r| (r.timestamp.timestamp_millis(), r.g_per_kwh)).collect();
+    let path = crate::history::db::path_in(&ctx.lib_dir);
+    crate::history::spent::record_forecast(&mut conn, &path, &points, &found.source, found.fetched_at.timestamp_millis())
 }
 
 /// What is said when NVML cannot be loaded.

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::carbon::apply::{self, AppliedStore, CarbonGpu, GpuOutcome, APPLIED_FILE};
 use crate::carbon::config::{check_intensity, MAX_INTENSITY};
 use crate::carbon::host;
-use crate::carbon::intensity::{Intensity, Status};
+use crate::carbon::intensity::{Forecast, Intensity, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
 use crate::carbon::planner::ClockPlan;
 use crate::context::Context;
@@ -40,6 +40,10 @@ pub struct IntensityArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// Show the forecast for the next 48 hours (each figure's start and value) instead of
+    /// the value now
+    #[arg(long)]
+    pub forecast: bool,
     /// Use this intensity (gCO2/kWh) instead of asking the configured source
     #[arg(long, value_name = "G", allow_negative_numbers = true)]
     pub intensity: Option<f64>,
@@ -78,7 +82,7 @@ pub fn run(ctx: &Context, args: &CarbonArgs) -> Result<()> {
 
 /// The intensity to plan with: `--intensity`, else the source with its fallbacks.
 fn current_intensity(ctx: &Context, given: Option<f64>, remember: bool) -> Result<Intensity> {
-    let now = Utc::now();
+    let now = host::now(ctx)?;
     if let Some(value) = given {
         let value = check_intensity("--intensity", value).map_err(|_| {
             UsageError::new(format!("--intensity must be a carbon intensity from 0 to {MAX_INTENSITY} gCO2/kWh, got {value}"))
@@ -122,6 +126,9 @@ fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
     // Root remembers a good reading for `apply`'s bad days; anyone else only looks (the
     // library directory is root's).
     let found = current_intensity(ctx, args.intensity, crate::read_only::is_root())?;
+    if args.forecast {
+        return show_forecast(ctx, &found, args.json);
+    }
     if args.json {
         return print_json(&IntensityView::of(&found));
     }
@@ -134,6 +141,31 @@ fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
         found.note.clone().unwrap_or_default(),
     ]);
     println!("{t}");
+    Ok(())
+}
+
+/// How far ahead `carbon intensity --forecast` looks: what the UK API serves.
+const FORECAST_HOURS: i64 = 48;
+
+fn show_forecast(ctx: &Context, current: &Intensity, json: bool) -> Result<()> {
+    let now = host::now(ctx)?;
+    let until = now + chrono::Duration::hours(FORECAST_HOURS);
+    let found = host::forecast(ctx, now, until, current, crate::read_only::is_root())?;
+    if let Some(note) = &found.note {
+        tracing::warn!("{note}");
+    }
+    if json {
+        return print_json(&ForecastView::of(&found));
+    }
+    println!("forecast: {}{}, fetched {}", found.source, status_suffix(found.status), found.fetched_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    let mut t = table(["FROM", "INTENSITY"]);
+    for r in &found.readings {
+        t.add_row([r.timestamp.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), format!("{:.0} gCO2/kWh", r.g_per_kwh)]);
+    }
+    println!("{t}");
+    if let Some(note) = &found.note {
+        println!("note: {note}");
+    }
     Ok(())
 }
 
@@ -336,6 +368,39 @@ impl<'a> IntensityView<'a> {
             status: &i.status,
             timestamp_unix_ms: i.timestamp.timestamp_millis(),
             note: i.note.as_deref(),
+        }
+    }
+}
+
+/// `carbon intensity --forecast --json`.
+#[derive(Serialize)]
+struct ForecastView<'a> {
+    source: &'a str,
+    status: &'a Status,
+    fetched_unix_ms: i64,
+    /// Each figure from its start until the next one's (the last to the end).
+    slots: Vec<ForecastSlotView>,
+    note: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ForecastSlotView {
+    start_unix_ms: i64,
+    intensity_g_per_kwh: f64,
+}
+
+impl<'a> ForecastView<'a> {
+    fn of(f: &'a Forecast) -> Self {
+        ForecastView {
+            source: &f.source,
+            status: &f.status,
+            fetched_unix_ms: f.fetched_at.timestamp_millis(),
+            slots: f
+                .readings
+                .iter()
+                .map(|r| ForecastSlotView { start_unix_ms: r.timestamp.timestamp_millis(), intensity_g_per_kwh: r.g_per_kwh })
+                .collect(),
+            note: f.note.as_deref(),
         }
     }
 }

@@ -12,6 +12,7 @@
 //!   intensity now); [`range`]: stage 1 for `vgpu run --gpus MIN-MAX`.
 
 pub mod apply;
+pub mod budget;
 pub mod config;
 pub mod follow;
 pub mod horizon;

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::carbon::apply::{self, AppliedStore, CarbonGpu, GpuOutcome, APPLIED_FILE};
 use crate::carbon::config::{check_intensity, MAX_INTENSITY};
+use crate::carbon::budget::{HorizonFigures, Period, SpentFrom};
 use crate::carbon::host;
 use crate::carbon::intensity::{Forecast, Intensity, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
@@ -92,20 +93,31 @@ fn current_intensity(ctx: &Context, given: Option<f64>, remember: bool) -> Resul
     host::intensity_now(ctx, now, remember)
 }
 
-fn budget(ctx: &Context, given: Option<f64>) -> Result<f64> {
-    match given.or(ctx.config.carbon.budget_g_per_hour) {
-        Some(b) if b.is_finite() && b >= 0.0 => Ok(b),
-        Some(b) => Err(UsageError::new(format!("--budget must be a non-negative number of gCO2/h, got {b}")).into()),
-        None => {
-            Err(UsageError::new("no carbon budget: pass --budget G_PER_H or set [carbon] budget_g_per_hour").into())
+/// The budgets: `--budget` (per hour) or the config's per-hour one, and the config's daily
+/// and monthly ones; none at all is a usage error.
+fn budgets(ctx: &Context, given: Option<f64>) -> Result<host::Budgets> {
+    if let Some(b) = given {
+        if !(b.is_finite() && b >= 0.0) {
+            return Err(UsageError::new(format!("--budget must be a non-negative number of gCO2/h, got {b}")).into());
         }
     }
+    let budgets = host::Budgets::of(&ctx.config.carbon, given);
+    if !budgets.any() {
+        return Err(UsageError::new(
+            "no carbon budget: pass --budget G_PER_H or set [carbon] budget_g_per_hour, budget_g_per_day or budget_g_per_month",
+        )
+        .into());
+    }
+    Ok(budgets)
 }
 
 /// What `carbon apply` says when there is no budget, naming the config file to set it in.
 fn no_budget_note(ctx: &Context) -> String {
     let path = ctx.origin.config.clone().unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into());
-    format!("no carbon budget configured ([carbon] budget_g_per_hour in {}): nothing to do", path.display())
+    format!(
+        "no carbon budget configured ([carbon] budget_g_per_hour, budget_g_per_day or budget_g_per_month in {}): nothing to do",
+        path.display()
+    )
 }
 
 /// NVML for a command that only looks (`plan`): as [`host::open_nvml`] for root, and making
@@ -118,8 +130,10 @@ fn open_nvml_to_look(ctx: &Context) -> Result<Nvml> {
     }
 }
 
-fn make_plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budget: f64) -> Result<ClockPlan> {
-    host::plan(ctx, devices, intensity, budget)
+/// The plan for every budget at `now`; `remember` (apply): cache and record the forecast.
+fn make_plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budgets: host::Budgets, remember: bool) -> Result<host::BudgetPlan> {
+    let now = host::now(ctx)?;
+    host::plan_budgets(ctx, &host::workloads(ctx, devices), devices, intensity, budgets, now, true, remember)
 }
 
 fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
@@ -178,15 +192,18 @@ fn status_suffix(status: Status) -> &'static str {
 }
 
 fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
-    let budget = budget(ctx, args.budget)?;
+    let budgets = budgets(ctx, args.budget)?;
     let nvml = open_nvml_to_look(ctx)?;
     let devices = host::devices(ctx, &nvml)?;
     let intensity = current_intensity(ctx, args.intensity, false)?;
-    let plan = make_plan(ctx, &devices, &intensity, budget)?;
+    let host::BudgetPlan { plan, horizons } = make_plan(ctx, &devices, &intensity, budgets, false)?;
     if args.json {
-        return print_json(&PlanView::of(&plan, &intensity));
+        return print_json(&PlanView::of(&plan, &intensity, &horizons));
     }
     println!("{}", summary(&plan, &intensity));
+    if !horizons.is_empty() {
+        println!("{}", horizon_table(&horizons));
+    }
     let mut t = table(["GPU", "WORKLOAD", "CLOCK", "POWER", "gCO2/h"]);
     for gpu in &plan.gpus {
         t.add_row([
@@ -204,6 +221,27 @@ fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
     Ok(())
 }
 
+/// The daily and monthly budgets: what is left of them and what is allotted to now.
+fn horizon_table(horizons: &[HorizonFigures]) -> comfy_table::Table {
+    let mut t = table(["BUDGET", "UNTIL", "gCO2", "SPENT", "REMAINING", "PLANNED", "ALLOTTED NOW"]);
+    for h in horizons {
+        let spent = match h.spent_from {
+            SpentFrom::History => format!("{:.0}", h.spent_g),
+            SpentFrom::Plans => format!("{:.0} (plans)", h.spent_g),
+        };
+        t.add_row([
+            format!("{}{}", h.period.adjective(), if h.feasible { "" } else { " — cannot be kept" }),
+            h.end.with_timezone(&chrono::Local).format("%Y-%m-%d %H:%M %Z").to_string(),
+            format!("{:.0}", h.budget_g),
+            spent,
+            format!("{:.0}", h.remaining_g),
+            format!("{:.0}", h.planned_g),
+            format!("{:.1} gCO2/h", h.allotted_g_per_hour_now),
+        ]);
+    }
+    t
+}
+
 fn summary(plan: &ClockPlan, intensity: &Intensity) -> String {
     format!(
         "intensity {:.0} gCO2/kWh ({}), budget {:.1} gCO2/h, predicted {:.1} gCO2/h{}",
@@ -218,20 +256,30 @@ fn summary(plan: &ClockPlan, intensity: &Intensity) -> String {
 fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
     // The shipped config has no budget and the timer may be enabled all the same: nothing
     // to do is not a failure.
-    if args.budget.is_none() && ctx.config.carbon.budget_g_per_hour.is_none() {
+    if args.budget.is_none() && !ctx.config.carbon.has_budget() {
         crate::notice!("{}", no_budget_note(ctx));
         return Ok(());
     }
-    let budget = budget(ctx, args.budget)?;
+    let budgets = budgets(ctx, args.budget)?;
     let nvml = host::open_nvml(ctx)?;
     let devices = host::devices(ctx, &nvml)?;
     let intensity = current_intensity(ctx, args.intensity, true)?;
-    let plan = make_plan(ctx, &devices, &intensity, budget)?;
+    let host::BudgetPlan { plan, horizons } = make_plan(ctx, &devices, &intensity, budgets, true)?;
     let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
     let (outcomes, save_error) = apply::apply_plan(&nvml, &devices, &plan, &store)?;
-    let decision = Decision::applied(&plan, &intensity, outcomes, None);
-    if !plan.budget_met {
-        tracing::warn!("the budget of {budget} gCO2/h cannot be met: even the lowest clocks predict {:.1} gCO2/h; lowest clocks applied", plan.predicted_g_per_hour);
+    let mut decision = Decision::applied(&plan, &intensity, outcomes, None);
+    decision.horizons = horizons;
+    for h in decision.horizons.iter().filter(|h| !h.feasible) {
+        tracing::warn!(
+            "the {} budget of {:.0} gCO2 cannot be kept: {:.0} g spent, and even the lowest clocks need {:.0} g more; lowest clocks applied",
+            h.period.adjective(),
+            h.budget_g,
+            h.spent_g,
+            h.min_needed_g
+        );
+    }
+    if !plan.budget_met && decision.horizons.iter().all(|h| h.feasible) {
+        tracing::warn!("the budget of {:.1} gCO2/h cannot be met: even the lowest clocks predict {:.1} gCO2/h; lowest clocks applied", plan.budget_g_per_hour.unwrap_or(0.0), plan.predicted_g_per_hour);
     }
     report(ctx, &decision, args.json, save_error, Some(summary(&plan, &intensity)))
 }
@@ -252,6 +300,7 @@ fn reset(ctx: &Context, args: &ResetArgs) -> Result<()> {
         notes: Vec::new(),
         gpus: outcomes,
         reason: None,
+        horizons: Vec::new(),
     };
     report(ctx, &decision, args.json, save_error, None)
 }
@@ -417,6 +466,42 @@ struct PlanView<'a> {
     gpus: Vec<GpuPlanView<'a>>,
     workloads: Vec<WorkloadPlanView<'a>>,
     intensity_source: IntensityView<'a>,
+    /// The daily and monthly budgets (empty: a per-hour budget only).
+    horizons: Vec<HorizonView>,
+}
+
+/// A daily or monthly budget's figures, in `carbon plan|apply --json`.
+#[derive(Serialize)]
+struct HorizonView {
+    period: Period,
+    start_unix_ms: i64,
+    end_unix_ms: i64,
+    budget_g: f64,
+    spent_g: f64,
+    spent_from: SpentFrom,
+    remaining_g: f64,
+    planned_g: f64,
+    min_needed_g: f64,
+    allotted_g_per_hour_now: f64,
+    feasible: bool,
+}
+
+impl HorizonView {
+    fn of(h: &HorizonFigures) -> Self {
+        HorizonView {
+            period: h.period,
+            start_unix_ms: h.start.timestamp_millis(),
+            end_unix_ms: h.end.timestamp_millis(),
+            budget_g: h.budget_g,
+            spent_g: h.spent_g,
+            spent_from: h.spent_from,
+            remaining_g: h.remaining_g,
+            planned_g: h.planned_g,
+            min_needed_g: h.min_needed_g,
+            allotted_g_per_hour_now: h.allotted_g_per_hour_now,
+            feasible: h.feasible,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -443,7 +528,7 @@ struct WorkloadPlanView<'a> {
 }
 
 impl<'a> PlanView<'a> {
-    fn of(plan: &'a ClockPlan, intensity: &'a Intensity) -> Self {
+    fn of(plan: &'a ClockPlan, intensity: &'a Intensity, horizons: &[HorizonFigures]) -> Self {
         PlanView {
             intensity_g_per_kwh: plan.intensity,
             budget_g_per_hour: plan.budget_g_per_hour,
@@ -470,6 +555,7 @@ impl<'a> PlanView<'a> {
                 .map(|w| WorkloadPlanView { name: &w.id, gpu_indexes: &w.gpus, clock_mhz: w.clock_mhz, completion_time: w.completion_time })
                 .collect(),
             intensity_source: IntensityView::of(intensity),
+            horizons: horizons.iter().map(HorizonView::of).collect(),
         }
     }
 }
@@ -486,6 +572,8 @@ struct DecisionView<'a> {
     budget_met: Option<bool>,
     notes: &'a [String],
     gpus: Vec<OutcomeView<'a>>,
+    /// As in `carbon plan --json`.
+    horizons: Vec<HorizonView>,
 }
 
 #[derive(Serialize)]
@@ -532,6 +620,7 @@ impl<'a> DecisionView<'a> {
                     error: g.error.as_deref(),
                 })
                 .collect(),
+            horizons: d.horizons.iter().map(HorizonView::of).collect(),
         }
     }
 }

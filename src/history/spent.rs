@@ -227,6 +227,7 @@ mod tests {
             notes: Vec::new(),
             gpus: Vec::new(),
             reason: None,
+            horizons: Vec::new(),
         };
         // 100 g/h from before the range, 300 g/h from hour 2, reset at hour 3.
         let log = vec![

@@ -187,7 +187,7 @@ fn carbon_apply_without_a_budget_does_nothing_and_succeeds() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(
         stderr.contains(&format!(
-            "no carbon budget configured ([carbon] budget_g_per_hour in {}): nothing to do",
+            "no carbon budget configured ([carbon] budget_g_per_hour, budget_g_per_day or budget_g_per_month in {}): nothing to do",
             config.display()
         )),
         "{stderr}"

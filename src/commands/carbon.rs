@@ -58,7 +58,8 @@ pub struct PlanArgs {
     /// Use this intensity (gCO2/kWh) instead of asking the configured source
     #[arg(long, value_name = "G", allow_negative_numbers = true)]
     pub intensity: Option<f64>,
-    /// Carbon budget for all GPUs, gCO2 per hour [default: the config's budget_g_per_hour]
+    /// Carbon budget for all GPUs, gCO2 per hour [default: the config's budget_g_per_hour];
+    /// the config's budget_g_per_day and budget_g_per_month apply too (the tightest binds)
     #[arg(long, value_name = "G_PER_H", allow_negative_numbers = true)]
     pub budget: Option<f64>,
 }

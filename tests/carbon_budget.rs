@@ -185,3 +185,26 @@ fn bad_budget_keys_are_usage_errors_naming_the_key() {
         assert!(err.contains(key), "{err}");
     }
 }
+
+#[test]
+fn the_forecast_ahead_changes_the_allotment_now() {
+    // At 08:00 (dirty now) with a clean stretch ahead, the clean hours cost little of the
+    // day's budget, so the dirty hours, now among them, get more of it than when the whole
+    // day is forecast dirty.
+    let sim = Sim::new(&[H100]);
+    let _busy = busy(&sim);
+    let config = format!("{}budget_g_per_day = 2500\n", forecast_file(&sim));
+    sim.write_vgpu_config(&config);
+    fill_history(&sim, 8, 0.3);
+    let allotted = |p: &Value| p["horizons"][0]["allotted_g_per_hour_now"].as_f64().unwrap();
+    let with_clean_stretch = plan_json(&sim, "2024-05-01T08:00:00Z");
+    std::fs::write(sim.path("intensity.csv"), "2024-05-01T00:00:00Z,500\n").unwrap();
+    let all_dirty = plan_json(&sim, "2024-05-01T08:00:00Z");
+    assert_eq!(with_clean_stretch["horizons"][0]["spent_g"], all_dirty["horizons"][0]["spent_g"]);
+    assert!(
+        allotted(&with_clean_stretch) > allotted(&all_dirty) + 1.0,
+        "clean stretch ahead: {} g/h now; all dirty: {} g/h now",
+        allotted(&with_clean_stretch),
+        allotted(&all_dirty)
+    );
+}

@@ -10,35 +10,38 @@
 //! How:
 //!
 //! * The two-stage planner's plan for a budget is a prefix of one fixed sequence of steps
-//!   (SPEC 1.3): its *ladder*. Each prefix k has a draw W_k (watts) and a benefit B_k (the
-//!   sum of its steps' reductions of the average completion time). The workloads are assumed
-//!   to stay as they are now over the horizon (the re-plan at every tick catches arrivals and
-//!   departures).
+//!   (SPEC 1.3): its *ladder*. Each prefix k has a draw W_k (watts) and a throughput B_k:
+//!   Σ over workloads of `S(n)·s(f)/work`, the share of each one's remaining work done per
+//!   hour (work done in a clean hour is work not left for a dirty one). The workloads are
+//!   assumed to stay as they are now over the horizon; the re-plan at every tick catches
+//!   arrivals and departures.
 //! * Lagrangian water-filling: for a price λ per gram, every slot s takes the prefix that
 //!   maximises `hours_s·B_k − λ·grams_s(W_k)`, over the upper concave hull of the ladder
 //!   (the other prefixes are never the best for any λ), within the per-hour cap when one is
 //!   configured. λ is bisected so that the planned grams fit in the remaining budget (or
 //!   λ = 0, every slot at its maximum, when that fits); what is left is then handed to the
-//!   cleanest slots, one hull vertex at a time.
-//! * Never over the budget: the current slot is priced at the intensity now (measured), the
-//!   future ones at their forecast raised by `forecast_margin` (the forecast's error the plan
-//!   must absorb), and every future slot is reserved at least the *floor*: every GPU busy at
-//!   its lowest clock (workloads may arrive). If the budget left cannot hold that reserve and
-//!   the current slot at its lowest clocks, the allotment is infeasible: lowest clocks and a
-//!   note with the figures. As long as the actual intensities stay within the margin of the
-//!   forecast, a horizon that starts feasible stays within its budget to its end (each tick
-//!   spends at most what is left over the reserve of the rest).
+//!   cleanest slots, one hull vertex at a time. Every slot is priced at its own intensity
+//!   (the current one at the intensity now, measured; the others at their forecast), so
+//!   clean hours get more watts and dirty ones fewer.
+//! * Never over the budget: every future slot is planned at least the *floor* — every GPU
+//!   busy at its lowest clock (workloads may arrive) — and `forecast_margin` times the
+//!   floor's grams is kept back, for a forecast that turns out too low. If what is left of
+//!   the budget cannot hold the current slot at its lowest clocks, the floor later and that
+//!   margin, the allotment is infeasible: lowest clocks and a note with the figures. As long
+//!   as the actual intensities stay within the margin above the forecast, a horizon that
+//!   is feasible at one tick stays within its budget to its end (each tick spends at most
+//!   what is left over the floor of the rest and its margin).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use thiserror::Error;
 
-use super::model::{GpuModel, Tunables};
-use super::planner::{plan, PlanError, PlanRequest};
+use super::model::{clock_factor, gpu_factor, GpuModel, Tunables};
+use super::planner::{plan, ClockPlan, PlanError, PlanRequest, Step};
 use super::workload::PlannedWorkload;
 
 /// The forecast's error a plan absorbs unless configured otherwise: the actual intensity may
-/// be this share above the forecast without the budget being exceeded.
+/// be this share above the forecast (at the lowest clocks) without the budget being exceeded.
 pub const DEFAULT_FORECAST_MARGIN: f64 = 0.2;
 
 /// Slots must follow each other to this many seconds.
@@ -82,10 +85,10 @@ pub struct Allotment {
     /// `budget_g − spent_g`.
     pub remaining_g: f64,
     /// What the allotment plans to emit over the remaining slots (future slots at their
-    /// forecast raised by the margin).
+    /// forecast), the margin kept back included.
     pub planned_g: f64,
     /// The least the remaining slots can be planned to emit: now at the lowest clocks, the
-    /// future slots at the floor (every GPU busy at its lowest clock), margin included.
+    /// future slots at the floor (every GPU busy at its lowest clock), with the margin.
     pub min_needed_g: f64,
     /// False: the budget cannot be kept even at the lowest clocks (lowest clocks planned).
     pub feasible: bool,
@@ -137,16 +140,61 @@ impl Ladder {
         // At 1000 g/kWh a budget in g/h is one in watts.
         let lowest = plan(&at(Some(0.0)))?;
         let full = plan(&at(None))?;
+        let mut jobs = Throughput::start(req, &lowest);
         let mut prefix_w = vec![lowest.predicted_power_w];
         let mut points = vec![(lowest.predicted_power_w, 0.0, 0)];
         let (mut w, mut b) = (lowest.predicted_power_w, 0.0);
         for (k, step) in full.steps.iter().enumerate() {
             w += step.added_w;
-            b += step.benefit * step.added_w;
+            b += jobs.apply(step);
             prefix_w.push(w);
             points.push((w, b, k + 1));
         }
         Ok(Ladder { prefix_w, hull: upper_hull(&points) })
+    }
+}
+
+/// The workloads' throughput along the planner's steps: the value a slot buys with its
+/// watts. Σ over workloads of `S(n)·s(f) / work` (the share of each one's remaining work done
+/// per hour): work done in a clean hour is work not left for a dirty one.
+struct Throughput<'a> {
+    req: &'a HorizonRequest<'a>,
+    /// Per workload: GPU count, clock, the GPU whose ladder it follows.
+    jobs: Vec<(usize, u32, Option<usize>)>,
+}
+
+impl<'a> Throughput<'a> {
+    fn start(req: &'a HorizonRequest<'a>, lowest: &ClockPlan) -> Throughput<'a> {
+        let jobs = lowest
+            .workloads
+            .iter()
+            .map(|w| {
+                let first = w.gpus.first().and_then(|&i| req.gpus.iter().position(|g| g.index == i));
+                (w.gpus.len(), w.clock_mhz.unwrap_or(0), first)
+            })
+            .collect();
+        Throughput { req, jobs }
+    }
+
+    fn rate(&self, j: usize, n: usize, clock: u32) -> f64 {
+        let (Some(g), Some(w)) = (self.jobs[j].2, self.req.workloads.get(j)) else { return 0.0 };
+        let sensitivity = w.freq_sensitivity.unwrap_or(self.req.tunables.freq_sensitivity);
+        gpu_factor(n, self.req.tunables.scaling_efficiency)
+            * clock_factor(sensitivity, clock, self.req.gpus[g].max_clock())
+            / w.work
+    }
+
+    /// Apply one step (stage 1: one more GPU, stage 2: one clock step); the throughput gained.
+    fn apply(&mut self, step: &Step) -> f64 {
+        let j = step.workload;
+        let Some(&(n, clock, first)) = self.jobs.get(j) else { return 0.0 };
+        let Some(g) = first else { return 0.0 };
+        let (n2, clock2) = match step.stage {
+            1 => (n + 1, clock),
+            _ => (n, self.req.gpus[g].step_up(clock, self.req.tunables.delta_f_mhz).unwrap_or(clock)),
+        };
+        self.jobs[j] = (n2, clock2, first);
+        self.rate(j, n2, clock2) - self.rate(j, n, clock)
     }
 }
 
@@ -247,25 +295,25 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let priced = if i == 0 { s.g_per_kwh } else { s.g_per_kwh * (1.0 + req.forecast_margin) };
-            // The cap is a rate at the actual intensity: the forecast's, unraised.
             let cap_w = match req.rate_cap_g_per_hour {
                 Some(cap) if s.g_per_kwh > 0.0 => cap * 1000.0 / s.g_per_kwh,
                 _ => f64::INFINITY,
             };
             let vertices = hull.iter().take_while(|v| v.0 <= cap_w).count().max(1);
             SlotCost {
-                g_per_w: s.hours * priced / 1000.0,
+                g_per_w: s.hours * s.g_per_kwh / 1000.0,
                 hours: s.hours,
                 floor_w: if i == 0 { 0.0 } else { busy_floor_w },
                 vertices,
             }
         })
         .collect();
+    // Kept back for the forecast's error: the margin on the future slots' floor.
+    let margin_g: f64 = costs.iter().skip(1).map(|c| c.floor_w * c.g_per_w * req.forecast_margin).sum();
     let remaining_g = req.budget_g - req.spent_g;
     let lowest: Vec<usize> = vec![0; costs.len()];
     let total = |choice: &[usize]| -> f64 { costs.iter().zip(choice).map(|(c, &v)| c.grams(hull, v)).sum() };
-    let min_needed_g = total(&lowest);
+    let min_needed_g = total(&lowest) + margin_g;
     let horizon_h: f64 = req.slots.iter().map(|s| s.hours).sum();
     let mut notes = Vec::new();
     // A relative tolerance: the sums above are not exact.
@@ -277,7 +325,7 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
         ));
         lowest
     } else {
-        water_fill(hull, &costs, remaining_g)
+        water_fill(hull, &costs, remaining_g - margin_g)
     };
     let per_slot_w: Vec<f64> = costs.iter().zip(&choice).map(|(c, &v)| c.watts(hull, v)).collect();
     let per_slot: Vec<f64> =
@@ -303,7 +351,7 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
     Ok(Allotment {
         g_per_hour_now,
         remaining_g,
-        planned_g: total(&choice),
+        planned_g: total(&choice) + margin_g,
         min_needed_g,
         feasible,
         notes,

@@ -145,10 +145,21 @@ pub struct BudgetPlan {
     pub horizons: Vec<HorizonFigures>,
 }
 
-/// Plan for `budgets` at `now` (`ask_source`: read the forecast from the source; else the
-/// remembered one or flat, as under the store lock; `remember`: cache and record it).
+/// The per-hour rate `budgets` allow now: the per-hour budget, and each daily or monthly
+/// one's allotment for now (0 when it cannot be kept), the least of them.
+pub struct Allotted {
+    /// gCO2/h; `None`: no budget at all.
+    pub rate: Option<f64>,
+    pub horizons: Vec<HorizonFigures>,
+    /// The forecast's, the spent figure's and the allotments' notes.
+    pub notes: Vec<String>,
+}
+
+/// Allot `budgets` at `now` for `workloads` (`ask_source`: read the forecast from the
+/// source; else the remembered one or flat, as under the store lock; `remember`: cache and
+/// record it).
 #[allow(clippy::too_many_arguments)]
-pub fn plan_budgets(
+pub fn allot_budgets(
     ctx: &Context,
     workloads: &[PlannedWorkload],
     devices: &[CarbonGpu],
@@ -157,11 +168,10 @@ pub fn plan_budgets(
     now: DateTime<Utc>,
     ask_source: bool,
     remember: bool,
-) -> Result<BudgetPlan> {
+) -> Result<Allotted> {
     let horizons = budgets.horizons();
     if horizons.is_empty() {
-        let budget = budgets.per_hour.context("no carbon budget")?;
-        return Ok(BudgetPlan { plan: plan_for(ctx, workloads, devices, intensity, budget)?, horizons: Vec::new() });
+        return Ok(Allotted { rate: budgets.per_hour, horizons: Vec::new(), notes: Vec::new() });
     }
     let ends: Vec<(DateTime<Utc>, DateTime<Utc>)> = horizons.iter().map(|(p, _)| budget::bounds(*p, now)).collect();
     let until = ends.iter().map(|(_, end)| *end).max().unwrap_or(now);
@@ -206,13 +216,30 @@ pub fn plan_budgets(
             feasible: allotment.feasible,
         });
     }
-    let mut plan = plan_for(ctx, workloads, devices, intensity, rate)?;
-    if figures.iter().any(|f| !f.feasible) {
+    Ok(Allotted { rate: Some(rate), horizons: figures, notes })
+}
+
+/// Plan for `budgets` at `now` ([`allot_budgets`], then the planner at the rate allotted).
+#[allow(clippy::too_many_arguments)]
+pub fn plan_budgets(
+    ctx: &Context,
+    workloads: &[PlannedWorkload],
+    devices: &[CarbonGpu],
+    intensity: &Intensity,
+    budgets: Budgets,
+    now: DateTime<Utc>,
+    ask_source: bool,
+    remember: bool,
+) -> Result<BudgetPlan> {
+    let Allotted { rate, horizons, mut notes } =
+        allot_budgets(ctx, workloads, devices, intensity, budgets, now, ask_source, remember)?;
+    let mut plan = plan_for(ctx, workloads, devices, intensity, rate.context("no carbon budget")?)?;
+    if horizons.iter().any(|f| !f.feasible) {
         plan.budget_met = false;
     }
     notes.append(&mut plan.notes);
     plan.notes = notes;
-    Ok(BudgetPlan { plan, horizons: figures })
+    Ok(BudgetPlan { plan, horizons })
 }
 
 /// The remembered forecast (within `max_age`), else flat at `current`, without asking the

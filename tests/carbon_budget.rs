@@ -208,3 +208,29 @@ fn the_forecast_ahead_changes_the_allotment_now() {
         allotted(&all_dirty)
     );
 }
+
+#[test]
+fn without_a_history_the_logged_plans_count_as_spent() {
+    let sim = Sim::new(&[H100]);
+    let _busy = busy(&sim);
+    sim.write_vgpu_config(&format!("{}budget_g_per_day = 2500\n", forecast_file(&sim)));
+    let apply = |now: &str| {
+        let out = sim.vgpu(&["carbon", "apply", "--json"]).env("VGPU_NOW", now).env("TZ", "UTC").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let first = apply("2024-05-01T01:00:00Z");
+    let rate = first["predicted_g_per_hour"].as_f64().unwrap();
+    assert!(rate > 0.0, "{first}");
+    assert!(!sim.path("lib/history.db").exists() || {
+        // apply records the forecast as root: a database with no GPU samples in it.
+        let conn = rusqlite::Connection::open(sim.path("lib/history.db")).unwrap();
+        conn.query_row("SELECT COUNT(*) FROM gpu_samples", [], |r| r.get::<_, i64>(0)).unwrap() == 0
+    });
+    let got = plan_json(&sim, "2024-05-01T03:00:00Z");
+    let day = &got["horizons"][0];
+    assert_eq!(day["spent_from"], "plans", "{day}");
+    assert!((day["spent_g"].as_f64().unwrap() - 2.0 * rate).abs() < 1e-6, "two hours at {rate} g/h: {day}");
+    let notes = got["notes"].to_string();
+    assert!(notes.contains("the history has no GPU samples since") || notes.contains("there is no history database"), "{notes}");
+}

@@ -181,6 +181,9 @@ fn try_apply(ctx: &Context, store: &Store, intensity: &Intensity, change: &Chang
     }
     let mut decision = Decision::applied(&plan, intensity, outcomes, Some(change.to_string()));
     decision.horizons = horizons;
+    if ctx.simulate {
+        decision.time = host::now(ctx)?; // VGPU_NOW, as `carbon apply` logs it
+    }
     let rotation = ctx.config.carbon.log_rotation().unwrap_or_default();
     if let Err(e) = log::append(&ctx.lib_path(LOG_FILE), &decision, rotation) {
         warnings.push(format!("carbon: the caps are set but the decision was not logged: {e}"));

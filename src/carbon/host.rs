@@ -33,9 +33,10 @@ pub fn remembered_intensity(ctx: &Context, now: DateTime<Utc>) -> Result<Intensi
     Ok(intensity::resolve(&not_read, &policy, now)?)
 }
 
-/// The environment variable that fixes "now" for the carbon commands, RFC 3339; read only
-/// under the simulated driver (`--simulate`): for tests, which must plan at a chosen time of
-/// a forecast. Never on a real host.
+/// The environment variable that fixes "now" for the carbon commands (the time planned
+/// for, and the logged decisions' time), RFC 3339; read only under the simulated driver
+/// (`--simulate`): for tests, which must plan at a chosen time of a forecast. Never on a
+/// real host.
 pub const NOW_VAR: &str = "VGPU_NOW";
 
 /// The time the carbon commands plan for: now, or [`NOW_VAR`] under the simulated driver.

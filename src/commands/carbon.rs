@@ -270,6 +270,11 @@ fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let (outcomes, save_error) = apply::apply_plan(&nvml, &devices, &plan, &store)?;
     let mut decision = Decision::applied(&plan, &intensity, outcomes, None);
     decision.horizons = horizons;
+    // Logged at the time planned for: now, or VGPU_NOW under the simulated driver (so that
+    // the spent figure assumed from the log counts it at that time).
+    if ctx.simulate {
+        decision.time = host::now(ctx)?;
+    }
     for h in decision.horizons.iter().filter(|h| !h.feasible) {
         tracing::warn!(
             "the {} budget of {:.0} gCO2 cannot be kept: {:.0} g spent, and even the lowest clocks need {:.0} g more; lowest clocks applied",

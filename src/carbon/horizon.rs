@@ -23,6 +23,9 @@
 //!   cleanest slots, one hull vertex at a time. Every slot is priced at its own intensity
 //!   (the current one at the intensity now, measured; the others at their forecast), so
 //!   clean hours get more watts and dirty ones fewer.
+//! * GPU counts are for a workload's life, clocks for a tick: the current slot is planned at
+//!   least every GPU stage 1 hands to starting workloads (at the lowest clock, which costs
+//!   little), when the budget and the per-hour cap can hold that; otherwise the lowest plan.
 //! * Never over the budget: every future slot is planned at least the *floor* — every GPU
 //!   busy at its lowest clock (workloads may arrive) — and `forecast_margin` times the
 //!   floor's grams is kept back, for a forecast that turns out too low. If what is left of
@@ -124,6 +127,8 @@ pub enum HorizonError {
 struct Ladder {
     /// Draw after each prefix (index = number of steps), watts.
     prefix_w: Vec<f64>,
+    /// How many steps at the start are stage 1's (GPUs handed to starting workloads).
+    placing: usize,
     /// Hull vertices: (watts, benefit, prefix length), watts and benefit increasing.
     hull: Vec<(f64, f64, usize)>,
 }
@@ -150,7 +155,8 @@ impl Ladder {
             prefix_w.push(w);
             points.push((w, b, k + 1));
         }
-        Ok(Ladder { prefix_w, hull: upper_hull(&points) })
+        let placing = full.steps.iter().take_while(|step| step.stage == 1).count();
+        Ok(Ladder { prefix_w, placing, hull: upper_hull(&points) })
     }
 }
 
@@ -290,7 +296,7 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
     let ladder = Ladder::new(req)?;
     let hull = &ladder.hull;
     let busy_floor_w: f64 = req.gpus.iter().map(|g| g.power_w(g.min_clock())).sum();
-    let costs: Vec<SlotCost> = req
+    let mut costs: Vec<SlotCost> = req
         .slots
         .iter()
         .enumerate()
@@ -312,12 +318,30 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
     let margin_g: f64 = costs.iter().skip(1).map(|c| c.floor_w * c.g_per_w * req.forecast_margin).sum();
     let remaining_g = req.budget_g - req.spent_g;
     let lowest: Vec<usize> = vec![0; costs.len()];
-    let total = |choice: &[usize]| -> f64 { costs.iter().zip(choice).map(|(c, &v)| c.grams(hull, v)).sum() };
-    let min_needed_g = total(&lowest) + margin_g;
+    let total = |costs: &[SlotCost], choice: &[usize]| -> f64 {
+        costs.iter().zip(choice).map(|(c, &v)| c.grams(hull, v)).sum()
+    };
+    let min_needed_g = total(&costs, &lowest) + margin_g;
     let horizon_h: f64 = req.slots.iter().map(|s| s.hours).sum();
     let mut notes = Vec::new();
     // A relative tolerance: the sums above are not exact.
     let feasible = remaining_g >= min_needed_g - 1e-9 * min_needed_g.abs().max(1.0);
+    // A GPU count is kept for the workload's life, while a clock is re-planned every tick, and
+    // a GPU at its lowest clock costs little: the current slot gets at least every GPU stage 1
+    // would hand out, when the budget (and the per-hour cap) can hold that.
+    let placing_w = ladder.prefix_w[ladder.placing];
+    let mut placed = false;
+    if feasible && ladder.placing > 0 {
+        let cap_ok = match req.rate_cap_g_per_hour {
+            Some(cap) => placing_w * req.slots[0].g_per_kwh / 1000.0 <= cap,
+            None => true,
+        };
+        costs[0].floor_w = placing_w;
+        placed = cap_ok && remaining_g - margin_g >= total(&costs, &lowest);
+        if !placed {
+            costs[0].floor_w = 0.0;
+        }
+    }
     let choice = if !feasible {
         notes.push(format!(
             "the horizon budget of {:.0} g cannot be kept: {:.0} g spent, {:.0} g left, and the lowest clocks need {:.0} g over the remaining {:.1} h; running at the lowest clocks",
@@ -332,7 +356,7 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
         costs.iter().zip(&per_slot_w).map(|(c, &w)| w * c.g_per_w / c.hours).collect();
     let g_per_hour_now = if feasible {
         // Halfway to the next step: planner::plan stops exactly at the chosen prefix.
-        let k = hull[choice[0]].2;
+        let k = if placed { hull[choice[0]].2.max(ladder.placing) } else { hull[choice[0]].2 };
         let w = match ladder.prefix_w.get(k + 1) {
             Some(&next) => (ladder.prefix_w[k] + next) / 2.0,
             None => ladder.prefix_w[k] * (1.0 + 1e-6) + 1e-6,
@@ -351,7 +375,7 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
     Ok(Allotment {
         g_per_hour_now,
         remaining_g,
-        planned_g: total(&choice) + margin_g,
+        planned_g: total(&costs, &choice) + margin_g,
         min_needed_g,
         feasible,
         notes,

@@ -185,6 +185,28 @@ fn cleaner_slots_get_more_and_a_changed_forecast_is_followed() {
 }
 
 #[test]
+fn a_starting_workload_gets_its_gpus_even_in_a_dirty_slot() {
+    let gpus = [h100(0), h100(1), h100(2), h100(3)];
+    let work = [PlannedWorkload::range("new", 1, 4)];
+    // Dirty now, clean later: the clocks wait for the clean hours, the GPU count cannot.
+    let s = slots(1.0, &[600.0, 50.0, 50.0, 50.0]);
+    // Now at 600 g/kWh: one GPU at 345 MHz and three idle 251 g, every GPU at 345 MHz 284 g;
+    // later the floor (4 × 118 W) 71 g, full clocks 420 g.
+    let req = request(&gpus, &work, &s, 700.0, 0.0);
+    let a = allot(&req).unwrap();
+    assert!(a.feasible, "{a:?}");
+    let p = plan_now(&req, &a);
+    assert_eq!(p.workloads[0].gpus, vec![0, 1, 2, 3], "{a:?}");
+    assert_eq!(p.workloads[0].clock_mhz, Some(345));
+    assert!(p.predicted_power_w * 0.6 <= a.per_slot[0] + 1e-9);
+    // A budget that cannot hold the GPUs now: the lowest plan, one GPU.
+    let tight = request(&gpus, &work, &s, 340.0, 0.0);
+    let a = allot(&tight).unwrap();
+    assert!(a.feasible, "{a:?}");
+    assert_eq!(plan_now(&tight, &a).workloads[0].gpus, vec![0]);
+}
+
+#[test]
 fn bad_requests_are_refused() {
     let gpus = [small(0)];
     let s = slots(1.0, &[100.0, 100.0]);

@@ -15,6 +15,9 @@ use super::Reading;
 pub const CACHE_FILE: &str = "carbon-intensity.json";
 /// The last good forecast ([`super::Forecast`]), in the lib directory.
 pub const FORECAST_FILE: &str = "carbon-forecast.json";
+/// The most of a remembered reading or forecast that is read (a forecast of a month of
+/// 5-minute rows from a file source is under 1 MiB).
+pub const MAX_CACHE: u64 = 4 << 20;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CachedReading {
@@ -55,12 +58,26 @@ impl Cache {
     }
 
     /// The remembered entry, of any kind (a reading, a forecast); `None` when there is none.
+    /// Read as root from the lib directory: never through a symbolic link in place of the
+    /// file, never a FIFO or device, at most [`MAX_CACHE`] bytes.
     pub fn load_as<T: DeserializeOwned>(&self) -> Result<Option<T>, CacheError> {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(CacheError::Read { path: self.path.clone(), source }),
+        use crate::state::small_file::{self, Links, SmallFileError};
+        let read_err = |source| CacheError::Read { path: self.path.clone(), source };
+        let refused = |e: SmallFileError| {
+            read_err(match e {
+                SmallFileError::Io(e) => e,
+                SmallFileError::Link => std::io::Error::other("a symbolic link, refused"),
+                SmallFileError::NotRegular => std::io::Error::other("not a regular file"),
+                SmallFileError::TooLarge(n) => std::io::Error::other(format!("{n} bytes, more than {MAX_CACHE}")),
+            })
         };
+        let file = match small_file::open(&self.path, Links::NotLast, MAX_CACHE) {
+            Ok((file, _)) => file,
+            Err(SmallFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(refused(e)),
+        };
+        let bytes = small_file::read(file, MAX_CACHE).map_err(refused)?;
+        let text = String::from_utf8_lossy(&bytes);
         serde_json::from_str(&text).map(Some).map_err(|source| CacheError::Damaged { path: self.path.clone(), source })
     }
 
@@ -120,6 +137,20 @@ mod tests {
         std::fs::write(&path, "{not json").unwrap();
         let err = Cache::new(&path).load().unwrap_err().to_string();
         assert!(err.contains(CACHE_FILE) && err.contains("damaged"), "{err}");
+    }
+
+    #[test]
+    fn a_link_in_place_of_the_cache_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere.json");
+        Cache::new(&elsewhere).store(&entry()).unwrap();
+        let path = dir.path().join(CACHE_FILE);
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let err = Cache::new(&path).load().unwrap_err().to_string();
+        assert!(err.contains("a symbolic link, refused"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(Cache::new(&path).load().unwrap_err().to_string().contains("not a regular file"));
     }
 
     #[test]

@@ -124,9 +124,8 @@ fn fixture(schema: u32) -> PathBuf {
 #[test]
 fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
-    sim.write_vgpu_config(
-        "[pool.tflops]\n\"NVIDIA L4\" = 0.5\n\n[[pool.device]]\nkind = \"npu\"\nname = \"sim-npu\"\ntflops = 10\nenv = \"SIM_NPU_VISIBLE\"\n",
-    );
+    let pool_config = "[pool.tflops]\n\"NVIDIA L4\" = 0.5\n\n[[pool.device]]\nkind = \"npu\"\nname = \"sim-npu\"\ntflops = 10\nenv = \"SIM_NPU_VISIBLE\"\n";
+    sim.write_vgpu_config(pool_config);
     sim.vgpu(&["partition", "create", "p1", "--gpu", "0", "--mem", "2G"]).assert().success();
     let mut children = vec![gpu_workload(&sim, "inpart", &["--partition", "p1"]), gpu_workload(&sim, "solo", &["--mem", "1G"])];
     children.push(Killed(sim.spawn(&["run", "--name", "low", "--tflops", "8", "--kind", "npu", "--priority", "10", "--", "sleep", "300"])));
@@ -169,11 +168,23 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     }
     let mut golden = Vec::new();
     let mut covered = BTreeSet::new();
+    let mut by_output: BTreeMap<&str, Fields> = BTreeMap::new();
     for (output, args) in &runs {
-        let mut fields = Fields::new();
-        collect("", &document(&sim, args), &mut fields);
-        golden.extend(lines(output, &fields));
+        collect("", &document(&sim, args), by_output.entry(output).or_default());
         covered.insert(output.to_string());
+    }
+    // A daily budget (its `horizons`) and a forecast, from a static source.
+    sim.write_vgpu_config(&format!("{pool_config}\n[carbon]\nsource = \"static\"\nvalue = 300\nbudget_g_per_day = 5000\n"));
+    for (output, args) in [
+        ("carbon plan", vec!["carbon", "plan", "--json"]),
+        ("carbon apply", vec!["carbon", "apply", "--json"]),
+        ("carbon intensity --forecast", vec!["carbon", "intensity", "--forecast", "--json"]),
+    ] {
+        collect("", &document(&sim, &args), by_output.entry(output).or_default());
+    }
+    sim.write_vgpu_config(pool_config);
+    for (output, fields) in &by_output {
+        golden.extend(lines(output, fields));
     }
     // A damaged record for `doctor --repair` to remove.
     std::fs::write(sim.path("run/workloads/0123456789ab.json"), "{ damaged").unwrap();

@@ -4,6 +4,7 @@
 //! * [`model`]: power and speed as functions of clock and GPU count.
 //! * [`workload`]: the workloads planned for, and the seam the state store will feed.
 //! * [`planner`]: the two-stage greedy planner (pure).
+//! * [`horizon`]: a budget for a day or a month allotted across the forecast's slots (pure).
 //! * [`apply`]: turning a plan into NVML locked clocks or power limits, idempotently.
 //! * [`log`]: the decision log, `<lib_dir>/carbon.jsonl`.
 //! * [`follow`]: re-planning at once when a workload starts or ends.
@@ -11,8 +12,10 @@
 //!   intensity now); [`range`]: stage 1 for `vgpu run --gpus MIN-MAX`.
 
 pub mod apply;
+pub mod budget;
 pub mod config;
 pub mod follow;
+pub mod horizon;
 pub mod host;
 pub mod intensity;
 pub mod log;

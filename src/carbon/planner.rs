@@ -116,6 +116,8 @@ pub struct Step {
     pub workload: usize,
     pub benefit: f64,
     pub runner_up: Option<f64>,
+    /// Watts the step adds to the plan's predicted draw (the horizon planner's ladder).
+    pub added_w: f64,
 }
 
 /// Added watts below this count as free (a degenerate power model with P_idle = P_max).
@@ -356,6 +358,7 @@ impl<'a> Planner<'a> {
                 workload: top.job,
                 benefit: top.benefit,
                 runner_up: queue.peek().map(|c| c.benefit),
+                added_w,
             });
             self.give_gpu(top.job, g);
             self.power_w += added_w;
@@ -387,7 +390,13 @@ impl<'a> Planner<'a> {
             if !self.fits(added_w) {
                 return;
             }
-            self.steps.push(Step { stage: 2, workload: top.job, benefit, runner_up: queue.peek().map(|c| c.benefit) });
+            self.steps.push(Step {
+                stage: 2,
+                workload: top.job,
+                benefit,
+                runner_up: queue.peek().map(|c| c.benefit),
+                added_w,
+            });
             self.jobs[top.job].clock = next;
             self.power_w += added_w;
             if let Some((benefit, ..)) = self.stage2_step(top.job) {

@@ -208,6 +208,7 @@ const FILES: &[(&str, &str, &[&str])] = &[
         &["watch", "carbon"],
     ),
     ("/var/lib/vgpu/carbon-intensity.json", "The last carbon intensity read, used when the source does not answer.", &["carbon"]),
+    ("/var/lib/vgpu/carbon-forecast.json", "The last intensity forecast read, used when the source does not answer.", &["carbon"]),
     (
         "libvgpu.so",
         "The quota shim vgpu run preloads into every workload; looked for next to the vgpu binary, then in PREFIX/lib/vgpu.",
@@ -237,6 +238,7 @@ const VGPU_ENV: &[(&str, &str)] = &[
     ("VGPU_WORKLOADS_DIR", "Where vgpu run --workload NAME finds NAME.toml [default: /etc/vgpu/workloads]. Refused through sudo."),
     ("VGPU_SYSTEMD_BUS", "For tests: the unix: D-Bus address (unix:path=...) the systemd cgroup manager asks instead of the system bus. Refused through sudo."),
     ("VGPU_CGROUP_SELF", "For tests: the cgroup vgpu takes as its own instead of /proc/self/cgroup's. Refused through sudo."),
+    ("VGPU_NOW", "For tests, and only with --simulate: the time (RFC 3339) the carbon commands plan for and log their decisions at, instead of now."),
     ("VGPU_LOCK_TIMEOUT_MS", "How long a command waits for the state lock, in milliseconds [default: 5000]."),
     ("COMPLETE", "Set by the completion scripts (vgpu completions SHELL) to ask vgpu for completions."),
 ];

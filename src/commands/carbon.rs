@@ -8,8 +8,9 @@ use serde::Serialize;
 
 use crate::carbon::apply::{self, AppliedStore, CarbonGpu, GpuOutcome, APPLIED_FILE};
 use crate::carbon::config::{check_intensity, MAX_INTENSITY};
+use crate::carbon::budget::{HorizonFigures, Period, SpentFrom};
 use crate::carbon::host;
-use crate::carbon::intensity::{Intensity, Status};
+use crate::carbon::intensity::{Forecast, Intensity, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
 use crate::carbon::planner::ClockPlan;
 use crate::context::Context;
@@ -40,6 +41,10 @@ pub struct IntensityArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// Show the forecast for the next 48 hours (each figure's start and value) instead of
+    /// the value now
+    #[arg(long)]
+    pub forecast: bool,
     /// Use this intensity (gCO2/kWh) instead of asking the configured source
     #[arg(long, value_name = "G", allow_negative_numbers = true)]
     pub intensity: Option<f64>,
@@ -53,7 +58,8 @@ pub struct PlanArgs {
     /// Use this intensity (gCO2/kWh) instead of asking the configured source
     #[arg(long, value_name = "G", allow_negative_numbers = true)]
     pub intensity: Option<f64>,
-    /// Carbon budget for all GPUs, gCO2 per hour [default: the config's budget_g_per_hour]
+    /// Carbon budget for all GPUs, gCO2 per hour [default: the config's budget_g_per_hour];
+    /// the config's budget_g_per_day and budget_g_per_month apply too (the tightest binds)
     #[arg(long, value_name = "G_PER_H", allow_negative_numbers = true)]
     pub budget: Option<f64>,
 }
@@ -78,7 +84,7 @@ pub fn run(ctx: &Context, args: &CarbonArgs) -> Result<()> {
 
 /// The intensity to plan with: `--intensity`, else the source with its fallbacks.
 fn current_intensity(ctx: &Context, given: Option<f64>, remember: bool) -> Result<Intensity> {
-    let now = Utc::now();
+    let now = host::now(ctx)?;
     if let Some(value) = given {
         let value = check_intensity("--intensity", value).map_err(|_| {
             UsageError::new(format!("--intensity must be a carbon intensity from 0 to {MAX_INTENSITY} gCO2/kWh, got {value}"))
@@ -88,20 +94,31 @@ fn current_intensity(ctx: &Context, given: Option<f64>, remember: bool) -> Resul
     host::intensity_now(ctx, now, remember)
 }
 
-fn budget(ctx: &Context, given: Option<f64>) -> Result<f64> {
-    match given.or(ctx.config.carbon.budget_g_per_hour) {
-        Some(b) if b.is_finite() && b >= 0.0 => Ok(b),
-        Some(b) => Err(UsageError::new(format!("--budget must be a non-negative number of gCO2/h, got {b}")).into()),
-        None => {
-            Err(UsageError::new("no carbon budget: pass --budget G_PER_H or set [carbon] budget_g_per_hour").into())
+/// The budgets: `--budget` (per hour) or the config's per-hour one, and the config's daily
+/// and monthly ones; none at all is a usage error.
+fn budgets(ctx: &Context, given: Option<f64>) -> Result<host::Budgets> {
+    if let Some(b) = given {
+        if !(b.is_finite() && b >= 0.0) {
+            return Err(UsageError::new(format!("--budget must be a non-negative number of gCO2/h, got {b}")).into());
         }
     }
+    let budgets = host::Budgets::of(&ctx.config.carbon, given);
+    if !budgets.any() {
+        return Err(UsageError::new(
+            "no carbon budget: pass --budget G_PER_H or set [carbon] budget_g_per_hour, budget_g_per_day or budget_g_per_month",
+        )
+        .into());
+    }
+    Ok(budgets)
 }
 
 /// What `carbon apply` says when there is no budget, naming the config file to set it in.
 fn no_budget_note(ctx: &Context) -> String {
     let path = ctx.origin.config.clone().unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into());
-    format!("no carbon budget configured ([carbon] budget_g_per_hour in {}): nothing to do", path.display())
+    format!(
+        "no carbon budget configured ([carbon] budget_g_per_hour, budget_g_per_day or budget_g_per_month in {}): nothing to do",
+        path.display()
+    )
 }
 
 /// NVML for a command that only looks (`plan`): as [`host::open_nvml`] for root, and making
@@ -114,14 +131,19 @@ fn open_nvml_to_look(ctx: &Context) -> Result<Nvml> {
     }
 }
 
-fn make_plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budget: f64) -> Result<ClockPlan> {
-    host::plan(ctx, devices, intensity, budget)
+/// The plan for every budget at `now`; `remember` (apply): cache and record the forecast.
+fn make_plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budgets: host::Budgets, remember: bool) -> Result<host::BudgetPlan> {
+    let now = host::now(ctx)?;
+    host::plan_budgets(ctx, &host::workloads(ctx, devices), devices, intensity, budgets, now, true, remember)
 }
 
 fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
     // Root remembers a good reading for `apply`'s bad days; anyone else only looks (the
     // library directory is root's).
     let found = current_intensity(ctx, args.intensity, crate::read_only::is_root())?;
+    if args.forecast {
+        return show_forecast(ctx, &found, args.json);
+    }
     if args.json {
         return print_json(&IntensityView::of(&found));
     }
@@ -137,6 +159,31 @@ fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
     Ok(())
 }
 
+/// How far ahead `carbon intensity --forecast` looks: what the UK API serves.
+const FORECAST_HOURS: i64 = 48;
+
+fn show_forecast(ctx: &Context, current: &Intensity, json: bool) -> Result<()> {
+    let now = host::now(ctx)?;
+    let until = now + chrono::Duration::hours(FORECAST_HOURS);
+    let found = host::forecast(ctx, now, until, current, crate::read_only::is_root())?;
+    if let Some(note) = &found.note {
+        tracing::warn!("{note}");
+    }
+    if json {
+        return print_json(&ForecastView::of(&found));
+    }
+    println!("forecast: {}{}, fetched {}", found.source, status_suffix(found.status), found.fetched_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    let mut t = table(["FROM", "INTENSITY"]);
+    for r in &found.readings {
+        t.add_row([r.timestamp.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), format!("{:.0} gCO2/kWh", r.g_per_kwh)]);
+    }
+    println!("{t}");
+    if let Some(note) = &found.note {
+        println!("note: {note}");
+    }
+    Ok(())
+}
+
 fn status_suffix(status: Status) -> &'static str {
     match status {
         Status::Fresh | Status::Override => "",
@@ -146,15 +193,18 @@ fn status_suffix(status: Status) -> &'static str {
 }
 
 fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
-    let budget = budget(ctx, args.budget)?;
+    let budgets = budgets(ctx, args.budget)?;
     let nvml = open_nvml_to_look(ctx)?;
     let devices = host::devices(ctx, &nvml)?;
     let intensity = current_intensity(ctx, args.intensity, false)?;
-    let plan = make_plan(ctx, &devices, &intensity, budget)?;
+    let host::BudgetPlan { plan, horizons } = make_plan(ctx, &devices, &intensity, budgets, false)?;
     if args.json {
-        return print_json(&PlanView::of(&plan, &intensity));
+        return print_json(&PlanView::of(&plan, &intensity, &horizons));
     }
     println!("{}", summary(&plan, &intensity));
+    if !horizons.is_empty() {
+        println!("{}", horizon_table(&horizons));
+    }
     let mut t = table(["GPU", "WORKLOAD", "CLOCK", "POWER", "gCO2/h"]);
     for gpu in &plan.gpus {
         t.add_row([
@@ -172,6 +222,27 @@ fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
     Ok(())
 }
 
+/// The daily and monthly budgets: what is left of them and what is allotted to now.
+fn horizon_table(horizons: &[HorizonFigures]) -> comfy_table::Table {
+    let mut t = table(["BUDGET", "UNTIL", "gCO2", "SPENT", "REMAINING", "PLANNED", "ALLOTTED NOW"]);
+    for h in horizons {
+        let spent = match h.spent_from {
+            SpentFrom::History => format!("{:.0}", h.spent_g),
+            SpentFrom::Plans => format!("{:.0} (plans)", h.spent_g),
+        };
+        t.add_row([
+            format!("{}{}", h.period.adjective(), if h.feasible { "" } else { " — cannot be kept" }),
+            h.end.with_timezone(&chrono::Local).format("%Y-%m-%d %H:%M %Z").to_string(),
+            format!("{:.0}", h.budget_g),
+            spent,
+            format!("{:.0}", h.remaining_g),
+            format!("{:.0}", h.planned_g),
+            format!("{:.1} gCO2/h", h.allotted_g_per_hour_now),
+        ]);
+    }
+    t
+}
+
 fn summary(plan: &ClockPlan, intensity: &Intensity) -> String {
     format!(
         "intensity {:.0} gCO2/kWh ({}), budget {:.1} gCO2/h, predicted {:.1} gCO2/h{}",
@@ -186,20 +257,35 @@ fn summary(plan: &ClockPlan, intensity: &Intensity) -> String {
 fn apply(ctx: &Context, args: &PlanArgs) -> Result<()> {
     // The shipped config has no budget and the timer may be enabled all the same: nothing
     // to do is not a failure.
-    if args.budget.is_none() && ctx.config.carbon.budget_g_per_hour.is_none() {
+    if args.budget.is_none() && !ctx.config.carbon.has_budget() {
         crate::notice!("{}", no_budget_note(ctx));
         return Ok(());
     }
-    let budget = budget(ctx, args.budget)?;
+    let budgets = budgets(ctx, args.budget)?;
     let nvml = host::open_nvml(ctx)?;
     let devices = host::devices(ctx, &nvml)?;
     let intensity = current_intensity(ctx, args.intensity, true)?;
-    let plan = make_plan(ctx, &devices, &intensity, budget)?;
+    let host::BudgetPlan { plan, horizons } = make_plan(ctx, &devices, &intensity, budgets, true)?;
     let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
     let (outcomes, save_error) = apply::apply_plan(&nvml, &devices, &plan, &store)?;
-    let decision = Decision::applied(&plan, &intensity, outcomes, None);
-    if !plan.budget_met {
-        tracing::warn!("the budget of {budget} gCO2/h cannot be met: even the lowest clocks predict {:.1} gCO2/h; lowest clocks applied", plan.predicted_g_per_hour);
+    let mut decision = Decision::applied(&plan, &intensity, outcomes, None);
+    decision.horizons = horizons;
+    // Logged at the time planned for: now, or VGPU_NOW under the simulated driver (so that
+    // the spent figure assumed from the log counts it at that time).
+    if ctx.simulate {
+        decision.time = host::now(ctx)?;
+    }
+    for h in decision.horizons.iter().filter(|h| !h.feasible) {
+        tracing::warn!(
+            "the {} budget of {:.0} gCO2 cannot be kept: {:.0} g spent, and even the lowest clocks need {:.0} g more; lowest clocks applied",
+            h.period.adjective(),
+            h.budget_g,
+            h.spent_g,
+            h.min_needed_g
+        );
+    }
+    if !plan.budget_met && decision.horizons.iter().all(|h| h.feasible) {
+        tracing::warn!("the budget of {:.1} gCO2/h cannot be met: even the lowest clocks predict {:.1} gCO2/h; lowest clocks applied", plan.budget_g_per_hour.unwrap_or(0.0), plan.predicted_g_per_hour);
     }
     report(ctx, &decision, args.json, save_error, Some(summary(&plan, &intensity)))
 }
@@ -220,6 +306,7 @@ fn reset(ctx: &Context, args: &ResetArgs) -> Result<()> {
         notes: Vec::new(),
         gpus: outcomes,
         reason: None,
+        horizons: Vec::new(),
     };
     report(ctx, &decision, args.json, save_error, None)
 }
@@ -341,6 +428,39 @@ impl<'a> IntensityView<'a> {
     }
 }
 
+/// `carbon intensity --forecast --json`.
+#[derive(Serialize)]
+struct ForecastView<'a> {
+    source: &'a str,
+    status: &'a Status,
+    fetched_unix_ms: i64,
+    /// Each figure from its start until the next one's (the last to the end).
+    slots: Vec<ForecastSlotView>,
+    note: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ForecastSlotView {
+    start_unix_ms: i64,
+    intensity_g_per_kwh: f64,
+}
+
+impl<'a> ForecastView<'a> {
+    fn of(f: &'a Forecast) -> Self {
+        ForecastView {
+            source: &f.source,
+            status: &f.status,
+            fetched_unix_ms: f.fetched_at.timestamp_millis(),
+            slots: f
+                .readings
+                .iter()
+                .map(|r| ForecastSlotView { start_unix_ms: r.timestamp.timestamp_millis(), intensity_g_per_kwh: r.g_per_kwh })
+                .collect(),
+            note: f.note.as_deref(),
+        }
+    }
+}
+
 /// `carbon plan --json`.
 #[derive(Serialize)]
 struct PlanView<'a> {
@@ -353,6 +473,42 @@ struct PlanView<'a> {
     gpus: Vec<GpuPlanView<'a>>,
     workloads: Vec<WorkloadPlanView<'a>>,
     intensity_source: IntensityView<'a>,
+    /// The daily and monthly budgets (empty: a per-hour budget only).
+    horizons: Vec<HorizonView>,
+}
+
+/// A daily or monthly budget's figures, in `carbon plan|apply --json`.
+#[derive(Serialize)]
+struct HorizonView {
+    period: Period,
+    start_unix_ms: i64,
+    end_unix_ms: i64,
+    budget_g: f64,
+    spent_g: f64,
+    spent_from: SpentFrom,
+    remaining_g: f64,
+    planned_g: f64,
+    min_needed_g: f64,
+    allotted_g_per_hour_now: f64,
+    feasible: bool,
+}
+
+impl HorizonView {
+    fn of(h: &HorizonFigures) -> Self {
+        HorizonView {
+            period: h.period,
+            start_unix_ms: h.start.timestamp_millis(),
+            end_unix_ms: h.end.timestamp_millis(),
+            budget_g: h.budget_g,
+            spent_g: h.spent_g,
+            spent_from: h.spent_from,
+            remaining_g: h.remaining_g,
+            planned_g: h.planned_g,
+            min_needed_g: h.min_needed_g,
+            allotted_g_per_hour_now: h.allotted_g_per_hour_now,
+            feasible: h.feasible,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -379,7 +535,7 @@ struct WorkloadPlanView<'a> {
 }
 
 impl<'a> PlanView<'a> {
-    fn of(plan: &'a ClockPlan, intensity: &'a Intensity) -> Self {
+    fn of(plan: &'a ClockPlan, intensity: &'a Intensity, horizons: &[HorizonFigures]) -> Self {
         PlanView {
             intensity_g_per_kwh: plan.intensity,
             budget_g_per_hour: plan.budget_g_per_hour,
@@ -406,6 +562,7 @@ impl<'a> PlanView<'a> {
                 .map(|w| WorkloadPlanView { name: &w.id, gpu_indexes: &w.gpus, clock_mhz: w.clock_mhz, completion_time: w.completion_time })
                 .collect(),
             intensity_source: IntensityView::of(intensity),
+            horizons: horizons.iter().map(HorizonView::of).collect(),
         }
     }
 }
@@ -422,6 +579,8 @@ struct DecisionView<'a> {
     budget_met: Option<bool>,
     notes: &'a [String],
     gpus: Vec<OutcomeView<'a>>,
+    /// As in `carbon plan --json`.
+    horizons: Vec<HorizonView>,
 }
 
 #[derive(Serialize)]
@@ -468,6 +627,7 @@ impl<'a> DecisionView<'a> {
                     error: g.error.as_deref(),
                 })
                 .collect(),
+            horizons: d.horizons.iter().map(HorizonView::of).collect(),
         }
     }
 }

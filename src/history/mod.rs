@@ -1,6 +1,8 @@
 //! History (SPEC 4.6): what the GPUs did, which workload used them, the grid's intensity and
 //! every clock decision, in SQLite at `<lib_dir>/history.db`. `vgpu watch` records it;
-//! `vgpu carbon report` reads it; `vgpu carbon profile` keeps its power models there.
+//! `vgpu carbon report` reads it; `vgpu carbon profile` keeps its power models there;
+//! `vgpu carbon plan/apply` read what a daily or monthly budget has spent ([`spent`]) and
+//! record the intensity forecasts they fetch.
 //!
 //! The layout is defined once, in `schema.sql` ([`SCHEMA`]), and documented for admins in
 //! docs/history.md.
@@ -16,6 +18,7 @@ pub const SCHEMA: &str = include_str!("schema.sql");
 
 pub mod config;
 pub mod db;
+pub mod spent;
 pub mod store;
 pub mod tick;
 

@@ -92,6 +92,7 @@ fn a_decision_keeps_its_whole_record() {
         notes: vec![],
         gpus: vec![],
         reason: Some("workload started w".into()),
+        horizons: vec![],
     };
     h.record_decision(&d).unwrap();
     let (ts, action, met, record): (i64, String, bool, String) = h

@@ -35,6 +35,19 @@ pub enum CarbonCommand {
     /// Undo the caps: default clocks and power limits
     Reset(ResetArgs),
     /// Measure a GPU's power and speed at several locked clocks and fit the planner's model
+    ///
+    /// Runs a calibration load (an FMA-loop kernel through the CUDA driver API) with the GPU's
+    /// clocks locked at each of K clocks spread over its supported range, S seconds each, and
+    /// measures power (NVML's energy counter) and throughput. Fits
+    /// P(f) = P_idle + (P_max − P_idle)·(f/f_max)^γ and the speed curve
+    /// s(f) = (1 − σ) + σ·f/f_max, and stores the fit in the history database
+    /// (/var/lib/vgpu/history.db, table power_models) for `vgpu carbon plan` and `apply`: for
+    /// this GPU, and for GPUs of the same name without a profile of their own ([carbon]
+    /// power_idle_w, power_max_w and gamma still win). The clocks are restored afterwards
+    /// (vgpu's carbon cap locked again, else unlocked), also on error, Ctrl-C, SIGTERM and
+    /// SIGHUP; after a SIGKILL, `vgpu carbon apply` or `vgpu carbon reset` restores them. A GPU
+    /// with compute processes is refused unless --force. Needs root. Takes about
+    /// K·(S + 0.2) + 1 seconds (15 s by default).
     Profile(ProfileArgs),
 }
 
@@ -69,14 +82,6 @@ pub struct ResetArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(after_help = "Runs a calibration load (an FMA-loop kernel through the CUDA driver API) with the \
-GPU's clocks locked at each of K clocks spread over its supported range, S seconds each, and \
-measures power (NVML's energy counter) and throughput; fits P(f) = P_idle + (P_max − P_idle)·(f/f_max)^γ \
-and the speed curve s(f) = (1 − σ) + σ·f/f_max, and stores the fit in the history database for \
-`vgpu carbon plan`/`apply` (for this GPU, and for GPUs of the same name without a profile of \
-their own). The clocks are restored afterwards (vgpu's carbon cap locked again, else \
-unlocked), also on error, Ctrl-C and SIGTERM; after a SIGKILL, `vgpu carbon apply` or `vgpu \
-carbon reset` restores them. Needs root. About K·(S + 0.2) + 1 seconds.")]
 pub struct ProfileArgs {
     /// The GPU to profile (NVML index)
     #[arg(long, value_name = "N", default_value_t = 0)]

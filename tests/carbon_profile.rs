@@ -130,3 +130,58 @@ fn sigterm_restores_the_clocks_and_stores_nothing() {
         .unwrap_or(0);
     assert_eq!(stored, 0);
 }
+
+/// A recorded history of `server` (σ 0.5, busy 20 % at full clock) on GPU `uuid` as the
+/// clock moved, as `vgpu watch` records it.
+fn record_history(sim: &Sim, uuid: &str) {
+    let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let now = chrono::Utc::now().timestamp_millis();
+    conn.execute("INSERT INTO workloads (id, name) VALUES ('0123456789ab', 'server')", []).unwrap();
+    for i in 0..32i64 {
+        let (t0, t1) = (now - (i + 1) * 10_000, now - i * 10_000);
+        let clock = 345 + (i % 8) * 233;
+        let x = clock as f64 / 1980.0;
+        let busy = (10_000.0 * 0.2 / (0.5 + 0.5 * x)).round() as i64;
+        conn.execute(
+            "INSERT INTO gpu_samples (t0_ms, t1_ms, gpu_uuid, gpu_index, energy_mj, energy_source, sm_clock_mhz) VALUES (?1, ?2, ?3, 0, 1000, 'counter', ?4)",
+            rusqlite::params![t0, t1, uuid, clock],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO workload_gpu_time (t0_ms, t1_ms, workload_id, gpu_uuid, busy_ms, source) VALUES (?1, ?2, '0123456789ab', ?3, ?4, 'ledger')",
+            rusqlite::params![t0, t1, uuid, busy],
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn the_planner_uses_the_sensitivity_learned_from_the_history() {
+    let sim = Sim::with_config(CURVE);
+    sim.write_vgpu_config("");
+    let uuid = uuid(&sim);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_vgpu"))
+        .args(["--simulate", "run", "--gpu", "0", "--mem", "1G", "--name", "server", "--", "sleep", "60"])
+        .envs(sim.env())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("vgpu run");
+    let plan = |sim: &Sim| sim.json(&["carbon", "plan", "--json", "--intensity", "400", "--budget", "100"]);
+    wait_for("the planner to see server", || plan(&sim)["workloads"][0]["name"] == "server");
+    // Before any history: σ 1, completion time f_max / f.
+    let before = plan(&sim)["workloads"][0].clone();
+    let clock = before["clock_mhz"].as_f64().unwrap();
+    assert!(clock < 1500.0, "a tight budget lowers the clock: {before}");
+    assert!(within(&before["completion_time"], 1980.0 / clock, 0.01), "{before}");
+
+    record_history(&sim, &uuid);
+    let after = plan(&sim)["workloads"][0].clone();
+    let clock = after["clock_mhz"].as_f64().unwrap();
+    assert!(within(&after["completion_time"], 1.0 / (0.5 + 0.5 * clock / 1980.0), 0.02), "σ 0.5 learned and used: {after}");
+    let db = rusqlite::Connection::open(sim.path("lib/history.db")).unwrap();
+    let sigma: f64 = db.query_row("SELECT sigma FROM workload_sensitivity WHERE key = 'name:server'", [], |r| r.get(0)).unwrap();
+    assert!((sigma - 0.5).abs() < 0.02, "{sigma}");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = run.wait();
+}

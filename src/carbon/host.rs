@@ -210,3 +210,74 @@ pub fn plan_for(
     }
     Ok(plan)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::carbon::apply::DeviceState;
+    use crate::carbon::profile::fit::{Point, PowerFit, SpeedFit};
+    use crate::carbon::profile::{Report, Restored};
+
+    fn gpu(index: u32, uuid: &str, name: &str) -> CarbonGpu {
+        CarbonGpu {
+            state: DeviceState {
+                index,
+                uuid: uuid.into(),
+                persistence: None,
+                power_limit_mw: None,
+                default_power_limit_mw: None,
+                power_limit_range_mw: None,
+            },
+            model: GpuModel::new(index, vec![345, 1980], 105.0, 700.0, 2.0).unwrap(),
+            name: name.into(),
+            pids: vec![],
+            model_source: ModelSource::Default,
+        }
+    }
+
+    fn measured(uuid: &str, name: &str) -> Report {
+        Report {
+            gpu_index: 0,
+            gpu_uuid: uuid.into(),
+            gpu_name: name.into(),
+            measured_ms: 1_795_000_000_000,
+            max_clock_mhz: 1980,
+            idle_power_w: 60.0,
+            energy_source: "counter",
+            seconds_per_clock: 2.0,
+            points: vec![Point { clock_mhz: 1980, power_w: 690.0, throughput: 1.0 }],
+            power: PowerFit { idle_w: 71.0, max_w: 690.0, gamma: 2.6, rms_error_w: 1.0 },
+            speed: SpeedFit { sigma: 0.8, throughput_at_max: 1.0 },
+            restored: Restored::Unlocked,
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn measured_models_by_uuid_then_name_and_config_keys_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::history::db::open_rw(dir.path()).unwrap();
+        profile::save(&conn, &crate::history::db::path_in(dir.path()), &measured("GPU-a", "H100")).unwrap();
+        let fresh = || vec![gpu(0, "GPU-a", "H100"), gpu(1, "GPU-b", "H100"), gpu(2, "GPU-c", "A100")];
+
+        let mut devices = fresh();
+        use_measured(&conn, &CarbonConfig::default(), &mut devices);
+        for d in &devices[..2] {
+            assert_eq!((d.model.idle_w, d.model.max_w, d.model.gamma), (71.0, 690.0, 2.6), "{}", d.state.uuid);
+            assert!(matches!(&d.model_source, ModelSource::Measured { gpu_uuid, .. } if gpu_uuid == "GPU-a"));
+        }
+        assert_eq!(devices[1].model_source.to_string(), "measured 2026-11-18 on GPU-a", "GPU-b borrows its model's fit");
+        assert_eq!((devices[2].model.idle_w, &devices[2].model_source), (105.0, &ModelSource::Default), "no A100 fit");
+
+        let config = CarbonConfig { power_max_w: Some(650.0), ..CarbonConfig::default() };
+        let mut devices = fresh();
+        use_measured(&conn, &config, &mut devices);
+        assert_eq!((devices[0].model.idle_w, devices[0].model.max_w, devices[0].model.gamma), (71.0, 650.0, 2.6));
+        assert_eq!(devices[0].model_source.to_string(), "measured 2026-11-18 on GPU-a ([carbon] power_max_w override)");
+
+        let config = CarbonConfig { power_idle_w: Some(50.0), power_max_w: Some(650.0), gamma: Some(2.0), ..CarbonConfig::default() };
+        let mut devices = fresh();
+        use_measured(&conn, &config, &mut devices);
+        assert_eq!((devices[0].model.idle_w, &devices[0].model_source), (105.0, &ModelSource::Default), "every key set: the config's model, untouched");
+    }
+}

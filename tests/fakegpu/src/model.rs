@@ -82,17 +82,22 @@ pub fn kernel_duration_with_wave_ns(
     let sms = u64::from(dev.sm_count.max(1));
     let waves = blocks.max(1).div_ceil(sms);
     let at_max = waves.saturating_mul(wave_ns);
-    let scaled = at_max as f64 / speed(dev, clock_mhz);
+    // × f_max / ((1 − σ)·f_max + σ·f): with σ = 1 exactly `× f_max / f`, as before σ existed.
+    let scaled = at_max as f64 * f64::from(dev.max_clock_mhz) / effective_clock(dev, clock_mhz);
     (scaled as u64).clamp(1, MAX_KERNEL_NS)
+}
+
+/// `(1 − σ)·f_max + σ·f` (MHz, positive), σ the device's `clock_sensitivity`: the clock the
+/// kernel's speed corresponds to.
+fn effective_clock(dev: &DeviceConfig, clock_mhz: u32) -> f64 {
+    let sigma = dev.clock_sensitivity;
+    (1.0 - sigma) * f64::from(dev.max_clock_mhz.max(1)) + sigma * f64::from(clock_mhz.max(1))
 }
 
 /// A kernel's speed at `clock_mhz` relative to the maximum clock:
 /// `(1 − σ) + σ·f/f_max`, σ the device's `clock_sensitivity`.
 pub fn speed(dev: &DeviceConfig, clock_mhz: u32) -> f64 {
-    let ratio = f64::from(clock_mhz.max(1)) / f64::from(dev.max_clock_mhz.max(1));
-    let sigma = dev.clock_sensitivity;
-    // Positive: the ratio is, and σ ≤ 1.
-    (1.0 - sigma) + sigma * ratio
+    effective_clock(dev, clock_mhz) / f64::from(dev.max_clock_mhz.max(1))
 }
 
 /// Power in mW at utilization `u` (0..=1) and clock `clock_mhz`, clamped to the limit.
@@ -278,6 +283,9 @@ mod tests {
         d.clock_sensitivity = 0.0;
         assert_eq!(kernel_duration_ns(&d, 132, 345), 100_000, "σ 0: the clock does not matter");
         assert!((speed(&d, 345) - 1.0).abs() < 1e-12);
+        // σ 1 (the default) is exactly the old `× f_max / f`.
+        d.clock_sensitivity = 1.0;
+        assert_eq!(kernel_duration_ns(&d, 132, 1500), 132_000);
     }
 
     #[test]

@@ -185,3 +185,22 @@ fn the_planner_uses_the_sensitivity_learned_from_the_history() {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(run.id() as i32), nix::sys::signal::Signal::SIGTERM);
     let _ = run.wait();
 }
+
+#[test]
+fn after_a_sigkill_the_next_apply_writes_the_cap_again() {
+    let sim = Sim::with_config(CURVE);
+    let uuid = uuid(&sim);
+    sim.json(&["carbon", "apply", "--json", "--intensity", "400", "--budget", "100"]);
+    let applied = sim.path("run/carbon-applied.json");
+    assert!(std::fs::read_to_string(&applied).unwrap().contains(&uuid));
+    let mut child = sim.spawn(&["carbon", "profile", "--seconds", "30"]);
+    // The event: profiling has set the GPU's remembered cap aside (its clocks are now ours).
+    wait_for("profiling to set the cap aside", || !std::fs::read_to_string(&applied).unwrap_or_default().contains(&uuid));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Whatever clock it died at, apply does not trust a cap it no longer remembers.
+    let again = sim.json(&["carbon", "apply", "--json", "--intensity", "400", "--budget", "100"]);
+    let writes = again["gpus"][0]["writes"].to_string();
+    assert!(writes.contains("lock-clocks"), "{again}");
+    assert_eq!(locked_clocks(&sim, &uuid), Some((345, 345)));
+}

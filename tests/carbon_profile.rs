@@ -204,3 +204,13 @@ fn after_a_sigkill_the_next_apply_writes_the_cap_again() {
     assert!(writes.contains("lock-clocks"), "{again}");
     assert_eq!(locked_clocks(&sim, &uuid), Some((345, 345)));
 }
+
+#[test]
+fn a_gpu_that_cannot_lock_clocks_is_a_clear_error() {
+    let sim = Sim::with_config(&format!("{CURVE}clock_locking = false\n"));
+    let out = sim.vgpu(&["carbon", "profile", "--seconds", "0.2", "--clocks", "3"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("GPU 0: cannot lock the clocks: ") && !stderr.contains("restoring"), "{stderr}");
+}

@@ -117,13 +117,8 @@ pub fn use_measured(conn: &rusqlite::Connection, config: &CarbonConfig, devices:
 }
 
 /// The workloads to plan for: those `vgpu run` recorded (running ones, with a live
-/// supervisor), and every other GPU with compute processes as one workload. As root, the
-/// learned frequency sensitivities are brought up to date from the history first
-/// ([`learn_sensitivities`]).
+/// supervisor), and every other GPU with compute processes as one workload.
 pub fn workloads(ctx: &Context, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
-    if crate::read_only::is_root() {
-        learn_sensitivities(&ctx.lib_dir, devices);
-    }
     workloads_in(&Store::new(&ctx.state_dir, &ctx.lib_dir), devices)
 }
 
@@ -183,8 +178,14 @@ pub fn workloads_in(store: &Store, devices: &[CarbonGpu]) -> Vec<PlannedWorkload
     current(&recorded, gpu_pids)
 }
 
-/// The clock plan for `budget` (gCO2/h) at `intensity`, for the host's workloads now.
+/// The clock plan for `budget` (gCO2/h) at `intensity`, for the host's workloads now
+/// (`carbon plan`, `apply`). As root, the learned frequency sensitivities are brought up to
+/// date from the history first ([`learn_sensitivities`]); the re-plans of `vgpu run` only
+/// read them, adding no work to a workload's start.
 pub fn plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budget: f64) -> Result<ClockPlan> {
+    if crate::read_only::is_root() {
+        learn_sensitivities(&ctx.lib_dir, devices);
+    }
     plan_for(ctx, &workloads(ctx, devices), devices, intensity, budget)
 }
 

@@ -235,7 +235,11 @@ pub fn profile(
         Some((min_mhz, max_mhz)) => device
             .set_gpu_locked_clocks(GpuLockedClocksSetting::Numeric { min_clock_mhz: min_mhz, max_clock_mhz: max_mhz })
             .map(|()| Restored::Relocked { min_mhz, max_mhz }),
-        None => device.reset_gpu_locked_clocks().map(|()| Restored::Unlocked),
+        // A device that cannot lock clocks has none locked (and `measure` said why).
+        None => match device.reset_gpu_locked_clocks() {
+            Ok(()) | Err(NvmlError::NotSupported) => Ok(Restored::Unlocked),
+            Err(e) => Err(e),
+        },
     };
     let restored = match (restored, measured.as_ref()) {
         (Ok(r), _) => r,

@@ -2,7 +2,8 @@
 //!
 //! * Power of a saturated GPU, `P(f) = P_idle + (P_max − P_idle)·(f/f_max)^γ`: for a fixed γ
 //!   the model is linear in `a = P_idle` and `b = P_max − P_idle` (`P = a + b·x^γ`, `x =
-//!   f/f_max`), solved by ordinary least squares; γ is the value in [`GAMMA_RANGE`] with the
+//!   f/f_max`), solved by ordinary least squares (with `a ≥ 0`: where the free fit's `a` is
+//!   negative, the best `a = 0` line); γ is the value in [`GAMMA_RANGE`] with the
 //!   smallest squared error, found by a grid search refined by golden-section search. The
 //!   root-mean-square error of the fit is reported.
 //! * Speed, `s(f) = (1 − σ) + σ·f/f_max`: throughput `t = c·s(f) = c(1 − σ) + cσ·x` is a
@@ -100,7 +101,21 @@ fn line(us: &[f64], ys: &[f64]) -> Option<(f64, f64, f64)> {
     Some((a, b, sse))
 }
 
-/// Fit `P_idle`, `P_max`, γ to the points (at least 3 distinct clocks).
+/// [`line`] with the intercept kept non-negative (a GPU draws no negative power): where the
+/// free fit's is below 0, the best line through the origin.
+fn line_from_zero_up(us: &[f64], ys: &[f64]) -> Option<(f64, f64, f64)> {
+    let (a, b, sse) = line(us, ys)?;
+    if a >= 0.0 {
+        return Some((a, b, sse));
+    }
+    let suu: f64 = us.iter().map(|u| u * u).sum();
+    let b = us.iter().zip(ys).map(|(u, y)| u * y).sum::<f64>() / suu;
+    let sse = us.iter().zip(ys).map(|(u, y)| (y - b * u).powi(2)).sum();
+    Some((0.0, b, sse))
+}
+
+/// Fit `P_idle`, `P_max`, γ to the points (at least 3 distinct clocks). `P_idle` is kept
+/// at 0 W or more.
 pub fn fit_power(points: &[Point], max_clock_mhz: u32) -> Result<PowerFit, FitError> {
     check(points, 3, max_clock_mhz)?;
     let points: Vec<&Point> = points.iter().filter(|p| p.clock_mhz > 0).collect();
@@ -108,7 +123,7 @@ pub fn fit_power(points: &[Point], max_clock_mhz: u32) -> Result<PowerFit, FitEr
     let ys: Vec<f64> = points.iter().map(|p| p.power_w).collect();
     let sse = |gamma: f64| -> f64 {
         let us: Vec<f64> = xs.iter().map(|x| x.powf(gamma)).collect();
-        line(&us, &ys).map_or(f64::INFINITY, |(_, _, sse)| sse)
+        line_from_zero_up(&us, &ys).map_or(f64::INFINITY, |(_, _, sse)| sse)
     };
     // Grid search, then golden-section search around the best grid point.
     let (lo, hi) = GAMMA_RANGE;
@@ -128,7 +143,7 @@ pub fn fit_power(points: &[Point], max_clock_mhz: u32) -> Result<PowerFit, FitEr
     }
     let gamma = (a + b) / 2.0;
     let us: Vec<f64> = xs.iter().map(|x| x.powf(gamma)).collect();
-    let (idle, slope, sse) = line(&us, &ys).ok_or(FitError::TooFewClocks { need: 3, got: 1 })?;
+    let (idle, slope, sse) = line_from_zero_up(&us, &ys).ok_or(FitError::TooFewClocks { need: 3, got: 1 })?;
     if !(slope.is_finite() && slope > 0.0) {
         return Err(FitError::NotRising { what: format!("P_max − P_idle = {slope:.1} W") });
     }
@@ -233,6 +248,18 @@ mod tests {
         // Flat power: no rise either.
         let flat = curve(300.0, 300.0, 2.0, 1.0, |_| 0.0, |_| 0.0);
         assert!(matches!(fit_power(&flat, F_MAX), Err(FitError::NotRising { .. })));
+    }
+
+    #[test]
+    fn idle_power_is_never_negative() {
+        // Power that rises faster than any curve from a positive idle: the free fit's
+        // intercept would be below 0 W.
+        let points: Vec<Point> = [(500u32, 10.0), (1000, 200.0), (1500, 420.0), (1980, 700.0)]
+            .iter()
+            .map(|&(f, p)| Point { clock_mhz: f, power_w: p, throughput: 1.0 })
+            .collect();
+        let fit = fit_power(&points, F_MAX).unwrap();
+        assert!(fit.idle_w >= 0.0 && fit.max_w > 600.0 && fit.rms_error_w.is_finite(), "{fit:?}");
     }
 
     #[test]

@@ -428,6 +428,21 @@ mod tests {
         assert_eq!(spread(&all, 2), vec![345, 1980]);
     }
 
+    #[test]
+    fn power_from_readings_where_there_is_no_counter() {
+        let mut readings = Stretch::default();
+        assert!(readings.watts(false).is_nan(), "nothing read: no figure");
+        // mW readings; the first (taken as the stretch starts) is left out of the mean.
+        for mw in [100_000.0, 300_000.0, 500_000.0] {
+            readings.add(Some(mw));
+        }
+        readings.add(None);
+        assert_eq!(readings.watts(false), 400.0);
+        let mut one = Stretch::default();
+        one.add(Some(250_000.0));
+        assert_eq!(one.watts(false), 250.0);
+    }
+
     fn report(uuid: &str, name: &str, when: i64, idle: f64) -> Report {
         Report {
             gpu_index: 0,

@@ -17,11 +17,19 @@ use serde_json::Value;
 
 const CURVE: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n\
                      power_idle_w = 70\npower_max_w = 700\npower_exponent = 2.5\nclock_sensitivity = 0.6\n";
-const MEMORY: u64 = 80 << 30;
-
-/// The locked clocks the simulated driver holds for GPU `uuid` (None: not locked).
+/// The locked clocks the simulated driver holds for GPU `uuid` (None: not locked), read from
+/// its shared state file `<FAKEGPU_STATE>/<uuid>.state` (tests/fakegpu/README.md, "Shared
+/// state"; `Layout` in tests/fakegpu/src/state.rs, repr(C): magic u64, version u32, slot
+/// count u32, creation time, size, used, peak u64, then the locked minimum and maximum u32 at
+/// bytes 48 and 52). Not through the fakegpu crate: linking its rlib here would rebuild
+/// libfakegpu.so under the other tests' feet.
 fn locked_clocks(sim: &Sim, uuid: &str) -> Option<(u32, u32)> {
-    fakegpu::state::DeviceState::open(&sim.path("fakegpu-state"), uuid, MEMORY).expect("the driver's state").locked_clocks()
+    let bytes = std::fs::read(sim.path(&format!("fakegpu-state/{uuid}.state"))).expect("the driver's state file");
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    assert_eq!(&bytes[..8], b"FAKEGPU\x01", "not a fakegpu state file");
+    assert_eq!(u32_at(8), 4, "fakegpu's state layout changed (version): update locked_clocks()");
+    let (min, max) = (u32_at(48), u32_at(52));
+    (max != 0).then_some((min, max))
 }
 
 fn uuid(sim: &Sim) -> String {
@@ -30,6 +38,22 @@ fn uuid(sim: &Sim) -> String {
 
 fn plan(sim: &Sim) -> Value {
     sim.json(&["carbon", "plan", "--json", "--intensity", "300", "--budget", "500"])["gpus"][0].clone()
+}
+
+/// `vgpu --simulate carbon profile ARGS…` in the background, its stderr kept in a file
+/// (shown when a test fails).
+fn spawn_profile(sim: &Sim, args: &[&str]) -> (std::process::Child, std::path::PathBuf) {
+    let log = sim.path(&format!("profile-{}.stderr", args.join("_")));
+    let child = Command::new(env!("CARGO_BIN_EXE_vgpu"))
+        .args(["--simulate", "carbon", "profile"])
+        .args(args)
+        .envs(sim.env())
+        .env("VGPU_LOG", "vgpu=warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("stderr file"))
+        .spawn()
+        .expect("spawn vgpu carbon profile");
+    (child, log)
 }
 
 fn within(got: &Value, want: f64, share: f64) -> bool {
@@ -117,9 +141,12 @@ fn a_gpu_with_processes_is_refused_without_force() {
 fn sigterm_restores_the_clocks_and_stores_nothing() {
     let sim = Sim::with_config(CURVE);
     let uuid = uuid(&sim);
-    let mut child = sim.spawn(&["carbon", "profile", "--seconds", "30"]);
+    let (mut child, log) = spawn_profile(&sim, &["--seconds", "30"]);
     // The first locked clock is the event: profiling has the GPU.
-    wait_for("profiling to lock the clocks", || locked_clocks(&sim, &uuid).is_some());
+    wait_for(&format!("profiling to lock the clocks (stderr: {})", log.display()), || {
+        locked_clocks(&sim, &uuid).is_some() || child.try_wait().unwrap().is_some()
+    });
+    assert!(child.try_wait().unwrap().is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     use std::os::unix::process::ExitStatusExt as _;
@@ -193,9 +220,12 @@ fn after_a_sigkill_the_next_apply_writes_the_cap_again() {
     sim.json(&["carbon", "apply", "--json", "--intensity", "400", "--budget", "100"]);
     let applied = sim.path("run/carbon-applied.json");
     assert!(std::fs::read_to_string(&applied).unwrap().contains(&uuid));
-    let mut child = sim.spawn(&["carbon", "profile", "--seconds", "30"]);
+    let (mut child, log) = spawn_profile(&sim, &["--seconds", "30"]);
     // The event: profiling has set the GPU's remembered cap aside (its clocks are now ours).
-    wait_for("profiling to set the cap aside", || !std::fs::read_to_string(&applied).unwrap_or_default().contains(&uuid));
+    wait_for("profiling to set the cap aside", || {
+        !std::fs::read_to_string(&applied).unwrap_or_default().contains(&uuid) || child.try_wait().unwrap().is_some()
+    });
+    assert!(child.try_wait().unwrap().is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
     child.kill().unwrap();
     child.wait().unwrap();
     // Whatever clock it died at, apply does not trust a cap it no longer remembers.

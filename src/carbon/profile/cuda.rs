@@ -84,6 +84,9 @@ pub const BLOCK: u32 = 256;
 pub const BLOCKS_PER_SM: u32 = 4;
 /// How long one batch of launches should keep the GPU busy.
 pub const BATCH_SECONDS: f64 = 0.05;
+/// Batches kept queued: the GPU has this many batches of work ahead (0.2 s) when the host
+/// is late (a busy CPU), so it never idles during a measure.
+pub const DEPTH: usize = 4;
 
 #[derive(Debug, Error)]
 pub enum CudaError {
@@ -130,7 +133,7 @@ pub struct Calibrator {
     function: Ptr,
     out: u64,
     sm_count: u32,
-    events: [Ptr; 2],
+    events: [Ptr; DEPTH],
     /// Launches per batch.
     batch: u32,
     _lib: libloading::Library,
@@ -208,7 +211,7 @@ impl Calibrator {
                 function: std::ptr::null_mut(),
                 out: 0,
                 sm_count: u32::try_from(sms).unwrap_or(1).max(1),
-                events: [std::ptr::null_mut(); 2],
+                events: [std::ptr::null_mut(); DEPTH],
                 batch: 1,
                 _lib: lib,
             };
@@ -219,7 +222,7 @@ impl Calibrator {
             check(&cal.api, "cuModuleGetFunction", (api.module_get_function)(&mut function, module, KERNEL.as_ptr()))?;
             let mut out = 0u64;
             check(&cal.api, "cuMemAlloc", (api.mem_alloc)(&mut out, 4))?;
-            let mut events = [std::ptr::null_mut(); 2];
+            let mut events = [std::ptr::null_mut(); DEPTH];
             for e in &mut events {
                 check(&cal.api, "cuEventCreate", (api.event_create)(e, EVENT_DISABLE_TIMING))?;
             }
@@ -285,38 +288,38 @@ impl Calibrator {
         Ok(())
     }
 
-    /// Keep the GPU saturated for about `seconds`: batches are queued one ahead of the one
-    /// waited for. `start` is called once the first batch has completed (the queue still
-    /// holds the next), `tick` after every completed batch (`false`: stop early). Returns
-    /// the kernels completed between the two and the time they took; the batch still queued
-    /// at the end is drained and not counted.
+    /// Keep the GPU saturated for about `seconds`: [`DEPTH`] batches are kept queued, one
+    /// added as each completes. `start` is called once the first batch has completed (the
+    /// queue still holds the others), `tick` after every completed batch (`false`: stop
+    /// early). Returns the kernels completed between the two and the time they took; the
+    /// batches still queued at the end are drained and not counted.
     pub fn saturate(
         &mut self,
         seconds: f64,
         start: &mut dyn FnMut(),
         tick: &mut dyn FnMut() -> bool,
     ) -> Result<Run, CudaError> {
-        self.launch_batch()?;
-        self.record(0)?;
-        self.launch_batch()?;
-        self.record(1)?;
+        for slot in 0..DEPTH {
+            self.launch_batch()?;
+            self.record(slot)?;
+        }
         self.wait(0)?;
         let t0 = Instant::now();
         start();
         let mut kernels = 0u64;
-        let mut pending = 1;
+        let mut done = 0;
         let result = loop {
-            // Queue the next batch before waiting for the one in flight.
+            // Refill the slot just completed, then wait for the oldest in flight.
             self.launch_batch()?;
-            self.record(1 - pending)?;
-            self.wait(pending)?;
+            self.record(done % DEPTH)?;
+            done += 1;
+            self.wait(done % DEPTH)?;
             kernels += u64::from(self.batch);
             let elapsed = t0.elapsed().as_secs_f64();
             let go_on = tick();
             if elapsed >= seconds || !go_on {
                 break Run { kernels, seconds: elapsed };
             }
-            pending = 1 - pending;
         };
         self.drain()?;
         Ok(result)

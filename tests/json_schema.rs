@@ -196,6 +196,12 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     golden.extend(lines("kill", &fields));
     covered.insert("kill".to_string());
     drop(children);
+    // Profiling, on the GPU now free (forced: the killed workloads' processes may linger
+    // in the driver's list for a moment).
+    let mut fields = Fields::new();
+    collect("", &document(&sim, &["carbon", "profile", "--json", "--clocks", "3", "--seconds", "0.2", "--force"]), &mut fields);
+    golden.extend(lines("carbon profile", &fields));
+    covered.insert("carbon profile".to_string());
 
     // Services: one per kind of placement, so that every option field has a value, and the
     // runner's state (replicas, a decision, why short) written as the runner writes it.

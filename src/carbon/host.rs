@@ -5,7 +5,7 @@
 use anyhow::{Context as _, Result};
 use chrono::{DateTime, Utc};
 
-use crate::carbon::apply::{self, CarbonGpu};
+use crate::carbon::apply::{self, CarbonGpu, ModelSource};
 use crate::carbon::planner::{self, ClockPlan, PlanRequest};
 use crate::carbon::config::CarbonConfig;
 use crate::carbon::intensity::cache::{Cache, CACHE_FILE, FORECAST_FILE};
@@ -14,7 +14,8 @@ use crate::carbon::budget::{self, HorizonFigures, Period, SpentFrom};
 use crate::carbon::horizon::{self, HorizonRequest};
 use crate::carbon::log::{self, LOG_FILE};
 use crate::history::store::IntensityKind;
-use crate::carbon::model::Tunables;
+use crate::carbon::model::{GpuModel, Tunables};
+use crate::carbon::{profile, sensitivity};
 use crate::carbon::workload::{current, Recorded, PlannedWorkload};
 use crate::context::Context;
 use crate::error::UsageError;
@@ -299,12 +300,56 @@ pub fn open_nvml(ctx: &Context) -> Result<Nvml> {
     ctx.nvml()?.context(NO_DRIVER)
 }
 
-/// The GPUs, as the planner models them.
+/// The GPUs, as the planner models them: each with its measured power model where
+/// `vgpu carbon profile` made one ([`use_measured`]).
 pub fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<CarbonGpu>> {
     let config = &ctx.config.carbon;
-    let devices = apply::read_devices(nvml, config, &tunables(config)?).context("reading the GPUs")?;
+    let mut devices = apply::read_devices(nvml, config, &tunables(config)?).context("reading the GPUs")?;
     anyhow::ensure!(!devices.is_empty(), "the NVIDIA driver reports no GPUs");
+    match crate::history::db::open_ro(&ctx.lib_dir) {
+        Ok(Some(conn)) => use_measured(&conn, config, &mut devices),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("the measured power models are not used: {e}"),
+    }
     Ok(devices)
+}
+
+/// Give each GPU its measured power model, in this order: `[carbon]` `power_idle_w`,
+/// `power_max_w` and `gamma` where set; else the GPU's own `vgpu carbon profile` fit; else
+/// the newest fit of a GPU of the same name; else the defaults.
+pub fn use_measured(conn: &rusqlite::Connection, config: &CarbonConfig, devices: &mut [CarbonGpu]) {
+    for dev in devices.iter_mut() {
+        let found = match profile::find(conn, &dev.state.uuid, &dev.name) {
+            Ok(Some(m)) => m,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!("GPU {}: the measured power model is not used: {e}", dev.state.index);
+                continue;
+            }
+        };
+        let overrides: Vec<&'static str> = [
+            ("power_idle_w", config.power_idle_w.is_some()),
+            ("power_max_w", config.power_max_w.is_some()),
+            ("gamma", config.gamma.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect();
+        if overrides.len() == 3 {
+            continue;
+        }
+        let max_w = config.power_max_w.unwrap_or(found.max_w);
+        let idle_w = config.power_idle_w.unwrap_or(found.idle_w).min(max_w);
+        let gamma = config.gamma.unwrap_or(found.gamma);
+        match GpuModel::new(dev.state.index, dev.model.clocks_mhz.clone(), idle_w, max_w, gamma) {
+            Ok(model) => {
+                dev.model = model;
+                dev.model_source =
+                    ModelSource::Measured { gpu_uuid: found.gpu_uuid, measured_ms: found.measured_ms, overrides };
+            }
+            Err(e) => tracing::warn!("GPU {}: the measured power model is not used: {e}", dev.state.index),
+        }
+    }
 }
 
 /// The workloads to plan for: those `vgpu run` recorded (running ones, with a live
@@ -313,8 +358,45 @@ pub fn workloads(ctx: &Context, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
     workloads_in(&Store::new(&ctx.state_dir, &ctx.lib_dir), devices)
 }
 
-/// [`workloads`], from the records of `store`.
+/// Learn each workload's σ from the history (`vgpu watch`'s records) and store it
+/// ([`sensitivity::update`]). Failures are logged, never fatal: planning goes on with what
+/// was stored before. Does nothing when there is no history yet.
+pub fn learn_sensitivities(lib_dir: &std::path::Path, devices: &[CarbonGpu]) {
+    let path = crate::history::db::path_in(lib_dir);
+    if !path.exists() {
+        return;
+    }
+    let max_clock = |uuid: &str| devices.iter().find(|d| d.state.uuid == uuid).map(|d| d.model.max_clock());
+    let learned = crate::history::db::open_rw(lib_dir)
+        .and_then(|mut conn| sensitivity::update(&mut conn, &path, Utc::now().timestamp_millis(), &max_clock));
+    match learned {
+        Ok(results) => {
+            for (key, result) in results {
+                tracing::debug!("frequency sensitivity of {key}: {result:?}");
+            }
+        }
+        Err(e) => tracing::warn!("frequency sensitivities not learned: {e}"),
+    }
+}
+
+/// [`workloads`], from the records of `store`. A workload without `--freq-sensitivity`
+/// gets its learned σ (`workload_sensitivity`, by service, then name, then id), if any.
 pub fn workloads_in(store: &Store, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
+    let history = match crate::history::db::open_ro(&store.lib_dir) {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::warn!("learned frequency sensitivities are not used: {e}");
+            None
+        }
+    };
+    let learned = |w: &crate::state::Workload| -> Option<f64> {
+        let conn = history.as_ref()?;
+        let key = sensitivity::key(w.service.as_ref().map(|s| s.name.as_str()), &w.name, &w.id);
+        sensitivity::stored(conn, &key).unwrap_or_else(|e| {
+            tracing::warn!("the learned frequency sensitivity of {key} is not used: {e}");
+            None
+        })
+    };
     let (stored, damaged) = store.workloads();
     for e in damaged {
         tracing::warn!("{e}");
@@ -325,15 +407,21 @@ pub fn workloads_in(store: &Store, devices: &[CarbonGpu]) -> Vec<PlannedWorkload
         .map(|w| Recorded {
             id: if w.name.is_empty() { w.id.clone() } else { w.name.clone() },
             gpus: w.gpus.iter().map(|g| g.index).collect(),
-            freq_sensitivity: w.freq_sensitivity,
+            freq_sensitivity: w.freq_sensitivity.or_else(|| learned(w)),
         })
         .collect();
     let gpu_pids: Vec<(u32, Vec<u32>)> = devices.iter().map(|d| (d.state.index, d.pids.clone())).collect();
     current(&recorded, gpu_pids)
 }
 
-/// The clock plan for `budget` (gCO2/h) at `intensity`, for the host's workloads now.
+/// The clock plan for `budget` (gCO2/h) at `intensity`, for the host's workloads now
+/// (`carbon plan`, `apply`). As root, the learned frequency sensitivities are brought up to
+/// date from the history first ([`learn_sensitivities`]); the re-plans of `vgpu run` only
+/// read them, adding no work to a workload's start.
 pub fn plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budget: f64) -> Result<ClockPlan> {
+    if crate::read_only::is_root() {
+        learn_sensitivities(&ctx.lib_dir, devices);
+    }
     plan_for(ctx, &workloads(ctx, devices), devices, intensity, budget)
 }
 
@@ -358,4 +446,75 @@ pub fn plan_for(
         tracing::debug!("stage {} step: workload {} benefit {:.3e}", step.stage, workloads[step.workload].id, step.benefit);
     }
     Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::carbon::apply::DeviceState;
+    use crate::carbon::profile::fit::{Point, PowerFit, SpeedFit};
+    use crate::carbon::profile::{Report, Restored};
+
+    fn gpu(index: u32, uuid: &str, name: &str) -> CarbonGpu {
+        CarbonGpu {
+            state: DeviceState {
+                index,
+                uuid: uuid.into(),
+                persistence: None,
+                power_limit_mw: None,
+                default_power_limit_mw: None,
+                power_limit_range_mw: None,
+            },
+            model: GpuModel::new(index, vec![345, 1980], 105.0, 700.0, 2.0).unwrap(),
+            name: name.into(),
+            pids: vec![],
+            model_source: ModelSource::Default,
+        }
+    }
+
+    fn measured(uuid: &str, name: &str) -> Report {
+        Report {
+            gpu_index: 0,
+            gpu_uuid: uuid.into(),
+            gpu_name: name.into(),
+            measured_ms: 1_795_000_000_000,
+            max_clock_mhz: 1980,
+            idle_power_w: 60.0,
+            energy_source: "counter",
+            seconds_per_clock: 2.0,
+            points: vec![Point { clock_mhz: 1980, power_w: 690.0, throughput: 1.0 }],
+            power: PowerFit { idle_w: 71.0, max_w: 690.0, gamma: 2.6, rms_error_w: 1.0 },
+            speed: SpeedFit { sigma: 0.8, throughput_at_max: 1.0 },
+            restored: Restored::Unlocked,
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn measured_models_by_uuid_then_name_and_config_keys_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = crate::history::db::open_rw(dir.path()).unwrap();
+        profile::save(&conn, &crate::history::db::path_in(dir.path()), &measured("GPU-a", "H100")).unwrap();
+        let fresh = || vec![gpu(0, "GPU-a", "H100"), gpu(1, "GPU-b", "H100"), gpu(2, "GPU-c", "A100")];
+
+        let mut devices = fresh();
+        use_measured(&conn, &CarbonConfig::default(), &mut devices);
+        for d in &devices[..2] {
+            assert_eq!((d.model.idle_w, d.model.max_w, d.model.gamma), (71.0, 690.0, 2.6), "{}", d.state.uuid);
+            assert!(matches!(&d.model_source, ModelSource::Measured { gpu_uuid, .. } if gpu_uuid == "GPU-a"));
+        }
+        assert_eq!(devices[1].model_source.to_string(), "measured 2026-11-18 on GPU-a", "GPU-b borrows its model's fit");
+        assert_eq!((devices[2].model.idle_w, &devices[2].model_source), (105.0, &ModelSource::Default), "no A100 fit");
+
+        let config = CarbonConfig { power_max_w: Some(650.0), ..CarbonConfig::default() };
+        let mut devices = fresh();
+        use_measured(&conn, &config, &mut devices);
+        assert_eq!((devices[0].model.idle_w, devices[0].model.max_w, devices[0].model.gamma), (71.0, 650.0, 2.6));
+        assert_eq!(devices[0].model_source.to_string(), "measured 2026-11-18 on GPU-a ([carbon] power_max_w override)");
+
+        let config = CarbonConfig { power_idle_w: Some(50.0), power_max_w: Some(650.0), gamma: Some(2.0), ..CarbonConfig::default() };
+        let mut devices = fresh();
+        use_measured(&conn, &config, &mut devices);
+        assert_eq!((devices[0].model.idle_w, &devices[0].model_source), (105.0, &ModelSource::Default), "every key set: the config's model, untouched");
+    }
 }

@@ -10,6 +10,8 @@
 //! * [`follow`]: re-planning at once when a workload starts or ends.
 //! * [`host`]: what is planned with on this host (NVML devices, recorded workloads, the
 //!   intensity now); [`range`]: stage 1 for `vgpu run --gpus MIN-MAX`.
+//! * [`profile`]: `vgpu carbon profile`, a GPU's measured power and speed model;
+//!   [`sensitivity`]: each workload's frequency sensitivity learned from the history.
 
 pub mod apply;
 pub mod budget;
@@ -21,7 +23,9 @@ pub mod intensity;
 pub mod log;
 pub mod model;
 pub mod planner;
+pub mod profile;
 pub mod range;
+pub mod sensitivity;
 pub mod workload;
 
 /// Make the directory of a carbon file (the lib dir, normally made already) as the store

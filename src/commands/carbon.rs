@@ -13,6 +13,7 @@ use crate::carbon::host;
 use crate::carbon::intensity::{Forecast, Intensity, Status};
 use crate::carbon::log::{self, Action, Decision, LOG_FILE};
 use crate::carbon::planner::ClockPlan;
+use crate::carbon::profile;
 use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::Nvml;
@@ -34,6 +35,21 @@ pub enum CarbonCommand {
     Apply(PlanArgs),
     /// Undo the caps: default clocks and power limits
     Reset(ResetArgs),
+    /// Measure a GPU's power and speed at several locked clocks and fit the planner's model
+    ///
+    /// Runs a calibration load (an FMA-loop kernel through the CUDA driver API) with the GPU's
+    /// clocks locked at each of K clocks spread over its supported range, S seconds each, and
+    /// measures power (NVML's energy counter) and throughput. Fits
+    /// P(f) = P_idle + (P_max − P_idle)·(f/f_max)^γ and the speed curve
+    /// s(f) = (1 − σ) + σ·f/f_max, and stores the fit in the history database
+    /// (/var/lib/vgpu/history.db, table power_models) for `vgpu carbon plan` and `apply`: for
+    /// this GPU, and for GPUs of the same name without a profile of their own ([carbon]
+    /// power_idle_w, power_max_w and gamma still win). The clocks are restored afterwards
+    /// (vgpu's carbon cap locked again, else unlocked), also on error, Ctrl-C, SIGTERM and
+    /// SIGHUP; after a SIGKILL, `vgpu carbon apply` or `vgpu carbon reset` restores them. A GPU
+    /// with compute processes is refused unless --force. Needs root. Takes about
+    /// K·(S + 0.2) + 1 seconds (15 s by default).
+    Profile(ProfileArgs),
 }
 
 #[derive(Debug, Args)]
@@ -71,6 +87,25 @@ pub struct ResetArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// The GPU to profile (NVML index)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub gpu: u32,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+    /// How many clocks to measure (3–32)
+    #[arg(long, value_name = "K", default_value_t = crate::carbon::profile::DEFAULT_CLOCKS)]
+    pub clocks: usize,
+    /// Seconds of load at each clock (at most 60)
+    #[arg(long, value_name = "S", default_value_t = crate::carbon::profile::DEFAULT_SECONDS)]
+    pub seconds: f64,
+    /// Profile even though processes use the GPU (they disturb the measure, and it them)
+    #[arg(long)]
+    pub force: bool,
+}
+
 pub fn run(ctx: &Context, args: &CarbonArgs) -> Result<()> {
     let config = &ctx.config.carbon;
     config.validate().map_err(|e| UsageError::new(e.to_string()))?;
@@ -79,6 +114,7 @@ pub fn run(ctx: &Context, args: &CarbonArgs) -> Result<()> {
         CarbonCommand::Plan(a) => show_plan(ctx, a),
         CarbonCommand::Apply(a) => apply(ctx, a),
         CarbonCommand::Reset(a) => reset(ctx, a),
+        CarbonCommand::Profile(a) => profile(ctx, a),
     }
 }
 
@@ -199,13 +235,13 @@ fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
     let intensity = current_intensity(ctx, args.intensity, false)?;
     let host::BudgetPlan { plan, horizons } = make_plan(ctx, &devices, &intensity, budgets, false)?;
     if args.json {
-        return print_json(&PlanView::of(&plan, &intensity, &horizons));
+        return print_json(&PlanView::of(&plan, &intensity, &horizons, &devices));
     }
     println!("{}", summary(&plan, &intensity));
     if !horizons.is_empty() {
         println!("{}", horizon_table(&horizons));
     }
-    let mut t = table(["GPU", "WORKLOAD", "CLOCK", "POWER", "gCO2/h"]);
+    let mut t = table(["GPU", "WORKLOAD", "CLOCK", "POWER", "gCO2/h", "POWER MODEL"]);
     for gpu in &plan.gpus {
         t.add_row([
             gpu.index.to_string(),
@@ -213,6 +249,7 @@ fn show_plan(ctx: &Context, args: &PlanArgs) -> Result<()> {
             format!("{} MHz ({}–{})", gpu.clock_mhz, gpu.min_clock_mhz, gpu.max_clock_mhz),
             format!("{:.0} W", gpu.power_w),
             format!("{:.1}", gpu.g_per_hour),
+            model_of(&devices, gpu.index),
         ]);
     }
     println!("{t}");
@@ -241,6 +278,11 @@ fn horizon_table(horizons: &[HorizonFigures]) -> comfy_table::Table {
         ]);
     }
     t
+}
+
+/// Which power model GPU `index` was planned with, in words.
+fn model_of(devices: &[CarbonGpu], index: u32) -> String {
+    devices.iter().find(|d| d.state.index == index).map_or_else(|| "default".into(), |d| d.model_source.to_string())
 }
 
 fn summary(plan: &ClockPlan, intensity: &Intensity) -> String {
@@ -309,6 +351,72 @@ fn reset(ctx: &Context, args: &ResetArgs) -> Result<()> {
         horizons: Vec::new(),
     };
     report(ctx, &decision, args.json, save_error, None)
+}
+
+fn profile(ctx: &Context, args: &ProfileArgs) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    anyhow::ensure!(crate::read_only::is_root(), "vgpu carbon profile locks the GPU's clocks: run it as root (e.g. with sudo)");
+    let nvml = host::open_nvml(ctx)?;
+    let cuda = ctx.driver_library_dir()?.map(|dir| dir.join(crate::paths::CUDA_SONAME));
+    let store = AppliedStore::new(ctx.state_path(APPLIED_FILE));
+    let signalled = Arc::new(AtomicUsize::new(0));
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        signal_hook::flag::register_usize(sig, Arc::clone(&signalled), sig as usize).context("installing the signal handlers")?;
+    }
+    let options = profile::Options { gpu: args.gpu, clocks: args.clocks, seconds: args.seconds, force: args.force };
+    let result = profile::profile(&nvml, cuda.as_deref(), &store, &options, &|| signalled.load(Ordering::SeqCst) != 0);
+    let report = match result {
+        Ok(report) => report,
+        Err(e @ (profile::ProfileError::BadClocks(_) | profile::ProfileError::BadSeconds(_))) => {
+            return Err(UsageError::new(e.to_string()).into());
+        }
+        Err(e @ profile::ProfileError::Interrupted) => {
+            let sig = i32::try_from(signalled.load(Ordering::SeqCst)).unwrap_or(libc::SIGTERM);
+            crate::notice!("interrupted: the clocks are restored, nothing was stored");
+            // Die of the signal, as without the handler (the caller sees how it ended).
+            signal_hook::low_level::emulate_default_handler(sig).context("re-raising the signal")?;
+            return Err(e.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let path = crate::history::db::path_in(&ctx.lib_dir);
+    let conn = crate::history::db::open_rw(&ctx.lib_dir).context("opening the history database to store the fit")?;
+    profile::save(&conn, &path, &report).context("storing the fit")?;
+    for note in &report.notes {
+        tracing::warn!("GPU {}: {note}", report.gpu_index);
+    }
+    if args.json {
+        return print_json(&ProfileView::of(&report));
+    }
+    println!(
+        "GPU {} ({}, {}): idle {:.1} W; {} s of load at each clock",
+        report.gpu_index, report.gpu_name, report.gpu_uuid, report.idle_power_w, report.seconds_per_clock
+    );
+    let top = report.speed.throughput_at_max.max(f64::MIN_POSITIVE);
+    let mut t = table(["CLOCK", "POWER", "FITTED", "KERNELS/S", "SPEED"]);
+    for p in &report.points {
+        let x = f64::from(p.clock_mhz) / f64::from(report.max_clock_mhz);
+        t.add_row([
+            format!("{} MHz", p.clock_mhz),
+            format!("{:.1} W", p.power_w),
+            format!("{:.1} W", report.power.at(x)),
+            format!("{:.1}", p.throughput),
+            format!("{:.3}", p.throughput / top),
+        ]);
+    }
+    println!("{t}");
+    println!(
+        "fit: P_idle {:.1} W, P_max {:.1} W, γ {:.2} (rms error {:.1} W); speed σ {:.2}",
+        report.power.idle_w, report.power.max_w, report.power.gamma, report.power.rms_error_w, report.speed.sigma
+    );
+    println!(
+        "stored in {}: the model of this GPU, and of every \"{}\" without a profile of its own",
+        path.display(),
+        report.gpu_name
+    );
+    Ok(())
 }
 
 /// Print what happened, log it, and turn failures into one error line.
@@ -521,6 +629,10 @@ struct GpuPlanView<'a> {
     max_clock_mhz: u32,
     power_w: f64,
     g_per_hour: f64,
+    /// The power model it was planned with: "default", "config", or "measured DAY on GPU-…".
+    power_model: String,
+    /// `default`, `config` or `measured`.
+    power_model_source: &'static str,
 }
 
 #[derive(Serialize)]
@@ -535,7 +647,7 @@ struct WorkloadPlanView<'a> {
 }
 
 impl<'a> PlanView<'a> {
-    fn of(plan: &'a ClockPlan, intensity: &'a Intensity, horizons: &[HorizonFigures]) -> Self {
+    fn of(plan: &'a ClockPlan, intensity: &'a Intensity, horizons: &[HorizonFigures], devices: &[CarbonGpu]) -> Self {
         PlanView {
             intensity_g_per_kwh: plan.intensity,
             budget_g_per_hour: plan.budget_g_per_hour,
@@ -554,6 +666,12 @@ impl<'a> PlanView<'a> {
                     max_clock_mhz: g.max_clock_mhz,
                     power_w: g.power_w,
                     g_per_hour: g.g_per_hour,
+                    power_model: model_of(devices, g.index),
+                    power_model_source: match devices.iter().find(|d| d.state.index == g.index).map(|d| &d.model_source) {
+                        Some(apply::ModelSource::Measured { .. }) => "measured",
+                        Some(apply::ModelSource::Config) => "config",
+                        _ => "default",
+                    },
                 })
                 .collect(),
             workloads: plan
@@ -628,6 +746,75 @@ impl<'a> DecisionView<'a> {
                 })
                 .collect(),
             horizons: d.horizons.iter().map(HorizonView::of).collect(),
+        }
+    }
+}
+
+/// `carbon profile --json`.
+#[derive(Serialize)]
+struct ProfileView<'a> {
+    gpu_index: u32,
+    gpu_uuid: &'a str,
+    gpu_name: &'a str,
+    measured_unix_ms: i64,
+    max_clock_mhz: u32,
+    idle_power_w: f64,
+    energy_source: &'a str,
+    seconds_per_clock: f64,
+    points: Vec<ProfilePointView>,
+    fit: ProfileFitView,
+    restored: &'a profile::Restored,
+    notes: &'a [String],
+}
+
+#[derive(Serialize)]
+struct ProfilePointView {
+    clock_mhz: u32,
+    power_w: f64,
+    fitted_power_w: f64,
+    /// Calibration kernels completed per second.
+    throughput_per_s: f64,
+}
+
+#[derive(Serialize)]
+struct ProfileFitView {
+    idle_w: f64,
+    max_w: f64,
+    gamma: f64,
+    rms_error_w: f64,
+    speed_sigma: f64,
+}
+
+impl<'a> ProfileView<'a> {
+    fn of(r: &'a profile::Report) -> Self {
+        ProfileView {
+            gpu_index: r.gpu_index,
+            gpu_uuid: &r.gpu_uuid,
+            gpu_name: &r.gpu_name,
+            measured_unix_ms: r.measured_ms,
+            max_clock_mhz: r.max_clock_mhz,
+            idle_power_w: r.idle_power_w,
+            energy_source: r.energy_source,
+            seconds_per_clock: r.seconds_per_clock,
+            points: r
+                .points
+                .iter()
+                .map(|p| ProfilePointView {
+                    clock_mhz: p.clock_mhz,
+                    power_w: p.power_w,
+                    fitted_power_w: r.power.at(f64::from(p.clock_mhz) / f64::from(r.max_clock_mhz)),
+                    throughput_per_s: p.throughput,
+                })
+                .collect(),
+            fit: ProfileFitView {
+                idle_w: r.power.idle_w,
+                max_w: r.power.max_w,
+                gamma: r.power.gamma,
+                rms_error_w: r.power.rms_error_w,
+                speed_sigma: r.speed.sigma,
+            },
+            restored: &r.restored,
+            notes: &r.notes,
         }
     }
 }

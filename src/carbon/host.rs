@@ -414,15 +414,14 @@ pub fn workloads_in(store: &Store, devices: &[CarbonGpu]) -> Vec<PlannedWorkload
     current(&recorded, gpu_pids)
 }
 
-/// The clock plan for `budget` (gCO2/h) at `intensity`, for the host's workloads now
-/// (`carbon plan`, `apply`). As root, the learned frequency sensitivities are brought up to
-/// date from the history first ([`learn_sensitivities`]); the re-plans of `vgpu run` only
-/// read them, adding no work to a workload's start.
-pub fn plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budget: f64) -> Result<ClockPlan> {
+/// The host's workloads now, for `carbon plan` and `apply`. As root, the learned frequency
+/// sensitivities are brought up to date from the history first ([`learn_sensitivities`]);
+/// the re-plans of `vgpu run` only read them ([`workloads`]), adding no work to a start.
+pub fn workloads_learned(ctx: &Context, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
     if crate::read_only::is_root() {
         learn_sensitivities(&ctx.lib_dir, devices);
     }
-    plan_for(ctx, &workloads(ctx, devices), devices, intensity, budget)
+    workloads(ctx, devices)
 }
 
 /// The clock plan for `budget` (gCO2/h) at `intensity`, for `workloads`.

@@ -170,7 +170,7 @@ fn open_nvml_to_look(ctx: &Context) -> Result<Nvml> {
 /// The plan for every budget at `now`; `remember` (apply): cache and record the forecast.
 fn make_plan(ctx: &Context, devices: &[CarbonGpu], intensity: &Intensity, budgets: host::Budgets, remember: bool) -> Result<host::BudgetPlan> {
     let now = host::now(ctx)?;
-    host::plan_budgets(ctx, &host::workloads(ctx, devices), devices, intensity, budgets, now, true, remember)
+    host::plan_budgets(ctx, &host::workloads_learned(ctx, devices), devices, intensity, budgets, now, true, remember)
 }
 
 fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {

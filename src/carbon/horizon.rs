@@ -390,8 +390,14 @@ fn choose(hull: &[(f64, f64, usize)], costs: &[SlotCost], lambda: f64) -> Vec<us
         .iter()
         .map(|c| {
             let value = |v: usize| c.hours * hull[v].1 - lambda * c.grams(hull, v);
-            // Ties go to the lower draw.
-            (1..c.vertices).fold(0, |best, v| if value(v) > value(best) { v } else { best })
+            // Along the hull the value rises, then falls (the benefit is concave in the draw,
+            // and flat grams below the floor only make it rise): stop at the first step that
+            // does not raise it. Ties go to the lower draw.
+            let mut best = 0;
+            while best + 1 < c.vertices && value(best + 1) > value(best) {
+                best += 1;
+            }
+            best
         })
         .collect()
 }
@@ -415,7 +421,10 @@ fn water_fill(hull: &[(f64, f64, usize)], costs: &[SlotCost], available: f64) ->
             at_hi = vec![0; costs.len()];
         }
         let mut lo = 0.0;
-        for _ in 0..100 {
+        for _ in 0..200 {
+            if hi - lo <= 1e-9 * hi {
+                break;
+            }
             let mid = 0.5 * (lo + hi);
             let at_mid = choose(hull, costs, mid);
             if total(&at_mid) <= available {

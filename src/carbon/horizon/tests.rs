@@ -223,10 +223,11 @@ fn bad_requests_are_refused() {
     assert!(matches!(allot(&request(&gpus, &work, &s, 1.0, 0.0)), Err(HorizonError::Plan(_))));
 }
 
-/// A random fleet (1–4 GPUs, small or H100-like) and fixed workloads on some of them.
+/// A random fleet (1–4 GPUs, small or H100-like), fixed workloads on some of them, and maybe
+/// a starting workload that wants 1–2 or 1–4 of the free ones (stage 1 at every tick).
 fn fleet() -> impl Strategy<Value = (Vec<GpuModel>, Vec<PlannedWorkload>)> {
-    (1usize..=4, any::<bool>(), proptest::collection::vec((0u8..3, 0.0f64..=1.0), 4)).prop_map(
-        |(n, big, owners)| {
+    (1usize..=4, any::<bool>(), proptest::collection::vec((0u8..3, 0.0f64..=1.0), 4), 0usize..3).prop_map(
+        |(n, big, owners, starting)| {
             let gpus: Vec<GpuModel> = (0..n as u32).map(|i| if big { h100(i) } else { small(i) }).collect();
             // owner 0: idle; 1: workload w1; 2: workload w2.
             let mut work = Vec::new();
@@ -235,6 +236,9 @@ fn fleet() -> impl Strategy<Value = (Vec<GpuModel>, Vec<PlannedWorkload>)> {
                 if !held.is_empty() {
                     work.push(PlannedWorkload::fixed(format!("w{w}"), held).with_sensitivity(owners[w as usize].1));
                 }
+            }
+            if starting > 0 {
+                work.push(PlannedWorkload::range("new", 1, 2 * starting).with_sensitivity(owners[3].1));
             }
             (gpus, work)
         },

@@ -297,3 +297,33 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// More budget left never gives any slot fewer watts, and a higher intensity now never
+    /// gives the current slot more.
+    #[test]
+    fn allotment_is_monotone(
+        (gpus, work) in fleet(),
+        forecast in proptest::collection::vec(20.0f64..600.0, 1..12),
+        budget in 0.0f64..3000.0,
+        more in 0.0f64..1000.0,
+        dirtier in 1.0f64..3.0,
+    ) {
+        let s = slots(1.0, &forecast);
+        let a = allot(&request(&gpus, &work, &s, budget, 0.0)).unwrap();
+        let b = allot(&request(&gpus, &work, &s, budget + more, 0.0)).unwrap();
+        if a.feasible {
+            for (x, y) in a.per_slot_w.iter().zip(&b.per_slot_w) {
+                prop_assert!(y >= x, "{:?} then {:?}", a.per_slot_w, b.per_slot_w);
+            }
+        }
+        let mut d = forecast.clone();
+        d[0] *= dirtier;
+        let sd = slots(1.0, &d);
+        let c = allot(&request(&gpus, &work, &sd, budget, 0.0)).unwrap();
+        prop_assert!(c.per_slot_w[0] <= a.per_slot_w[0] || !a.feasible,
+            "{:?} then {:?}", a.per_slot_w, c.per_slot_w);
+    }
+}

@@ -21,9 +21,9 @@
 //!   configured. λ is bisected so that the planned grams fit in the remaining budget (or
 //!   λ = 0, every slot at its maximum, when that fits); the slots indifferent at the λ found
 //!   then take their higher choice, cleanest first, while it fits, and the next one the
-//!   longest prefix that fits. More budget never gives a slot fewer watts. Every slot is priced at its own intensity
-//!   (the current one at the intensity now, measured; the others at their forecast), so
-//!   clean hours get more watts and dirty ones fewer.
+//!   longest prefix that fits. More budget never gives a slot fewer watts. Every slot is
+//!   priced at its own intensity (the current one at the intensity now, measured; the others
+//!   at their forecast), so clean hours get more watts and dirty ones fewer.
 //! * GPU counts are for a workload's life, clocks for a tick: the current slot is planned at
 //!   least every GPU stage 1 hands to starting workloads (at the lowest clock, which costs
 //!   little), when the budget and the per-hour cap can hold that; otherwise the lowest plan.
@@ -365,13 +365,12 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
             None => ladder.prefix_w[k] * (1.0 + 1e-6) + 1e-6,
         };
         let rate = w * req.slots[0].g_per_kwh / 1000.0;
-        match req.rate_cap_g_per_hour {
-            Some(cap) if cap < rate => {
-                notes.push(format!("the per-hour cap of {cap:.0} g/h binds now"));
-                cap
-            }
-            _ => rate,
+        // The cap binds when it left out plans the allotment would otherwise have reached.
+        let allowed = costs[0].vertices;
+        if let (Some(cap), true) = (req.rate_cap_g_per_hour, allowed < hull.len() && k >= hull[allowed - 1].2) {
+            notes.push(format!("the per-hour cap of {cap:.0} g/h binds now"));
         }
+        req.rate_cap_g_per_hour.map_or(rate, |cap| rate.min(cap))
     } else {
         0.0
     };

@@ -153,12 +153,20 @@ fn the_rate_cap_binds_in_every_slot() {
     // At 100 g/kWh the cap allows 1000 W: full clocks.
     assert_eq!(a.per_slot_w[1], 500.0);
     assert!(a.g_per_hour_now <= 100.0);
+    assert!(a.notes.iter().any(|n| n.contains("per-hour cap of 100 g/h binds")), "{:?}", a.notes);
     let p = plan_now(&req, &a);
     assert!(p.predicted_g_per_hour <= 100.0 + 1e-9);
     assert!(p.budget_met);
     // Without the cap the same budget runs at full clocks now.
     req.rate_cap_g_per_hour = None;
-    assert_eq!(allot(&req).unwrap().per_slot_w[0], 500.0);
+    let a = allot(&req).unwrap();
+    assert_eq!(a.per_slot_w[0], 500.0);
+    assert!(a.notes.is_empty(), "{:?}", a.notes);
+    // A cap that does not bind now says nothing.
+    req.rate_cap_g_per_hour = Some(1000.0);
+    let a = allot(&req).unwrap();
+    assert_eq!(a.per_slot_w[0], 500.0);
+    assert!(a.notes.is_empty(), "{:?}", a.notes);
 }
 
 #[test]

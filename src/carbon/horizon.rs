@@ -19,10 +19,11 @@
 //!   maximises `hours_s·B_k − λ·grams_s(W_k)`, over the upper concave hull of the ladder
 //!   (the other prefixes are never the best for any λ), within the per-hour cap when one is
 //!   configured. λ is bisected so that the planned grams fit in the remaining budget (or
-//!   λ = 0, every slot at its maximum, when that fits); what is left is then handed to the
-//!   cleanest slots, one hull vertex at a time. Every slot is priced at its own intensity
-//!   (the current one at the intensity now, measured; the others at their forecast), so
-//!   clean hours get more watts and dirty ones fewer.
+//!   λ = 0, every slot at its maximum, when that fits); the slots indifferent at the λ found
+//!   then take their higher choice, cleanest first, while it fits, and the next one the
+//!   longest prefix that fits. More budget never gives a slot fewer watts. Every slot is
+//!   priced at its own intensity (the current one at the intensity now, measured; the others
+//!   at their forecast), so clean hours get more watts and dirty ones fewer.
 //! * GPU counts are for a workload's life, clocks for a tick: the current slot is planned at
 //!   least every GPU stage 1 hands to starting workloads (at the lowest clock, which costs
 //!   little), when the budget and the per-hour cap can hold that; otherwise the lowest plan.
@@ -249,11 +250,12 @@ struct SlotCost {
 }
 
 impl SlotCost {
-    fn watts(&self, hull: &[(f64, f64, usize)], v: usize) -> f64 {
-        hull[v].0.max(self.floor_w)
+    /// Watts planned in the slot for a plan drawing `w`.
+    fn watts(&self, w: f64) -> f64 {
+        w.max(self.floor_w)
     }
-    fn grams(&self, hull: &[(f64, f64, usize)], v: usize) -> f64 {
-        self.watts(hull, v) * self.g_per_w
+    fn grams(&self, w: f64) -> f64 {
+        self.watts(w) * self.g_per_w
     }
 }
 
@@ -317,9 +319,10 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
     // Kept back for the forecast's error: the margin on the future slots' floor.
     let margin_g: f64 = costs.iter().skip(1).map(|c| c.floor_w * c.g_per_w * req.forecast_margin).sum();
     let remaining_g = req.budget_g - req.spent_g;
-    let lowest: Vec<usize> = vec![0; costs.len()];
+    // Choices are prefix lengths of the ladder.
+    let lowest: Vec<usize> = vec![hull[0].2; costs.len()];
     let total = |costs: &[SlotCost], choice: &[usize]| -> f64 {
-        costs.iter().zip(choice).map(|(c, &v)| c.grams(hull, v)).sum()
+        costs.iter().zip(choice).map(|(c, &k)| c.grams(ladder.prefix_w[k])).sum()
     };
     let min_needed_g = total(&costs, &lowest) + margin_g;
     let horizon_h: f64 = req.slots.iter().map(|s| s.hours).sum();
@@ -349,26 +352,25 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
         ));
         lowest
     } else {
-        water_fill(hull, &costs, remaining_g - margin_g)
+        water_fill(&ladder, &costs, remaining_g - margin_g)
     };
-    let per_slot_w: Vec<f64> = costs.iter().zip(&choice).map(|(c, &v)| c.watts(hull, v)).collect();
+    let per_slot_w: Vec<f64> = costs.iter().zip(&choice).map(|(c, &k)| c.watts(ladder.prefix_w[k])).collect();
     let per_slot: Vec<f64> =
         costs.iter().zip(&per_slot_w).map(|(c, &w)| w * c.g_per_w / c.hours).collect();
     let g_per_hour_now = if feasible {
         // Halfway to the next step: planner::plan stops exactly at the chosen prefix.
-        let k = if placed { hull[choice[0]].2.max(ladder.placing) } else { hull[choice[0]].2 };
+        let k = if placed { choice[0].max(ladder.placing) } else { choice[0] };
         let w = match ladder.prefix_w.get(k + 1) {
             Some(&next) => (ladder.prefix_w[k] + next) / 2.0,
             None => ladder.prefix_w[k] * (1.0 + 1e-6) + 1e-6,
         };
         let rate = w * req.slots[0].g_per_kwh / 1000.0;
-        match req.rate_cap_g_per_hour {
-            Some(cap) if cap < rate => {
-                notes.push(format!("the per-hour cap of {cap:.0} g/h binds now"));
-                cap
-            }
-            _ => rate,
+        // The cap binds when it left out plans the allotment would otherwise have reached.
+        let allowed = costs[0].vertices;
+        if let (Some(cap), true) = (req.rate_cap_g_per_hour, allowed < hull.len() && k >= hull[allowed - 1].2) {
+            notes.push(format!("the per-hour cap of {cap:.0} g/h binds now"));
         }
+        req.rate_cap_g_per_hour.map_or(rate, |cap| rate.min(cap))
     } else {
         0.0
     };
@@ -389,57 +391,77 @@ fn choose(hull: &[(f64, f64, usize)], costs: &[SlotCost], lambda: f64) -> Vec<us
     costs
         .iter()
         .map(|c| {
-            let value = |v: usize| c.hours * hull[v].1 - lambda * c.grams(hull, v);
-            // Ties go to the lower draw.
-            (1..c.vertices).fold(0, |best, v| if value(v) > value(best) { v } else { best })
+            let value = |v: usize| c.hours * hull[v].1 - lambda * c.grams(hull[v].0);
+            // Along the hull the value rises, then falls (the benefit is concave in the draw,
+            // and flat grams below the floor only make it rise): stop at the first step that
+            // does not raise it. Ties go to the lower draw.
+            let mut best = 0;
+            while best + 1 < c.vertices && value(best + 1) > value(best) {
+                best += 1;
+            }
+            best
         })
         .collect()
 }
 
-/// The allotment that spends at most `available` grams, by bisection on the price per gram,
-/// then the leftover to the cleanest slots.
-fn water_fill(hull: &[(f64, f64, usize)], costs: &[SlotCost], available: f64) -> Vec<usize> {
-    let total = |choice: &[usize]| -> f64 { costs.iter().zip(choice).map(|(c, &v)| c.grams(hull, v)).sum() };
+/// The allotment (a prefix length per slot) that spends at most `available` grams: bisection
+/// on the price per gram, then the slots that change their choice at the price found (the
+/// ties of the Lagrangian) take their higher choice, cleanest first, while it fits, and the
+/// first that does not fit takes the longest prefix between its two choices that does. Both
+/// steps keep the allotment monotone: more grams never give a slot fewer watts.
+fn water_fill(ladder: &Ladder, costs: &[SlotCost], available: f64) -> Vec<usize> {
+    let hull = &ladder.hull;
+    let total = |choice: &[usize]| -> f64 { costs.iter().zip(choice).map(|(c, &v)| c.grams(hull[v].0)).sum() };
+    let prefixes = |choice: &[usize]| -> Vec<usize> { choice.iter().map(|&v| hull[v].2).collect() };
     let free = choose(hull, costs, 0.0);
-    let mut choice = if total(&free) <= available {
-        free
-    } else {
-        // A price high enough that nothing above the lowest plan pays.
-        let mut hi = 1e-12;
-        let mut at_hi = choose(hull, costs, hi);
-        while total(&at_hi) > available && hi < 1e300 {
-            hi *= 4.0;
-            at_hi = choose(hull, costs, hi);
+    if total(&free) <= available {
+        return prefixes(&free);
+    }
+    // A price high enough that nothing above the lowest plan pays.
+    let mut hi = 1e-12;
+    let mut at_hi = choose(hull, costs, hi);
+    while total(&at_hi) > available && hi < 1e300 {
+        hi *= 4.0;
+        at_hi = choose(hull, costs, hi);
+    }
+    if total(&at_hi) > available {
+        return prefixes(&vec![0; costs.len()]);
+    }
+    let (mut lo, mut at_lo) = (0.0, free);
+    for _ in 0..200 {
+        if hi - lo <= 1e-9 * hi {
+            break;
         }
-        if total(&at_hi) > available {
-            at_hi = vec![0; costs.len()];
+        let mid = 0.5 * (lo + hi);
+        let at_mid = choose(hull, costs, mid);
+        if total(&at_mid) <= available {
+            hi = mid;
+            at_hi = at_mid;
+        } else {
+            lo = mid;
+            at_lo = at_mid;
         }
-        let mut lo = 0.0;
-        for _ in 0..100 {
-            let mid = 0.5 * (lo + hi);
-            let at_mid = choose(hull, costs, mid);
-            if total(&at_mid) <= available {
-                hi = mid;
-                at_hi = at_mid;
-            } else {
-                lo = mid;
-            }
-        }
-        at_hi
-    };
-    // The leftover, cleanest slot first (now first among equals), one vertex at a time.
-    let mut left = available - total(&choice);
-    let mut order: Vec<usize> = (0..costs.len()).collect();
-    order.sort_by(|&a, &b| (costs[a].g_per_w / costs[a].hours).total_cmp(&(costs[b].g_per_w / costs[b].hours)));
+    }
+    // Just below the price found the plan does not fit, at it it does: the slots that differ
+    // are indifferent at that price; in a fixed order (cleanest, then earliest) they take the
+    // higher choice while it fits, and the first that does not fit the longest prefix that does.
+    let mut order: Vec<usize> = (0..costs.len()).filter(|&s| at_lo[s] > at_hi[s]).collect();
+    order.sort_by(|&a, &b| {
+        (costs[a].g_per_w / costs[a].hours).total_cmp(&(costs[b].g_per_w / costs[b].hours)).then(a.cmp(&b))
+    });
+    let mut left = available - total(&at_hi);
+    let mut choice = prefixes(&at_hi);
     for s in order {
-        while choice[s] + 1 < costs[s].vertices {
-            let more = costs[s].grams(hull, choice[s] + 1) - costs[s].grams(hull, choice[s]);
-            if more > left {
-                break;
-            }
-            left -= more;
-            choice[s] += 1;
+        let (from, to) = (hull[at_hi[s]].2, hull[at_lo[s]].2);
+        let base = costs[s].grams(ladder.prefix_w[from]);
+        let more = |k: usize| costs[s].grams(ladder.prefix_w[k]) - base;
+        if more(to) <= left {
+            left -= more(to);
+            choice[s] = to;
+            continue;
         }
+        choice[s] = (from..to).rev().find(|&k| more(k) <= left).unwrap_or(from);
+        break;
     }
     choice
 }

@@ -153,12 +153,20 @@ fn the_rate_cap_binds_in_every_slot() {
     // At 100 g/kWh the cap allows 1000 W: full clocks.
     assert_eq!(a.per_slot_w[1], 500.0);
     assert!(a.g_per_hour_now <= 100.0);
+    assert!(a.notes.iter().any(|n| n.contains("per-hour cap of 100 g/h binds")), "{:?}", a.notes);
     let p = plan_now(&req, &a);
     assert!(p.predicted_g_per_hour <= 100.0 + 1e-9);
     assert!(p.budget_met);
     // Without the cap the same budget runs at full clocks now.
     req.rate_cap_g_per_hour = None;
-    assert_eq!(allot(&req).unwrap().per_slot_w[0], 500.0);
+    let a = allot(&req).unwrap();
+    assert_eq!(a.per_slot_w[0], 500.0);
+    assert!(a.notes.is_empty(), "{:?}", a.notes);
+    // A cap that does not bind now says nothing.
+    req.rate_cap_g_per_hour = Some(1000.0);
+    let a = allot(&req).unwrap();
+    assert_eq!(a.per_slot_w[0], 500.0);
+    assert!(a.notes.is_empty(), "{:?}", a.notes);
 }
 
 #[test]
@@ -223,10 +231,11 @@ fn bad_requests_are_refused() {
     assert!(matches!(allot(&request(&gpus, &work, &s, 1.0, 0.0)), Err(HorizonError::Plan(_))));
 }
 
-/// A random fleet (1–4 GPUs, small or H100-like) and fixed workloads on some of them.
+/// A random fleet (1–4 GPUs, small or H100-like), fixed workloads on some of them, and maybe
+/// a starting workload that wants 1–2 or 1–4 of the free ones (stage 1 at every tick).
 fn fleet() -> impl Strategy<Value = (Vec<GpuModel>, Vec<PlannedWorkload>)> {
-    (1usize..=4, any::<bool>(), proptest::collection::vec((0u8..3, 0.0f64..=1.0), 4)).prop_map(
-        |(n, big, owners)| {
+    (1usize..=4, any::<bool>(), proptest::collection::vec((0u8..3, 0.0f64..=1.0), 4), 0usize..3).prop_map(
+        |(n, big, owners, starting)| {
             let gpus: Vec<GpuModel> = (0..n as u32).map(|i| if big { h100(i) } else { small(i) }).collect();
             // owner 0: idle; 1: workload w1; 2: workload w2.
             let mut work = Vec::new();
@@ -235,6 +244,9 @@ fn fleet() -> impl Strategy<Value = (Vec<GpuModel>, Vec<PlannedWorkload>)> {
                 if !held.is_empty() {
                     work.push(PlannedWorkload::fixed(format!("w{w}"), held).with_sensitivity(owners[w as usize].1));
                 }
+            }
+            if starting > 0 {
+                work.push(PlannedWorkload::range("new", 1, 2 * starting).with_sensitivity(owners[3].1));
             }
             (gpus, work)
         },
@@ -291,5 +303,35 @@ proptest! {
         if spent > budget + tolerance {
             prop_assert!(reported_infeasible);
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// More budget left never gives any slot fewer watts, and a higher intensity now never
+    /// gives the current slot more.
+    #[test]
+    fn allotment_is_monotone(
+        (gpus, work) in fleet(),
+        forecast in proptest::collection::vec(20.0f64..600.0, 1..12),
+        budget in 0.0f64..3000.0,
+        more in 0.0f64..1000.0,
+        dirtier in 1.0f64..3.0,
+    ) {
+        let s = slots(1.0, &forecast);
+        let a = allot(&request(&gpus, &work, &s, budget, 0.0)).unwrap();
+        let b = allot(&request(&gpus, &work, &s, budget + more, 0.0)).unwrap();
+        if a.feasible {
+            for (x, y) in a.per_slot_w.iter().zip(&b.per_slot_w) {
+                prop_assert!(y >= x, "{:?} then {:?}", a.per_slot_w, b.per_slot_w);
+            }
+        }
+        let mut d = forecast.clone();
+        d[0] *= dirtier;
+        let sd = slots(1.0, &d);
+        let c = allot(&request(&gpus, &work, &sd, budget, 0.0)).unwrap();
+        prop_assert!(c.per_slot_w[0] <= a.per_slot_w[0] || !a.feasible,
+            "{:?} then {:?}", a.per_slot_w, c.per_slot_w);
     }
 }

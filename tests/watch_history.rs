@@ -40,7 +40,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A watch of 200 ms rounds writing a row per round (`[history] interval = "0s"`, unless
+/// `extra`'s `[history]` sets its own), plus `extra`.
 fn config(extra: &str) -> String {
+    let extra = if !extra.contains("[history]") {
+        format!("{extra}[history]\ninterval = \"0s\"\n")
+    } else if !extra.contains("interval") {
+        extra.replace("[history]\n", "[history]\ninterval = \"0s\"\n")
+    } else {
+        extra.to_string()
+    };
     format!("[watch]\ninterval = \"200ms\"\nlisten = \"\"\n{extra}")
 }
 

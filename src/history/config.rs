@@ -4,7 +4,7 @@
 //! [history]
 //! enabled = true   # false: vgpu watch records nothing
 //! keep = "90d"     # rows older than this are deleted (at start, then hourly)
-//! interval = "0s"  # one row per GPU (and workload) per this much; 0s: per watch round
+//! interval = "10s" # one row per GPU (and workload) per this much; 0s: per watch round
 //! ```
 
 use std::time::Duration;
@@ -15,6 +15,9 @@ use serde::Deserialize;
 pub const DEFAULT_KEEP: Duration = Duration::from_secs(90 * 86_400);
 /// The shortest retention: an hour (retention runs hourly).
 pub const MIN_KEEP: Duration = Duration::from_secs(3600);
+/// A row per GPU per 10 s: at 1 s rounds a tenth of the rows (8 busy GPUs: about 24 MB a
+/// day, 2.2 GB in 90 days, instead of 240 MB and 22 GB), with the same totals.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 /// The longest recording interval.
 pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 
@@ -32,7 +35,7 @@ pub struct HistoryConfig {
 
 impl Default for HistoryConfig {
     fn default() -> Self {
-        HistoryConfig { enabled: true, keep: DEFAULT_KEEP, interval: Duration::ZERO }
+        HistoryConfig { enabled: true, keep: DEFAULT_KEEP, interval: DEFAULT_INTERVAL }
     }
 }
 
@@ -68,6 +71,7 @@ mod tests {
         assert_eq!(c, HistoryConfig::default());
         assert!(c.enabled);
         assert_eq!(c.keep, Duration::from_secs(90 * 86_400));
+        assert_eq!(Config::parse("").unwrap().history.interval, DEFAULT_INTERVAL, "a row per 10 s unless asked");
         let c = Config::parse("[history]\nenabled = false\nkeep = \"7d\"\ninterval = \"10s\"\n").unwrap().history;
         c.validate().unwrap();
         assert_eq!(c, HistoryConfig { enabled: false, keep: Duration::from_secs(7 * 86_400), interval: Duration::from_secs(10) });

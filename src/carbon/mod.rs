@@ -1,5 +1,6 @@
 //! Carbon-budgeted clocks (SPEC 1.3, 4.5).
 //!
+//! * [`account`]: who used the energy the GPUs measured, and what it emitted (`carbon report`).
 //! * [`intensity`]: where the grid's carbon intensity comes from (sources, cache, fallback).
 //! * [`model`]: power and speed as functions of clock and GPU count.
 //! * [`workload`]: the workloads planned for, and the seam the state store will feed.
@@ -10,6 +11,7 @@
 //! * [`host`]: what is planned with on this host (NVML devices, recorded workloads, the
 //!   intensity now); [`range`]: stage 1 for `vgpu run --gpus MIN-MAX`.
 
+pub mod account;
 pub mod apply;
 pub mod config;
 pub mod follow;

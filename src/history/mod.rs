@@ -15,3 +15,5 @@ pub const SCHEMA_VERSION: i64 = 1;
 pub const SCHEMA: &str = include_str!("schema.sql");
 
 pub mod db;
+
+pub mod query;

@@ -1,6 +1,7 @@
 //! Carbon-budgeted clocks (SPEC 1.3, 4.5).
 //!
 //! * [`account`]: who used the energy the GPUs measured, and what it emitted (`carbon report`).
+//!   [`report`]: `vgpu carbon report`'s window, from the history.
 //! * [`intensity`]: where the grid's carbon intensity comes from (sources, cache, fallback).
 //! * [`model`]: power and speed as functions of clock and GPU count.
 //! * [`workload`]: the workloads planned for, and the seam the state store will feed.
@@ -21,6 +22,7 @@ pub mod log;
 pub mod model;
 pub mod planner;
 pub mod range;
+pub mod report;
 pub mod workload;
 
 /// Make the directory of a carbon file (the lib dir, normally made already) as the store

@@ -190,3 +190,65 @@ fn a_user_who_is_not_root_can_read_the_report() {
     read("with no writer");
     assert!(!lib.join("history.db-shm").exists());
 }
+
+#[test]
+fn ps_all_lists_the_recently_ended_with_their_energy() {
+    let sim = Sim::new(&[]);
+    drop(fill(&sim.path("lib")));
+    let doc = sim.json(&["ps", "--json", "-a"]);
+    let ended = doc["ended"].as_array().unwrap_or_else(|| panic!("no ended: {doc:#}"));
+    // w1 still runs (no ended_ms); w2 ended 50 minutes ago, 500 J at 360 g/kWh.
+    assert_eq!(ended.len(), 1, "{doc:#}");
+    assert_eq!((ended[0]["id"].as_str(), ended[0]["outcome"].as_str()), (Some("w2"), Some("exit 0")));
+    assert_eq!(ended[0]["energy_mj"], 500_000);
+    assert_eq!(ended[0]["gpu_indexes"], serde_json::json!([0]));
+    assert!((ended[0]["g_co2"].as_f64().unwrap() - 0.05).abs() < 1e-9);
+    assert!(sim.json(&["ps", "--json"]).get("ended").is_none(), "ended only with -a");
+    let out = sim.vgpu(&["ps", "-a"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Ended in the last 24 hours") && text.contains("0.1 Wh") && text.contains("exit 0"), "{text}");
+}
+
+#[test]
+fn a_workload_says_its_energy_when_it_ends() {
+    use std::io::{BufRead as _, Write as _};
+    let sim = Sim::new(&[("NVIDIA A100-SXM4-40GB", "40GiB")]);
+    let start = |script: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        cmd.args(["--simulate", "run", "--name", "job", "--mem", "1G", "--", "sh", "-c", script]).env("VGPU_LOG", "vgpu=warn");
+        for (k, v) in sim.env() {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("vgpu run")
+    };
+    // The workload says its ID, then waits until the history has its figures.
+    let mut run = start("echo $VGPU_WORKLOAD_ID; read x");
+    let mut id = String::new();
+    std::io::BufReader::new(run.stdout.take().unwrap()).read_line(&mut id).unwrap();
+    let id = id.trim().to_string();
+    assert!(!id.is_empty());
+    let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let t = vgpu_now_ms() - 20_000;
+    conn.execute_batch(&format!(
+        "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, NULL, 3000000, 'counter', NULL, NULL, NULL);
+         INSERT INTO workload_gpu_time VALUES ({t}, {t} + 10000, '{id}', 'GPU-0', 8000, 'ledger');
+         INSERT INTO intensity VALUES ({t}, 'reading', 360, 'file', {t});
+         INSERT INTO power_models VALUES ('GPU-0', 'sim', {t}, 1410, 100, 400, 2, 1, 0, '[]');"
+    ))
+    .unwrap();
+    drop(conn);
+    writeln!(run.stdin.take().unwrap()).unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // 3000 J less 1000 J idle, all of it the workload's: 2000 J = 0.6 Wh, 0.2 g.
+    let line = format!("vgpu: workload job ({id}) used 0.6 Wh on GPU 0 (GPU time 8s), 0.2 g CO2");
+    assert!(stderr.lines().any(|l| l == line), "no {line:?} in {stderr}");
+
+    // Nothing recorded for it: nothing said, but at -v.
+    let quiet = sim.vgpu(&["run", "--mem", "1G", "--", "true"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("used"), "{}", String::from_utf8_lossy(&quiet.stderr));
+    let verbose = sim.vgpu(&["-v", "run", "--mem", "1G", "--", "true"]).env("VGPU_LOG", "").output().unwrap();
+    let stderr = String::from_utf8_lossy(&verbose.stderr);
+    assert!(stderr.contains("no energy recorded (is vgpu watch running?)"), "{stderr}");
+}

@@ -32,6 +32,16 @@ pub const MJ_PER_KWH: f64 = 3.6e9;
 /// stay integers.
 const SCALE: u128 = 1_000_000;
 
+/// Energy for people: `0.012 kWh`, below a watt-hour `0.4 Wh`.
+pub fn format_energy(mj: u64) -> String {
+    let kwh = mj as f64 / MJ_PER_KWH;
+    if kwh >= 0.001 {
+        format!("{kwh:.3} kWh")
+    } else {
+        format!("{:.1} Wh", kwh * 1000.0)
+    }
+}
+
 /// One `gpu_samples` row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSample {
@@ -490,7 +500,7 @@ mod tests {
         [(G0.to_string(), IdlePower { watts, source: IdleSource::Measured })].into()
     }
 
-    fn part<'a>(a: &'a Accounting, party: Party) -> &'a Part {
+    fn part(a: &Accounting, party: Party) -> &Part {
         &a.gpus[G0].parts[&party]
     }
 

@@ -153,9 +153,9 @@ impl Reader {
         rows.into_iter().map(|row| self.used_by(row)).collect()
     }
 
-    /// What the workload `id` used over its life as the history recorded it (`None`: the
-    /// history has no such workload).
-    pub fn workload_usage(&self, id: &str) -> Result<Option<Ended>, HistoryError> {
+    /// What the workload `id` used over its life as the history recorded it (its
+    /// `workloads` row may not be there yet: then from its GPU-time rows alone).
+    pub fn workload_usage(&self, id: &str) -> Result<Ended, HistoryError> {
         let mut st = self
             .conn
             .prepare("SELECT id, name, user, gpus, started_ms, ended_ms, outcome FROM workloads WHERE id = ?1")
@@ -165,10 +165,11 @@ impl Reader {
                 Ok(EndedRow { id: r.get(0)?, name: r.get(1)?, user: r.get(2)?, started_ms: r.get(4)?, ended_ms: r.get(5)?, outcome: r.get(6)? })
             })
             .map_err(self.err())?;
-        match rows.next() {
-            None => Ok(None),
-            Some(row) => Ok(Some(self.used_by(row.map_err(self.err())?)?)),
-        }
+        let row = match rows.next() {
+            Some(row) => row.map_err(self.err())?,
+            None => EndedRow { id: id.to_string(), name: None, user: None, started_ms: None, ended_ms: None, outcome: None },
+        };
+        self.used_by(row)
     }
 
     /// The energy and emissions attributed to the workload of `row` over its recorded life
@@ -316,14 +317,14 @@ mod tests {
         assert_eq!(h.samples.len(), 2);
         assert_eq!(h.intensity.iter().map(|p| p.g_per_kwh).collect::<Vec<_>>(), [100.0, 200.0, 400.0]);
         assert_eq!(h.idle_w["GPU-x"], IdlePower { watts: 100.0, source: IdleSource::Measured });
-        let used = reader.workload_usage("w1").unwrap().unwrap();
+        let used = reader.workload_usage("w1").unwrap();
         // 3000 J, idle 100 W × 10 s = 1000 J, 2000 J to w1 at 200 g/kWh.
         assert_eq!(used.energy_mj, Some(2_000_000));
         assert_eq!(used.gpu_time_ms, 10_000);
         assert!((used.g_co2.unwrap() - 2_000_000.0 / 3.6e9 * 200.0).abs() < 1e-12);
         assert_eq!(reader.ended_since(0, 20).unwrap(), vec![used]);
         assert!(reader.ended_since(10_001, 20).unwrap().is_empty());
-        assert!(reader.workload_usage("nope").unwrap().is_none());
+        assert_eq!(reader.workload_usage("nope").unwrap().energy_mj, None);
     }
 
     #[test]

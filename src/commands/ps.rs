@@ -20,7 +20,7 @@ use crate::state::Store;
 
 #[derive(Debug, Args)]
 pub struct PsArgs {
-    /// Also list every process of each workload (the shim's per-process files; the driver's figures where those cannot be read)
+    /// Also list every process of each workload (the shim's per-process files; the driver's figures where those cannot be read), and the workloads that ended in the last 24 hours with their energy and CO2 (from the history vgpu watch records)
     #[arg(short, long)]
     pub all: bool,
     /// Print JSON instead of a table

@@ -252,3 +252,24 @@ fn a_workload_says_its_energy_when_it_ends() {
     let stderr = String::from_utf8_lossy(&verbose.stderr);
     assert!(stderr.contains("no energy recorded (is vgpu watch running?)"), "{stderr}");
 }
+
+#[test]
+fn idle_power_without_a_measured_model_is_the_planners() {
+    // An A100 of the simulated driver: default power limit 400 W, so the planner's idle is
+    // 15 % of it, 60 W. 10 s of 1000 J, no workload: idle 600 J, unattributed 400 J.
+    let sim = Sim::new(&[("NVIDIA A100-SXM4-40GB", "40GiB")]);
+    let uuid = sim.json(&["devices", "--json"])["gpus"][0]["uuid"].as_str().expect("a UUID").to_string();
+    let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let t = vgpu_now_ms() - 60_000;
+    conn.execute_batch(&format!("INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, '{uuid}', 0, NULL, 1000000, 'counter', NULL, NULL, NULL);"))
+        .unwrap();
+    drop(conn);
+    let doc = report_json(&sim, &[]);
+    assert_eq!((energy_of(&doc, "idle"), energy_of(&doc, "unattributed")), (600_000, 400_000), "{doc:#}");
+    assert_eq!((doc["gpus"][0]["idle_source"].as_str(), doc["gpus"][0]["idle_w"].as_f64()), (Some("power_limit"), Some(60.0)));
+    // The config's model comes first.
+    sim.write_vgpu_config("[carbon]\npower_idle_w = 80\n");
+    let doc = report_json(&sim, &[]);
+    assert_eq!(energy_of(&doc, "idle"), 800_000, "{doc:#}");
+    assert_eq!(doc["gpus"][0]["idle_source"], "configured");
+}

@@ -7,8 +7,8 @@
 //!   the part in `[c0, c1)` is `F(c1) − F(c0)`, so the parts of one interval in adjacent
 //!   windows add up to `E` exactly;
 //! * idle energy is `min(E, ⌊P_idle·dt⌋)` (W × ms = mJ), `P_idle` the GPU's idle power
-//!   ([`IdlePower`]: its measured power model, the configured model, or else its lowest
-//!   observed power in the window);
+//!   ([`IdlePower`]: its measured power model, the planner's model (configured, or from the
+//!   driver's power limit), or else its lowest observed power in the window);
 //! * the rest, the active energy, is split by GPU time: each workload's `workload_gpu_time`
 //!   rows on the GPU count pro rata by their overlap with the interval (`busy × overlap /
 //!   row length`); the denominator is the larger of the workloads' sum and the GPU's own busy
@@ -77,8 +77,10 @@ pub struct IntensityPoint {
 pub enum IdleSource {
     /// `vgpu carbon profile`'s fit (`power_models`).
     Measured,
-    /// `[carbon] power_idle_w`, or 15 % of `power_max_w` (the planner's default).
+    /// `[carbon] power_idle_w`, or 15 % of `power_max_w` (the planner's model, configured).
     Configured,
+    /// 15 % of the GPU's default power limit (the planner's default model), from the driver.
+    PowerLimit,
     /// The GPU's lowest average power over an interval of the window.
     LowestObserved,
 }
@@ -251,7 +253,11 @@ pub fn account(history: &History, window: Window) -> Accounting {
             idle,
             parts: BTreeMap::new(),
         };
-        let times = time_by_gpu.get(uuid).map(Vec::as_slice).unwrap_or_default();
+        // GPU-time rows by end; a row overlapping [c0, c1) ends after c0 and, being at most
+        // `longest` long, before c1 + longest: only those are looked at.
+        let mut times = time_by_gpu.remove(uuid).unwrap_or_default();
+        times.sort_by_key(|g| g.t1_ms);
+        let longest = times.iter().map(|g| g.t1_ms - g.t0_ms).max().unwrap_or(0);
         for s in samples {
             let (c0, c1) = clipped(s.t0_ms, s.t1_ms);
             let dt = s.t1_ms - s.t0_ms;
@@ -263,7 +269,8 @@ pub fn account(history: &History, window: Window) -> Accounting {
 
             // Each workload's GPU time inside [c0, c1), scaled.
             let mut busy: BTreeMap<&str, u128> = BTreeMap::new();
-            for g in times {
+            let first = times.partition_point(|g| g.t1_ms <= c0);
+            for g in times[first..].iter().take_while(|g| g.t1_ms < c1.saturating_add(longest)) {
                 let ov = overlap(g.t0_ms, g.t1_ms, c0, c1);
                 if ov > 0 {
                     let w = u128::from(g.busy_ms) * ov as u128 * SCALE / (g.t1_ms - g.t0_ms) as u128;

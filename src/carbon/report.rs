@@ -1,6 +1,7 @@
 //! `vgpu carbon report`: the window asked for, read from the history and accounted
 //! ([`crate::carbon::account`]). Returns the report; `commands::carbon` prints it.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use chrono::{DateTime, Local, NaiveDate, TimeZone as _, Utc};
@@ -8,8 +9,9 @@ use thiserror::Error;
 
 use crate::carbon::account::{self, GroupBy, Report, Window};
 use crate::carbon::model::DEFAULT_IDLE_FRACTION;
+use crate::context::Context;
 use crate::history::db::HistoryError;
-use crate::history::query::Reader;
+use crate::history::query::{IdleDefaults, Reader};
 
 /// The window when none is given: the last 24 hours.
 pub const DEFAULT_SPAN: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
@@ -71,17 +73,41 @@ pub fn configured_idle_w(config: &crate::carbon::config::CarbonConfig) -> Option
     config.power_idle_w.or(config.power_max_w.map(|max| max * DEFAULT_IDLE_FRACTION))
 }
 
+/// The planner's default idle power of each GPU the driver sees, by UUID: 15 % of its
+/// default power limit (else its enforced one), as `carbon::apply::read_devices` models it.
+/// Empty without a driver.
+pub fn driver_idle_w(ctx: &Context) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let nvml = match ctx.nvml_read_only() {
+        Ok(Some(nvml)) => nvml,
+        Ok(None) => return out,
+        Err(e) => {
+            tracing::debug!("no power limits from the driver: {e:#}");
+            return out;
+        }
+    };
+    for index in 0..nvml.count().unwrap_or(0) {
+        let Ok(device) = nvml.device(index) else { continue };
+        let Ok(uuid) = device.uuid() else { continue };
+        if let Some(mw) = device.power_management_limit_default().ok().or_else(|| device.enforced_power_limit().ok()) {
+            out.insert(uuid, f64::from(mw) / 1000.0 * DEFAULT_IDLE_FRACTION);
+        }
+    }
+    out
+}
+
+/// Idle power for GPUs without a measured model, as the planner models them on this host:
+/// the config's, else the driver's power limits (see [`IdleDefaults`]).
+pub fn idle_defaults(ctx: &Context) -> IdleDefaults<'_> {
+    IdleDefaults::new(configured_idle_w(&ctx.config.carbon), move || driver_idle_w(ctx))
+}
+
 /// The report of `window` from the history in `lib_dir`; `Ok(None)`: no history yet.
-pub fn build(
-    lib_dir: &Path,
-    configured_idle_w: Option<f64>,
-    window: Window,
-    by: GroupBy,
-) -> Result<Option<Report>, HistoryError> {
+pub fn build(lib_dir: &Path, idle: &IdleDefaults<'_>, window: Window, by: GroupBy) -> Result<Option<Report>, HistoryError> {
     let Some(reader) = Reader::open(lib_dir)? else {
         return Ok(None);
     };
-    let history = reader.history(window, configured_idle_w)?;
+    let history = reader.history(window, idle)?;
     let accounting = account::account(&history, window);
     let ids: Vec<&str> = history.gpu_time.iter().map(|g| g.workload_id.as_str()).collect();
     let workloads = reader.workloads(ids)?;

@@ -163,8 +163,7 @@ fn show_intensity(ctx: &Context, args: &IntensityArgs) -> Result<()> {
 fn show_report(ctx: &Context, args: &ReportArgs) -> Result<()> {
     use crate::carbon::report;
     let window = report::window(args.since.as_deref(), args.until.as_deref(), Utc::now()).map_err(|e| UsageError::new(e.to_string()))?;
-    let idle = report::configured_idle_w(&ctx.config.carbon);
-    let found = report::build(&ctx.lib_dir, idle, window, args.by).context("reading the history")?;
+    let found = report::build(&ctx.lib_dir, &report::idle_defaults(ctx), window, args.by).context("reading the history")?;
     let none = found.is_none();
     let report = found.unwrap_or_else(|| report::empty(&ctx.lib_dir, window, args.by));
     if args.json {

@@ -54,7 +54,7 @@ const ENDED_MAX: usize = 20;
 /// no history; a history that cannot be read is a warning, not a failed `ps`).
 fn ended(ctx: &Context) -> Vec<Ended> {
     let since = i64::try_from(crate::clock::now_ms()).unwrap_or(i64::MAX) - ENDED_SPAN_MS;
-    match Reader::open(&ctx.lib_dir).and_then(|r| r.map(|r| r.ended_since(since, ENDED_MAX)).transpose()) {
+    match Reader::open(&ctx.lib_dir).and_then(|r| r.map(|r| r.ended_since(since, ENDED_MAX, &crate::carbon::report::idle_defaults(ctx))).transpose()) {
         Ok(found) => found.unwrap_or_default(),
         Err(e) => {
             tracing::warn!("the history: {e}");

@@ -284,7 +284,7 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
 fn say_energy(ctx: &Context, w: &Workload) {
     use crate::carbon::account::format_energy;
     let used = match crate::history::query::Reader::open(&ctx.lib_dir) {
-        Ok(Some(reader)) => reader.workload_usage(&w.id),
+        Ok(Some(reader)) => reader.workload_usage(&w.id, &crate::carbon::report::idle_defaults(ctx)),
         Ok(None) => {
             tracing::info!("workload {} ({}): no energy recorded (is vgpu watch running?)", w.name, w.id);
             return;

@@ -43,16 +43,29 @@ impl Reader {
     }
 
     /// The rows of `window` the accounting needs; idle power per GPU from its measured
-    /// model (`power_models`), else `configured_idle_w` (the planner's model from the
-    /// config), else none (the accounting falls back to the lowest observed power).
-    pub fn history(&self, window: Window, configured_idle_w: Option<f64>) -> Result<History, HistoryError> {
+    /// model (`power_models`), else from `idle` ([`IdleDefaults`]), else none (the
+    /// accounting falls back to the lowest observed power).
+    pub fn history(&self, window: Window, idle: &IdleDefaults<'_>) -> Result<History, HistoryError> {
+        self.history_of(window, idle, None)
+    }
+
+    /// [`Reader::history`], of the GPUs the workload `gpus_of` used when given (through the
+    /// primary keys: a workload's rows, then each of its GPUs' samples).
+    fn history_of(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<History, HistoryError> {
         let w = params![window.since_ms, window.until_ms];
+        let only = if gpus_of.is_some() {
+            " AND gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM workload_gpu_time WHERE workload_id = ?3)"
+        } else {
+            ""
+        };
+        let with = params![window.since_ms, window.until_ms, gpus_of.unwrap_or_default()];
+        let with: &[&dyn rusqlite::ToSql] = if gpus_of.is_some() { with } else { &with[..2] };
         let mut st = self
             .conn
-            .prepare("SELECT t0_ms, t1_ms, gpu_uuid, gpu_index, gpu_name, energy_mj, busy_ms FROM gpu_samples WHERE t1_ms > ?1 AND t0_ms < ?2")
+            .prepare(&format!("SELECT t0_ms, t1_ms, gpu_uuid, gpu_index, gpu_name, energy_mj, busy_ms FROM gpu_samples WHERE t1_ms > ?1 AND t0_ms < ?2{only}"))
             .map_err(self.err())?;
         let samples = st
-            .query_map(w, |r| {
+            .query_map(with, |r| {
                 Ok(GpuSample {
                     t0_ms: r.get(0)?,
                     t1_ms: r.get(1)?,
@@ -67,10 +80,10 @@ impl Reader {
             .map_err(self.err())?;
         let mut st = self
             .conn
-            .prepare("SELECT t0_ms, t1_ms, workload_id, gpu_uuid, busy_ms FROM workload_gpu_time WHERE t1_ms > ?1 AND t0_ms < ?2")
+            .prepare(&format!("SELECT t0_ms, t1_ms, workload_id, gpu_uuid, busy_ms FROM workload_gpu_time WHERE t1_ms > ?1 AND t0_ms < ?2{only}"))
             .map_err(self.err())?;
         let gpu_time = st
-            .query_map(w, |r| {
+            .query_map(with, |r| {
                 Ok(GpuTime { t0_ms: r.get(0)?, t1_ms: r.get(1)?, workload_id: r.get(2)?, gpu_uuid: r.get(3)?, busy_ms: non_negative(r.get(4)?) })
             })
             .and_then(Iterator::collect::<Result<Vec<_>, _>>)
@@ -101,13 +114,15 @@ impl Reader {
             .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)))
             .and_then(Iterator::collect::<Result<Vec<_>, _>>)
             .map_err(self.err())?;
-        if let Some(watts) = configured_idle_w {
-            for s in &samples {
-                idle_w.insert(s.gpu_uuid.clone(), IdlePower { watts, source: IdleSource::Configured });
-            }
-        }
         for (uuid, watts) in measured {
             idle_w.insert(uuid, IdlePower { watts, source: IdleSource::Measured });
+        }
+        for s in &samples {
+            if !idle_w.contains_key(&s.gpu_uuid) {
+                if let Some(found) = idle.of(&s.gpu_uuid) {
+                    idle_w.insert(s.gpu_uuid.clone(), found);
+                }
+            }
         }
         Ok(History { samples, gpu_time, intensity, idle_w })
     }
@@ -128,7 +143,7 @@ impl Reader {
     }
 
     /// Workloads that ended at or after `since_ms`, the latest first, at most `limit`.
-    pub fn ended_since(&self, since_ms: i64, limit: usize) -> Result<Vec<Ended>, HistoryError> {
+    pub fn ended_since(&self, since_ms: i64, limit: usize, idle: &IdleDefaults<'_>) -> Result<Vec<Ended>, HistoryError> {
         let mut st = self
             .conn
             .prepare(
@@ -150,12 +165,12 @@ impl Reader {
             })
             .and_then(Iterator::collect::<Result<Vec<_>, _>>)
             .map_err(self.err())?;
-        rows.into_iter().map(|row| self.used_by(row)).collect()
+        rows.into_iter().map(|row| self.used_by(row, idle)).collect()
     }
 
     /// What the workload `id` used over its life as the history recorded it (its
     /// `workloads` row may not be there yet: then from its GPU-time rows alone).
-    pub fn workload_usage(&self, id: &str) -> Result<Ended, HistoryError> {
+    pub fn workload_usage(&self, id: &str, idle: &IdleDefaults<'_>) -> Result<Ended, HistoryError> {
         let mut st = self
             .conn
             .prepare("SELECT id, name, user, gpus, started_ms, ended_ms, outcome FROM workloads WHERE id = ?1")
@@ -169,18 +184,16 @@ impl Reader {
             Some(row) => row.map_err(self.err())?,
             None => EndedRow { id: id.to_string(), name: None, user: None, started_ms: None, ended_ms: None, outcome: None },
         };
-        self.used_by(row)
+        self.used_by(row, idle)
     }
 
-    /// The energy and emissions attributed to the workload of `row` over its recorded life
-    /// (from its first to its last GPU-time row when its start or end is unknown).
-    fn used_by(&self, row: EndedRow) -> Result<Ended, HistoryError> {
+    /// The energy and emissions attributed to the workload of `row` over its recorded life:
+    /// the accounting of the GPUs it used, from its first GPU-time row to its last.
+    fn used_by(&self, row: EndedRow, idle: &IdleDefaults<'_>) -> Result<Ended, HistoryError> {
         let (first, last): (Option<i64>, Option<i64>) = self
             .conn
             .query_row("SELECT min(t0_ms), max(t1_ms) FROM workload_gpu_time WHERE workload_id = ?1", [&row.id], |r| Ok((r.get(0)?, r.get(1)?)))
             .map_err(self.err())?;
-        let since = [row.started_ms, first].into_iter().flatten().min();
-        let until = [row.ended_ms, last].into_iter().flatten().max();
         let mut ended = Ended {
             id: row.id,
             name: row.name,
@@ -193,15 +206,12 @@ impl Reader {
             energy_mj: None,
             g_co2: None,
         };
-        let (Some(since), Some(until)) = (since, until) else {
+        // Outside its GPU-time rows nothing is its; on other GPUs neither.
+        let (Some(since), Some(until)) = (first, last) else {
             return Ok(ended);
         };
-        if until <= since || first.is_none() {
-            return Ok(ended);
-        }
         let window = Window { since_ms: since, until_ms: until };
-        // Idle power: the accounting's default per GPU (a measured model where there is one).
-        let accounting = account::account(&self.history(window, None)?, window);
+        let accounting = account::account(&self.history_of(window, idle, Some(&ended.id))?, window);
         let mut gpu_time = 0.0;
         let mut g_co2 = None;
         let mut energy = None;
@@ -221,6 +231,34 @@ impl Reader {
         ended.energy_mj = energy;
         ended.g_co2 = g_co2;
         Ok(ended)
+    }
+}
+
+/// A GPU's idle power where it has no measured model: the planner's model, configured
+/// (`[carbon] power_idle_w`, or 15 % of `power_max_w`), else from the driver's power limits
+/// (asked once, and only when a GPU needs it).
+pub struct IdleDefaults<'a> {
+    configured_w: Option<f64>,
+    driver: std::cell::OnceCell<BTreeMap<String, f64>>,
+    load: Box<dyn Fn() -> BTreeMap<String, f64> + 'a>,
+}
+
+impl<'a> IdleDefaults<'a> {
+    pub fn new(configured_w: Option<f64>, load: impl Fn() -> BTreeMap<String, f64> + 'a) -> Self {
+        IdleDefaults { configured_w, driver: std::cell::OnceCell::new(), load: Box::new(load) }
+    }
+
+    /// Neither configured nor from a driver: measured models, else the lowest observed.
+    pub fn none() -> IdleDefaults<'static> {
+        IdleDefaults::new(None, BTreeMap::new)
+    }
+
+    fn of(&self, uuid: &str) -> Option<IdlePower> {
+        if let Some(watts) = self.configured_w {
+            return Some(IdlePower { watts, source: IdleSource::Configured });
+        }
+        let watts = *self.driver.get_or_init(&self.load).get(uuid)?;
+        Some(IdlePower { watts, source: IdleSource::PowerLimit })
     }
 }
 
@@ -313,18 +351,18 @@ mod tests {
         )
         .unwrap();
         let reader = Reader::open(dir.path()).unwrap().unwrap();
-        let h = reader.history(Window { since_ms: 5000, until_ms: 20_000 }, Some(50.0)).unwrap();
+        let h = reader.history(Window { since_ms: 5000, until_ms: 20_000 }, &IdleDefaults::new(Some(50.0), || panic!("configured"))).unwrap();
         assert_eq!(h.samples.len(), 2);
         assert_eq!(h.intensity.iter().map(|p| p.g_per_kwh).collect::<Vec<_>>(), [100.0, 200.0, 400.0]);
         assert_eq!(h.idle_w["GPU-x"], IdlePower { watts: 100.0, source: IdleSource::Measured });
-        let used = reader.workload_usage("w1").unwrap();
+        let used = reader.workload_usage("w1", &IdleDefaults::none()).unwrap();
         // 3000 J, idle 100 W × 10 s = 1000 J, 2000 J to w1 at 200 g/kWh.
         assert_eq!(used.energy_mj, Some(2_000_000));
         assert_eq!(used.gpu_time_ms, 10_000);
         assert!((used.g_co2.unwrap() - 2_000_000.0 / 3.6e9 * 200.0).abs() < 1e-12);
-        assert_eq!(reader.ended_since(0, 20).unwrap(), vec![used]);
-        assert!(reader.ended_since(10_001, 20).unwrap().is_empty());
-        assert_eq!(reader.workload_usage("nope").unwrap().energy_mj, None);
+        assert_eq!(reader.ended_since(0, 20, &IdleDefaults::none()).unwrap(), vec![used]);
+        assert!(reader.ended_since(10_001, 20, &IdleDefaults::none()).unwrap().is_empty());
+        assert_eq!(reader.workload_usage("nope", &IdleDefaults::none()).unwrap().energy_mj, None);
     }
 
     #[test]

@@ -140,6 +140,47 @@ pub struct Accounting {
     pub notes: Vec<String>,
 }
 
+/// The note of an accounting without any intensity.
+pub const NO_INTENSITY: &str = "no carbon intensity recorded (is [carbon] source set and vgpu watch running?): emissions unknown";
+
+impl Accounting {
+    /// Add the accounting of another window (adjacent, not overlapping) to this one: the
+    /// same as accounting both windows at once, but where an interval crosses from one to
+    /// the other (each part is clipped pro rata; the energy still adds up exactly).
+    pub fn merge(&mut self, other: Accounting) {
+        let later = other.window.since_ms >= self.window.since_ms;
+        self.window = Window {
+            since_ms: self.window.since_ms.min(other.window.since_ms),
+            until_ms: self.window.until_ms.max(other.window.until_ms),
+        };
+        self.emissions_known |= other.emissions_known;
+        for note in other.notes {
+            if !self.notes.contains(&note) {
+                self.notes.push(note);
+            }
+        }
+        for (uuid, gpu) in other.gpus {
+            let Some(mine) = self.gpus.get_mut(&uuid) else {
+                self.gpus.insert(uuid, gpu);
+                continue;
+            };
+            mine.energy_mj += gpu.energy_mj;
+            if later {
+                mine.index = gpu.index;
+                mine.name = gpu.name.or(mine.name.take());
+            }
+            for (party, part) in gpu.parts {
+                let sum = mine.parts.entry(party).or_default();
+                sum.energy_mj += part.energy_mj;
+                sum.gpu_time_ms += part.gpu_time_ms;
+                if let Some(g) = part.g_co2 {
+                    *sum.g_co2.get_or_insert(0.0) += g;
+                }
+            }
+        }
+    }
+}
+
 /// The history of a window, as read from the database.
 #[derive(Debug, Clone, Default)]
 pub struct History {
@@ -206,7 +247,7 @@ pub fn account(history: &History, window: Window) -> Accounting {
     let emissions_known = !steps.0.is_empty();
     let mut notes = Vec::new();
     if !emissions_known {
-        notes.push("no carbon intensity recorded (is [carbon] source set and vgpu watch running?): emissions unknown".to_string());
+        notes.push(NO_INTENSITY.to_string());
     }
     let clipped = |t0: i64, t1: i64| (t0.max(window.since_ms), t1.min(window.until_ms));
 
@@ -235,15 +276,16 @@ pub fn account(history: &History, window: Window) -> Accounting {
                     .iter()
                     .map(|s| s.energy_mj as f64 / (s.t1_ms - s.t0_ms) as f64)
                     .fold(f64::INFINITY, f64::min);
-                let watts = if lowest.is_finite() { lowest } else { 0.0 };
-                let last = samples[samples.len() - 1];
-                notes.push(format!(
-                    "GPU {} ({uuid}) has no power model (run `vgpu carbon profile`, or set [carbon] power_idle_w): idle power taken as its lowest observed, {watts:.1} W",
-                    last.gpu_index
-                ));
-                IdlePower { watts, source: IdleSource::LowestObserved }
+                IdlePower { watts: if lowest.is_finite() { lowest } else { 0.0 }, source: IdleSource::LowestObserved }
             }
         };
+        if idle.source == IdleSource::LowestObserved {
+            notes.push(format!(
+                "GPU {} ({uuid}) has no power model (run `vgpu carbon profile`, or set [carbon] power_idle_w): idle power taken as its lowest observed, {:.1} W",
+                samples[samples.len() - 1].gpu_index,
+                idle.watts
+            ));
+        }
         let last = samples[samples.len() - 1];
         let mut account = GpuAccount {
             uuid: uuid.to_string(),
@@ -743,6 +785,26 @@ mod tests {
                         let parts: f64 = r.rows.iter().filter_map(|r| r.g_co2).sum();
                         prop_assert!((parts - total).abs() <= 1e-9 * total.max(1.0));
                     }
+                }
+            }
+
+            /// Accounting a window in two parts and merging them keeps every total exact.
+            #[test]
+            fn merged_windows_keep_the_totals((h, w, info) in histories(), cut in 0.0f64..1.0) {
+                let mid = w.since_ms + ((w.until_ms - w.since_ms) as f64 * cut) as i64;
+                let mut a = account(&h, Window { since_ms: w.since_ms, until_ms: mid });
+                a.merge(account(&h, Window { since_ms: mid, until_ms: w.until_ms }));
+                prop_assert_eq!(a.window, w);
+                let mut overall = 0;
+                for gpu in GPUS {
+                    let want = measured(&h, w, gpu);
+                    overall += want;
+                    let got = a.gpus.get(gpu).map_or(0, |acc| acc.parts.values().map(|p| p.energy_mj).sum::<u64>());
+                    prop_assert_eq!(got, want, "GPU {}", gpu);
+                    prop_assert_eq!(a.gpus.get(gpu).map_or(0, |acc| acc.energy_mj), want);
+                }
+                for by in [GroupBy::Workload, GroupBy::User, GroupBy::Service, GroupBy::Gpu] {
+                    prop_assert_eq!(report(&a, by, &info).rows.iter().map(|r| r.energy_mj).sum::<u64>(), overall);
                 }
             }
 

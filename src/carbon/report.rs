@@ -107,9 +107,16 @@ pub fn build(lib_dir: &Path, idle: &IdleDefaults<'_>, window: Window, by: GroupB
     let Some(reader) = Reader::open(lib_dir)? else {
         return Ok(None);
     };
-    let history = reader.history(window, idle)?;
-    let accounting = account::account(&history, window);
-    let ids: Vec<&str> = history.gpu_time.iter().map(|g| g.workload_id.as_str()).collect();
+    let accounting = reader.accounting(window, idle, None)?;
+    let ids: Vec<&str> = accounting
+        .gpus
+        .values()
+        .flat_map(|g| g.parts.keys())
+        .filter_map(|p| match p {
+            account::Party::Workload(id) => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
     let workloads = reader.workloads(ids)?;
     Ok(Some(account::report(&accounting, by, &workloads)))
 }

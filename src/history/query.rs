@@ -13,10 +13,22 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rusqlite::{params, Connection, OpenFlags};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension as _};
 
 use super::db::{self, HistoryError, BUSY_TIMEOUT};
-use crate::carbon::account::{self, GpuSample, GpuTime, History, IdlePower, IdleSource, IntensityPoint, Window, WorkloadInfo};
+use crate::carbon::account::{self, Accounting, GpuSample, GpuTime, History, IdlePower, IdleSource, IntensityPoint, Window, WorkloadInfo};
+
+/// How much of the window is read and accounted at a time: 4 hours, 14 400 rows per GPU at
+/// the watch's default interval of a second.
+pub const CHUNK_MS: i64 = 4 * 3_600_000;
+
+/// The longest interval (a `gpu_samples` or `workload_gpu_time` row) the accounting reads:
+/// a chunk's rows are looked for by their end (the `t1_ms` indexes) up to this far past
+/// the chunk, so that reading stays proportional to the window. `vgpu watch` writes a row
+/// per tick (its interval is at most an hour) and bridges gaps of at most minutes; a
+/// longer row, which only a hand-made history has, is left out of the accounting.
+pub const MAX_INTERVAL_MS: i64 = 2 * 3_600_000;
+
 
 /// The history, opened to read.
 pub struct Reader {
@@ -42,17 +54,34 @@ impl Reader {
         HistoryError::sqlite(&self.path)
     }
 
-    /// The rows of `window` the accounting needs; idle power per GPU from its measured
-    /// model (`power_models`), else from `idle` ([`IdleDefaults`]), else none (the
-    /// accounting falls back to the lowest observed power).
-    pub fn history(&self, window: Window, idle: &IdleDefaults<'_>) -> Result<History, HistoryError> {
-        self.history_of(window, idle, None)
+    /// The accounting of `window` ([`account::account`]), of the GPUs the workload `gpus_of`
+    /// used when given. Idle power per GPU: its measured model (`power_models`), else
+    /// `idle` ([`IdleDefaults`]), else its lowest average power over an interval of the
+    /// window. Read and accounted [`CHUNK_MS`] at a time, so that memory stays bounded
+    /// whatever the window (the watch records a row per GPU per second by default); an
+    /// interval across a chunk's edge is clipped pro rata on both sides, which loses no
+    /// millijoule (see the accounting's clipping rule).
+    pub fn accounting(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<Accounting, HistoryError> {
+        let intensity = self.intensity(window)?;
+        let idle_w = self.idle_w(window, idle, gpus_of)?;
+        let mut total = Accounting { window, gpus: BTreeMap::new(), emissions_known: !intensity.is_empty(), notes: Vec::new() };
+        let mut since = window.since_ms;
+        while since < window.until_ms {
+            let until = since.saturating_add(CHUNK_MS).min(window.until_ms);
+            let chunk = Window { since_ms: since, until_ms: until };
+            let (samples, gpu_time) = self.rows(chunk, gpus_of)?;
+            if !samples.is_empty() {
+                let history = History { samples, gpu_time, intensity: intensity.clone(), idle_w: idle_w.clone() };
+                total.merge(account::account(&history, chunk));
+            }
+            since = until;
+        }
+        Ok(total)
     }
 
-    /// [`Reader::history`], of the GPUs the workload `gpus_of` used when given (through the
-    /// primary keys: a workload's rows, then each of its GPUs' samples).
-    fn history_of(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<History, HistoryError> {
-        let w = params![window.since_ms, window.until_ms];
+    /// The samples and GPU-time rows overlapping `window` (with `gpus_of`: on the GPUs that
+    /// workload used, every workload's rows there, whose shares decide its share).
+    fn rows(&self, window: Window, gpus_of: Option<&str>) -> Result<(Vec<GpuSample>, Vec<GpuTime>), HistoryError> {
         let only = if gpus_of.is_some() {
             " AND gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM workload_gpu_time WHERE workload_id = ?3)"
         } else {
@@ -62,7 +91,7 @@ impl Reader {
         let with: &[&dyn rusqlite::ToSql] = if gpus_of.is_some() { with } else { &with[..2] };
         let mut st = self
             .conn
-            .prepare(&format!("SELECT t0_ms, t1_ms, gpu_uuid, gpu_index, gpu_name, energy_mj, busy_ms FROM gpu_samples WHERE t1_ms > ?1 AND t0_ms < ?2{only}"))
+            .prepare_cached(&format!("SELECT t0_ms, t1_ms, gpu_uuid, gpu_index, gpu_name, energy_mj, busy_ms FROM gpu_samples WHERE t1_ms > ?1 AND t1_ms < ?2 + {MAX_INTERVAL_MS} AND t0_ms < ?2 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}{only}"))
             .map_err(self.err())?;
         let samples = st
             .query_map(with, |r| {
@@ -78,9 +107,12 @@ impl Reader {
             })
             .and_then(Iterator::collect::<Result<Vec<_>, _>>)
             .map_err(self.err())?;
+        if samples.is_empty() {
+            return Ok((samples, Vec::new()));
+        }
         let mut st = self
             .conn
-            .prepare(&format!("SELECT t0_ms, t1_ms, workload_id, gpu_uuid, busy_ms FROM workload_gpu_time WHERE t1_ms > ?1 AND t0_ms < ?2{only}"))
+            .prepare_cached(&format!("SELECT t0_ms, t1_ms, workload_id, gpu_uuid, busy_ms FROM workload_gpu_time WHERE t1_ms > ?1 AND t1_ms < ?2 + {MAX_INTERVAL_MS} AND t0_ms < ?2 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}{only}"))
             .map_err(self.err())?;
         let gpu_time = st
             .query_map(with, |r| {
@@ -88,9 +120,14 @@ impl Reader {
             })
             .and_then(Iterator::collect::<Result<Vec<_>, _>>)
             .map_err(self.err())?;
-        // The figure in force at `since` (the latest at or before it) and every later one
-        // before `until`; of a reading and a fallback at the same time, the reading comes
-        // last and wins. None of those: the first figure there is (in force before it).
+        Ok((samples, gpu_time))
+    }
+
+    /// The intensity figures for `window`: the one in force at `since` (the latest at or
+    /// before it) and every later one before `until`; of a reading and a fallback at the same
+    /// time, the reading comes last and wins. None of those: the first figure there is (in
+    /// force before it).
+    fn intensity(&self, window: Window) -> Result<Vec<IntensityPoint>, HistoryError> {
         let point = |r: &rusqlite::Row<'_>| Ok(IntensityPoint { ts_ms: r.get(0)?, g_per_kwh: r.get(1)? });
         let mut st = self
             .conn
@@ -100,31 +137,59 @@ impl Reader {
                  ORDER BY ts_ms, kind",
             )
             .map_err(self.err())?;
-        let mut intensity = st.query_map(w, point).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
-        if intensity.is_empty() {
-            let mut st = self
-                .conn
-                .prepare("SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') ORDER BY ts_ms, kind DESC LIMIT 1")
-                .map_err(self.err())?;
-            intensity = st.query_map([], point).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
+        let found = st.query_map(params![window.since_ms, window.until_ms], point).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
+        if !found.is_empty() {
+            return Ok(found);
         }
-        let mut idle_w = BTreeMap::new();
-        let mut st = self.conn.prepare("SELECT gpu_uuid, idle_w FROM power_models").map_err(self.err())?;
-        let measured = st
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)))
-            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        let mut st = self
+            .conn
+            .prepare("SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') ORDER BY ts_ms, kind DESC LIMIT 1")
             .map_err(self.err())?;
-        for (uuid, watts) in measured {
-            idle_w.insert(uuid, IdlePower { watts, source: IdleSource::Measured });
-        }
-        for s in &samples {
-            if !idle_w.contains_key(&s.gpu_uuid) {
-                if let Some(found) = idle.of(&s.gpu_uuid) {
-                    idle_w.insert(s.gpu_uuid.clone(), found);
-                }
+        st.query_map([], point).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())
+    }
+
+    /// The idle power of every GPU with samples in `window` (see [`Reader::accounting`]).
+    fn idle_w(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<BTreeMap<String, IdlePower>, HistoryError> {
+        // Every GPU there is (few; the primary key's prefix), then which have rows here.
+        let mut st = self.conn.prepare("SELECT DISTINCT gpu_uuid FROM gpu_samples").map_err(self.err())?;
+        let mut gpus: Vec<String> = st.query_map([], |r| r.get(0)).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
+        let in_window = format!(
+            "gpu_uuid = ?1 AND t1_ms > ?2 AND t1_ms < ?3 + {MAX_INTERVAL_MS} AND t0_ms < ?3 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}"
+        );
+        let mut any = self.conn.prepare(&format!("SELECT 1 FROM gpu_samples WHERE {in_window} LIMIT 1")).map_err(self.err())?;
+        let mut kept = Vec::new();
+        for uuid in gpus {
+            if any.exists(params![uuid, window.since_ms, window.until_ms]).map_err(self.err())? {
+                kept.push(uuid);
             }
         }
-        Ok(History { samples, gpu_time, intensity, idle_w })
+        gpus = kept;
+        if let Some(id) = gpus_of {
+            let mut st = self.conn.prepare("SELECT DISTINCT gpu_uuid FROM workload_gpu_time WHERE workload_id = ?1").map_err(self.err())?;
+            let used: Vec<String> = st.query_map([id], |r| r.get(0)).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
+            gpus.retain(|g| used.contains(g));
+        }
+        let mut st = self.conn.prepare("SELECT idle_w FROM power_models WHERE gpu_uuid = ?1").map_err(self.err())?;
+        let mut lowest = self
+            .conn
+            .prepare(&format!("SELECT min(CAST(energy_mj AS REAL) / (t1_ms - t0_ms)) FROM gpu_samples WHERE {in_window}"))
+            .map_err(self.err())?;
+        let mut out = BTreeMap::new();
+        for uuid in gpus {
+            let measured: Option<f64> = st.query_row([&uuid], |r| r.get(0)).optional().map_err(self.err())?;
+            let found = match measured {
+                Some(watts) => IdlePower { watts, source: IdleSource::Measured },
+                None => match idle.of(&uuid) {
+                    Some(found) => found,
+                    None => {
+                        let watts: Option<f64> = lowest.query_row(params![uuid, window.since_ms, window.until_ms], |r| r.get(0)).map_err(self.err())?;
+                        IdlePower { watts: watts.filter(|w| w.is_finite()).unwrap_or(0.0), source: IdleSource::LowestObserved }
+                    }
+                },
+            };
+            out.insert(uuid, found);
+        }
+        Ok(out)
     }
 
     /// What the history knows of the workloads `ids`.
@@ -165,7 +230,19 @@ impl Reader {
             })
             .and_then(Iterator::collect::<Result<Vec<_>, _>>)
             .map_err(self.err())?;
-        rows.into_iter().map(|row| self.used_by(row, idle)).collect()
+        // One accounting over the union of their lives (each is attributed nothing outside
+        // its own GPU-time rows): read once however many there are.
+        let mut spans = Vec::new();
+        for row in &rows {
+            spans.push(self.span(&row.id)?);
+        }
+        let since = spans.iter().filter_map(|s| s.map(|s| s.0)).min();
+        let until = spans.iter().filter_map(|s| s.map(|s| s.1)).max();
+        let accounting = match (since, until) {
+            (Some(since_ms), Some(until_ms)) => Some(self.accounting(Window { since_ms, until_ms }, idle, None)?),
+            _ => None,
+        };
+        Ok(rows.into_iter().map(|row| used_in(row, accounting.as_ref())).collect())
     }
 
     /// What the workload `id` used over its life as the history recorded it (its
@@ -190,48 +267,56 @@ impl Reader {
     /// The energy and emissions attributed to the workload of `row` over its recorded life:
     /// the accounting of the GPUs it used, from its first GPU-time row to its last.
     fn used_by(&self, row: EndedRow, idle: &IdleDefaults<'_>) -> Result<Ended, HistoryError> {
+        // Outside its GPU-time rows nothing is its; on other GPUs neither.
+        let accounting = match self.span(&row.id)? {
+            Some((since_ms, until_ms)) => Some(self.accounting(Window { since_ms, until_ms }, idle, Some(&row.id))?),
+            None => None,
+        };
+        Ok(used_in(row, accounting.as_ref()))
+    }
+
+    /// From the start of the workload `id`'s first GPU-time row to the end of its last.
+    fn span(&self, id: &str) -> Result<Option<(i64, i64)>, HistoryError> {
         let (first, last): (Option<i64>, Option<i64>) = self
             .conn
-            .query_row("SELECT min(t0_ms), max(t1_ms) FROM workload_gpu_time WHERE workload_id = ?1", [&row.id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_row("SELECT min(t0_ms), max(t1_ms) FROM workload_gpu_time WHERE workload_id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
             .map_err(self.err())?;
-        let mut ended = Ended {
-            id: row.id,
-            name: row.name,
-            user: row.user,
-            started_unix_ms: row.started_ms,
-            ended_unix_ms: row.ended_ms,
-            outcome: row.outcome,
-            gpu_indexes: Vec::new(),
-            gpu_time_ms: 0,
-            energy_mj: None,
-            g_co2: None,
-        };
-        // Outside its GPU-time rows nothing is its; on other GPUs neither.
-        let (Some(since), Some(until)) = (first, last) else {
-            return Ok(ended);
-        };
-        let window = Window { since_ms: since, until_ms: until };
-        let accounting = account::account(&self.history_of(window, idle, Some(&ended.id))?, window);
-        let mut gpu_time = 0.0;
-        let mut g_co2 = None;
-        let mut energy = None;
-        let party = account::Party::Workload(ended.id.clone());
-        for gpu in accounting.gpus.values() {
-            if let Some(part) = gpu.parts.get(&party) {
-                *energy.get_or_insert(0) += part.energy_mj;
-                gpu_time += part.gpu_time_ms;
-                if let Some(g) = part.g_co2 {
-                    *g_co2.get_or_insert(0.0) += g;
-                }
-                ended.gpu_indexes.push(gpu.index);
-            }
-        }
-        ended.gpu_indexes.sort_unstable();
-        ended.gpu_time_ms = gpu_time.round() as u64;
-        ended.energy_mj = energy;
-        ended.g_co2 = g_co2;
-        Ok(ended)
+        Ok(first.zip(last))
     }
+}
+
+/// The workload of `row` with what `accounting` attributes to it.
+fn used_in(row: EndedRow, accounting: Option<&Accounting>) -> Ended {
+    let mut ended = Ended {
+        id: row.id,
+        name: row.name,
+        user: row.user,
+        started_unix_ms: row.started_ms,
+        ended_unix_ms: row.ended_ms,
+        outcome: row.outcome,
+        gpu_indexes: Vec::new(),
+        gpu_time_ms: 0,
+        energy_mj: None,
+        g_co2: None,
+    };
+    let Some(accounting) = accounting else {
+        return ended;
+    };
+    let mut gpu_time = 0.0;
+    let party = account::Party::Workload(ended.id.clone());
+    for gpu in accounting.gpus.values() {
+        if let Some(part) = gpu.parts.get(&party) {
+            *ended.energy_mj.get_or_insert(0) += part.energy_mj;
+            gpu_time += part.gpu_time_ms;
+            if let Some(g) = part.g_co2 {
+                *ended.g_co2.get_or_insert(0.0) += g;
+            }
+            ended.gpu_indexes.push(gpu.index);
+        }
+    }
+    ended.gpu_indexes.sort_unstable();
+    ended.gpu_time_ms = gpu_time.round() as u64;
+    ended
 }
 
 /// A GPU's idle power where it has no measured model: the planner's model, configured
@@ -351,10 +436,18 @@ mod tests {
         )
         .unwrap();
         let reader = Reader::open(dir.path()).unwrap().unwrap();
-        let h = reader.history(Window { since_ms: 5000, until_ms: 20_000 }, &IdleDefaults::new(Some(50.0), || panic!("configured"))).unwrap();
-        assert_eq!(h.samples.len(), 2);
-        assert_eq!(h.intensity.iter().map(|p| p.g_per_kwh).collect::<Vec<_>>(), [100.0, 200.0, 400.0]);
-        assert_eq!(h.idle_w["GPU-x"], IdlePower { watts: 100.0, source: IdleSource::Measured });
+        let window = Window { since_ms: 5000, until_ms: 20_000 };
+        let intensity = reader.intensity(window).unwrap();
+        assert_eq!(intensity.iter().map(|p| p.g_per_kwh).collect::<Vec<_>>(), [100.0, 200.0, 400.0]);
+        let idle = IdleDefaults::new(Some(50.0), || panic!("configured"));
+        assert_eq!(reader.idle_w(window, &idle, None).unwrap()["GPU-x"], IdlePower { watts: 100.0, source: IdleSource::Measured });
+        // From 5 s: half the first interval (1500 J, idle 500 J, w1 1000 J at 200 g/kWh),
+        // the second (1000 J idle, at 400 g/kWh from 15 s on, its midpoint).
+        let a = reader.accounting(window, &idle, None).unwrap();
+        let gpu = &a.gpus["GPU-x"];
+        assert_eq!(gpu.energy_mj, 2_500_000);
+        assert_eq!(gpu.parts[&account::Party::Idle].energy_mj, 1_500_000);
+        assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].energy_mj, 1_000_000);
         let used = reader.workload_usage("w1", &IdleDefaults::none()).unwrap();
         // 3000 J, idle 100 W × 10 s = 1000 J, 2000 J to w1 at 200 g/kWh.
         assert_eq!(used.energy_mj, Some(2_000_000));
@@ -363,6 +456,33 @@ mod tests {
         assert_eq!(reader.ended_since(0, 20, &IdleDefaults::none()).unwrap(), vec![used]);
         assert!(reader.ended_since(10_001, 20, &IdleDefaults::none()).unwrap().is_empty());
         assert_eq!(reader.workload_usage("nope", &IdleDefaults::none()).unwrap().energy_mj, None);
+    }
+
+    #[test]
+    fn a_long_window_is_accounted_an_hour_at_a_time_to_the_same_total() {
+        // 3 h of 7-minute intervals (not aligned with the hours), one workload on half of
+        // each: the total is every interval's energy, the workload's share the same as one
+        // window's would give (its GPU time is proportional, the split exact).
+        let dir = tempfile::tempdir().unwrap();
+        let conn = db::open_rw(dir.path()).unwrap();
+        let step = 7 * 60_000;
+        let mut total = 0;
+        for k in 0..26i64 {
+            let (t0, t1) = (k * step + 1, (k + 1) * step + 1);
+            let e = 1_000_003 * (k as u64 + 1);
+            total += e;
+            conn.execute("INSERT INTO gpu_samples VALUES (?1, ?2, 'GPU-x', 0, NULL, ?3, 'counter', NULL, NULL, NULL)", params![t0, t1, e]).unwrap();
+            conn.execute("INSERT INTO workload_gpu_time VALUES (?1, ?2, 'w1', 'GPU-x', ?3, 'ledger')", params![t0, t1, step / 2]).unwrap();
+        }
+        let reader = Reader::open(dir.path()).unwrap().unwrap();
+        let window = Window { since_ms: 0, until_ms: 26 * step + 1 };
+        let chunked = reader.accounting(window, &IdleDefaults::new(Some(0.0), BTreeMap::new), None).unwrap();
+        let gpu = &chunked.gpus["GPU-x"];
+        assert_eq!(gpu.energy_mj, total);
+        assert_eq!(gpu.parts.values().map(|p| p.energy_mj).sum::<u64>(), total);
+        // With nobody else on the GPU and no idle power, all of it is the workload's.
+        assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].energy_mj, total);
+        assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].gpu_time_ms.round() as i64, 26 * step / 2);
     }
 
     #[test]

@@ -25,9 +25,17 @@ use serde_json::Value;
 
 const MJ: [(&str, u64); 4] = [("w1", 2_500_000), ("w2", 500_000), ("idle", 3_000_000), ("unattributed", 1_000_000)];
 
+/// When the filled history starts: an hour ago, to the second (RFC 3339 without fractions).
+fn start_ms() -> i64 {
+    (vgpu_now_ms() - 3_600_000) / 1000 * 1000
+}
+
 fn fill(lib: &Path) -> Connection {
+    fill_at(lib, start_ms())
+}
+
+fn fill_at(lib: &Path, t: i64) -> Connection {
     let conn = vgpu::history::db::open_rw(lib).expect("history database");
-    let t = vgpu_now_ms() - 3_600_000;
     let sql = format!(
         "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, 'NVIDIA A100', 3000000, 'counter', NULL, NULL, NULL);
          INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-1', 1, 'NVIDIA A100', 1000000, 'counter', 0, NULL, NULL);
@@ -86,6 +94,22 @@ fn json_attributes_the_measured_energy_and_adds_up() {
     let before = report_json(&sim, &["--since", "3d", "--until", "2d"]);
     assert_eq!(before["total_energy_mj"], 0);
     assert_eq!(before["rows"], serde_json::json!([]));
+}
+
+#[test]
+fn a_window_from_the_middle_of_an_interval_counts_it_pro_rata() {
+    let sim = Sim::new(&[]);
+    let t = start_ms();
+    drop(fill_at(&sim.path("lib"), t));
+    let since = chrono::DateTime::from_timestamp_millis(t + 5000).unwrap().to_rfc3339();
+    let doc = report_json(&sim, &["--since", &since]);
+    // GPU 0 from 5 s: 1500 J (idle 500, w1 750, w2 250); GPU 1: 500 J (idle) then 3000 J
+    // (idle 1000, w1 1000, unattributed 1000).
+    assert_eq!(doc["total_energy_mj"], 5_000_000, "{doc:#}");
+    assert_eq!(energy_of(&doc, "w1"), 1_750_000);
+    assert_eq!(energy_of(&doc, "w2"), 250_000);
+    assert_eq!(energy_of(&doc, "idle"), 2_000_000);
+    assert_eq!(energy_of(&doc, "unattributed"), 1_000_000);
 }
 
 #[test]

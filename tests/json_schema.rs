@@ -147,6 +147,21 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     ));
     wait_for("the unmanaged process to allocate", || ready.exists());
 
+    // A history (as `vgpu watch` records it) for `carbon report` and `ps -a`'s "ended": a
+    // workload ended a minute ago on a GPU with a measured power model, another GPU without.
+    let history = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 120_000;
+    history
+        .execute_batch(&format!(
+            "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-a', 0, 'NVIDIA L4', 3000000, 'counter', 9000, 1500, 90.5);
+             INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-b', 1, NULL, 1000000, 'power', NULL, NULL, NULL);
+             INSERT INTO workload_gpu_time VALUES ({t}, {t} + 10000, 'hist1', 'GPU-a', 6000, 'ledger');
+             INSERT INTO workloads VALUES ('hist1', 'old', 0, 'root', 'web', 'python', 'GPU-a', {t}, {t} + 60000, 'exit 0');
+             INSERT INTO intensity VALUES ({t}, 'reading', 300, 'file', {t});
+             INSERT INTO power_models VALUES ('GPU-a', 'NVIDIA L4', {t}, 2040, 20, 72, 2, 1, 0.5, '[]');"
+        ))
+        .unwrap();
+    drop(history);
     let carbon = ["--intensity", "300", "--budget", "500"];
     let mut runs: Vec<(&str, Vec<&str>)> = vec![
         ("devices", vec!["devices", "--json"]),
@@ -159,6 +174,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
         ("resume", vec!["resume", "solo", "--json"]),
         ("carbon intensity", vec!["carbon", "intensity", "--json", "--intensity", "300"]),
         ("carbon reset", vec!["carbon", "reset", "--json"]),
+        ("carbon report", vec!["carbon", "report", "--json"]),
         ("doctor", vec!["doctor", "--json"]),
     ];
     for sub in ["plan", "apply"] {

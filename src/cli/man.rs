@@ -210,6 +210,11 @@ const FILES: &[(&str, &str, &[&str])] = &[
     ("/var/lib/vgpu/carbon-intensity.json", "The last carbon intensity read, used when the source does not answer.", &["carbon"]),
     ("/var/lib/vgpu/carbon-forecast.json", "The last intensity forecast read, used when the source does not answer.", &["carbon"]),
     (
+        "/var/lib/vgpu/history.db",
+        "The history (SQLite, 0644): each GPU's energy, each workload's GPU time, the intensity; carbon report, ps -a and the line vgpu run prints at a workload's end read it.",
+        &["carbon", "ps", "run", "watch"],
+    ),
+    (
         "libvgpu.so",
         "The quota shim vgpu run preloads into every workload; looked for next to the vgpu binary, then in PREFIX/lib/vgpu.",
         &["run", "doctor"],

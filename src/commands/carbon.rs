@@ -1,11 +1,12 @@
 //! `vgpu carbon …`: the grid's carbon intensity, the clock plan for a carbon budget,
-//! applying and undoing it.
+//! applying and undoing it; the energy and emissions of each workload from the history.
 
 use anyhow::{Context as _, Result};
 use chrono::Utc;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
+use crate::carbon::account::{GroupBy, Report, RowKind};
 use crate::carbon::apply::{self, AppliedStore, CarbonGpu, GpuOutcome, APPLIED_FILE};
 use crate::carbon::config::{check_intensity, MAX_INTENSITY};
 use crate::carbon::budget::{HorizonFigures, Period, SpentFrom};
@@ -50,6 +51,27 @@ pub enum CarbonCommand {
     /// with compute processes is refused unless --force. Needs root. Takes about
     /// K·(S + 0.2) + 1 seconds (15 s by default).
     Profile(ProfileArgs),
+    /// Energy (kWh) and emissions (gCO2) per workload from the history: each GPU's measured energy split by GPU time, idle shown apart
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Start of the window: RFC 3339, a date (YYYY-MM-DD, local midnight) or a duration ago (24h, 7d) [default: 24 hours before --until]
+    #[arg(long, value_name = "T")]
+    pub since: Option<String>,
+    /// End of the window, as --since [default: now]
+    #[arg(long, value_name = "T")]
+    pub until: Option<String>,
+    /// Group the workloads' energy by workload, user, service or GPU
+    #[arg(long, value_enum, default_value_t = GroupBy::Workload)]
+    pub by: GroupBy,
+    /// Print JSON instead of a table
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV (one header line) instead of a table
+    #[arg(long)]
+    pub csv: bool,
 }
 
 #[derive(Debug, Args)]
@@ -115,6 +137,7 @@ pub fn run(ctx: &Context, args: &CarbonArgs) -> Result<()> {
         CarbonCommand::Apply(a) => apply(ctx, a),
         CarbonCommand::Reset(a) => reset(ctx, a),
         CarbonCommand::Profile(a) => profile(ctx, a),
+        CarbonCommand::Report(a) => show_report(ctx, a),
     }
 }
 
@@ -218,6 +241,131 @@ fn show_forecast(ctx: &Context, current: &Intensity, json: bool) -> Result<()> {
         println!("note: {note}");
     }
     Ok(())
+}
+
+fn show_report(ctx: &Context, args: &ReportArgs) -> Result<()> {
+    use crate::carbon::report;
+    let window = report::window(args.since.as_deref(), args.until.as_deref(), Utc::now()).map_err(|e| UsageError::new(e.to_string()))?;
+    let found = report::build(&ctx.lib_dir, &report::idle_defaults(ctx), window, args.by).context("reading the history")?;
+    let none = found.is_none();
+    let report = found.unwrap_or_else(|| report::empty(&ctx.lib_dir, window, args.by));
+    if args.json {
+        return print_json(&report);
+    }
+    if args.csv {
+        // The CSV stays a table; what it cannot say goes to stderr.
+        for note in &report.notes {
+            crate::notice!("note: {note}");
+        }
+        print!("{}", report_csv(&report));
+        return Ok(());
+    }
+    if none {
+        // The one line: why there is nothing.
+        println!("{}", report.notes.join("; "));
+        return Ok(());
+    }
+    print!("{}", report_text(&report));
+    Ok(())
+}
+
+/// The report as a table: a title line, the rows, a TOTAL row, the notes.
+fn report_text(r: &Report) -> String {
+    let at = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)).unwrap_or_default()
+    };
+    let mut out = format!("carbon report {} – {}, by {}\n", at(r.since_unix_ms), at(r.until_unix_ms), by_name(r.by));
+    let mut header: Vec<&str> = match r.by {
+        GroupBy::Workload => vec!["WORKLOAD", "NAME", "USER"],
+        GroupBy::User => vec!["USER"],
+        GroupBy::Service => vec!["SERVICE"],
+        GroupBy::Gpu => vec!["GPU", "NAME"],
+    };
+    let lead = header.len();
+    header.extend(["GPUS", "GPU-TIME", "ENERGY(kWh)", "CO2(g)", "SHARE"]);
+    let mut t = table(header);
+    let co2 = |g: Option<f64>| g.map(|g| format!("{g:.2}")).unwrap_or_else(|| "?".into());
+    for row in &r.rows {
+        let mut cells = vec![row.key.clone()];
+        if row.kind == RowKind::Group {
+            match r.by {
+                GroupBy::Workload => {
+                    cells.push(row.name.clone().unwrap_or_default());
+                    cells.push(row.user.clone().unwrap_or_default());
+                }
+                GroupBy::Gpu => cells.push(row.name.clone().unwrap_or_default()),
+                GroupBy::User | GroupBy::Service => {}
+            }
+        }
+        cells.resize(lead, String::new());
+        let gpus: Vec<String> = row.gpu_indexes.iter().map(i64::to_string).collect();
+        let gpu_time = if row.kind == RowKind::Group {
+            humantime::format_duration(std::time::Duration::from_secs(row.gpu_time_ms / 1000)).to_string()
+        } else {
+            String::new()
+        };
+        cells.extend([gpus.join(","), gpu_time, format!("{:.6}", row.energy_kwh), co2(row.g_co2), format!("{:.1}%", row.share_pct)]);
+        t.add_row(cells);
+    }
+    let mut total = vec!["TOTAL".to_string()];
+    total.resize(lead + 2, String::new());
+    let share = if r.total_energy_mj > 0 { "100.0%" } else { "" };
+    total.extend([format!("{:.6}", r.total_energy_kwh), co2(r.total_g_co2), share.to_string()]);
+    t.add_row(total);
+    out.push_str(&format!("{t}\n"));
+    for note in &r.notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
+    out
+}
+
+fn by_name(by: GroupBy) -> &'static str {
+    match by {
+        GroupBy::Workload => "workload",
+        GroupBy::User => "user",
+        GroupBy::Service => "service",
+        GroupBy::Gpu => "gpu",
+    }
+}
+
+/// The report as CSV: one header line, a line per row, a `total` line.
+fn report_csv(r: &Report) -> String {
+    let mut out = String::from("kind,key,name,user,gpus,gpu_time_ms,energy_mj,energy_kwh,g_co2,share_pct\n");
+    let g = |g: Option<f64>| g.map(|g| g.to_string()).unwrap_or_default();
+    for row in &r.rows {
+        let kind = match row.kind {
+            RowKind::Group => by_name(r.by),
+            RowKind::Idle => "idle",
+            RowKind::Unattributed => "unattributed",
+        };
+        let gpus: Vec<String> = row.gpu_indexes.iter().map(i64::to_string).collect();
+        let fields = [
+            kind.to_string(),
+            row.key.clone(),
+            row.name.clone().unwrap_or_default(),
+            row.user.clone().unwrap_or_default(),
+            gpus.join(" "),
+            row.gpu_time_ms.to_string(),
+            row.energy_mj.to_string(),
+            row.energy_kwh.to_string(),
+            g(row.g_co2),
+            row.share_pct.to_string(),
+        ];
+        out.push_str(&csv_line(&fields));
+    }
+    let total = ["total".to_string(), String::new(), String::new(), String::new(), String::new(), String::new(), r.total_energy_mj.to_string(), r.total_energy_kwh.to_string(), g(r.total_g_co2), String::new()];
+    out.push_str(&csv_line(&total));
+    out
+}
+
+/// One CSV line (RFC 4180): a field with a comma, quote, CR or LF is quoted, its quotes
+/// doubled.
+fn csv_line(fields: &[String]) -> String {
+    let quoted: Vec<String> = fields
+        .iter()
+        .map(|f| if f.contains([',', '"', '\n', '\r']) { format!("\"{}\"", f.replace('"', "\"\"")) } else { f.clone() })
+        .collect();
+    format!("{}\n", quoted.join(","))
 }
 
 fn status_suffix(status: Status) -> &'static str {

@@ -18,6 +18,7 @@ pub const SCHEMA: &str = include_str!("schema.sql");
 
 pub mod config;
 pub mod db;
+pub mod query;
 pub mod spent;
 pub mod store;
 pub mod tick;
@@ -64,3 +65,4 @@ mod tests {
         }
     }
 }
+

@@ -37,9 +37,9 @@ fn fill(lib: &Path) -> Connection {
 fn fill_at(lib: &Path, t: i64) -> Connection {
     let conn = vgpu::history::db::open_rw(lib).expect("history database");
     let sql = format!(
-        "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, 'NVIDIA A100', 3000000, 'counter', NULL, NULL, NULL);
-         INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-1', 1, 'NVIDIA A100', 1000000, 'counter', 0, NULL, NULL);
-         INSERT INTO gpu_samples VALUES ({t} + 10000, {t} + 20000, 'GPU-1', 1, 'NVIDIA A100', 3000000, 'power', 10000, NULL, NULL);
+        "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, 'NVIDIA A100', 3000000, 'counter', NULL, NULL, NULL, NULL);
+         INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-1', 1, 'NVIDIA A100', 1000000, 'counter', 0, NULL, NULL, NULL);
+         INSERT INTO gpu_samples VALUES ({t} + 10000, {t} + 20000, 'GPU-1', 1, 'NVIDIA A100', 3000000, 'power', 10000, NULL, NULL, NULL);
          INSERT INTO workload_gpu_time VALUES ({t}, {t} + 10000, 'w1', 'GPU-0', 6000, 'ledger');
          INSERT INTO workload_gpu_time VALUES ({t}, {t} + 10000, 'w2', 'GPU-0', 2000, 'ledger');
          INSERT INTO workload_gpu_time VALUES ({t} + 10000, {t} + 20000, 'w1', 'GPU-1', 5000, 'nvml');
@@ -254,7 +254,7 @@ fn a_workload_says_its_energy_when_it_ends() {
     let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
     let t = vgpu_now_ms() - 20_000;
     conn.execute_batch(&format!(
-        "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, NULL, 3000000, 'counter', NULL, NULL, NULL);
+        "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, NULL, 3000000, 'counter', NULL, NULL, NULL, NULL);
          INSERT INTO workload_gpu_time VALUES ({t}, {t} + 10000, '{id}', 'GPU-0', 8000, 'ledger');
          INSERT INTO intensity VALUES ({t}, 'reading', 360, 'file', {t});
          INSERT INTO power_models VALUES ('GPU-0', 'sim', {t}, 1410, 100, 400, 2, 1, 0, '[]');"
@@ -285,7 +285,7 @@ fn idle_power_without_a_measured_model_is_the_planners() {
     let uuid = sim.json(&["devices", "--json"])["gpus"][0]["uuid"].as_str().expect("a UUID").to_string();
     let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
     let t = vgpu_now_ms() - 60_000;
-    conn.execute_batch(&format!("INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, '{uuid}', 0, NULL, 1000000, 'counter', NULL, NULL, NULL);"))
+    conn.execute_batch(&format!("INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, '{uuid}', 0, NULL, 1000000, 'counter', NULL, NULL, NULL, NULL);"))
         .unwrap();
     drop(conn);
     let doc = report_json(&sim, &[]);

@@ -153,8 +153,8 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 120_000;
     history
         .execute_batch(&format!(
-            "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-a', 0, 'NVIDIA L4', 3000000, 'counter', 9000, 1500, 90.5);
-             INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-b', 1, NULL, 1000000, 'power', NULL, NULL, NULL);
+            "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-a', 0, 'NVIDIA L4', 3000000, 'counter', 9000, 1500, 90.5, NULL);
+             INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-b', 1, NULL, 1000000, 'power', NULL, NULL, NULL, NULL);
              INSERT INTO workload_gpu_time VALUES ({t}, {t} + 10000, 'hist1', 'GPU-a', 6000, 'ledger');
              INSERT INTO workloads VALUES ('hist1', 'old', 0, 'root', 'web', 'python', 'GPU-a', {t}, {t} + 60000, 'exit 0');
              INSERT INTO intensity VALUES ({t}, 'reading', 300, 'file', {t});
@@ -181,6 +181,8 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
         let mut args = vec!["carbon", sub, "--json"];
         args.extend_from_slice(&carbon);
         runs.push(if sub == "plan" { ("carbon plan", args) } else { ("carbon apply", args) });
+        // A budget even the lowest clocks exceed: the plan's notes say so.
+        runs.push((if sub == "plan" { "carbon plan" } else { "carbon apply" }, vec!["carbon", sub, "--json", "--intensity", "300", "--budget", "1"]));
     }
     let mut golden = Vec::new();
     let mut covered = BTreeSet::new();

@@ -425,8 +425,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let conn = db::open_rw(dir.path()).unwrap();
         conn.execute_batch(
-            "INSERT INTO gpu_samples VALUES (0, 10000, 'GPU-x', 0, 'NVIDIA A100', 3000000, 'counter', NULL, NULL, NULL);
-             INSERT INTO gpu_samples VALUES (10000, 20000, 'GPU-x', 0, 'NVIDIA A100', 1000000, 'counter', NULL, NULL, NULL);
+            "INSERT INTO gpu_samples VALUES (0, 10000, 'GPU-x', 0, 'NVIDIA A100', 3000000, 'counter', NULL, NULL, NULL, NULL);
+             INSERT INTO gpu_samples VALUES (10000, 20000, 'GPU-x', 0, 'NVIDIA A100', 1000000, 'counter', NULL, NULL, NULL, NULL);
              INSERT INTO workload_gpu_time VALUES (0, 10000, 'w1', 'GPU-x', 10000, 'ledger');
              INSERT INTO workloads VALUES ('w1', 'train', 0, 'root', NULL, 'python', 'GPU-x', 0, 10000, 'exit 0');
              INSERT INTO intensity VALUES (-100, 'fallback', 100, 'config', 0);
@@ -471,7 +471,7 @@ mod tests {
             let (t0, t1) = (k * step + 1, (k + 1) * step + 1);
             let e = 1_000_003 * (k as u64 + 1);
             total += e;
-            conn.execute("INSERT INTO gpu_samples VALUES (?1, ?2, 'GPU-x', 0, NULL, ?3, 'counter', NULL, NULL, NULL)", params![t0, t1, e]).unwrap();
+            conn.execute("INSERT INTO gpu_samples VALUES (?1, ?2, 'GPU-x', 0, NULL, ?3, 'counter', NULL, NULL, NULL, NULL)", params![t0, t1, e]).unwrap();
             conn.execute("INSERT INTO workload_gpu_time VALUES (?1, ?2, 'w1', 'GPU-x', ?3, 'ledger')", params![t0, t1, step / 2]).unwrap();
         }
         let reader = Reader::open(dir.path()).unwrap().unwrap();

@@ -129,6 +129,22 @@ fn energy_adds_up_across_rounds_and_a_restart_and_workload_time_is_the_ledger() 
     eprintln!("{} GPU rows, {} mJ; workload {id}: {busy} ms of GPU time in {} rows", first.len(), first.iter().map(|r| r.2).sum::<i64>(), times.len());
     // At --compute 50 for 2 s: about 1 s, never more than the 2 s it ran.
     assert!(busy <= 2_500, "{busy} ms");
+    // vgpu run said what it used, from what the watch recorded while it ran.
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains(&format!("workload hist ({id}) used ")), "the end-of-workload line: {said}");
+
+    // `vgpu carbon report` over what this watch recorded: the TOTAL is the GPU's measured
+    // energy, exactly; the workload's row carries its recorded GPU time and some energy.
+    let recorded: i64 = first.iter().map(|r| r.2).sum();
+    let report = sim.json(&["carbon", "report", "--json", "--since", "1h"]);
+    assert_eq!(report["total_energy_mj"].as_i64(), Some(recorded), "{report}");
+    let rows = report["rows"].as_array().unwrap();
+    let parts: i64 = rows.iter().map(|r| r["energy_mj"].as_i64().unwrap()).sum();
+    assert_eq!(parts, recorded, "the rows add up to the total: {report}");
+    let mine = rows.iter().find(|r| r["key"] == id.as_str()).unwrap_or_else(|| panic!("a row for {id}: {report}"));
+    assert_eq!(mine["gpu_time_ms"].as_i64(), Some(busy), "{mine}");
+    assert!(mine["energy_mj"].as_i64().unwrap() > 0, "{mine}");
+    assert!(rows.iter().any(|r| r["kind"] == "idle" && r["energy_mj"].as_i64().unwrap() > 0), "idle energy apart: {report}");
     drop(stmt);
     drop(conn);
 

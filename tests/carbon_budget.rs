@@ -11,11 +11,10 @@ mod process;
 #[path = "support/workload.rs"]
 mod workload;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
-use common::{wait_for, Sim};
+use common::Sim;
 use serde_json::Value;
-use workload::workload_bin;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 const H: i64 = 3_600_000;
@@ -35,19 +34,7 @@ impl Drop for Killed {
 /// its clock matters to the planner.
 fn busy(sim: &Sim) -> Killed {
     sim.json(&["devices", "--json"]); // makes the link directory with libcuda.so.1
-    let ready = sim.path("busy.ready");
-    let child = Command::new(workload_bin())
-        .args(["idle", "300", "--alloc-mib", "64", "--ready"])
-        .arg(&ready)
-        .envs(sim.env())
-        .env("LD_LIBRARY_PATH", sim.path("run/simulate"))
-        .env_remove("LD_PRELOAD")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start the process");
-    let child = Killed(child);
-    wait_for("the process to allocate", || ready.exists());
-    child
+    Killed(workload::unmanaged(sim, "busy", 64))
 }
 
 /// Dirty (500 g/kWh) but for a clean stretch (50) from 10:00 to 16:00.

@@ -114,17 +114,7 @@ fn a_carbon_cap_is_locked_again_and_apply_stays_idempotent() {
 fn a_gpu_with_processes_is_refused_without_force() {
     let sim = Sim::with_config(CURVE);
     let uuid = uuid(&sim);
-    let ready = sim.path("holder.ready");
-    let mut holder = Command::new(workload::workload_bin())
-        .args(["idle", "300", "--alloc-mib", "16", "--ready"])
-        .arg(&ready)
-        .envs(sim.env())
-        .env("LD_LIBRARY_PATH", sim.path("run/simulate"))
-        .env_remove("LD_PRELOAD")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start a CUDA process");
-    wait_for("the process to hold memory", || ready.exists());
+    let mut holder = workload::unmanaged(&sim, "holder", 16);
     let out = sim.vgpu(&["carbon", "profile", "--seconds", "0.2", "--clocks", "3"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

@@ -17,7 +17,7 @@ mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 
 use common::{wait_for, Sim};
 use serde_json::Value;
@@ -133,19 +133,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     children.push(Killed(sim.spawn(&["run", "--name", "high", "--tflops", "5", "--kind", "npu", "--priority", "90", "--", "sleep", "300"])));
     wait_for("high to preempt low", || state_of(&sim, "high").as_deref() == Some("running") && state_of(&sim, "low").as_deref() == Some("suspended"));
     // A process in no vGPU on the same GPU: the simulated driver through vgpu's link directory.
-    let ready = sim.path("rogue.ready");
-    children.push(Killed(
-        Command::new(workload_bin())
-            .args(["idle", "300", "--alloc-mib", "64", "--ready"])
-            .arg(&ready)
-            .envs(sim.env())
-            .env("LD_LIBRARY_PATH", sim.path("run/simulate"))
-            .env_remove("LD_PRELOAD")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start the unmanaged process"),
-    ));
-    wait_for("the unmanaged process to allocate", || ready.exists());
+    children.push(Killed(workload::unmanaged(&sim, "rogue", 64)));
 
     // A history (as `vgpu watch` records it) for `carbon report` and `ps -a`'s "ended": a
     // workload ended a minute ago on a GPU with a measured power model, another GPU without.

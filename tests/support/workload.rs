@@ -28,3 +28,23 @@ pub fn workload_bin() -> &'static Path {
         bin
     })
 }
+
+/// Start `gpu_workload idle 300 --alloc-mib MIB` in no vGPU: the simulated driver straight
+/// through vgpu's link directory (`run/simulate`, which `vgpu devices` makes), no shim.
+/// Returns once it holds its memory (its `--ready` file, named after `tag`). The caller
+/// kills it.
+#[allow(dead_code)] // not every test that includes this module starts one
+pub fn unmanaged(sim: &crate::common::Sim, tag: &str, alloc_mib: u32) -> std::process::Child {
+    let ready = sim.path(&format!("{tag}.ready"));
+    let child = Command::new(workload_bin())
+        .args(["idle", "300", "--alloc-mib", &alloc_mib.to_string(), "--ready"])
+        .arg(&ready)
+        .envs(sim.env())
+        .env("LD_LIBRARY_PATH", sim.path("run/simulate"))
+        .env_remove("LD_PRELOAD")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start a CUDA process in no vGPU");
+    crate::common::wait_for(&format!("{tag} to allocate"), || ready.exists());
+    child
+}

@@ -6,8 +6,15 @@
 //! replayed over 8 simulated H100-class GPUs and a mix of workloads arriving over the first
 //! 36 hours. Every 15 minutes (the timer's period) the policy sets clocks:
 //!
-//! * `static F`: every busy GPU at F MHz; a starting workload gets as many GPUs as are free,
-//!   up to its maximum.
+//! Workloads start as `vgpu run --gpus MIN-MAX` starts them, under every policy: one at a
+//! time, in arrival order (first in, first out: the queue stops at the first one that cannot
+//! get its MIN), each through the same stage-1 call `vgpu run` makes
+//! (`vgpu::carbon::range::place`): the starting workload planned among the running ones (the
+//! earlier starters of the same tick included), with the budget as it stands now (the
+//! per-hour budget, or the horizon planner's allotment now); with no budget it gets up to its
+//! MAX of the free GPUs. Then the tick's clocks are planned for the running workloads.
+//!
+//! * `static F`: every busy GPU at F MHz; starters placed with no budget.
 //! * `planner B`: vgpu's two-stage planner with a budget of B gCO2/h, given what vgpu knows:
 //!   the running workloads' GPUs and sensitivities, the waiting ones' GPU ranges, and its
 //!   *default* model (P_max = the 700 W default power limit, P_idle = 15 % of it, γ = 2,
@@ -34,6 +41,7 @@ use chrono::{TimeZone, Utc};
 use vgpu::carbon::horizon::{allot, HorizonRequest, Slot, DEFAULT_FORECAST_MARGIN};
 use vgpu::carbon::model::{clock_factor, gpu_factor, GpuModel, Tunables, DEFAULT_IDLE_FRACTION};
 use vgpu::carbon::planner::{plan, PlanRequest};
+use vgpu::carbon::range::{place, Start};
 use vgpu::carbon::workload::PlannedWorkload;
 
 const GPUS: usize = 8;
@@ -266,6 +274,54 @@ fn planner_models() -> Vec<GpuModel> {
         .collect()
 }
 
+/// The running workloads as vgpu sees them: their GPUs and sensitivities.
+fn planned(running: &[Running], jobs: &[Job]) -> Vec<PlannedWorkload> {
+    running
+        .iter()
+        .map(|r| {
+            PlannedWorkload::fixed(format!("j{}", r.job), r.gpus.iter().map(|&g| g as u32).collect())
+                .with_sensitivity(jobs[r.job].sensitivity)
+        })
+        .collect()
+}
+
+/// The horizon planner's allotment now (gCO2/h) for these workloads and a daily budget with
+/// `spent_g` emitted so far today, from the intensity now and the forecast to the end of the
+/// day; and whether the day's budget can be kept.
+#[allow(clippy::too_many_arguments)]
+fn horizon_now(
+    models: &[GpuModel],
+    workloads: &[PlannedWorkload],
+    daily_g: f64,
+    spent_g: f64,
+    tick: usize,
+    t0: chrono::DateTime<Utc>,
+    intensity: f64,
+    forecast: &[f64],
+) -> (f64, bool) {
+    let ticks_per_day = (24.0 / TICK_H).round() as usize;
+    let left = ticks_per_day - tick % ticks_per_day;
+    let slots: Vec<Slot> = (0..left)
+        .map(|i| Slot {
+            start: t0 + chrono::Duration::minutes(((tick + i) as f64 * TICK_H * 60.0) as i64),
+            hours: TICK_H,
+            g_per_kwh: if i == 0 { intensity } else { intensity_at(forecast, tick + i) },
+        })
+        .collect();
+    let allotment = allot(&HorizonRequest {
+        gpus: models,
+        workloads,
+        tunables: Tunables::default(),
+        budget_g: daily_g,
+        spent_g,
+        slots: &slots,
+        rate_cap_g_per_hour: None,
+        forecast_margin: DEFAULT_FORECAST_MARGIN,
+    })
+    .expect("valid horizon request");
+    (allotment.g_per_hour_now, allotment.feasible)
+}
+
 fn simulate(policy: Policy, jobs: &[Job], trace: &[f64], forecast: &[f64]) -> Outcome {
     let models = planner_models();
     let t0 = Utc.with_ymd_and_hms(2026, 1, 15, 0, 0, 0).single().expect("valid instant");
@@ -290,12 +346,15 @@ fn simulate(policy: Policy, jobs: &[Job], trace: &[f64], forecast: &[f64]) -> Ou
         let intensity = intensity_at(trace, tick);
         if tick % ticks_per_day == 0 {
             days.push((0.0, false));
+            day_grams = 0.0;
         }
         let busy: Vec<bool> = (0..GPUS).map(|g| running.iter().any(|r| r.gpus.contains(&g))).collect();
-        let mut free: Vec<usize> = (0..GPUS).filter(|&g| !busy[g]).collect();
-        // FIFO: the jobs at the head of the queue whose minimum fits start now.
+        let free = (0..GPUS).filter(|&g| !busy[g]).count();
+        // FIFO: the jobs at the head of the queue whose minimums fit in the free GPUs are the
+        // candidates; each is placed in turn below, and the queue stops at the first that gets
+        // fewer than its MIN.
         let mut starting = Vec::new();
-        let mut spare = free.len();
+        let mut spare = free;
         for &j in &waiting {
             if jobs[j].min > spare {
                 break;
@@ -305,58 +364,78 @@ fn simulate(policy: Policy, jobs: &[Job], trace: &[f64], forecast: &[f64]) -> Ou
         }
         let clocks_by_gpu: Vec<u32> = match policy {
             Policy::Static(cap) => {
-                for (k, &j) in starting.iter().enumerate() {
-                    // As many as are free, up to the maximum, leaving the later starters their minimum.
-                    let reserved: usize = starting[k + 1..].iter().map(|&s| jobs[s].min).sum();
-                    let n = jobs[j].max.min(free.len() - reserved);
-                    let gpus: Vec<usize> = free.drain(..n).collect();
-                    running.push(Running { job: j, gpus, remaining: jobs[j].work });
+                // `vgpu run --gpus MIN-MAX` with no carbon budget: one at a time, in arrival
+                // order, each up to its MAX of the free GPUs.
+                for &j in &starting {
+                    let running_now = planned(&running, jobs);
+                    let new = PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max)
+                        .with_sensitivity(jobs[j].sensitivity);
+                    let start = Start {
+                        gpus: &models,
+                        running: &running_now,
+                        intensity,
+                        budget_g_per_hour: None,
+                        tunables: Tunables::default(),
+                    };
+                    let (gpus, _) = place(&start, new).expect("valid stage 1 request");
+                    if gpus.len() < jobs[j].min {
+                        break;
+                    }
+                    running.push(Running { job: j, gpus: gpus.iter().map(|&g| g as usize).collect(), remaining: jobs[j].work });
                 }
                 vec![cap; GPUS]
             }
             Policy::Planner(_) | Policy::Horizon(_) => {
-                let mut workloads: Vec<PlannedWorkload> = running
-                    .iter()
-                    .map(|r| {
-                        PlannedWorkload::fixed(format!("j{}", r.job), r.gpus.iter().map(|&g| g as u32).collect())
-                            .with_sensitivity(jobs[r.job].sensitivity)
-                    })
-                    .collect();
-                let first_new = workloads.len();
-                workloads.extend(starting.iter().map(|&j| {
-                    PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max).with_sensitivity(jobs[j].sensitivity)
-                }));
+                // As `vgpu run --gpus MIN-MAX` does: one starter at a time, in arrival order,
+                // each planned among the running workloads (the earlier starters included)
+                // with the budget as it stands now; FIFO, so the queue stops at the first
+                // one whose MIN does not fit.
+                for &j in &starting {
+                    let running_now = planned(&running, jobs);
+                    let new = PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max)
+                        .with_sensitivity(jobs[j].sensitivity);
+                    let mut with_new = running_now.clone();
+                    with_new.push(new.clone());
+                    let budget = match policy {
+                        Policy::Horizon(daily_g) => {
+                            let (g_per_hour, feasible) =
+                                horizon_now(&models, &with_new, daily_g, day_grams, tick, t0, intensity, forecast);
+                            if !feasible {
+                                if let Some(day) = days.last_mut() {
+                                    day.1 = true;
+                                }
+                            }
+                            g_per_hour
+                        }
+                        Policy::Planner(budget) => budget,
+                        Policy::Static(_) => unreachable!("static caps are not planned"),
+                    };
+                    let start = Start {
+                        gpus: &models,
+                        running: &running_now,
+                        intensity,
+                        budget_g_per_hour: Some(budget),
+                        tunables: Tunables::default(),
+                    };
+                    let (gpus, _) = place(&start, new).expect("valid stage 1 request");
+                    if gpus.len() < jobs[j].min {
+                        break;
+                    }
+                    running.push(Running { job: j, gpus: gpus.iter().map(|&g| g as usize).collect(), remaining: jobs[j].work });
+                }
+                // Then the tick's clocks (what `vgpu carbon apply` plans): every workload
+                // running, their GPUs fixed.
+                let workloads = planned(&running, jobs);
                 let budget = match policy {
                     Policy::Horizon(daily_g) => {
-                        if tick % ticks_per_day == 0 {
-                            day_grams = 0.0;
-                        }
-                        // Now (measured), then the forecast to the end of the day.
-                        let left = ticks_per_day - tick % ticks_per_day;
-                        let slots: Vec<Slot> = (0..left)
-                            .map(|i| Slot {
-                                start: t0 + chrono::Duration::minutes(((tick + i) as f64 * TICK_H * 60.0) as i64),
-                                hours: TICK_H,
-                                g_per_kwh: if i == 0 { intensity } else { intensity_at(forecast, tick + i) },
-                            })
-                            .collect();
-                        let allotment = allot(&HorizonRequest {
-                            gpus: &models,
-                            workloads: &workloads,
-                            tunables: Tunables::default(),
-                            budget_g: daily_g,
-                            spent_g: day_grams,
-                            slots: &slots,
-                            rate_cap_g_per_hour: None,
-                            forecast_margin: DEFAULT_FORECAST_MARGIN,
-                        })
-                        .expect("valid horizon request");
-                        if !allotment.feasible {
+                        let (g_per_hour, feasible) =
+                            horizon_now(&models, &workloads, daily_g, day_grams, tick, t0, intensity, forecast);
+                        if !feasible {
                             if let Some(day) = days.last_mut() {
                                 day.1 = true;
                             }
                         }
-                        allotment.g_per_hour_now
+                        g_per_hour
                     }
                     Policy::Planner(budget) => budget,
                     Policy::Static(_) => unreachable!("static caps are not planned"),
@@ -368,14 +447,7 @@ fn simulate(policy: Policy, jobs: &[Job], trace: &[f64], forecast: &[f64]) -> Ou
                     budget_g_per_hour: Some(budget),
                     tunables: Tunables::default(),
                 };
-                let plan = plan(&request).expect("valid plan request");
-                for (k, &j) in starting.iter().enumerate() {
-                    let gpus: Vec<usize> = plan.workloads[first_new + k].gpus.iter().map(|&g| g as usize).collect();
-                    if !gpus.is_empty() {
-                        running.push(Running { job: j, gpus, remaining: jobs[j].work });
-                    }
-                }
-                plan.gpus.iter().map(|g| g.clock_mhz).collect()
+                plan(&request).expect("valid plan request").gpus.iter().map(|g| g.clock_mhz).collect()
             }
         };
         let started: Vec<usize> = running.iter().map(|r| r.job).collect();

@@ -34,10 +34,10 @@
 //! the horizon planner at seven daily budgets spread from the cleanest static cap's emissions
 //! per day (its total over the trace's two days) to what the fastest cap emits on its fullest
 //! day (loose ones included, each below that, so every budget binds), each compared with the
-//! static caps'
-//! (emissions, completion time) curve interpolated at its own emissions. The program fails
-//! unless the horizon planner is strictly faster than that curve at every budget on every
-//! trace, or a day emits more than its budget without the horizon planner having said so.
+//! static caps' (emissions, completion time) curve interpolated at its own emissions. The
+//! program fails unless the horizon planner is strictly faster than that curve at every
+//! budget on every trace, or a day emits more than its budget without the horizon planner
+//! having said so.
 
 use chrono::{TimeZone, Utc};
 use vgpu::carbon::horizon::{allot, HorizonRequest, Slot, DEFAULT_FORECAST_MARGIN};

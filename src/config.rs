@@ -37,6 +37,8 @@ pub struct Config {
     pub suspend: crate::suspension::config::SuspendConfig,
     /// `[cgroup]`: who makes a workload's cgroup.
     pub cgroup: CgroupConfig,
+    /// `[history]`: what `vgpu watch` records in history.db, and for how long.
+    pub history: crate::history::config::HistoryConfig,
 }
 
 /// `[cgroup]`: `manager = "auto"` (the default: the delegated subtree of the systemd unit
@@ -145,6 +147,7 @@ impl Config {
         self.pool.validate().map_err(|e| e.to_string())?;
         self.policy.validate()?;
         self.watch.validate()?;
+        self.history.validate()?;
         Ok(())
     }
 }

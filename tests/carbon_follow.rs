@@ -187,7 +187,7 @@ fn carbon_apply_without_a_budget_does_nothing_and_succeeds() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(
         stderr.contains(&format!(
-            "no carbon budget configured ([carbon] budget_g_per_hour in {}): nothing to do",
+            "no carbon budget configured ([carbon] budget_g_per_hour, budget_g_per_day or budget_g_per_month in {}): nothing to do",
             config.display()
         )),
         "{stderr}"
@@ -291,4 +291,31 @@ fn reconcile_re_plans_with_the_remembered_reading_never_asking_the_source_under_
     let last = decisions(&sim).pop().unwrap();
     assert_eq!(last["reason"], format!("workload ended {id}"), "{last}");
     assert_eq!((last["intensity_source"]["status"].as_str(), last["intensity"].as_f64()), (Some("cached"), Some(321.0)), "{last}");
+}
+
+#[test]
+fn a_daily_budget_is_followed_with_the_remembered_forecast() {
+    let sim = Sim::new(&[H100]);
+    // The command counts its runs: one a reading or a forecast.
+    let count = sim.path("count");
+    sim.write_vgpu_config(&format!(
+        "[carbon]\nsource = \"command\"\ncommand = \"echo x >> {}; echo 300\"\nbudget_g_per_day = 1000000\n",
+        count.display()
+    ));
+    let runs = || std::fs::read_to_string(&count).unwrap_or_default().lines().count();
+    let apply = sim.json(&["carbon", "apply", "--json"]);
+    assert_eq!(apply["horizons"][0]["period"], "day", "{apply}");
+    assert_eq!(runs(), 2, "apply reads the value now and the forecast");
+    assert!(sim.path("lib/carbon-forecast.json").is_file());
+
+    let out = sim.vgpu(&["run", "--gpu", "0", "--", "true"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let all = decisions(&sim);
+    assert_eq!(all.len(), 3, "apply, started, ended: {all:?}");
+    for d in &all[1..] {
+        assert_eq!(d["horizons"][0]["period"], "day", "{d}");
+        assert_eq!(d["horizons"][0]["feasible"], true, "{d}");
+    }
+    // Each re-plan read the value now (before the store lock), never the forecast.
+    assert_eq!(runs(), 4);
 }

@@ -442,3 +442,123 @@ fn file_source_refuses_devices_fifos_and_large_files() {
     std::fs::write(&big, "2020-01-01T00:00:00Z,180\n").unwrap();
     assert_eq!(sim.json(&["carbon", "intensity", "--json"])["intensity_g_per_kwh"], 180.0);
 }
+
+/// `vgpu carbon intensity --forecast --json` at the time `now`.
+fn forecast_at(sim: &Sim, now: &str) -> std::process::Output {
+    sim.vgpu(&["carbon", "intensity", "--forecast", "--json"]).env("VGPU_NOW", now).output().expect("run vgpu")
+}
+
+fn forecast_json(sim: &Sim, now: &str) -> serde_json::Value {
+    let out = forecast_at(sim, now);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+fn slots(got: &serde_json::Value) -> Vec<(i64, f64)> {
+    got["slots"].as_array().unwrap().iter().map(|s| (s["start_unix_ms"].as_i64().unwrap(), s["intensity_g_per_kwh"].as_f64().unwrap())).collect()
+}
+
+#[test]
+fn uk_grid_and_electricitymaps_forecasts() {
+    let server = Server::start(vec![
+        ("/intensity/2018-01-20T12:10Z/fw48h", ok(fixture("uk-fw48h-national.json"))),
+        ("/regional/intensity/2018-01-20T12:10Z/fw48h/postcode/RG10", ok(fixture("uk-fw48h-postcode-RG10.json"))),
+        ("/regional/intensity/2018-01-20T12:10Z/fw48h/regionid/13", ok(fixture("uk-fw48h-regionid-13.json"))),
+        ("/v3/carbon-intensity/forecast?zone=DE", ok(fixture("electricitymaps-forecast-DE.json"))),
+        ("/v3/carbon-intensity/forecast?zone=XX", ok(fixture("electricitymaps-forecast-bad.json"))),
+        // The value now, which a forecast falls back to.
+        ("/intensity", ok(fixture("uk-intensity.json"))),
+        ("/regional/postcode/RG10", ok(fixture("uk-regional-postcode-RG10.json"))),
+        ("/regional/regionid/13", ok(fixture("uk-regional-regionid-13.json"))),
+        ("/v3/carbon-intensity/latest?zone=DE", ok(fixture("electricitymaps-latest-DE.json"))),
+    ]);
+    let now = "2018-01-20T12:10:00Z";
+    let t0 = 1_516_450_200_000i64; // 12:10
+    let base = format!("[carbon]\nsource = \"uk-grid\"\nbase_url = \"{}\"\n", server.url());
+    let sim = sim_with(&base);
+    let got = forecast_json(&sim, now);
+    assert_eq!((got["schema"].as_i64(), got["source"].as_str(), got["status"].as_str()), (Some(1), Some("uk-grid national"), Some("fresh")));
+    assert_eq!(got["fetched_unix_ms"], t0);
+    let s = slots(&got);
+    // The period in force at 12:10 (from 12:00) from now, then one every half hour up to 48 h.
+    assert_eq!(s.len(), 96, "{s:?}");
+    assert_eq!(s[0], (t0, 230.0));
+    assert_eq!(s[1], (t0 + 20 * 60_000, 236.0));
+
+    sim.write_vgpu_config(&format!("{base}postcode = \"RG10\"\n"));
+    let got = forecast_json(&sim, now);
+    assert_eq!((got["source"].as_str(), slots(&got)[0].1, slots(&got).len()), (Some("uk-grid postcode RG10"), 195.0, 96));
+    sim.write_vgpu_config(&format!("{base}region_id = 13\n"));
+    assert_eq!(slots(&forecast_json(&sim, now)).len(), 6);
+
+    sim.write_vgpu_config(&format!("[carbon]\nsource = \"electricitymaps\"\nzone = \"DE\"\nbase_url = \"{}\"\n", server.url()));
+    let got = forecast_json(&sim, "2018-04-25T18:30:00Z");
+    assert_eq!((got["source"].as_str(), slots(&got).len(), slots(&got)[0].1), (Some("electricitymaps zone DE"), 24, 383.0));
+
+    // A malformed forecast: the current value, flat, and said so (the current reading of
+    // this zone has no route: the fallback).
+    sim.write_vgpu_config(&format!("[carbon]\nsource = \"electricitymaps\"\nzone = \"XX\"\nfallback = 333\nbase_url = \"{}\"\n", server.url()));
+    let out = forecast_at(&sim, "2018-04-25T18:30:00Z");
+    assert!(out.status.success());
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((got["status"].as_str(), slots(&got)), (Some("fallback"), vec![(1_524_681_000_000, 333.0)]));
+    let note = got["note"].as_str().unwrap();
+    assert!(note.contains("forecast entry 2: carbonIntensity is null") && note.contains("a flat forecast at the current intensity (333"), "{note}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a flat forecast"), "said on stderr too");
+
+    // The table.
+    sim.write_vgpu_config(&base);
+    let out = sim.vgpu(&["carbon", "intensity", "--forecast"]).env("VGPU_NOW", now).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("forecast: uk-grid national") && text.contains("2018-01-20T12:10:00Z") && text.contains("230 gCO2/kWh"), "{text}");
+}
+
+#[test]
+fn a_failing_forecast_falls_back_to_the_remembered_one_then_flat() {
+    let server = Server::start(vec![("/intensity/2018-01-20T12:10Z/fw48h", ok(fixture("uk-fw48h-national.json")))]);
+    let base = format!("[carbon]\nsource = \"uk-grid\"\nfallback = 250\nbase_url = \"{}\"\n", server.url());
+    let sim = sim_with(&base);
+    assert_eq!(forecast_json(&sim, "2018-01-20T12:10:00Z")["status"], "fresh");
+    assert!(sim.path("lib/carbon-forecast.json").is_file(), "the good forecast is remembered");
+    // Recorded in the history too.
+    let db = rusqlite::Connection::open(sim.path("lib/history.db")).unwrap();
+    let n: i64 = db.query_row("SELECT COUNT(*) FROM intensity WHERE kind = 'forecast'", [], |r| r.get(0)).unwrap();
+    assert_eq!(n, 96);
+
+    // Twenty minutes on the API is down (no route for that time): the remembered one, from now.
+    let got = forecast_json(&sim, "2018-01-20T12:30:00Z");
+    assert_eq!(got["status"], "cached");
+    let s = slots(&got);
+    assert_eq!((s.len(), s[0]), (95, (1_516_451_400_000, 236.0)));
+    assert!(got["note"].as_str().unwrap().contains("using the forecast fetched 20m ago"), "{got}");
+
+    // Past max_age: flat at the current intensity (here the fallback).
+    let got = forecast_json(&sim, "2018-01-20T13:11:00Z");
+    assert_eq!((got["status"].as_str(), slots(&got).len(), slots(&got)[0].1), (Some("fallback"), 1, 250.0));
+    assert!(got["note"].as_str().unwrap().contains("the last good forecast is 1h 1m old"), "{got}");
+
+    // --intensity: flat at it, no source asked.
+    let requests = server.requests().len();
+    let got = serde_json::from_slice::<serde_json::Value>(
+        &sim.vgpu(&["carbon", "intensity", "--forecast", "--json", "--intensity", "99"]).output().unwrap().stdout,
+    )
+    .unwrap();
+    assert_eq!((got["status"].as_str(), slots(&got)[0].1), (Some("override"), 99.0));
+    assert_eq!(server.requests().len(), requests);
+}
+
+#[test]
+fn file_source_forecast_and_vgpu_now_only_under_simulation() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let csv = sim.path("intensity.csv");
+    std::fs::write(&csv, "2020-01-01T00:00:00Z,500\n2020-01-01T01:00:00Z,180\n2020-01-01T03:00:00Z,90\n2020-01-05T00:00:00Z,1\n").unwrap();
+    sim.write_vgpu_config(&format!("[carbon]\nsource = \"file\"\npath = \"{}\"\n", csv.display()));
+    let got = forecast_json(&sim, "2020-01-01T01:30:00Z");
+    assert_eq!(slots(&got), vec![(1_577_842_200_000, 180.0), (1_577_847_600_000, 90.0)], "from now, within 48 h");
+    let out = sim.vgpu(&["carbon", "intensity", "--json"]).env("VGPU_NOW", "tomorrow").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "a bad VGPU_NOW is a usage error");
+    // Without the simulated driver VGPU_NOW is ignored: the value now (the last row).
+    let out = sim.vgpu_real(&["carbon", "intensity", "--json"]).env("VGPU_NOW", "2020-01-01T01:30:00Z").output().unwrap();
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["intensity_g_per_kwh"], 1.0);
+}

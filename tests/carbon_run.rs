@@ -60,3 +60,33 @@ fn min_is_always_given_and_too_few_gpus_is_refused() {
     }
     sim.vgpu(&["run", "--gpus", "1", "--freq-sensitivity", "1.5", "--", "true"]).assert().code(2);
 }
+
+#[test]
+fn a_daily_budget_alone_limits_the_count_too() {
+    let sim = Sim::new(FOUR_H100);
+    // At noon (UTC, VGPU_NOW and TZ), a loose day: all four; a spent one (history: 3 kWh at
+    // 500 g/kWh this morning, 1500 g of a 1000 g day): the minimum, and said.
+    let run = |range: &str| {
+        sim.vgpu(&["run", "--gpus", range, "--", "sh", "-c", "echo $VGPU_NUM_GPUS"])
+            .env("VGPU_NOW", "2024-05-01T12:00:00Z")
+            .env("TZ", "UTC")
+            .output()
+            .unwrap()
+    };
+    let count = |out: &std::process::Output| String::from_utf8_lossy(&out.stdout).trim().to_string();
+    sim.write_vgpu_config("[carbon]\nsource = \"static\"\nvalue = 500\nbudget_g_per_day = 1000000\n");
+    assert_eq!(count(&run("1-4")), "4");
+    let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let (eight, eleven) = (1_714_550_400_000i64, 1_714_561_200_000i64); // 2024-05-01 08:00, 11:00 UTC
+    conn.execute("INSERT INTO intensity (ts_ms, kind, g_per_kwh, source, fetched_ms) VALUES (?1, 'reading', 500, 'static', ?1)", [eight]).unwrap();
+    conn.execute(
+        "INSERT INTO gpu_samples (t0_ms, t1_ms, gpu_uuid, gpu_index, energy_mj, energy_source) VALUES (?1, ?2, 'GPU-0', 0, ?3, 'counter')",
+        [eight, eleven, 3 * 3_600_000_000],
+    )
+    .unwrap();
+    sim.write_vgpu_config("[carbon]\nsource = \"static\"\nvalue = 500\nbudget_g_per_day = 1000\n");
+    let out = run("2-4");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(count(&out), "2");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("budget cannot be met"), "{}", String::from_utf8_lossy(&out.stderr));
+}

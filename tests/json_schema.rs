@@ -124,9 +124,8 @@ fn fixture(schema: u32) -> PathBuf {
 #[test]
 fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
-    sim.write_vgpu_config(
-        "[pool.tflops]\n\"NVIDIA L4\" = 0.5\n\n[[pool.device]]\nkind = \"npu\"\nname = \"sim-npu\"\ntflops = 10\nenv = \"SIM_NPU_VISIBLE\"\n",
-    );
+    let pool_config = "[pool.tflops]\n\"NVIDIA L4\" = 0.5\n\n[[pool.device]]\nkind = \"npu\"\nname = \"sim-npu\"\ntflops = 10\nenv = \"SIM_NPU_VISIBLE\"\n";
+    sim.write_vgpu_config(pool_config);
     sim.vgpu(&["partition", "create", "p1", "--gpu", "0", "--mem", "2G"]).assert().success();
     let mut children = vec![gpu_workload(&sim, "inpart", &["--partition", "p1"]), gpu_workload(&sim, "solo", &["--mem", "1G"])];
     children.push(Killed(sim.spawn(&["run", "--name", "low", "--tflops", "8", "--kind", "npu", "--priority", "10", "--", "sleep", "300"])));
@@ -148,6 +147,21 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     ));
     wait_for("the unmanaged process to allocate", || ready.exists());
 
+    // A history (as `vgpu watch` records it) for `carbon report` and `ps -a`'s "ended": a
+    // workload ended a minute ago on a GPU with a measured power model, another GPU without.
+    let history = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 120_000;
+    history
+        .execute_batch(&format!(
+            "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-a', 0, 'NVIDIA L4', 3000000, 'counter', 9000, 1500, 90.5, NULL);
+             INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-b', 1, NULL, 1000000, 'power', NULL, NULL, NULL, NULL);
+             INSERT INTO workload_gpu_time VALUES ({t}, {t} + 10000, 'hist1', 'GPU-a', 6000, 'ledger');
+             INSERT INTO workloads VALUES ('hist1', 'old', 0, 'root', 'web', 'python', 'GPU-a', {t}, {t} + 60000, 'exit 0');
+             INSERT INTO intensity VALUES ({t}, 'reading', 300, 'file', {t});
+             INSERT INTO power_models VALUES ('GPU-a', 'NVIDIA L4', {t}, 2040, 20, 72, 2, 1, 0.5, '[]');"
+        ))
+        .unwrap();
+    drop(history);
     let carbon = ["--intensity", "300", "--budget", "500"];
     let mut runs: Vec<(&str, Vec<&str>)> = vec![
         ("devices", vec!["devices", "--json"]),
@@ -160,20 +174,35 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
         ("resume", vec!["resume", "solo", "--json"]),
         ("carbon intensity", vec!["carbon", "intensity", "--json", "--intensity", "300"]),
         ("carbon reset", vec!["carbon", "reset", "--json"]),
+        ("carbon report", vec!["carbon", "report", "--json"]),
         ("doctor", vec!["doctor", "--json"]),
     ];
     for sub in ["plan", "apply"] {
         let mut args = vec!["carbon", sub, "--json"];
         args.extend_from_slice(&carbon);
         runs.push(if sub == "plan" { ("carbon plan", args) } else { ("carbon apply", args) });
+        // A budget even the lowest clocks exceed: the plan's notes say so.
+        runs.push((if sub == "plan" { "carbon plan" } else { "carbon apply" }, vec!["carbon", sub, "--json", "--intensity", "300", "--budget", "1"]));
     }
     let mut golden = Vec::new();
     let mut covered = BTreeSet::new();
+    let mut by_output: BTreeMap<&str, Fields> = BTreeMap::new();
     for (output, args) in &runs {
-        let mut fields = Fields::new();
-        collect("", &document(&sim, args), &mut fields);
-        golden.extend(lines(output, &fields));
+        collect("", &document(&sim, args), by_output.entry(output).or_default());
         covered.insert(output.to_string());
+    }
+    // A daily budget (its `horizons`) and a forecast, from a static source.
+    sim.write_vgpu_config(&format!("{pool_config}\n[carbon]\nsource = \"static\"\nvalue = 300\nbudget_g_per_day = 5000\n"));
+    for (output, args) in [
+        ("carbon plan", vec!["carbon", "plan", "--json"]),
+        ("carbon apply", vec!["carbon", "apply", "--json"]),
+        ("carbon intensity --forecast", vec!["carbon", "intensity", "--forecast", "--json"]),
+    ] {
+        collect("", &document(&sim, &args), by_output.entry(output).or_default());
+    }
+    sim.write_vgpu_config(pool_config);
+    for (output, fields) in &by_output {
+        golden.extend(lines(output, fields));
     }
     // A damaged record for `doctor --repair` to remove.
     std::fs::write(sim.path("run/workloads/0123456789ab.json"), "{ damaged").unwrap();
@@ -185,6 +214,12 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     golden.extend(lines("kill", &fields));
     covered.insert("kill".to_string());
     drop(children);
+    // Profiling, on the GPU now free (forced: the killed workloads' processes may linger
+    // in the driver's list for a moment).
+    let mut fields = Fields::new();
+    collect("", &document(&sim, &["carbon", "profile", "--json", "--clocks", "3", "--seconds", "0.2", "--force"]), &mut fields);
+    golden.extend(lines("carbon profile", &fields));
+    covered.insert("carbon profile".to_string());
 
     // Services: one per kind of placement, so that every option field has a value, and the
     // runner's state (replicas, a decision, why short) written as the runner writes it.

@@ -380,6 +380,17 @@ pub fn intensity_response(data: &[u8]) {
     use vgpu::carbon::intensity::{command, electricitymaps, uk_grid};
     let Some((&pick, body)) = data.split_first() else { return };
     let body = String::from_utf8_lossy(body);
+    // Forecasts (`fw48h`, `carbon-intensity/forecast`): a list of figures or a one-line error.
+    for forecast in [
+        electricitymaps::parse_forecast_body(&body, "DE"),
+        uk_grid::parse_forecast_body(&body, &uk_grid::Area::National),
+        uk_grid::parse_forecast_body(&body, &uk_grid::Area::Region(13)),
+    ] {
+        match forecast {
+            Ok(readings) => assert!(!readings.is_empty(), "a forecast without figures: {body:?}"),
+            Err(message) => one_line("intensity forecast", &message),
+        }
+    }
     let parsed = match pick % 6 {
         0 => electricitymaps::parse_body(&body, "DE"),
         1 => uk_grid::parse_body(&body, &uk_grid::Area::National),
@@ -752,6 +763,8 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             "\u{4}300.5 gCO2/kWh\n",
             "\u{5}{\"error\":{\"code\":\"400 Bad Request\",\"message\":\"Please enter a valid postcode.\"}}",
             "\u{5}2024-05-01T10:00:00Z",
+            "\u{0}{\"zone\":\"DE\",\"forecast\":[{\"carbonIntensity\":319,\"datetime\":\"2018-04-25T18:00:00.000Z\"},{\"carbonIntensity\":301,\"datetime\":\"2018-04-25T19:00:00.000Z\"}],\"updatedAt\":\"2018-04-25T17:52:11.128Z\"}",
+            "\u{3}{\"data\":{\"regionid\":13,\"shortname\":\"London\",\"data\":[{\"from\":\"2018-01-20T12:00Z\",\"to\":\"2018-01-20T12:30Z\",\"intensity\":{\"forecast\":207,\"index\":\"moderate\"}},{\"from\":\"2018-01-20T12:30Z\",\"intensity\":{\"forecast\":199}}]}}",
         ]),
         "file_source" => text(&[
             "timestamp,gco2_per_kwh\n# hourly\n2024-05-01T10:00:00Z,300\n2024-05-01T12:00:00Z,250.5\n\n2024-05-01T11:00Z,280\n1714557600,100\n2024-05-01 11:00,200\n",

@@ -404,6 +404,40 @@ pub struct CarbonGpu {
     pub name: String,
     /// PIDs of its compute processes.
     pub pids: Vec<u32>,
+    /// Where `model`'s power figures come from.
+    pub model_source: ModelSource,
+}
+
+/// Where a GPU's power model comes from (`vgpu carbon plan` says it).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "source", rename_all = "kebab-case")]
+pub enum ModelSource {
+    /// The defaults (and whatever `[carbon]` overrides).
+    Default,
+    /// `[carbon] power_idle_w`, `power_max_w` and `gamma` all set.
+    Config,
+    /// `vgpu carbon profile`'s fit of GPU `gpu_uuid` (this one's, or one of the same name),
+    /// with `overrides`: the `[carbon]` keys that still win over it.
+    Measured { gpu_uuid: String, measured_ms: i64, overrides: Vec<&'static str> },
+}
+
+impl std::fmt::Display for ModelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelSource::Default => f.write_str("default"),
+            ModelSource::Config => f.write_str("config"),
+            ModelSource::Measured { gpu_uuid, measured_ms, overrides } => {
+                let day = chrono::DateTime::from_timestamp_millis(*measured_ms)
+                    .map(|t| t.format("%Y-%m-%d").to_string())
+                    .unwrap_or_else(|| "?".into());
+                write!(f, "measured {day} on {gpu_uuid}")?;
+                if !overrides.is_empty() {
+                    write!(f, " ([carbon] {} override)", overrides.join(", "))?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Read every GPU: state, model inputs, processes.
@@ -434,7 +468,9 @@ fn read_device(nvml: &Nvml, index: u32, config: &CarbonConfig, tunables: &Tunabl
     let idle_w = config.power_idle_w.unwrap_or(max_w * model::DEFAULT_IDLE_FRACTION).min(max_w);
     let model = GpuModel::new(index, clocks, idle_w, max_w, tunables.gamma)?;
     let pids = device.running_compute_processes().map(|ps| ps.into_iter().map(|p| p.pid).collect()).unwrap_or_default();
-    Ok(CarbonGpu { state, model, name, pids })
+    let all_set = config.power_idle_w.is_some() && config.power_max_w.is_some() && config.gamma.is_some();
+    let model_source = if all_set { ModelSource::Config } else { ModelSource::Default };
+    Ok(CarbonGpu { state, model, name, pids, model_source })
 }
 
 fn milliwatts(mw: u32) -> f64 {
@@ -444,7 +480,7 @@ fn milliwatts(mw: u32) -> f64 {
 /// The supported graphics clocks at the highest memory clock; where the driver lists none,
 /// a ladder of 16ths of the maximum SM clock from a quarter up (such GPUs usually cannot
 /// lock clocks either, and are capped through the power limit).
-fn supported_clocks(device: &nvml_wrapper::Device<'_>) -> Result<Vec<u32>, NvmlError> {
+pub(crate) fn supported_clocks(device: &nvml_wrapper::Device<'_>) -> Result<Vec<u32>, NvmlError> {
     let listed = device
         .supported_memory_clocks()
         .ok()

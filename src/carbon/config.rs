@@ -5,6 +5,8 @@
 //! source = "uk-grid"            # static | file | command | electricitymaps | uk-grid
 //! postcode = "RG10"             # or region_id = 13; neither: national figure
 //! budget_g_per_hour = 400       # gCO2 per hour for all of this host's GPUs
+//! budget_g_per_day = 6000       # gCO2 per local day (from midnight), spent when the grid is clean
+//! budget_g_per_month = 150000   # gCO2 per local calendar month (from the 1st)
 //! max_age = "1h"                # how old a remembered reading may be when the source fails
 //! fallback = 250                # gCO2/kWh when the source fails and nothing recent is remembered
 //! ```
@@ -84,6 +86,11 @@ pub struct CarbonConfig {
     pub base_url: Option<String>,
     /// The budget for all of this host's GPUs, gCO2 per hour; `--budget` wins.
     pub budget_g_per_hour: Option<f64>,
+    /// The budget for a day (from the host's local midnight), gCO2, allotted over the day's
+    /// hours by the intensity forecast; with other budgets, the tightest binds.
+    pub budget_g_per_day: Option<f64>,
+    /// The budget for a calendar month (from the 1st, local time), gCO2, likewise.
+    pub budget_g_per_month: Option<f64>,
     /// How old a remembered reading may be when the source fails [default: 1h].
     pub max_age: Option<String>,
     /// The intensity to use when the source fails and no recent reading is remembered.
@@ -158,8 +165,14 @@ impl CarbonConfig {
         if let Some(v) = self.fallback {
             check_intensity("fallback", v)?;
         }
-        if let Some(v) = self.budget_g_per_hour {
-            check_non_negative("budget_g_per_hour", v)?;
+        for (key, value) in [
+            ("budget_g_per_hour", self.budget_g_per_hour),
+            ("budget_g_per_day", self.budget_g_per_day),
+            ("budget_g_per_month", self.budget_g_per_month),
+        ] {
+            if let Some(v) = value {
+                check_non_negative(key, v)?;
+            }
         }
         self.max_age()?;
         if self.timeout()?.is_zero() {
@@ -216,6 +229,11 @@ impl CarbonConfig {
                 }
             }
         }
+    }
+
+    /// Whether any budget (per hour, day or month) is configured.
+    pub fn has_budget(&self) -> bool {
+        self.budget_g_per_hour.is_some() || self.budget_g_per_day.is_some() || self.budget_g_per_month.is_some()
     }
 
     pub fn max_age(&self) -> Result<Duration, CarbonConfigError> {
@@ -282,12 +300,13 @@ mod tests {
         let c = parse(
             "[carbon]\nsource = \"uk-grid\"\nvalue = 300\npath = \"/x.csv\"\ncommand = \"echo 1\"\nzone = \"DE\"\n\
              token_file = \"/t\"\npostcode = \"RG10\"\nbase_url = \"http://127.0.0.1:9\"\n\
-             budget_g_per_hour = 500.5\nmax_age = \"2h\"\nfallback = 250\ntimeout = \"3s\"\ngamma = 2.5\n\
+             budget_g_per_hour = 500.5\nbudget_g_per_day = 9000\nbudget_g_per_month = 2e5\nmax_age = \"2h\"\nfallback = 250\ntimeout = \"3s\"\ngamma = 2.5\n\
              delta_f_mhz = 30\nscaling_efficiency = 0.8\nfreq_sensitivity = 0.5\npower_idle_w = 60\npower_max_w = 300\n",
         );
         c.validate().unwrap();
         assert_eq!(c.source, Some(SourceKind::UkGrid));
         assert_eq!(c.value, Some(300.0));
+        assert_eq!((c.budget_g_per_day, c.budget_g_per_month), (Some(9000.0), Some(200_000.0)));
         assert_eq!(c.max_age().unwrap(), Duration::from_secs(7200));
         assert_eq!(c.model_defaults().unwrap().delta_f_mhz, Some(30));
     }
@@ -317,6 +336,10 @@ mod tests {
     fn bad_values_name_their_key() {
         for (text, key) in [
             ("budget_g_per_hour = -5", "budget_g_per_hour"),
+            ("budget_g_per_day = -1", "budget_g_per_day"),
+            ("budget_g_per_day = inf", "budget_g_per_day"),
+            ("budget_g_per_month = nan", "budget_g_per_month"),
+            ("budget_g_per_month = -0.5", "budget_g_per_month"),
             ("value = -1", "value"),
             ("fallback = -1", "fallback"),
             ("value = 1e308", "value"),

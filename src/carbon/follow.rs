@@ -3,7 +3,8 @@
 //! until the next `vgpu carbon apply` (the timer stays, for changes of the intensity).
 //!
 //! * **Only while carbon capping is in force**: a budget in the config
-//!   (`[carbon] budget_g_per_hour`) and caps vgpu has applied (`carbon-applied.json` lists
+//!   (`[carbon] budget_g_per_hour`, `budget_g_per_day` or `budget_g_per_month`; a daily or
+//!   monthly one re-allotted with the remembered forecast) and caps vgpu has applied (`carbon-applied.json` lists
 //!   some; `vgpu carbon reset` empties it). Otherwise nothing is done, and NVML is not even
 //!   opened.
 //! * **Bounded**: the intensity source by its `timeout`, falling back to the remembered
@@ -92,7 +93,7 @@ impl Report {
 /// Reads one small file; no NVML.
 pub fn active(ctx: &Context) -> bool {
     let config = &ctx.config.carbon;
-    config.budget_g_per_hour.is_some()
+    config.has_budget()
         && config.validate().is_ok()
         && !AppliedStore::new(ctx.state_path(APPLIED_FILE)).load().is_empty()
 }
@@ -155,7 +156,10 @@ fn apply_now(ctx: &Context, store: &Store, _held: &StoreLock, intensity: &Intens
 }
 
 fn try_apply(ctx: &Context, store: &Store, intensity: &Intensity, change: &Change) -> Result<Report> {
-    let Some(budget) = ctx.config.carbon.budget_g_per_hour else { return Ok(Report::default()) };
+    let budgets = host::Budgets::of(&ctx.config.carbon, None);
+    if !budgets.any() {
+        return Ok(Report::default());
+    }
     let mut warnings = Vec::new();
     if let Some(note) = &intensity.note {
         warnings.push(format!("carbon: {note}"));
@@ -163,7 +167,8 @@ fn try_apply(ctx: &Context, store: &Store, intensity: &Intensity, change: &Chang
     let nvml = host::open_nvml(ctx)?;
     let devices = host::devices(ctx, &nvml)?;
     let workloads = host::workloads_in(store, &devices);
-    let plan = host::plan_for(ctx, &workloads, &devices, intensity, budget)?;
+    // The forecast as remembered (the timer's apply refreshes it): never the network here.
+    let host::BudgetPlan { plan, horizons } = host::plan_budgets(ctx, &workloads, &devices, intensity, budgets, host::now(ctx)?, false, false)?;
     let applied = AppliedStore::new(ctx.state_path(APPLIED_FILE));
     let (outcomes, save_error) = apply::apply_plan(&nvml, &devices, &plan, &applied)?;
     for gpu in &outcomes {
@@ -174,11 +179,16 @@ fn try_apply(ctx: &Context, store: &Store, intensity: &Intensity, change: &Chang
     if let Some(e) = save_error {
         warnings.push(format!("carbon: {e}: the next apply will write the caps again"));
     }
-    let decision = Decision::applied(&plan, intensity, outcomes, Some(change.to_string()));
+    let mut decision = Decision::applied(&plan, intensity, outcomes, Some(change.to_string()));
+    decision.horizons = horizons;
+    if ctx.simulate {
+        decision.time = host::now(ctx)?; // VGPU_NOW, as `carbon apply` logs it
+    }
     let rotation = ctx.config.carbon.log_rotation().unwrap_or_default();
     if let Err(e) = log::append(&ctx.lib_path(LOG_FILE), &decision, rotation) {
         warnings.push(format!("carbon: the caps are set but the decision was not logged: {e}"));
     }
+    crate::history::best_effort(&ctx.lib_dir, &ctx.config.history, "the clock decision", |h| h.record_decision(&decision));
     Ok(Report { decision: Some(decision), warnings })
 }
 

@@ -57,6 +57,10 @@ pub struct Decision {
     /// work); absent for `vgpu carbon apply`/`reset`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The daily and monthly budgets' figures when the plan was made for them (budget,
+    /// spent, remaining, planned, allotted now); absent with a per-hour budget only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub horizons: Vec<super::budget::HorizonFigures>,
 }
 
 impl Decision {
@@ -73,6 +77,7 @@ impl Decision {
             notes: plan.notes.clone(),
             gpus,
             reason,
+            horizons: Vec::new(),
         }
     }
 }
@@ -254,6 +259,7 @@ mod tests {
             notes: vec![],
             gpus: vec![],
             reason: None,
+            horizons: Vec::new(),
         }
     }
 

@@ -1,5 +1,7 @@
 //! Carbon-budgeted clocks (SPEC 1.3, 4.5).
 //!
+//! * [`account`]: who used the energy the GPUs measured, and what it emitted (`carbon report`).
+//!   [`report`]: `vgpu carbon report`'s window, from the history.
 //! * [`intensity`]: where the grid's carbon intensity comes from (sources, cache, fallback).
 //! * [`model`]: power and speed as functions of clock and GPU count.
 //! * [`workload`]: the workloads planned for, and the seam the state store will feed.
@@ -10,8 +12,12 @@
 //! * [`follow`]: re-planning at once when a workload starts or ends.
 //! * [`host`]: what is planned with on this host (NVML devices, recorded workloads, the
 //!   intensity now); [`range`]: stage 1 for `vgpu run --gpus MIN-MAX`.
+//! * [`profile`]: `vgpu carbon profile`, a GPU's measured power and speed model;
+//!   [`sensitivity`]: each workload's frequency sensitivity learned from the history.
 
+pub mod account;
 pub mod apply;
+pub mod budget;
 pub mod config;
 pub mod follow;
 pub mod horizon;
@@ -20,7 +26,10 @@ pub mod intensity;
 pub mod log;
 pub mod model;
 pub mod planner;
+pub mod profile;
 pub mod range;
+pub mod sensitivity;
+pub mod report;
 pub mod workload;
 
 /// Make the directory of a carbon file (the lib dir, normally made already) as the store

@@ -17,12 +17,11 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
     let nvml = host::open_nvml(ctx)?;
     let devices = host::devices(ctx, &nvml)?;
     let config = &ctx.config.carbon;
-    let limited = config.source.is_some() && config.budget_g_per_hour.is_some();
-    let (intensity, budget) = if limited {
-        (host::intensity_now(ctx, chrono::Utc::now(), true)?.intensity, config.budget_g_per_hour)
-    } else {
-        (0.0, None)
-    };
+    let budgets = host::Budgets::of(config, None);
+    let limited = config.source.is_some() && budgets.any();
+    let now = host::now(ctx)?;
+    let found = if limited { Some(host::intensity_now(ctx, now, true)?) } else { None };
+    let intensity = found.as_ref().map_or(0.0, |i| i.intensity);
     let workloads = host::workloads(ctx, &devices);
     let asked = if min == max { format!("--gpus {min}") } else { format!("--gpus {min}-{max}") };
     // A count the host cannot have is the caller's mistake, whoever runs what.
@@ -34,6 +33,20 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
     if let Some(s) = sensitivity {
         new = new.with_sensitivity(s);
     }
+    // A daily or monthly budget: the rate allotted now with the new workload among the
+    // others (the remembered forecast: the timer's apply refreshes it).
+    let budget = match &found {
+        Some(found) => {
+            let mut with_new = workloads.clone();
+            with_new.push(new.clone());
+            let allotted = host::allot_budgets(ctx, &with_new, &devices, found, budgets, now, false, false)?;
+            for note in &allotted.notes {
+                tracing::debug!("stage 1: {note}");
+            }
+            allotted.rate
+        }
+        None => None,
+    };
     let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
     let start = Start { gpus: &models, running: &workloads, intensity, budget_g_per_hour: budget, tunables: host::tunables(config)? };
     let (gpus, plan) = place(&start, new).map_err(|e| UsageError::new(e.to_string()))?;

@@ -176,7 +176,7 @@ fn examples(roff: &mut Roff) {
 const FILES: &[(&str, &str, &[&str])] = &[
     (
         "/etc/vgpu/config.toml",
-        "The configuration (--config, VGPU_CONFIG): state directories, [policy], [compute], [pool], [carbon], [watch], [suspend]. A missing default file means the defaults.",
+        "The configuration (--config, VGPU_CONFIG): state directories, [policy], [compute], [pool], [carbon], [watch], [suspend], [history]. A missing default file means the defaults.",
         &["run", "update", "partition", "pool", "carbon", "watch", "doctor"],
     ),
     (
@@ -202,7 +202,18 @@ const FILES: &[(&str, &str, &[&str])] = &[
     ("/var/lib/vgpu/", "Persistent state (--lib-dir, VGPU_LIB_DIR).", &["doctor"]),
     ("/var/lib/vgpu/partitions.json", "The partitions.", &["partition", "run"]),
     ("/var/lib/vgpu/carbon.jsonl", "The log of applied clock plans, one JSON object a line.", &["carbon"]),
+    (
+        "/var/lib/vgpu/history.db",
+        "The history (SQLite, mode 0644): each GPU's energy and each workload's GPU time per vgpu watch interval, intensity readings, clock decisions; kept [history] keep (90 days). Schema and example queries: docs/history.md.",
+        &["watch", "carbon"],
+    ),
     ("/var/lib/vgpu/carbon-intensity.json", "The last carbon intensity read, used when the source does not answer.", &["carbon"]),
+    ("/var/lib/vgpu/carbon-forecast.json", "The last intensity forecast read, used when the source does not answer.", &["carbon"]),
+    (
+        "/var/lib/vgpu/history.db",
+        "The history (SQLite, 0644): each GPU's energy, each workload's GPU time, the intensity; carbon report, ps -a and the line vgpu run prints at a workload's end read it.",
+        &["carbon", "ps", "run", "watch"],
+    ),
     (
         "libvgpu.so",
         "The quota shim vgpu run preloads into every workload; looked for next to the vgpu binary, then in PREFIX/lib/vgpu.",
@@ -232,6 +243,7 @@ const VGPU_ENV: &[(&str, &str)] = &[
     ("VGPU_WORKLOADS_DIR", "Where vgpu run --workload NAME finds NAME.toml [default: /etc/vgpu/workloads]. Refused through sudo."),
     ("VGPU_SYSTEMD_BUS", "For tests: the unix: D-Bus address (unix:path=...) the systemd cgroup manager asks instead of the system bus. Refused through sudo."),
     ("VGPU_CGROUP_SELF", "For tests: the cgroup vgpu takes as its own instead of /proc/self/cgroup's. Refused through sudo."),
+    ("VGPU_NOW", "For tests, and only with --simulate: the time (RFC 3339) the carbon commands plan for and log their decisions at, instead of now."),
     ("VGPU_LOCK_TIMEOUT_MS", "How long a command waits for the state lock, in milliseconds [default: 5000]."),
     ("COMPLETE", "Set by the completion scripts (vgpu completions SHELL) to ask vgpu for completions."),
 ];

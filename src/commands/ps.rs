@@ -8,7 +8,9 @@ use clap::Args;
 use serde::Serialize;
 use vgpu_abi::size::format_size;
 
+use crate::carbon::account::format_energy;
 use crate::context::Context;
+use crate::history::query::{Ended, Reader};
 use crate::listing::driver::{Driver, UnmanagedRow};
 use crate::listing::workloads::{self, Listing, Options};
 use crate::listing::{MemSource, Row};
@@ -18,7 +20,7 @@ use crate::state::Store;
 
 #[derive(Debug, Args)]
 pub struct PsArgs {
-    /// Also list every process of each workload (the shim's per-process files; the driver's figures where those cannot be read)
+    /// Also list every process of each workload (the shim's per-process files; the driver's figures where those cannot be read), and the workloads that ended in the last 24 hours with their energy and CO2 (from the history vgpu watch records)
     #[arg(short, long)]
     pub all: bool,
     /// Print JSON instead of a table
@@ -32,12 +34,33 @@ pub struct PsArgs {
     pub watch: Option<Duration>,
 }
 
-/// `ps --json`: `{"schema": N, "workloads": [...]}`, with `--unmanaged` also `"unmanaged"`.
+/// `ps --json`: `{"schema": N, "workloads": [...]}`, with `--unmanaged` also `"unmanaged"`,
+/// with `-a` also `"ended"`.
 #[derive(Serialize)]
 struct Listed<'a> {
     workloads: &'a [Row],
     #[serde(skip_serializing_if = "Option::is_none")]
     unmanaged: Option<&'a [UnmanagedRow]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ended: Option<&'a [Ended]>,
+}
+
+/// `ps -a`'s history: workloads that ended in the last [`ENDED_SPAN_MS`], at most
+/// [`ENDED_MAX`].
+const ENDED_SPAN_MS: i64 = 24 * 3600 * 1000;
+const ENDED_MAX: usize = 20;
+
+/// The recently ended workloads with their energy, from the history (none when there is
+/// no history; a history that cannot be read is a warning, not a failed `ps`).
+fn ended(ctx: &Context) -> Vec<Ended> {
+    let since = i64::try_from(crate::clock::now_ms()).unwrap_or(i64::MAX) - ENDED_SPAN_MS;
+    match Reader::open(&ctx.lib_dir).and_then(|r| r.map(|r| r.ended_since(since, ENDED_MAX, &crate::carbon::report::idle_defaults(ctx))).transpose()) {
+        Ok(found) => found.unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!("the history: {e}");
+            Vec::new()
+        }
+    }
 }
 
 pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
@@ -55,15 +78,16 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
                 tracing::warn!("{line}");
             }
         }
-        render(&listing, args, pretty)
+        let ended = if args.all { Some(ended(ctx)) } else { None };
+        render(&listing, ended.as_deref(), args, pretty)
     };
     refresh::once_or_every(args.watch, args.json, "vgpu ps", frame)
 }
 
-fn render(listing: &Listing, args: &PsArgs, pretty: bool) -> Result<String> {
+fn render(listing: &Listing, ended: Option<&[Ended]>, args: &PsArgs, pretty: bool) -> Result<String> {
     if args.json {
         let unmanaged = listing.unmanaged.as_deref().filter(|_| args.unmanaged);
-        return Ok(crate::output::schema::to_text(&Listed { workloads: &listing.rows, unmanaged }, pretty)?);
+        return Ok(crate::output::schema::to_text(&Listed { workloads: &listing.rows, unmanaged, ended }, pretty)?);
     }
     let mut out = Vec::new();
     if listing.rows.is_empty() {
@@ -79,7 +103,32 @@ fn render(listing: &Listing, args: &PsArgs, pretty: bool) -> Result<String> {
         out.push(format!("{} process(es) on these GPUs are in no vGPU:", unmanaged.len()));
         out.push(unmanaged_table(unmanaged).to_string());
     }
+    if let Some(ended) = ended.filter(|e| !e.is_empty()) {
+        out.push("Ended in the last 24 hours:".into());
+        out.push(ended_table(ended).to_string());
+    }
     Ok(out.join("\n"))
+}
+
+fn ended_table(ended: &[Ended]) -> comfy_table::Table {
+    let mut t = table(["ID", "NAME", "USER", "GPU", "ENDED", "OUTCOME", "GPU-TIME", "ENERGY", "CO2"]);
+    let now = i64::try_from(crate::clock::now_ms()).unwrap_or(i64::MAX);
+    for e in ended {
+        let gpus: Vec<String> = e.gpu_indexes.iter().map(i64::to_string).collect();
+        let ago = e.ended_unix_ms.map(|t| Duration::from_secs(u64::try_from(now.saturating_sub(t) / 1000).unwrap_or(0)));
+        t.add_row([
+            e.id.clone(),
+            e.name.clone().unwrap_or_default(),
+            e.user.clone().unwrap_or_default(),
+            gpus.join(","),
+            ago.map(|d| format!("{} ago", humantime::format_duration(d))).unwrap_or_default(),
+            e.outcome.clone().unwrap_or_default(),
+            humantime::format_duration(Duration::from_secs(e.gpu_time_ms / 1000)).to_string(),
+            e.energy_mj.map(format_energy).unwrap_or_else(|| "—".into()),
+            e.g_co2.map(|g| format!("{g:.1} g")).unwrap_or_else(|| "—".into()),
+        ]);
+    }
+    t
 }
 
 fn workload_table(rows: &[Row]) -> comfy_table::Table {

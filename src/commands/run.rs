@@ -271,10 +271,39 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     tracing::debug!("cgroup {}, vGPU {}, priority {}", w.cgroup, w.vgpu, w.priority);
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request);
     let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
+    launch::record_end(ctx, w, &result);
     let code = result?;
     cleanup?;
     tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);
+    say_energy(ctx, w);
     Ok(code)
+}
+
+/// One line at the workload's end: the energy and emissions the history attributes to it
+/// (what `vgpu watch` recorded, `vgpu carbon report`'s accounting); nothing recorded: a
+/// line at -v only.
+fn say_energy(ctx: &Context, w: &Workload) {
+    use crate::carbon::account::format_energy;
+    let used = match crate::history::query::Reader::open(&ctx.lib_dir) {
+        Ok(Some(reader)) => reader.workload_usage(&w.id, &crate::carbon::report::idle_defaults(ctx)),
+        Ok(None) => {
+            tracing::info!("workload {} ({}): no energy recorded (is vgpu watch running?)", w.name, w.id);
+            return;
+        }
+        Err(e) => Err(e),
+    };
+    match used {
+        Ok(used) => match used.energy_mj {
+            Some(mj) => {
+                let gpus: Vec<String> = used.gpu_indexes.iter().map(i64::to_string).collect();
+                let time = humantime::format_duration(std::time::Duration::from_secs(used.gpu_time_ms / 1000));
+                let co2 = used.g_co2.map(|g| format!(", {g:.1} g CO2")).unwrap_or_else(|| ", CO2 unknown (no intensity recorded)".into());
+                crate::notice!("workload {} ({}) used {} on GPU {} (GPU time {time}){co2}", w.name, w.id, format_energy(mj), gpus.join(","));
+            }
+            None => tracing::info!("workload {} ({}): no energy recorded (is vgpu watch running?)", w.name, w.id),
+        },
+        Err(e) => tracing::info!("workload {} ({}): its energy cannot be read from the history: {e}", w.name, w.id),
+    }
 }
 
 pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {

@@ -33,6 +33,10 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
     -- SM clock and power draw at the end of the interval; NULL: unknown.
     sm_clock_mhz  INTEGER,
     power_w       REAL,
+    -- NVML's total-energy counter at t1_ms (mJ since the driver loaded); NULL: none. A
+    -- restarted `vgpu watch` continues from the last row's counter, bridging a gap of up to
+    -- 10 minutes.
+    energy_counter_mj INTEGER,
     PRIMARY KEY (gpu_uuid, t1_ms)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS gpu_samples_t1 ON gpu_samples (t1_ms);

@@ -58,6 +58,20 @@ pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitS
     crate::supervise::wait_relaying_signals(child, wake).context("waiting for the workload")
 }
 
+/// Record in the history that the workload ended, and how (best effort: a failure is a
+/// warning). It is recorded there too when it ended before the watch saw it.
+pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>) {
+    let outcome = match result {
+        Ok(code) => format!("exit {code}"),
+        Err(e) => format!("failed: {e}"),
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    crate::history::best_effort(&ctx.lib_dir, &ctx.config.history, "the workload's end", |h| {
+        h.upsert_workload(&crate::history::store::WorkloadInfo::of(w))?;
+        h.end_workload(&w.id, now, Some(&outcome))
+    });
+}
+
 /// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record,
 /// give back the workload's pool blocks, and re-plan the clocks without it.
 pub fn finish(ctx: &Context, store: &Store, layout: &Layout, w: &Workload) -> Result<()> {

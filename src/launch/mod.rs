@@ -30,7 +30,7 @@ use crate::pool::{KindFilter, Priority};
 use crate::state::{UserSpec, Workload};
 
 pub use admit::admit;
-pub use child::{finish, start, supervise};
+pub use child::{finish, record_end, start, supervise};
 pub use env::{shim_var, workload_env, ShimVar};
 pub use vgpu::ensure_vgpu;
 

@@ -69,10 +69,18 @@ pub(crate) struct EnforcementLabels {
     pub user: String,
 }
 
-/// The counters, shared (cloning shares them) between the audits and the rendering.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct HistoryLabels {
+    /// The kind of failure: `disk-full`, `busy`, `damaged`, `open`, `sqlite`.
+    pub kind: String,
+}
+
+/// The counters, shared (cloning shares them) between the audits and the rendering; with
+/// them, the history writes that failed (`vgpu_history_write_failures_total{kind}`).
 #[derive(Debug, Clone, Default)]
 pub struct Enforcements {
     family: Family<EnforcementLabels, Counter>,
+    history: Family<HistoryLabels, Counter>,
 }
 
 impl Enforcements {
@@ -88,6 +96,19 @@ impl Enforcements {
 
     pub(crate) fn family(&self) -> &Family<EnforcementLabels, Counter> {
         &self.family
+    }
+
+    /// Count one history write that failed, by its kind (`WriteError::kind`).
+    pub fn history_failure(&self, kind: &str) {
+        self.history.get_or_create(&HistoryLabels { kind: kind.to_string() }).inc();
+    }
+
+    pub fn history_failures(&self, kind: &str) -> u64 {
+        self.history.get(&HistoryLabels { kind: kind.to_string() }).map(|c| c.get()).unwrap_or(0)
+    }
+
+    pub(crate) fn history_family(&self) -> &Family<HistoryLabels, Counter> {
+        &self.history
     }
 }
 

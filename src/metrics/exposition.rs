@@ -153,6 +153,11 @@ pub fn render(m: &Metrics, enforcements: &Enforcements) -> Result<Exposition, st
         "Processes vgpu watch acted on (report, throttle, kill), by the audit that found them (memory, compute, unmanaged)",
         enforcements.family().clone(),
     );
+    r.register(
+        "vgpu_history_write_failures",
+        "Rounds vgpu watch could not write to history.db, by kind of failure (disk-full, busy, damaged, open, sqlite)",
+        enforcements.history_family().clone(),
+    );
     pool(&mut r, m);
     carbon(&mut r, m);
     services(&mut r, m);

@@ -51,6 +51,16 @@ impl<'a> VgpuFiles<'a> {
             .collect()
     }
 
+    /// Each device's compute limit and ledger, for the history.
+    pub fn ledgers(&self) -> impl Iterator<Item = crate::history::tick::Ledger> + '_ {
+        self.devices.iter().map(|d| crate::history::tick::Ledger {
+            vgpu: self.vgpu.to_string(),
+            gpu_uuid: d.uuid.clone(),
+            compute_pct: d.compute_pct,
+            charged_ns: d.charged_ns,
+        })
+    }
+
     /// Its device record for `gpu` in the usage file (the limits root wrote), if any.
     fn device(&self, gpu: &GpuSample) -> Option<(usize, &DeviceUsage)> {
         self.devices.iter().enumerate().find(|(_, d)| d.uuid == gpu.uuid)

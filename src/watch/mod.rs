@@ -10,13 +10,14 @@
 pub mod compute;
 pub mod config;
 pub mod enforce;
+pub mod history;
 pub mod instance;
 pub mod journal;
 pub mod notify;
 mod publish;
 pub mod throttle;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use vgpu_abi::process::ProcessId;
@@ -96,6 +97,10 @@ pub struct Watch {
     /// The services it runs (those no `vgpu service run` holds): their replicas are its
     /// children.
     services: crate::service::runner::Runner,
+    /// What it records in history.db (`history.rs`).
+    history: history::Recorder,
+    /// Workloads this round's reconcile tore down, and how they ended (for the history).
+    ended: HashMap<String, String>,
 }
 
 impl Watch {
@@ -113,6 +118,7 @@ impl Watch {
         };
         let me = ProcessId::current().ok_or(StartError::Identity)?;
         let metrics = crate::metrics::Exporter::start(&ctx.config.watch).map_err(StartError::Metrics)?;
+        let (ctx_lib_dir, ctx_history, interval) = (ctx.lib_dir.clone(), ctx.config.history.clone(), ctx.config.watch.interval);
         let mut watch = Watch {
             services: crate::service::runner::Runner::all(&ctx),
             compute: compute::ComputeEnforcer::new(store.clone(), me),
@@ -134,6 +140,8 @@ impl Watch {
             pending: Vec::new(),
             damaged: BTreeSet::new(),
             memory_blind: false,
+            history: history::Recorder::new(ctx_lib_dir, ctx_history, interval),
+            ended: HashMap::new(),
         };
         watch.open_nvml();
         Ok(watch)
@@ -199,6 +207,7 @@ impl Watch {
         self.ctx = Context { state_dir, lib_dir, ..ctx };
         crate::suspension::configure(&self.ctx);
         self.services.reload(&self.ctx);
+        self.history.reload(self.ctx.config.history.clone(), self.interval());
         if self.nvml.is_none() {
             self.open_nvml();
             events.append(&mut self.pending);
@@ -229,9 +238,16 @@ impl Watch {
             },
             None => None,
         };
+        let (workloads, _) = self.store.workloads();
+        let files = enforce::VgpuFiles::all(&self.store, &workloads);
         if let Some(snapshot) = self.snapshot.take() {
-            self.audit(&snapshot, &mut events);
+            self.audit(&snapshot, &workloads, &files, &mut events);
             self.snapshot = Some(snapshot);
+        }
+        let ledgers: Vec<_> = files.iter().flat_map(|f| f.ledgers()).collect();
+        let ended = std::mem::take(&mut self.ended);
+        if let Some(kind) = self.history.round(self.snapshot.as_ref(), &workloads, &ledgers, &ended, &mut events) {
+            self.metrics.enforcements().history_failure(kind);
         }
         events.extend(self.compute.events());
         events.extend(self.terminations.tick(Instant::now()));
@@ -249,6 +265,7 @@ impl Watch {
     pub fn shutdown(&mut self) -> Vec<Event> {
         let mut events = self.services.stop();
         events.extend(self.compute.stop(&self.store));
+        self.history.flush(&mut events);
         events
     }
 
@@ -258,8 +275,7 @@ impl Watch {
     }
 
     /// The memory and compute audits and the processes in no vGPU, against one snapshot.
-    fn audit(&mut self, snapshot: &Snapshot, events: &mut Vec<Event>) {
-        let (workloads, _) = self.store.workloads();
+    fn audit(&mut self, snapshot: &Snapshot, workloads: &[crate::state::Workload], files: &[enforce::VgpuFiles<'_>], events: &mut Vec<Event>) {
         let config = self.ctx.config.watch.clone();
         let now = Instant::now();
         let owners = enforce::owners(snapshot);
@@ -270,8 +286,7 @@ impl Watch {
             ));
         }
         self.memory_blind = blind;
-        let files = enforce::VgpuFiles::all(&self.store, &workloads);
-        let figures = enforce::vgpu_memory(&files, snapshot);
+        let figures = enforce::vgpu_memory(files, snapshot);
         for breach in self.memory.observe(now, &figures, config.context_allowance, config.grace) {
             for (id, processes) in enforce::by_workload(&breach, &owners) {
                 let fresh: Vec<_> = processes.into_iter().filter(|p| !self.terminations.is_pending(*p)).collect();
@@ -282,8 +297,8 @@ impl Watch {
                 // reason when its workload ends.
                 self.records.add(&id, enforce::killed(self.me, &breach.reason, fresh.iter().map(|p| p.pid).collect()));
                 self.records.flush(&self.store, events);
-                let whose = enforce::whose(&workloads, &id);
-                let labels = crate::metrics::WorkloadLabels::find(&workloads, &id);
+                let whose = enforce::whose(workloads, &id);
+                let labels = crate::metrics::WorkloadLabels::find(workloads, &id);
                 for p in fresh {
                     if let Some(event) = self.terminations.terminate(p, &whose, &breach.reason, now, config.kill_after) {
                         if event.level != Level::Warn {
@@ -294,7 +309,7 @@ impl Watch {
                 }
             }
         }
-        let round = compute::Round { store: &self.store, workloads: &workloads, files: &files, snapshot, config: &config, now, counters: self.metrics.enforcements() };
+        let round = compute::Round { store: &self.store, workloads, files, snapshot, config: &config, now, counters: self.metrics.enforcements() };
         self.compute.round(&round, &mut self.terminations, &mut self.records, events);
         let vgpu_gpus: HashSet<String> = workloads.iter().flat_map(|w| w.gpus.iter().map(|g| g.uuid.clone())).collect();
         self.unmanaged = unmanaged::find(snapshot, &vgpu_gpus, &[self.me.pid]);
@@ -334,6 +349,9 @@ impl Watch {
             }
         };
         let found = crate::lifecycle::reconcile_quietly(&self.store, &lock);
+        for w in &found.cleaned {
+            self.ended.insert(w.id.clone(), format!("supervisor (pid {}) died", w.supervisor.pid));
+        }
         // A damaged file stays until `vgpu doctor --repair`, and a clean-up that fails
         // fails again next round: each warning is said once, until it goes away and comes
         // back. What reconcile did is said every time.

@@ -1,16 +1,23 @@
 //! The last good reading, remembered in `<lib_dir>/carbon-intensity.json` so that a failing
-//! source does not stop the 15-minute apply.
+//! source does not stop the 15-minute apply; the last good forecast likewise, in
+//! `<lib_dir>/carbon-forecast.json` ([`FORECAST_FILE`]).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::Reading;
 
 pub const CACHE_FILE: &str = "carbon-intensity.json";
+/// The last good forecast ([`super::Forecast`]), in the lib directory.
+pub const FORECAST_FILE: &str = "carbon-forecast.json";
+/// The most of a remembered reading or forecast that is read (a forecast of a month of
+/// 5-minute rows from a file source is under 1 MiB).
+pub const MAX_CACHE: u64 = 4 << 20;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CachedReading {
@@ -47,16 +54,40 @@ impl Cache {
 
     /// The remembered reading; `None` when there is none yet.
     pub fn load(&self) -> Result<Option<CachedReading>, CacheError> {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(CacheError::Read { path: self.path.clone(), source }),
+        self.load_as()
+    }
+
+    /// The remembered entry, of any kind (a reading, a forecast); `None` when there is none.
+    /// Read as root from the lib directory: never through a symbolic link in place of the
+    /// file, never a FIFO or device, at most [`MAX_CACHE`] bytes.
+    pub fn load_as<T: DeserializeOwned>(&self) -> Result<Option<T>, CacheError> {
+        use crate::state::small_file::{self, Links, SmallFileError};
+        let read_err = |source| CacheError::Read { path: self.path.clone(), source };
+        let refused = |e: SmallFileError| {
+            read_err(match e {
+                SmallFileError::Io(e) => e,
+                SmallFileError::Link => std::io::Error::other("a symbolic link, refused"),
+                SmallFileError::NotRegular => std::io::Error::other("not a regular file"),
+                SmallFileError::TooLarge(n) => std::io::Error::other(format!("{n} bytes, more than {MAX_CACHE}")),
+            })
         };
+        let file = match small_file::open(&self.path, Links::NotLast, MAX_CACHE) {
+            Ok((file, _)) => file,
+            Err(SmallFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(refused(e)),
+        };
+        let bytes = small_file::read(file, MAX_CACHE).map_err(refused)?;
+        let text = String::from_utf8_lossy(&bytes);
         serde_json::from_str(&text).map(Some).map_err(|source| CacheError::Damaged { path: self.path.clone(), source })
     }
 
     /// Replace the remembered reading atomically (write beside it, then rename).
     pub fn store(&self, entry: &CachedReading) -> Result<(), CacheError> {
+        self.store_as(entry)
+    }
+
+    /// Replace the remembered entry, of any kind, atomically.
+    pub fn store_as<T: Serialize>(&self, entry: &T) -> Result<(), CacheError> {
         let write_err = |source| CacheError::Write { path: self.path.clone(), source };
         let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         crate::carbon::create_dir(dir).map_err(write_err)?;
@@ -106,6 +137,20 @@ mod tests {
         std::fs::write(&path, "{not json").unwrap();
         let err = Cache::new(&path).load().unwrap_err().to_string();
         assert!(err.contains(CACHE_FILE) && err.contains("damaged"), "{err}");
+    }
+
+    #[test]
+    fn a_link_in_place_of_the_cache_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere.json");
+        Cache::new(&elsewhere).store(&entry()).unwrap();
+        let path = dir.path().join(CACHE_FILE);
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let err = Cache::new(&path).load().unwrap_err().to_string();
+        assert!(err.contains("a symbolic link, refused"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(Cache::new(&path).load().unwrap_err().to_string().contains("not a regular file"));
     }
 
     #[test]

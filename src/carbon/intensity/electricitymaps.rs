@@ -1,6 +1,10 @@
 //! `source = "electricitymaps"`: Electricity Maps API v3, `GET /v3/carbon-intensity/latest?zone=Z`
 //! with the token from `token_file` in the `auth-token` header. The answer:
 //! `{"zone":"DE","carbonIntensity":302,"datetime":"2018-04-25T18:07:00.350Z",…}`.
+//!
+//! Forecast: `GET /v3/carbon-intensity/forecast?zone=Z` →
+//! `{"zone":"DE","forecast":[{"carbonIntensity":319,"datetime":"2022-12-05T15:00:00.000Z"},…],"updatedAt":…}`
+//! (hourly, a paid plan's endpoint).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -26,9 +30,18 @@ struct Latest {
     datetime: Option<String>,
 }
 
+#[derive(Deserialize)]
+struct ForecastAnswer {
+    forecast: Vec<Latest>,
+}
+
 impl ElectricityMaps {
     pub fn url(&self) -> String {
         format!("{}/v3/carbon-intensity/latest?zone={}", self.base_url.trim_end_matches('/'), encode(&self.zone))
+    }
+
+    pub fn forecast_url(&self) -> String {
+        format!("{}/v3/carbon-intensity/forecast?zone={}", self.base_url.trim_end_matches('/'), encode(&self.zone))
     }
 
     fn token(&self) -> Result<Option<String>, SourceError> {
@@ -54,6 +67,26 @@ impl Source for ElectricityMaps {
         let latest: Latest = http::get_json(&url, &headers, self.timeout)?;
         reading(latest, &self.zone).map_err(|message| SourceError::Malformed { url, message })
     }
+
+    fn forecast(&self, _now: DateTime<Utc>, _until: DateTime<Utc>) -> Result<Vec<Reading>, SourceError> {
+        let url = self.forecast_url();
+        let token = self.token()?;
+        let headers: Vec<(&str, &str)> = token.as_deref().map(|t| ("auth-token", t)).into_iter().collect();
+        let answer: ForecastAnswer = http::get_json(&url, &headers, self.timeout)?;
+        forecast(answer, &self.zone).map_err(|message| SourceError::Malformed { url, message })
+    }
+}
+
+/// The forecast in an answer's body; the error is the message of a `Malformed` error.
+pub fn parse_forecast_body(body: &str, zone: &str) -> Result<Vec<Reading>, String> {
+    forecast(serde_json::from_str(body).map_err(|e| e.to_string())?, zone)
+}
+
+fn forecast(answer: ForecastAnswer, zone: &str) -> Result<Vec<Reading>, String> {
+    if answer.forecast.is_empty() {
+        return Err(format!("the forecast for zone {zone} is empty"));
+    }
+    answer.forecast.into_iter().enumerate().map(|(i, f)| reading(f, zone).map_err(|m| format!("forecast entry {}: {m}", i + 1))).collect()
 }
 
 /// The reading in an answer's body (what `read` makes of it once fetched); the error is the
@@ -95,6 +128,7 @@ mod tests {
             timeout: Duration::from_secs(1),
         };
         assert_eq!(em.url(), "http://h:1/v3/carbon-intensity/latest?zone=US-CAL-CISO");
+        assert_eq!(em.forecast_url(), "http://h:1/v3/carbon-intensity/forecast?zone=US-CAL-CISO");
         assert_eq!(encode("a b&c"), "a%20b%26c");
         assert_eq!(em.describe(), "electricitymaps zone US-CAL-CISO");
     }

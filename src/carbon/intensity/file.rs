@@ -3,7 +3,7 @@
 //! CSV, one `timestamp,gco2_per_kwh` per line (an optional header line, `#` comments and
 //! blank lines are skipped), or JSON, an array of `{"timestamp": …, "gco2_per_kwh": …}`.
 //! Timestamps as [`super::parse_timestamp`] reads them. The value in force is the one with
-//! the latest timestamp at or before now.
+//! the latest timestamp at or before now. Its forecast is the rows from then on.
 //!
 //! Only a regular file is read, and at most [`MAX_FILE`] bytes of it: a FIFO, a device
 //! (`/dev/zero`), a directory or a symbolic link is refused before anything is read (the
@@ -36,6 +36,17 @@ impl Source for File {
             Some(first) => bad(format!("no entry at or before now (the first is at {})", first.to_rfc3339())),
             None => bad("no entries".into()),
         })
+    }
+
+    fn forecast(&self, now: DateTime<Utc>, until: DateTime<Utc>) -> Result<Vec<Reading>, SourceError> {
+        let text = read_capped(&self.path)?;
+        let series = parse_series(&text).map_err(|message| SourceError::BadFile { path: self.path.clone(), message })?;
+        let mut out: Vec<Reading> = at(&series, now).into_iter().collect();
+        out.extend(series.into_iter().filter(|r| r.timestamp > now && r.timestamp < until));
+        if out.is_empty() {
+            return Err(SourceError::BadFile { path: self.path.clone(), message: "no entries from now on".into() });
+        }
+        Ok(out)
     }
 }
 

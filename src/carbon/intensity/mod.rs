@@ -5,6 +5,15 @@
 //! when it fails, the last good reading of the same source if it was fetched no longer
 //! than `max_age` ago (and the plan says so); else the configured `fallback` value (said
 //! too); else an error naming the source's failure.
+//!
+//! **Forecasts** ([`resolve_forecast`]): the figures from now to a horizon's end, each in
+//! force from its timestamp until the next one's (the last holds to the end). The UK API
+//! and Electricity Maps serve theirs (`fw48h`, `carbon-intensity/forecast`), a file source
+//! its rows from now on; a static and a command source have none: their forecast is flat
+//! at their current value. When the source fails, the last good forecast of the same
+//! source fetched no longer than `max_age` ago is used; else a flat forecast at the
+//! current intensity (itself a reading, a remembered one or the fallback). Which one, and
+//! why, is in the forecast's `status` and `note`.
 
 pub mod cache;
 pub mod command;
@@ -77,6 +86,13 @@ pub trait Source {
     /// reused by the source with the same description.
     fn describe(&self) -> String;
     fn read(&self, now: DateTime<Utc>) -> Result<Reading, SourceError>;
+
+    /// The figures from `now` to `until`, each in force from its timestamp until the next
+    /// one's (unchecked: [`resolve_forecast`] checks, sorts and trims them). A source with no
+    /// forecast of its own (static, command) gives its current value: a flat forecast.
+    fn forecast(&self, now: DateTime<Utc>, _until: DateTime<Utc>) -> Result<Vec<Reading>, SourceError> {
+        self.read(now).map(|r| vec![Reading { g_per_kwh: r.g_per_kwh, timestamp: now }])
+    }
 }
 
 /// A source not read now (its description only), so that [`resolve`] takes the remembered
@@ -90,6 +106,10 @@ impl Source for NotRead {
 
     fn read(&self, _now: DateTime<Utc>) -> Result<Reading, SourceError> {
         Err(SourceError::Unreachable { url: self.0.clone(), message: "not asked while the store lock is held (a workload's end found by reconcile)".into() })
+    }
+
+    fn forecast(&self, now: DateTime<Utc>, _until: DateTime<Utc>) -> Result<Vec<Reading>, SourceError> {
+        self.read(now).map(|r| vec![r])
     }
 }
 
@@ -263,6 +283,146 @@ fn found(source: String, reading: Reading, status: Status, note: Option<String>,
         timestamp: reading.timestamp,
         age_seconds: now.signed_duration_since(reading.timestamp).num_seconds().max(0),
         note,
+    }
+}
+
+/// The grid's intensity from now on, as a step function.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Forecast {
+    /// The source's description (a remembered forecast is only reused by the same source).
+    pub source: String,
+    /// Fresh: the source's; Cached: a remembered one; Fallback: flat at the current
+    /// intensity for lack of one; Override: flat at `--intensity`.
+    pub status: Status,
+    /// When the source gave it.
+    pub fetched_at: DateTime<Utc>,
+    /// Sorted by time; the first is in force now; each holds until the next (the last to
+    /// the horizon's end).
+    pub readings: Vec<Reading>,
+    /// Why a remembered or flat forecast is used.
+    pub note: Option<String>,
+}
+
+impl Forecast {
+    /// Flat at `intensity` from `now`.
+    pub fn flat(intensity: &Intensity, now: DateTime<Utc>, note: Option<String>) -> Forecast {
+        let status = if intensity.status == Status::Override { Status::Override } else { Status::Fallback };
+        Forecast {
+            source: intensity.source.clone(),
+            status,
+            fetched_at: now,
+            readings: vec![Reading { g_per_kwh: intensity.intensity, timestamp: now }],
+            note,
+        }
+    }
+
+    /// The figure in force at `t` (the first one before the forecast starts).
+    pub fn at(&self, t: DateTime<Utc>) -> f64 {
+        self.readings.iter().rev().find(|r| r.timestamp <= t).or(self.readings.first()).map_or(0.0, |r| r.g_per_kwh)
+    }
+
+    /// The time-weighted mean figure over [from, to) (the figure at `from` if empty).
+    pub fn mean(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+        let total = (to - from).num_milliseconds();
+        if total <= 0 {
+            return self.at(from);
+        }
+        let mut sum = 0.0;
+        let mut t = from;
+        while t < to {
+            let next = self.readings.iter().map(|r| r.timestamp).filter(|&s| s > t).min().map_or(to, |s| s.min(to));
+            sum += self.at(t) * (next - t).num_milliseconds() as f64;
+            t = next;
+        }
+        sum / total as f64
+    }
+}
+
+/// Read `source`'s forecast for [now, until), falling back to the remembered forecast
+/// (`policy.cache` is the forecast's cache, [`cache::FORECAST_FILE`]) and then to a flat
+/// one at `current`. Never fails: the worst is flat, and the note says why.
+pub fn resolve_forecast(
+    source: &dyn Source,
+    policy: &Policy<'_>,
+    now: DateTime<Utc>,
+    until: DateTime<Utc>,
+    current: &Intensity,
+) -> Forecast {
+    if current.status == Status::Override {
+        return Forecast::flat(current, now, None);
+    }
+    let name = source.describe();
+    let error = match source.forecast(now, until).and_then(|r| window(&name, r, now, until)) {
+        Ok(readings) => {
+            let found = Forecast { source: name, status: Status::Fresh, fetched_at: now, readings, note: None };
+            if policy.remember {
+                if let Err(e) = policy.cache.store_as(&found) {
+                    tracing::info!("cannot remember the intensity forecast: {e}");
+                }
+            }
+            return found;
+        }
+        Err(e) => e,
+    };
+    let why_not_remembered = match policy.cache.load_as::<Forecast>() {
+        Ok(Some(old)) if old.source == name && old.fetched_at > now + chrono::Duration::minutes(5) => {
+            format!("the remembered forecast is unusable (fetched at {}, in the future)", old.fetched_at.to_rfc3339())
+        }
+        Ok(Some(old)) if old.source == name => {
+            let age = now.signed_duration_since(old.fetched_at).to_std().unwrap_or_default();
+            if age > policy.max_age {
+                format!(
+                    "the last good forecast is {} old (max_age {})",
+                    humantime::format_duration(round_secs(age)),
+                    humantime::format_duration(policy.max_age)
+                )
+            } else {
+                match window(&name, old.readings, now, until) {
+                    Ok(readings) => {
+                        let note = format!(
+                            "forecast: {error}; using the forecast fetched {} ago (max_age {})",
+                            humantime::format_duration(round_secs(age)),
+                            humantime::format_duration(policy.max_age)
+                        );
+                        return Forecast { source: name, status: Status::Cached, fetched_at: old.fetched_at, readings, note: Some(note) };
+                    }
+                    Err(e) => format!("the remembered forecast is unusable ({e})"),
+                }
+            }
+        }
+        Ok(_) => "no earlier forecast of this source is remembered".to_string(),
+        Err(e) => format!("the remembered forecast is unusable ({e})"),
+    };
+    let note = format!(
+        "forecast: {error}; {why_not_remembered}; a flat forecast at the current intensity ({:.0} gCO2/kWh)",
+        current.intensity
+    );
+    Forecast::flat(current, now, Some(note))
+}
+
+/// The figures in force from `now` to `until`, checked and sorted: the last one at or before
+/// now (re-dated to now), then the later ones before `until`.
+fn window(name: &str, mut readings: Vec<Reading>, now: DateTime<Utc>, until: DateTime<Utc>) -> Result<Vec<Reading>, SourceError> {
+    for r in &readings {
+        check_value(name, r.clone())?;
+    }
+    readings.sort_by_key(|r| r.timestamp);
+    readings.dedup_by_key(|r| r.timestamp);
+    let first = readings.iter().rposition(|r| r.timestamp <= now);
+    let mut out: Vec<Reading> = match first {
+        Some(i) => vec![Reading { g_per_kwh: readings[i].g_per_kwh, timestamp: now }],
+        None => Vec::new(),
+    };
+    out.extend(readings.into_iter().filter(|r| r.timestamp > now && r.timestamp < until));
+    match out.first() {
+        None => Err(SourceError::Malformed { url: name.to_string(), message: "the forecast has no figure from now on".into() }),
+        // The first figure is in the future: it stands for the time before it too.
+        Some(r) if r.timestamp > now => {
+            let g_per_kwh = r.g_per_kwh;
+            out.insert(0, Reading { g_per_kwh, timestamp: now });
+            Ok(out)
+        }
+        Some(_) => Ok(out),
     }
 }
 

@@ -104,6 +104,7 @@ fn rendered() -> Exposition {
     e.record(Action::Kill, "memory", &who);
     e.record(Action::Kill, "memory", &who);
     e.record(Action::Report, "unmanaged", &Who::none());
+    e.history_failure("disk-full");
     render(&sample(), &e).unwrap()
 }
 

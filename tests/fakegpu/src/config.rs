@@ -82,6 +82,9 @@ pub struct DeviceConfig {
     pub kernel_wave_us: u32,
     /// Exponent γ of the power model `P = P_idle + (P_max − P_idle)·u·(f/f_max)^γ`.
     pub power_exponent: f64,
+    /// σ of the speed curve, 0..=1: a kernel at clock `f` runs at speed
+    /// `(1 − σ) + σ·f/f_max` of its speed at `f_max` (1: proportional to the clock).
+    pub clock_sensitivity: f64,
     /// Fans NVML reports (`nvmlDeviceGetNumFans`); 0, as on SXM boards, makes every fan
     /// query NVML_ERROR_NOT_SUPPORTED.
     pub fans: u32,
@@ -408,6 +411,7 @@ const KEYS: &[&str] = &[
     "pci_bus",
     "kernel_wave_us",
     "power_exponent",
+    "clock_sensitivity",
     "fans",
     "serial",
     "vbios_version",
@@ -634,6 +638,12 @@ fn parse_device(index: usize, t: &toml::Table) -> Result<DeviceConfig, KeyError>
         d.power_exponent = number(v).filter(|x| (0.5..=5.0).contains(x)).ok_or((
             Some("power_exponent"),
             "must be a number in 0.5..=5".to_string(),
+        ))?;
+    }
+    if let Some(v) = t.get("clock_sensitivity") {
+        d.clock_sensitivity = number(v).filter(|x| (0.0..=1.0).contains(x)).ok_or((
+            Some("clock_sensitivity"),
+            "must be a number in 0..=1".to_string(),
         ))?;
     }
     parse_monitoring_keys(&mut d, t)?;
@@ -911,6 +921,7 @@ impl Preset {
             pci,
             kernel_wave_us: 100,
             power_exponent: 2.5,
+            clock_sensitivity: 1.0,
             // SXM boards are cooled by the chassis: no fans of their own.
             fans: 0,
             serial: default_serial(index, name),
@@ -1195,6 +1206,18 @@ mod tests {
             (Some(1), Some("serial")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn clock_sensitivity_key() {
+        let h100 = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n";
+        assert_eq!(parse(h100, "t").unwrap().devices[0].clock_sensitivity, 1.0);
+        let set = parse(&format!("{h100}clock_sensitivity = 0.6\n"), "t").unwrap();
+        assert_eq!(set.devices[0].clock_sensitivity, 0.6);
+        for bad in ["1.5", "-0.1", "\"fast\""] {
+            let e = parse(&format!("{h100}clock_sensitivity = {bad}\n"), "t").unwrap_err();
+            assert_eq!(e.key.as_deref(), Some("clock_sensitivity"), "{bad}");
+        }
     }
 
     #[test]

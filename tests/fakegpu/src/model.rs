@@ -5,7 +5,8 @@
 //!   `min(locked max, max clock, power-cap clock)`, and never below the lowest supported
 //!   clock. The power-cap clock is the one at which the busy power reaches the power limit.
 //!   Idle: the locked minimum if clocks are locked, else the lowest supported clock.
-//! * Kernel duration: `waves × wave time × f_max / f`, where one wave is one thread block per
+//! * Kernel duration: `waves × wave time / s(f)`, `s(f) = (1 − σ) + σ·f/f_max` the speed
+//!   at clock `f` (σ = `clock_sensitivity`, default 1: `× f_max / f`), where one wave is one thread block per
 //!   SM (`waves = ceil(blocks / sm_count)`) and the wave time is the function's own
 //!   (`FAKEGPU_KERNELS`, [`parse_kernel_table`]) or the device's `kernel_wave_us`, capped at
 //!   [`MAX_KERNEL_NS`].
@@ -81,8 +82,22 @@ pub fn kernel_duration_with_wave_ns(
     let sms = u64::from(dev.sm_count.max(1));
     let waves = blocks.max(1).div_ceil(sms);
     let at_max = waves.saturating_mul(wave_ns);
-    let scaled = at_max as f64 * f64::from(dev.max_clock_mhz) / f64::from(clock_mhz.max(1));
+    // × f_max / ((1 − σ)·f_max + σ·f): with σ = 1 exactly `× f_max / f`, as before σ existed.
+    let scaled = at_max as f64 * f64::from(dev.max_clock_mhz) / effective_clock(dev, clock_mhz);
     (scaled as u64).clamp(1, MAX_KERNEL_NS)
+}
+
+/// `(1 − σ)·f_max + σ·f` (MHz, positive), σ the device's `clock_sensitivity`: the clock the
+/// kernel's speed corresponds to.
+fn effective_clock(dev: &DeviceConfig, clock_mhz: u32) -> f64 {
+    let sigma = dev.clock_sensitivity;
+    (1.0 - sigma) * f64::from(dev.max_clock_mhz.max(1)) + sigma * f64::from(clock_mhz.max(1))
+}
+
+/// A kernel's speed at `clock_mhz` relative to the maximum clock:
+/// `(1 − σ) + σ·f/f_max`, σ the device's `clock_sensitivity`.
+pub fn speed(dev: &DeviceConfig, clock_mhz: u32) -> f64 {
+    effective_clock(dev, clock_mhz) / f64::from(dev.max_clock_mhz.max(1))
 }
 
 /// Power in mW at utilization `u` (0..=1) and clock `clock_mhz`, clamped to the limit.
@@ -256,6 +271,21 @@ mod tests {
         assert_eq!(kernel_duration_ns(&d, 133, 1980), 200_000);
         assert_eq!(kernel_duration_ns(&d, 1, 990), 200_000);
         assert_eq!(kernel_duration_ns(&d, u64::MAX, 345), MAX_KERNEL_NS);
+    }
+
+    #[test]
+    fn clock_sensitivity_shapes_the_speed_curve() {
+        let mut d = h100();
+        d.clock_sensitivity = 0.6;
+        // At half clock: speed 0.4 + 0.6·0.5 = 0.7.
+        assert_eq!(kernel_duration_ns(&d, 132, 990), (100_000.0 / 0.7) as u64);
+        assert_eq!(kernel_duration_ns(&d, 132, 1980), 100_000);
+        d.clock_sensitivity = 0.0;
+        assert_eq!(kernel_duration_ns(&d, 132, 345), 100_000, "σ 0: the clock does not matter");
+        assert!((speed(&d, 345) - 1.0).abs() < 1e-12);
+        // σ 1 (the default) is exactly the old `× f_max / f`.
+        d.clock_sensitivity = 1.0;
+        assert_eq!(kernel_duration_ns(&d, 132, 1500), 132_000);
     }
 
     #[test]

@@ -6,8 +6,15 @@
 //! replayed over 8 simulated H100-class GPUs and a mix of workloads arriving over the first
 //! 36 hours. Every 15 minutes (the timer's period) the policy sets clocks:
 //!
-//! * `static F`: every busy GPU at F MHz; a starting workload gets as many GPUs as are free,
-//!   up to its maximum.
+//! Workloads start as `vgpu run --gpus MIN-MAX` starts them, under every policy: one at a
+//! time, in arrival order (first in, first out: the queue stops at the first one that cannot
+//! get its MIN), each through the same stage-1 call `vgpu run` makes
+//! (`vgpu::carbon::range::place`): the starting workload planned among the running ones (the
+//! earlier starters of the same tick included), with the budget as it stands now (the
+//! per-hour budget, or the horizon planner's allotment now); with no budget it gets up to its
+//! MAX of the free GPUs. Then the tick's clocks are planned for the running workloads.
+//!
+//! * `static F`: every busy GPU at F MHz; starters placed with no budget.
 //! * `planner B`: vgpu's two-stage planner with a budget of B gCO2/h, given what vgpu knows:
 //!   the running workloads' GPUs and sensitivities, the waiting ones' GPU ranges, and its
 //!   *default* model (P_max = the 700 W default power limit, P_idle = 15 % of it, γ = 2,
@@ -24,16 +31,19 @@
 //! smooth seeded error (AR(1), about ±8 %): the horizon planner sees the intensity now
 //! (measured) and the forecast for the rest of the day, and the grams actually emitted so far
 //! that day. For each trace: every static cap, the per-hour planner at several budgets, and
-//! the horizon planner at daily budgets spread between the cleanest and the fastest static
-//! caps' daily emissions (loose ones included), each compared with the static caps'
-//! (emissions, completion time) curve interpolated at its own emissions. The program fails
-//! unless the horizon planner is strictly faster than that curve at every budget on every
-//! trace, or a day emits more than its budget without the horizon planner having said so.
+//! the horizon planner at seven daily budgets spread from the cleanest static cap's emissions
+//! per day (its total over the trace's two days) to what the fastest cap emits on its fullest
+//! day (loose ones included, each below that, so every budget binds), each compared with the
+//! static caps' (emissions, completion time) curve interpolated at its own emissions. The
+//! program fails unless the horizon planner is strictly faster than that curve at every
+//! budget on every trace, or a day emits more than its budget without the horizon planner
+//! having said so.
 
 use chrono::{TimeZone, Utc};
 use vgpu::carbon::horizon::{allot, HorizonRequest, Slot, DEFAULT_FORECAST_MARGIN};
 use vgpu::carbon::model::{clock_factor, gpu_factor, GpuModel, Tunables, DEFAULT_IDLE_FRACTION};
 use vgpu::carbon::planner::{plan, PlanRequest};
+use vgpu::carbon::range::{place, Start};
 use vgpu::carbon::workload::PlannedWorkload;
 
 const GPUS: usize = 8;
@@ -266,6 +276,54 @@ fn planner_models() -> Vec<GpuModel> {
         .collect()
 }
 
+/// The running workloads as vgpu sees them: their GPUs and sensitivities.
+fn planned(running: &[Running], jobs: &[Job]) -> Vec<PlannedWorkload> {
+    running
+        .iter()
+        .map(|r| {
+            PlannedWorkload::fixed(format!("j{}", r.job), r.gpus.iter().map(|&g| g as u32).collect())
+                .with_sensitivity(jobs[r.job].sensitivity)
+        })
+        .collect()
+}
+
+/// The horizon planner's allotment now (gCO2/h) for these workloads and a daily budget with
+/// `spent_g` emitted so far today, from the intensity now and the forecast to the end of the
+/// day; and whether the day's budget can be kept.
+#[allow(clippy::too_many_arguments)]
+fn horizon_now(
+    models: &[GpuModel],
+    workloads: &[PlannedWorkload],
+    daily_g: f64,
+    spent_g: f64,
+    tick: usize,
+    t0: chrono::DateTime<Utc>,
+    intensity: f64,
+    forecast: &[f64],
+) -> (f64, bool) {
+    let ticks_per_day = (24.0 / TICK_H).round() as usize;
+    let left = ticks_per_day - tick % ticks_per_day;
+    let slots: Vec<Slot> = (0..left)
+        .map(|i| Slot {
+            start: t0 + chrono::Duration::minutes(((tick + i) as f64 * TICK_H * 60.0) as i64),
+            hours: TICK_H,
+            g_per_kwh: if i == 0 { intensity } else { intensity_at(forecast, tick + i) },
+        })
+        .collect();
+    let allotment = allot(&HorizonRequest {
+        gpus: models,
+        workloads,
+        tunables: Tunables::default(),
+        budget_g: daily_g,
+        spent_g,
+        slots: &slots,
+        rate_cap_g_per_hour: None,
+        forecast_margin: DEFAULT_FORECAST_MARGIN,
+    })
+    .expect("valid horizon request");
+    (allotment.g_per_hour_now, allotment.feasible)
+}
+
 fn simulate(policy: Policy, jobs: &[Job], trace: &[f64], forecast: &[f64]) -> Outcome {
     let models = planner_models();
     let t0 = Utc.with_ymd_and_hms(2026, 1, 15, 0, 0, 0).single().expect("valid instant");
@@ -290,12 +348,15 @@ fn simulate(policy: Policy, jobs: &[Job], trace: &[f64], forecast: &[f64]) -> Ou
         let intensity = intensity_at(trace, tick);
         if tick % ticks_per_day == 0 {
             days.push((0.0, false));
+            day_grams = 0.0;
         }
         let busy: Vec<bool> = (0..GPUS).map(|g| running.iter().any(|r| r.gpus.contains(&g))).collect();
-        let mut free: Vec<usize> = (0..GPUS).filter(|&g| !busy[g]).collect();
-        // FIFO: the jobs at the head of the queue whose minimum fits start now.
+        let free = (0..GPUS).filter(|&g| !busy[g]).count();
+        // FIFO: the jobs at the head of the queue whose minimums fit in the free GPUs are the
+        // candidates; each is placed in turn below, and the queue stops at the first that gets
+        // fewer than its MIN.
         let mut starting = Vec::new();
-        let mut spare = free.len();
+        let mut spare = free;
         for &j in &waiting {
             if jobs[j].min > spare {
                 break;
@@ -305,58 +366,78 @@ fn simulate(policy: Policy, jobs: &[Job], trace: &[f64], forecast: &[f64]) -> Ou
         }
         let clocks_by_gpu: Vec<u32> = match policy {
             Policy::Static(cap) => {
-                for (k, &j) in starting.iter().enumerate() {
-                    // As many as are free, up to the maximum, leaving the later starters their minimum.
-                    let reserved: usize = starting[k + 1..].iter().map(|&s| jobs[s].min).sum();
-                    let n = jobs[j].max.min(free.len() - reserved);
-                    let gpus: Vec<usize> = free.drain(..n).collect();
-                    running.push(Running { job: j, gpus, remaining: jobs[j].work });
+                // `vgpu run --gpus MIN-MAX` with no carbon budget: one at a time, in arrival
+                // order, each up to its MAX of the free GPUs.
+                for &j in &starting {
+                    let running_now = planned(&running, jobs);
+                    let new = PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max)
+                        .with_sensitivity(jobs[j].sensitivity);
+                    let start = Start {
+                        gpus: &models,
+                        running: &running_now,
+                        intensity,
+                        budget_g_per_hour: None,
+                        tunables: Tunables::default(),
+                    };
+                    let (gpus, _) = place(&start, new).expect("valid stage 1 request");
+                    if gpus.len() < jobs[j].min {
+                        break;
+                    }
+                    running.push(Running { job: j, gpus: gpus.iter().map(|&g| g as usize).collect(), remaining: jobs[j].work });
                 }
                 vec![cap; GPUS]
             }
             Policy::Planner(_) | Policy::Horizon(_) => {
-                let mut workloads: Vec<PlannedWorkload> = running
-                    .iter()
-                    .map(|r| {
-                        PlannedWorkload::fixed(format!("j{}", r.job), r.gpus.iter().map(|&g| g as u32).collect())
-                            .with_sensitivity(jobs[r.job].sensitivity)
-                    })
-                    .collect();
-                let first_new = workloads.len();
-                workloads.extend(starting.iter().map(|&j| {
-                    PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max).with_sensitivity(jobs[j].sensitivity)
-                }));
+                // As `vgpu run --gpus MIN-MAX` does: one starter at a time, in arrival order,
+                // each planned among the running workloads (the earlier starters included)
+                // with the budget as it stands now; FIFO, so the queue stops at the first
+                // one whose MIN does not fit.
+                for &j in &starting {
+                    let running_now = planned(&running, jobs);
+                    let new = PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max)
+                        .with_sensitivity(jobs[j].sensitivity);
+                    let mut with_new = running_now.clone();
+                    with_new.push(new.clone());
+                    let budget = match policy {
+                        Policy::Horizon(daily_g) => {
+                            let (g_per_hour, feasible) =
+                                horizon_now(&models, &with_new, daily_g, day_grams, tick, t0, intensity, forecast);
+                            if !feasible {
+                                if let Some(day) = days.last_mut() {
+                                    day.1 = true;
+                                }
+                            }
+                            g_per_hour
+                        }
+                        Policy::Planner(budget) => budget,
+                        Policy::Static(_) => unreachable!("static caps are not planned"),
+                    };
+                    let start = Start {
+                        gpus: &models,
+                        running: &running_now,
+                        intensity,
+                        budget_g_per_hour: Some(budget),
+                        tunables: Tunables::default(),
+                    };
+                    let (gpus, _) = place(&start, new).expect("valid stage 1 request");
+                    if gpus.len() < jobs[j].min {
+                        break;
+                    }
+                    running.push(Running { job: j, gpus: gpus.iter().map(|&g| g as usize).collect(), remaining: jobs[j].work });
+                }
+                // Then the tick's clocks (what `vgpu carbon apply` plans): every workload
+                // running, their GPUs fixed.
+                let workloads = planned(&running, jobs);
                 let budget = match policy {
                     Policy::Horizon(daily_g) => {
-                        if tick % ticks_per_day == 0 {
-                            day_grams = 0.0;
-                        }
-                        // Now (measured), then the forecast to the end of the day.
-                        let left = ticks_per_day - tick % ticks_per_day;
-                        let slots: Vec<Slot> = (0..left)
-                            .map(|i| Slot {
-                                start: t0 + chrono::Duration::minutes(((tick + i) as f64 * TICK_H * 60.0) as i64),
-                                hours: TICK_H,
-                                g_per_kwh: if i == 0 { intensity } else { intensity_at(forecast, tick + i) },
-                            })
-                            .collect();
-                        let allotment = allot(&HorizonRequest {
-                            gpus: &models,
-                            workloads: &workloads,
-                            tunables: Tunables::default(),
-                            budget_g: daily_g,
-                            spent_g: day_grams,
-                            slots: &slots,
-                            rate_cap_g_per_hour: None,
-                            forecast_margin: DEFAULT_FORECAST_MARGIN,
-                        })
-                        .expect("valid horizon request");
-                        if !allotment.feasible {
+                        let (g_per_hour, feasible) =
+                            horizon_now(&models, &workloads, daily_g, day_grams, tick, t0, intensity, forecast);
+                        if !feasible {
                             if let Some(day) = days.last_mut() {
                                 day.1 = true;
                             }
                         }
-                        allotment.g_per_hour_now
+                        g_per_hour
                     }
                     Policy::Planner(budget) => budget,
                     Policy::Static(_) => unreachable!("static caps are not planned"),
@@ -368,14 +449,7 @@ fn simulate(policy: Policy, jobs: &[Job], trace: &[f64], forecast: &[f64]) -> Ou
                     budget_g_per_hour: Some(budget),
                     tunables: Tunables::default(),
                 };
-                let plan = plan(&request).expect("valid plan request");
-                for (k, &j) in starting.iter().enumerate() {
-                    let gpus: Vec<usize> = plan.workloads[first_new + k].gpus.iter().map(|&g| g as usize).collect();
-                    if !gpus.is_empty() {
-                        running.push(Running { job: j, gpus, remaining: jobs[j].work });
-                    }
-                }
-                plan.gpus.iter().map(|g| g.clock_mhz).collect()
+                plan(&request).expect("valid plan request").gpus.iter().map(|g| g.clock_mhz).collect()
             }
         };
         let started: Vec<usize> = running.iter().map(|r| r.job).collect();
@@ -542,9 +616,9 @@ fn horizon_section(jobs: &[Job]) -> bool {
         ("windy days", windy_trace(), 202),
         ("winter evening peak", winter_trace(), 303),
     ];
-    // Daily budgets between the cleanest and the fastest caps' daily emissions (loose last).
-    let shares = [0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.95];
+    // Shares of the way from the tightest daily budget to the loosest (loose last).
     let days = TRACE_H / 24.0;
+    let shares = [0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.95];
     let mut lost = false;
     let mut summary = Vec::new();
     for (name, actual, seed) in &traces {
@@ -566,12 +640,26 @@ fn horizon_section(jobs: &[Job]) -> bool {
         for (c, o) in &statics {
             println!("{:<26} {:>12.1} {:>12.2}", format!("static {c} MHz"), o.emissions_kg, o.avg_completion_h);
         }
+        // Daily budgets from the cleanest cap's emissions per day of the trace (its total over
+        // the trace's two days) to what the fastest cap emits on its fullest day: every one
+        // below that, so it binds (the fastest cap's total over two days would not: part of
+        // its emissions fall after the trace's end, on a third day).
         let e_lo = statics.iter().map(|s| s.1.emissions_kg).fold(f64::MAX, f64::min);
-        let e_hi = statics.iter().map(|s| s.1.emissions_kg).fold(f64::MIN, f64::max);
+        let fastest = statics.iter().min_by(|a, b| a.1.avg_completion_h.total_cmp(&b.1.avg_completion_h));
+        let Some((c_hi, hi_cap)) = fastest else { continue };
+        let d_lo = e_lo * 1000.0 / days;
+        let d_hi = hi_cap.days.iter().map(|d| d.0).fold(0.0, f64::max);
+        let days_of: Vec<String> = hi_cap.days.iter().map(|d| format!("{:.1}", d.0 / 1000.0)).collect();
+        println!(
+            "daily budgets from {:.1} kg (the cleanest cap's total / 2 days) to {:.1} kg (the fullest day of static {c_hi} MHz, the fastest; its days: {} kg)",
+            d_lo / 1000.0,
+            d_hi / 1000.0,
+            days_of.join(", ")
+        );
         let mut worst: Option<f64> = None;
         let (mut fullest, mut infeasible_days) = (0.0f64, 0);
         for share in shares {
-            let daily_g = (e_lo + share * (e_hi - e_lo)) * 1000.0 / days;
+            let daily_g = d_lo + share * (d_hi - d_lo);
             let p = simulate(Policy::Planner(daily_g / 24.0), jobs, actual, &forecast);
             let (_, line) = judge(&statics, &p);
             println!(

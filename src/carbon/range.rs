@@ -3,7 +3,8 @@
 use anyhow::Result;
 
 use crate::carbon::host;
-use crate::carbon::planner::{self, PlanRequest};
+use crate::carbon::model::{GpuModel, Tunables};
+use crate::carbon::planner::{self, ClockPlan, PlanError, PlanRequest};
 use crate::carbon::workload::{GpuDemand, PlannedWorkload};
 use crate::context::Context;
 use crate::error::UsageError;
@@ -21,7 +22,7 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
     let now = host::now(ctx)?;
     let found = if limited { Some(host::intensity_now(ctx, now, true)?) } else { None };
     let intensity = found.as_ref().map_or(0.0, |i| i.intensity);
-    let mut workloads = host::workloads(ctx, &devices);
+    let workloads = host::workloads(ctx, &devices);
     let asked = if min == max { format!("--gpus {min}") } else { format!("--gpus {min}-{max}") };
     // A count the host cannot have is the caller's mistake, whoever runs what.
     if devices.len() < min {
@@ -32,12 +33,13 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
     if let Some(s) = sensitivity {
         new = new.with_sensitivity(s);
     }
-    workloads.push(new);
     // A daily or monthly budget: the rate allotted now with the new workload among the
     // others (the remembered forecast: the timer's apply refreshes it).
     let budget = match &found {
         Some(found) => {
-            let allotted = host::allot_budgets(ctx, &workloads, &devices, found, budgets, now, false, false)?;
+            let mut with_new = workloads.clone();
+            with_new.push(new.clone());
+            let allotted = host::allot_budgets(ctx, &with_new, &devices, found, budgets, now, false, false)?;
             for note in &allotted.notes {
                 tracing::debug!("stage 1: {note}");
             }
@@ -46,14 +48,8 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
         None => None,
     };
     let models: Vec<_> = devices.iter().map(|d| d.model.clone()).collect();
-    let request = PlanRequest {
-        gpus: &models,
-        workloads: &workloads,
-        intensity,
-        budget_g_per_hour: budget,
-        tunables: host::tunables(config)?,
-    };
-    let plan = planner::plan(&request).map_err(|e| UsageError::new(e.to_string()))?;
+    let start = Start { gpus: &models, running: &workloads, intensity, budget_g_per_hour: budget, tunables: host::tunables(config)? };
+    let (gpus, plan) = place(&start, new).map_err(|e| UsageError::new(e.to_string()))?;
     tracing::debug!(
         "stage 1 for --gpus {min}-{max}: {:?}; {:.1} gCO2/h predicted; {}",
         plan.workloads.last().map(|w| &w.gpus),
@@ -63,7 +59,6 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
     if !plan.budget_met {
         tracing::warn!("the carbon budget cannot be met even at the lowest clocks; starting with the minimum of {min} GPU(s)");
     }
-    let gpus = plan.workloads.last().map(|w| w.gpus.clone()).unwrap_or_default();
     if gpus.len() < min {
         let why = if limited && devices.len() - holders.held >= min {
             format!(
@@ -78,6 +73,41 @@ pub fn gpus_for_range(ctx: &Context, min: usize, max: usize, sensitivity: Option
         anyhow::bail!("{asked}: {why}");
     }
     Ok(gpus)
+}
+
+/// What stage 1 looks at when one workload starts: the host's GPUs, the workloads running
+/// on them, and the budget as it stands now.
+#[derive(Debug, Clone)]
+pub struct Start<'a> {
+    pub gpus: &'a [GpuModel],
+    /// The running workloads, as the planner sees them (their GPUs fixed).
+    pub running: &'a [PlannedWorkload],
+    /// gCO2/kWh now.
+    pub intensity: f64,
+    /// gCO2/h for all GPUs (the per-hour budget, or the horizon's allotment now); `None`:
+    /// no carbon limit, the new workload gets up to its MAX of the free GPUs.
+    pub budget_g_per_hour: Option<f64>,
+    pub tunables: Tunables,
+}
+
+/// Stage 1 for one workload about to start (pure): it is planned after the running ones,
+/// alone among the starters (`vgpu run` places workloads one at a time, in the order they
+/// arrive). Returns the NVML indexes it gets (empty when its MIN does not fit in the free
+/// GPUs) and the plan they come from. `vgpu run --gpus MIN-MAX` and `benches/carbon_sim.rs`
+/// both place workloads through this function.
+pub fn place(start: &Start<'_>, new: PlannedWorkload) -> Result<(Vec<u32>, ClockPlan), PlanError> {
+    let mut workloads = start.running.to_vec();
+    workloads.push(new);
+    let request = PlanRequest {
+        gpus: start.gpus,
+        workloads: &workloads,
+        intensity: start.intensity,
+        budget_g_per_hour: start.budget_g_per_hour,
+        tunables: start.tunables,
+    };
+    let plan = planner::plan(&request)?;
+    let gpus = plan.workloads.last().map(|w| w.gpus.clone()).unwrap_or_default();
+    Ok((gpus, plan))
 }
 
 /// The GPUs running workloads hold, as the planner sees them: how many, and who holds
@@ -100,4 +130,44 @@ fn holders(workloads: &[PlannedWorkload]) -> Holders {
     held.sort_unstable();
     held.dedup();
     Holders { held: held.len(), names }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32) -> GpuModel {
+        GpuModel::new(index, vec![500, 1000, 1500, 2000], 50.0, 250.0, 2.0).expect("valid model")
+    }
+
+    fn placed(gpus: &[GpuModel], running: &[PlannedWorkload], new: PlannedWorkload, budget: Option<f64>) -> Vec<u32> {
+        let start = Start { gpus, running, intensity: 300.0, budget_g_per_hour: budget, tunables: Tunables::default() };
+        place(&start, new).expect("valid request").0
+    }
+
+    /// Workloads start one at a time: with no budget the first gets up to its MAX of the free
+    /// GPUs, and the next one only what is left (planned together, stage 1 would have
+    /// shared the free GPUs between them).
+    #[test]
+    fn starters_are_placed_one_at_a_time_in_arrival_order() {
+        let gpus: Vec<GpuModel> = (0..4).map(gpu).collect();
+        let running = vec![PlannedWorkload::fixed("train", vec![0])];
+        let first = placed(&gpus, &running, PlannedWorkload::range("a", 1, 4), None);
+        assert_eq!(first, vec![1, 2, 3]);
+        let mut running = running;
+        running.push(PlannedWorkload::fixed("a", first));
+        assert!(placed(&gpus, &running, PlannedWorkload::range("b", 1, 2), None).is_empty());
+    }
+
+    /// Under a budget the starter gets what the budget holds at the lowest clock, never fewer
+    /// than its MIN when the MIN fits in the free GPUs.
+    #[test]
+    fn a_budget_limits_the_starter_to_what_it_holds() {
+        let gpus: Vec<GpuModel> = (0..4).map(gpu).collect();
+        // 4 GPUs idle at 50 W: 200 W; one more busy GPU at its lowest clock adds a little.
+        let tight = placed(&gpus, &[], PlannedWorkload::range("a", 1, 4), Some(0.0));
+        assert_eq!(tight.len(), 1);
+        let loose = placed(&gpus, &[], PlannedWorkload::range("a", 1, 4), Some(1e6));
+        assert_eq!(loose, vec![0, 1, 2, 3]);
+    }
 }

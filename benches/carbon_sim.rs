@@ -412,89 +412,58 @@ fn simulate(policy: Policy, model: Model, jobs: &[Job], trace: &[f64], forecast:
             spare -= jobs[j].min;
             starting.push(j);
         }
-        let clocks_by_gpu: Vec<u32> = match policy {
-            Policy::Static(cap) => {
-                // `vgpu run --gpus MIN-MAX` with no carbon budget: one at a time, in arrival
-                // order, each up to its MAX of the free GPUs.
-                for &j in &starting {
-                    let running_now = planned(&running, jobs);
-                    let new = PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max)
-                        .with_sensitivity(jobs[j].sensitivity);
-                    let start = Start {
-                        gpus: &models,
-                        running: &running_now,
-                        intensity,
-                        budget_g_per_hour: None,
-                        tunables: Tunables::default(),
-                    };
-                    let (gpus, _) = place(&start, new).expect("valid stage 1 request");
-                    if gpus.len() < jobs[j].min {
-                        break;
+        // The rate this tick allows `workloads`: none under a static cap, the per-hour
+        // planner's budget, or the horizon's allotment now (a horizon that cannot be kept
+        // marks the day).
+        let mut budget_for = |workloads: &[PlannedWorkload]| -> Option<f64> {
+            match policy {
+                Policy::Static(_) => None,
+                Policy::Planner(budget) => Some(budget),
+                Policy::Horizon(daily_g) => {
+                    let (g_per_hour, feasible) =
+                        horizon_now(&models, workloads, daily_g, day_grams, tick, t0, intensity, forecast);
+                    if !feasible {
+                        if let Some(day) = days.last_mut() {
+                            day.1 = true;
+                        }
                     }
-                    running.push(Running { job: j, gpus: gpus.iter().map(|&g| g as usize).collect(), remaining: jobs[j].work });
+                    Some(g_per_hour)
                 }
-                vec![cap; GPUS]
             }
+        };
+        // As `vgpu run --gpus MIN-MAX` does, under every policy: one starter at a time, in
+        // arrival order, each planned among the running workloads (the earlier starters
+        // included) with the budget as it stands now (none under a static cap: up to its MAX
+        // of the free GPUs); FIFO, so the queue stops at the first one whose MIN does not fit.
+        for &j in &starting {
+            let running_now = planned(&running, jobs);
+            let new = PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max).with_sensitivity(jobs[j].sensitivity);
+            let mut with_new = running_now.clone();
+            with_new.push(new.clone());
+            let start = Start {
+                gpus: &models,
+                running: &running_now,
+                intensity,
+                budget_g_per_hour: budget_for(&with_new),
+                tunables: Tunables::default(),
+            };
+            let (gpus, _) = place(&start, new).expect("valid stage 1 request");
+            if gpus.len() < jobs[j].min {
+                break;
+            }
+            running.push(Running { job: j, gpus: gpus.iter().map(|&g| g as usize).collect(), remaining: jobs[j].work });
+        }
+        // Then the tick's clocks: the cap, or what `vgpu carbon apply` plans for every
+        // workload running, their GPUs fixed.
+        let clocks_by_gpu: Vec<u32> = match policy {
+            Policy::Static(cap) => vec![cap; GPUS],
             Policy::Planner(_) | Policy::Horizon(_) => {
-                // As `vgpu run --gpus MIN-MAX` does: one starter at a time, in arrival order,
-                // each planned among the running workloads (the earlier starters included)
-                // with the budget as it stands now; FIFO, so the queue stops at the first
-                // one whose MIN does not fit.
-                for &j in &starting {
-                    let running_now = planned(&running, jobs);
-                    let new = PlannedWorkload::range(format!("j{j}"), jobs[j].min, jobs[j].max)
-                        .with_sensitivity(jobs[j].sensitivity);
-                    let mut with_new = running_now.clone();
-                    with_new.push(new.clone());
-                    let budget = match policy {
-                        Policy::Horizon(daily_g) => {
-                            let (g_per_hour, feasible) =
-                                horizon_now(&models, &with_new, daily_g, day_grams, tick, t0, intensity, forecast);
-                            if !feasible {
-                                if let Some(day) = days.last_mut() {
-                                    day.1 = true;
-                                }
-                            }
-                            g_per_hour
-                        }
-                        Policy::Planner(budget) => budget,
-                        Policy::Static(_) => unreachable!("static caps are not planned"),
-                    };
-                    let start = Start {
-                        gpus: &models,
-                        running: &running_now,
-                        intensity,
-                        budget_g_per_hour: Some(budget),
-                        tunables: Tunables::default(),
-                    };
-                    let (gpus, _) = place(&start, new).expect("valid stage 1 request");
-                    if gpus.len() < jobs[j].min {
-                        break;
-                    }
-                    running.push(Running { job: j, gpus: gpus.iter().map(|&g| g as usize).collect(), remaining: jobs[j].work });
-                }
-                // Then the tick's clocks (what `vgpu carbon apply` plans): every workload
-                // running, their GPUs fixed.
                 let workloads = planned(&running, jobs);
-                let budget = match policy {
-                    Policy::Horizon(daily_g) => {
-                        let (g_per_hour, feasible) =
-                            horizon_now(&models, &workloads, daily_g, day_grams, tick, t0, intensity, forecast);
-                        if !feasible {
-                            if let Some(day) = days.last_mut() {
-                                day.1 = true;
-                            }
-                        }
-                        g_per_hour
-                    }
-                    Policy::Planner(budget) => budget,
-                    Policy::Static(_) => unreachable!("static caps are not planned"),
-                };
                 let request = PlanRequest {
                     gpus: &models,
                     workloads: &workloads,
                     intensity,
-                    budget_g_per_hour: Some(budget),
+                    budget_g_per_hour: budget_for(&workloads),
                     tunables: Tunables::default(),
                 };
                 plan(&request).expect("valid plan request").gpus.iter().map(|g| g.clock_mhz).collect()

@@ -5,7 +5,6 @@
 //! config. Under systemd (`Type=notify`) it says READY=1 after its first round, STOPPING=1,
 //! and WATCHDOG=1 each round when the unit has a watchdog.
 
-use std::sync::mpsc::RecvTimeoutError;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
@@ -15,7 +14,7 @@ use signal_hook::consts::signal::SIGHUP;
 
 use crate::context::Context;
 use crate::service::runner::Runner;
-use crate::commands::watch::{print_as, tell, SignalRelay};
+use crate::commands::watch::{print_as, tell, wait, SignalRelay, Wake};
 use crate::watch::Event;
 
 #[derive(Debug, Args)]
@@ -39,7 +38,8 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
     let mut runner = Runner::one(ctx, &args.name).with_context(|| format!("cannot run service {}", args.name))?;
     leave_the_unit_root(ctx)?;
     let signals = SignalRelay::start()?;
-    let ping = sd_notify::watchdog_enabled();
+    // systemd's WatchdogSec: ping at half of it, as `vgpu watch` does.
+    let ping = sd_notify::watchdog_enabled().map(|timeout| timeout / 2);
     let mut ctx = ctx.clone();
     print(vec![Event::info(format!(
         "running service {} (pid {}, interval {})",
@@ -67,12 +67,9 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
         }
         loop {
             let due = started + ctx.config.watch.interval;
-            let left = due.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            match signals.rx.recv_timeout(left) {
-                Ok(SIGHUP) => match Context::load(ctx.origin.clone()) {
+            match wait(&signals.rx, due, ping) {
+                Wake::Round => break,
+                Wake::Signal(SIGHUP) => match Context::load(ctx.origin.clone()) {
                     Ok(new) => {
                         ctx = Context { state_dir: ctx.state_dir.clone(), lib_dir: ctx.lib_dir.clone(), ..new };
                         runner.reload(&ctx);
@@ -80,9 +77,8 @@ pub fn run(ctx: &Context, args: &ServiceRunArgs) -> Result<()> {
                     }
                     Err(e) => print(vec![Event::warn(format!("kept the running config: {:#}", anyhow::Error::from(e)))]),
                 },
-                Ok(signal) => break 'rounds signal,
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => break 'rounds 0,
+                Wake::Signal(signal) => break 'rounds signal,
+                Wake::Closed => break 'rounds 0,
             }
         }
     };

@@ -60,7 +60,7 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
     Ok(())
 }
 
-enum Wake {
+pub(crate) enum Wake {
     /// The next round is due.
     Round,
     Signal(i32),
@@ -69,8 +69,9 @@ enum Wake {
 }
 
 /// Wait until `due` or a signal, whichever first; a signal already pending wins over a round
-/// that is already due. With a watchdog, ping it every `ping` meanwhile.
-fn wait(rx: &Receiver<i32>, due: Instant, ping: Option<Duration>) -> Wake {
+/// that is already due. With a watchdog, ping it every `ping` meanwhile. (`vgpu watch`
+/// and `vgpu service run` wait between their rounds with it.)
+pub(crate) fn wait(rx: &Receiver<i32>, due: Instant, ping: Option<Duration>) -> Wake {
     loop {
         let left = due.saturating_duration_since(Instant::now());
         if left.is_zero() {

@@ -192,11 +192,12 @@ pub struct History {
     pub idle_w: BTreeMap<String, IdlePower>,
 }
 
-/// The step function of intensity over time.
-struct Steps(Vec<IntensityPoint>);
+/// The step function of intensity over time (the report's and the spent budget's,
+/// `history::spent`).
+pub(crate) struct Steps(Vec<IntensityPoint>);
 
 impl Steps {
-    fn new(mut points: Vec<IntensityPoint>) -> Steps {
+    pub(crate) fn new(mut points: Vec<IntensityPoint>) -> Steps {
         points.retain(|p| p.g_per_kwh.is_finite() && p.g_per_kwh >= 0.0);
         // Stable: of equal times the later in the list stays last, and wins below.
         points.sort_by_key(|p| p.ts_ms);
@@ -205,8 +206,13 @@ impl Steps {
 
     /// The latest figure at or before `t`; before the first, the first.
     fn at(&self, t: i64) -> Option<f64> {
+        self.in_force(t).or_else(|| self.0.first().map(|p| p.g_per_kwh))
+    }
+
+    /// The latest figure at or before `t`; `None` before the first.
+    pub(crate) fn in_force(&self, t: i64) -> Option<f64> {
         let n = self.0.partition_point(|p| p.ts_ms <= t);
-        self.0.get(n.saturating_sub(1)).map(|p| p.g_per_kwh)
+        n.checked_sub(1).map(|i| self.0[i].g_per_kwh)
     }
 }
 

@@ -129,15 +129,7 @@ impl Reader {
     /// force before it).
     fn intensity(&self, window: Window) -> Result<Vec<IntensityPoint>, HistoryError> {
         let point = |r: &rusqlite::Row<'_>| Ok(IntensityPoint { ts_ms: r.get(0)?, g_per_kwh: r.get(1)? });
-        let mut st = self
-            .conn
-            .prepare(
-                "SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms < ?2
-                 AND ts_ms >= coalesce((SELECT max(ts_ms) FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms <= ?1), ?1)
-                 ORDER BY ts_ms, kind",
-            )
-            .map_err(self.err())?;
-        let found = st.query_map(params![window.since_ms, window.until_ms], point).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
+        let found = intensity_in_force(&self.conn, &self.path, window)?;
         if !found.is_empty() {
             return Ok(found);
         }
@@ -414,6 +406,24 @@ fn uri_path(path: &Path) -> String {
         }
     }
     out
+}
+
+/// The intensity figures (readings and fallbacks) of `window`: the one in force at `since`
+/// (the latest at or before it) and every later one before `until`; of a reading and a
+/// fallback at the same time, the reading comes last and wins (as [`account::Steps`] reads
+/// them). Empty when none is at or before `until`.
+pub(crate) fn intensity_in_force(conn: &Connection, path: &Path, window: Window) -> Result<Vec<IntensityPoint>, HistoryError> {
+    let point = |r: &rusqlite::Row<'_>| Ok(IntensityPoint { ts_ms: r.get(0)?, g_per_kwh: r.get(1)? });
+    let mut st = conn
+        .prepare_cached(
+            "SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms < ?2
+             AND ts_ms >= coalesce((SELECT max(ts_ms) FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms <= ?1), ?1)
+             ORDER BY ts_ms, kind",
+        )
+        .map_err(HistoryError::sqlite(path))?;
+    st.query_map(params![window.since_ms, window.until_ms], point)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(HistoryError::sqlite(path))
 }
 
 #[cfg(test)]

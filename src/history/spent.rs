@@ -11,8 +11,8 @@
 //! Without a database, [`spent_from_log`] assumes the plans were kept: Σ of each applied
 //! decision's predicted gCO2/h × the time it was in force.
 //!
-//! (`vgpu carbon report` attributes the same energy to workloads in its own module; this is
-//! the host's total only, kept small on purpose.)
+//! (`vgpu carbon report` attributes the same energy to workloads, `carbon::account`; this
+//! is the host's total only, read with the report's intensity figures and step function.)
 
 use std::path::Path;
 
@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection};
 
 use super::db::HistoryError;
+use crate::carbon::account::{Steps, Window};
 use crate::carbon::log::{Action, Decision};
 
 /// Millijoules in a kilowatt-hour.
@@ -41,24 +42,9 @@ pub struct Spent {
 /// errors); energy without a recorded intensity before it is priced at `default_g_per_kwh`.
 pub fn spent(conn: &Connection, path: &Path, from_ms: i64, to_ms: i64, default_g_per_kwh: f64) -> Result<Spent, HistoryError> {
     let err = HistoryError::sqlite;
-    // The intensity in force at from_ms, and every change after it.
-    let mut steps: Vec<(i64, f64)> = Vec::new();
-    let mut query = conn
-        .prepare(
-            "SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms < ?2 \
-             AND ts_ms >= COALESCE((SELECT MAX(ts_ms) FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms <= ?1), ?1) \
-             ORDER BY ts_ms, kind",
-        )
-        .map_err(err(path))?;
-    let rows = query.query_map(params![from_ms, to_ms], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)?))).map_err(err(path))?;
-    for row in rows {
-        let (ts, g) = row.map_err(err(path))?;
-        // Two kinds at one time: 'reading' sorts after 'fallback' and wins.
-        match steps.last_mut() {
-            Some(last) if last.0 == ts => last.1 = g,
-            _ => steps.push((ts, g)),
-        }
-    }
+    // The intensity in force at from_ms, and every change after it (as the report reads it).
+    let window = Window { since_ms: from_ms, until_ms: to_ms };
+    let steps = Steps::new(super::query::intensity_in_force(conn, path, window)?);
     let mut out = Spent::default();
     let mut query = conn
         .prepare("SELECT t0_ms, t1_ms, energy_mj FROM gpu_samples WHERE t1_ms > ?1 AND t0_ms < ?2")
@@ -74,13 +60,10 @@ pub fn spent(conn: &Connection, path: &Path, from_ms: i64, to_ms: i64, default_g
         }
         let kwh = energy_mj as f64 * (b - a) as f64 / (t1 - t0) as f64 / MJ_PER_KWH;
         let mid = a + (b - a) / 2;
-        let g_per_kwh = match steps.partition_point(|&(ts, _)| ts <= mid) {
-            0 => {
-                out.unpriced_kwh += kwh;
-                default_g_per_kwh
-            }
-            i => steps[i - 1].1,
-        };
+        let g_per_kwh = steps.in_force(mid).unwrap_or_else(|| {
+            out.unpriced_kwh += kwh;
+            default_g_per_kwh
+        });
         out.grams += kwh * g_per_kwh;
         out.kwh += kwh;
         out.samples += 1;

@@ -244,7 +244,7 @@ fn apply_scaling(def: &mut ServiceDef, s: &ScalingOptions) -> Result<()> {
 /// must not decide again for a sudo caller: the user and the priority `run` gave them.
 fn validate(ctx: &Context, def: &mut ServiceDef) -> Result<()> {
     def.check().map_err(|e| UsageError::new(e.message))?;
-    crate::commands::run::sudo_caller_uid()?;
+    crate::commands::run::sudo_caller()?;
     let argv = ["vgpu".to_string(), "run".to_string()]
         .into_iter()
         .chain(def.option_args(0));

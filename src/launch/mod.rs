@@ -11,12 +11,15 @@
 //!   nothing may replace.
 //! * [`start`], [`supervise`], [`finish`] (`child.rs`): spawn into the cgroup and record the
 //!   pid, wait relaying signals, and tear down on every exit path.
+//! * [`resolve`]: the working directory and the program, checked as the workload's user
+//!   (`identity::as_user`), never as root.
 
 mod admit;
 mod child;
 mod env;
 mod ids;
 mod place;
+pub mod resolve;
 mod transaction;
 mod vgpu;
 

@@ -1,0 +1,240 @@
+//! What a user with sudo rights to `vgpu` can do with them, as attacks (issue 24, part A),
+//! end to end on real cgroups with the simulated driver; needs root. Nothing they name is
+//! resolved as root (`--cwd`, a workload file and its `cwd`), their strings are stored
+//! bounded, `[policy] max_mem` caps their GPU memory, and they act only on their own
+//! workloads. A sudo caller is `SUDO_UID`/`SUDO_GID`/`SUDO_USER` of `nobody`.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{files_below, wait_for, Sim};
+
+const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
+const SECRET: &str = "TOP-SECRET-b7e1";
+
+/// `vgpu --simulate ARGS…` as root itself: no sudo variables from the test's own environment.
+fn as_root(sim: &Sim, args: &[&str]) -> assert_cmd::Command {
+    let mut cmd = sim.vgpu(args);
+    cmd.env_remove("SUDO_UID").env_remove("SUDO_GID").env_remove("SUDO_USER").env_remove("SUDO_COMMAND");
+    cmd.timeout(Duration::from_secs(60));
+    cmd
+}
+
+fn nobody() -> nix::unistd::User {
+    nix::unistd::User::from_name("nobody").unwrap().expect("user nobody")
+}
+
+/// `vgpu --simulate ARGS…` as if `sudo vgpu …` had been run by `nobody`.
+fn as_sudo_nobody(sim: &Sim, args: &[&str]) -> assert_cmd::Command {
+    let nobody = nobody();
+    let mut cmd = sim.vgpu(args);
+    cmd.env("SUDO_UID", nobody.uid.to_string()).env("SUDO_GID", nobody.gid.to_string()).env("SUDO_USER", "nobody");
+    cmd.timeout(Duration::from_secs(60));
+    cmd
+}
+
+/// A simulation whose directory the workload's user may cross (as in CI's /tmp).
+fn sim() -> Sim {
+    let sim = Sim::new(GPU16);
+    std::fs::set_permissions(sim.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    sim
+}
+
+/// `private/` (root's, 0700) holding `sub/` (0755) and `sub/secret` (0644): what is in
+/// `sub` anyone could read who got into it, and only root can get there.
+fn private_dir(sim: &Sim) -> PathBuf {
+    let sub = sim.path("private/sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(sub.join("secret"), SECRET).unwrap();
+    std::fs::set_permissions(sub.join("secret"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(sim.path("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    sub
+}
+
+/// Runs `cmd`, expecting a refusal: exit `code`, one line on stderr, nothing of the secret
+/// anywhere, no file left behind. Returns the line.
+fn refused(sim: &Sim, mut cmd: assert_cmd::Command, code: i32) -> String {
+    let before = files_below(&sim.path("run"));
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET), "the secret leaked:\n{stdout}\n{stderr}");
+    assert_eq!(out.status.code(), Some(code), "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "not one line: {stderr}");
+    assert_eq!(files_below(&sim.path("run")), before, "a refused run left files behind");
+    stderr.trim_end().to_string()
+}
+
+/// A process ended (and reaped) when the test ends, pass or fail: SIGTERM first (a `vgpu
+/// run` relays it to its workload and cleans up), SIGKILL if it is still there after 10 s.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child, not reaped yet.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn cwd_into_a_directory_closed_to_the_caller_is_refused_and_reads_nothing() {
+    let sim = sim();
+    let sub = private_dir(&sim);
+    let sub_arg = sub.to_str().unwrap();
+    let line = refused(&sim, as_sudo_nobody(&sim, &["run", "--mem", "1G", "--cwd", sub_arg, "--", "cat", "secret"]), 2);
+    assert!(line.contains("--cwd") && line.contains("nobody cannot enter it"), "{line}");
+    // A relative program there is no way in either.
+    refused(&sim, as_sudo_nobody(&sim, &["run", "--mem", "1G", "--cwd", sub_arg, "--", "/bin/cat", "./secret"]), 2);
+
+    // What the caller learns of a hidden directory is what `cd` would tell them: the same
+    // for one that exists and one that does not.
+    let missing = sim.path("private/missing");
+    let other = refused(&sim, as_sudo_nobody(&sim, &["run", "--mem", "1G", "--cwd", missing.to_str().unwrap(), "--", "true"]), 2);
+    assert_eq!(line.replace(sub_arg, "DIR"), other.replace(missing.to_str().unwrap(), "DIR"));
+    // Where they can look, a missing directory is named missing.
+    let open_missing = sim.path("open-missing");
+    let line = refused(&sim, as_sudo_nobody(&sim, &["run", "--mem", "1G", "--cwd", open_missing.to_str().unwrap(), "--", "true"]), 2);
+    assert!(line.ends_with("no such directory"), "{line}");
+
+    // Root naming another user checks as that user too; root itself goes where it likes.
+    refused(&sim, as_root(&sim, &["run", "--mem", "1G", "--user", "nobody", "--cwd", sub_arg, "--", "cat", "secret"]), 2);
+    let out = as_root(&sim, &["run", "--mem", "1G", "--cwd", sub_arg, "--", "cat", "secret"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), SECRET);
+}
+
+#[test]
+fn cwd_through_a_root_process_s_proc_cwd_is_refused() {
+    let sim = sim();
+    let sub = private_dir(&sim);
+    // A root process whose working directory is the hidden one.
+    let holder = Killed(std::process::Command::new("sleep").arg("600").current_dir(&sub).spawn().expect("sleep"));
+    let through = format!("/proc/{}/cwd", holder.0.id());
+    wait_for("the root process's cwd", || std::fs::read_link(&through).is_ok_and(|p| p == sub));
+    let line = refused(&sim, as_sudo_nobody(&sim, &["run", "--mem", "1G", "--cwd", &through, "--", "cat", "secret"]), 2);
+    assert!(line.contains(&through), "{line}");
+}
+
+#[test]
+fn a_workload_file_s_cwd_is_entered_as_the_caller() {
+    let sim = sim();
+    let sub = private_dir(&sim);
+    let file = sim.path("mine.toml");
+    std::fs::write(&file, format!("mem = \"1G\"\ncwd = {:?}\ncommand = [\"cat\", \"secret\"]\n", sub.to_str().unwrap())).unwrap();
+    std::os::unix::fs::chown(&file, Some(nobody().uid.as_raw()), None).unwrap();
+    let line = refused(&sim, as_sudo_nobody(&sim, &["run", "--workload", file.to_str().unwrap()]), 2);
+    assert!(line.contains("nobody cannot enter it"), "{line}");
+}
+
+#[test]
+fn a_cwd_the_caller_may_enter_works_and_the_program_runs_there() {
+    let sim = sim();
+    let nobody = nobody();
+    let open = sim.path("mine");
+    std::fs::create_dir(&open).unwrap();
+    let script = open.join("job.sh");
+    std::fs::write(&script, "#!/bin/sh\npwd\nid -u\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&open, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw())).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = as_sudo_nobody(&sim, &["run", "--mem", "1G", "--cwd", open.to_str().unwrap(), "--", "./job.sh"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{}\n{}\n", open.display(), nobody.uid));
+}
+
+/// A thread blocked opening `fifo` for writing: its open returns only once something opens
+/// the FIFO for reading. Dropped, it opens the reading end itself and joins the thread.
+struct BlockedWriter {
+    fifo: PathBuf,
+    tid: i32,
+    done: std::sync::mpsc::Receiver<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BlockedWriter {
+    fn start(fifo: &Path) -> BlockedWriter {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let path = fifo.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            let _ = tid_tx.send(nix::unistd::gettid().as_raw());
+            let opened = std::fs::OpenOptions::new().write(true).open(&path);
+            let _ = done_tx.send(());
+            drop(opened);
+        });
+        let tid = tid_rx.recv().expect("the writer's tid");
+        let writer = BlockedWriter { fifo: fifo.to_path_buf(), tid, done, thread: Some(thread) };
+        wait_for("the writer to wait for a reader", || writer.waiting());
+        writer
+    }
+
+    /// Still in its open, waiting for a reader (the kernel says so: nothing woke it).
+    fn waiting(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/self/task/{}/wchan", self.tid)).is_ok_and(|w| w.trim() == "wait_for_partner")
+            && self.done.try_recv().is_err()
+    }
+}
+
+impl Drop for BlockedWriter {
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&self.fifo);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `--workload` naming a FIFO (or a device) is refused without being opened: a FIFO whose
+/// writer waits for a reader still waits afterwards (an open for reading, even
+/// non-blocking, would have released it), and nothing blocks.
+#[test]
+fn a_workload_file_that_is_a_fifo_or_a_device_is_refused_without_being_opened() {
+    let sim = sim();
+    let fifo = sim.path("w.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    std::os::unix::fs::chown(&fifo, Some(nobody().uid.as_raw()), None).unwrap();
+    let writer = BlockedWriter::start(&fifo);
+    for cmd in [as_sudo_nobody(&sim, &["run", "--workload", fifo.to_str().unwrap()]), as_root(&sim, &["run", "--workload", fifo.to_str().unwrap()])] {
+        let line = refused(&sim, cmd, 2);
+        assert!(line.contains("not a regular file"), "{line}");
+        // vgpu has exited: had it opened the FIFO, the writer would be running by now.
+        assert!(writer.waiting(), "vgpu opened the FIFO");
+    }
+    drop(writer);
+    for device in ["/dev/null", "/dev/zero"] {
+        let line = refused(&sim, as_sudo_nobody(&sim, &["run", "--workload", device]), 2);
+        assert!(line.contains("not a regular file"), "{line}");
+    }
+}
+
+/// A workload file behind a directory closed to the caller: the same error whether it
+/// exists or not (opened as root, an existing one was read and run).
+#[test]
+fn a_workload_file_behind_a_closed_directory_reads_as_missing_for_the_caller() {
+    let sim = sim();
+    let sub = private_dir(&sim);
+    let marker = sim.path("ran");
+    let hidden = sub.join("mine.toml");
+    std::fs::write(&hidden, format!("mem = \"1G\"\ncommand = [\"touch\", {:?}]\n", marker.to_str().unwrap())).unwrap();
+    std::os::unix::fs::chown(&hidden, Some(nobody().uid.as_raw()), None).unwrap();
+    let missing = sub.join("none.toml");
+    let a = refused(&sim, as_sudo_nobody(&sim, &["run", "--workload", hidden.to_str().unwrap()]), 2);
+    let b = refused(&sim, as_sudo_nobody(&sim, &["run", "--workload", missing.to_str().unwrap()]), 2);
+    assert_eq!(a.replace(hidden.to_str().unwrap(), "PATH"), b.replace(missing.to_str().unwrap(), "PATH"));
+    assert!(a.contains("ermission denied"), "{a}");
+    assert!(!marker.exists(), "the workload ran");
+}
+

@@ -88,6 +88,12 @@ impl Drop for Killed {
     }
 }
 
+/// Ends workload `name` (root's `vgpu kill`) and waits for its `vgpu run`.
+fn stop(sim: &Sim, mut run: Killed, name: &str) {
+    as_root(sim, &["kill", name]).assert().success();
+    assert_eq!(run.0.wait().unwrap().code(), Some(143), "{name}");
+}
+
 #[test]
 fn cwd_into_a_directory_closed_to_the_caller_is_refused_and_reads_nothing() {
     let sim = sim();
@@ -236,5 +242,41 @@ fn a_workload_file_behind_a_closed_directory_reads_as_missing_for_the_caller() {
     assert_eq!(a.replace(hidden.to_str().unwrap(), "PATH"), b.replace(missing.to_str().unwrap(), "PATH"));
     assert!(a.contains("ermission denied"), "{a}");
     assert!(!marker.exists(), "the workload ran");
+}
+
+/// 1.2 MB of arguments: the workload gets them all; the record, `vgpu ps --json` and the
+/// history keep at most 4 KiB, with a marker.
+#[test]
+fn a_long_command_line_is_stored_bounded() {
+    const CAP: usize = 4096;
+    let sim = sim();
+    let count = sim.path("count");
+    let script = format!("echo $# > {}; exec sleep 600", count.display());
+    let args: Vec<String> = (0..12).map(|i| format!("{i}{}", "a".repeat(100_000))).collect();
+    let mut argv: Vec<&str> = vec!["--simulate", "run", "--name", "long", "--mem", "1G", "--", "sh", "-c", &script, "sh"];
+    argv.extend(args.iter().map(String::as_str));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(&argv).envs(sim.env()).env_remove("SUDO_UID").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let run = Killed(cmd.spawn().expect("vgpu run"));
+    wait_for("the workload to start", || std::fs::read_to_string(&count).is_ok_and(|c| c.ends_with('\n')));
+    assert_eq!(std::fs::read_to_string(&count).unwrap().trim(), "12", "the workload did not get every argument");
+
+    let row = sim.row("long");
+    let id = row["id"].as_str().unwrap().to_string();
+    let record = std::fs::read_to_string(sim.path(&format!("run/workloads/{id}.json"))).unwrap();
+    assert!(record.len() < 2 * CAP, "the record is {} bytes", record.len());
+    let stored: Vec<String> = serde_json::from_value(serde_json::from_str::<serde_json::Value>(&record).unwrap()["command"].clone()).unwrap();
+    let listed: Vec<String> = serde_json::from_value(row["command"].clone()).unwrap();
+    for command in [&stored, &listed] {
+        let line = command.join(" ");
+        assert!(line.len() <= CAP, "{} bytes stored", line.len());
+        assert!(line.starts_with(&format!("sh -c {script} sh 0aaa")), "{}", &line[..80]);
+        assert!(line.ends_with("… [cut 1.14 MiB]"), "{}", &line[line.len() - 40..]);
+    }
+
+    stop(&sim, run, "long");
+    let db = rusqlite::Connection::open(sim.path("lib/history.db")).unwrap();
+    let command: String = db.query_row("SELECT command FROM workloads WHERE id = ?1", [&id], |r| r.get(0)).unwrap();
+    assert!(command.len() <= CAP && command.ends_with("… [cut 1.14 MiB]"), "{} bytes in the history", command.len());
 }
 

@@ -40,7 +40,8 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         format: WORKLOAD_FORMAT,
         id: id.clone(),
         name: request.name.clone().unwrap_or_else(|| default_name(&request.argv[0], &id)),
-        command: request.argv.clone(),
+        // Stored bounded; the child gets the whole argv (`request.argv`).
+        command: crate::state::workload::bounded_command(&request.argv),
         user: request.user.clone(),
         gpus: Vec::new(),
         vgpu: id.clone(),

@@ -88,6 +88,22 @@ impl Drop for Killed {
     }
 }
 
+/// `vgpu run ARGS…` in the background, once `vgpu ps` shows workload `name` running with
+/// its process.
+fn start(sim: &Sim, sudo: bool, args: &[&str], name: &str) -> Killed {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.arg("--simulate").args(args).envs(sim.env()).env_remove("SUDO_UID").env_remove("SUDO_GID").env_remove("SUDO_USER");
+    if sudo {
+        let nobody = nobody();
+        cmd.env("SUDO_UID", nobody.uid.to_string()).env("SUDO_GID", nobody.gid.to_string()).env("SUDO_USER", "nobody");
+    }
+    let child = Killed(cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("vgpu run"));
+    wait_for(&format!("{name} to run"), || {
+        sim.ps().iter().any(|w| w["name"] == name && w["state"] == "running" && w["pids"].as_array().is_some_and(|p| !p.is_empty()))
+    });
+    child
+}
+
 /// Ends workload `name` (root's `vgpu kill`) and waits for its `vgpu run`.
 fn stop(sim: &Sim, mut run: Killed, name: &str) {
     as_root(sim, &["kill", name]).assert().success();
@@ -280,3 +296,76 @@ fn a_long_command_line_is_stored_bounded() {
     assert!(command.len() <= CAP && command.ends_with("… [cut 1.14 MiB]"), "{} bytes in the history", command.len());
 }
 
+/// `[policy] max_mem` caps a sudo caller's GPU memory on every GPU, however placed: without
+/// `--mem` (the whole GPU) lowered to it, above it refused; root is not capped.
+#[test]
+fn policy_max_mem_caps_a_sudo_caller_on_every_gpu() {
+    let sim = Sim::new(&[("NVIDIA A16-sim", "16GiB"), ("NVIDIA A16-sim", "16GiB")]);
+    std::fs::set_permissions(sim.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    sim.write_vgpu_config("[policy]\nmax_mem = \"4G\"\n");
+    const GIB: u64 = 1 << 30;
+    let quotas = |name: &str| -> Vec<u64> { sim.row(name)["gpus"].as_array().unwrap().iter().map(|g| g["memory_quota_bytes"].as_u64().unwrap()).collect() };
+    // --gpus all without --mem: every GPU, 4 GiB of each.
+    let all = start(&sim, true, &["run", "--name", "all", "--gpus", "all", "--", "sleep", "600"], "all");
+    assert_eq!(quotas("all"), [4 * GIB, 4 * GIB]);
+    // Above the cap, however said, on run and update: refused.
+    for args in [
+        &["run", "--gpus", "all", "--mem", "8G", "--", "true"][..],
+        &["run", "--mem", "50%", "--", "true"][..],
+        &["run", "--gpu", "1", "--mem", "5G", "--", "true"][..],
+        &["update", "all", "--mem", "6G"][..],
+    ] {
+        let line = refused(&sim, as_sudo_nobody(&sim, args), 2);
+        assert!(line.contains("max_mem") && line.contains("above 4 GiB"), "{args:?}: {line}");
+    }
+    assert_eq!(quotas("all"), [4 * GIB, 4 * GIB], "a refused update changed the quota");
+    stop(&sim, all, "all");
+    // Within it: runs; --gpus N as well.
+    let two = start(&sim, true, &["run", "--name", "two", "--gpus", "2", "--mem", "25%", "--", "sleep", "600"], "two");
+    assert_eq!(quotas("two"), [4 * GIB, 4 * GIB]);
+    stop(&sim, two, "two");
+    // Root is not capped.
+    let root = start(&sim, false, &["run", "--name", "root", "--gpus", "all", "--", "sleep", "600"], "root");
+    assert_eq!(quotas("root"), [16 * GIB, 16 * GIB]);
+    stop(&sim, root, "root");
+}
+
+/// Through sudo, `update`, `suspend`, `resume` and `kill` act on the caller's own workloads
+/// only: root's (and anyone else's) are refused, one line, exit 2, nothing changed; root
+/// acts on all.
+#[test]
+fn a_sudo_caller_acts_only_on_their_own_workloads() {
+    let sim = sim();
+    let roots = start(&sim, false, &["run", "--name", "roots", "--mem", "1G", "--compute", "50", "--", "sleep", "600"], "roots");
+    let mut mine = start(&sim, true, &["run", "--name", "mine", "--mem", "1G", "--compute", "50", "--", "sleep", "600"], "mine");
+    let before = sim.row("roots");
+    for args in [
+        &["suspend", "roots"][..],
+        &["suspend", "mine", "roots"][..],
+        &["kill", "roots"][..],
+        &["kill", "-s", "KILL", "mine", "roots"][..],
+        &["update", "roots", "--compute", "10"][..],
+        &["update", "mine", "roots", "--priority", "10"][..],
+        &["resume", "roots"][..],
+    ] {
+        let line = refused(&sim, as_sudo_nobody(&sim, args), 2);
+        assert!(line.contains("roots") && line.contains("runs as root") && line.contains("only your own workloads"), "{args:?}: {line}");
+        let (now, mine) = (sim.row("roots"), sim.row("mine"));
+        assert_eq!((&now["state"], &now["pids"], &now["priority"], &now["gpus"][0]["compute_pct"]), (&before["state"], &before["pids"], &before["priority"], &before["gpus"][0]["compute_pct"]), "{args:?} changed root's workload");
+        assert_eq!((&mine["state"], mine["gpus"][0]["compute_pct"].as_u64()), (&serde_json::json!("running"), Some(50)), "{args:?} changed the caller's own workload");
+    }
+    // Suspended by root, it stays so for the sudo caller's resume.
+    as_root(&sim, &["suspend", "roots"]).assert().success();
+    refused(&sim, as_sudo_nobody(&sim, &["resume", "roots"]), 2);
+    assert_eq!(sim.row("roots")["state"], "suspended");
+    as_root(&sim, &["resume", "roots"]).assert().success();
+    // Their own: every command works.
+    for args in [&["update", "mine", "--compute", "20"][..], &["suspend", "mine"][..], &["resume", "mine"][..]] {
+        as_sudo_nobody(&sim, args).assert().success();
+    }
+    assert_eq!(sim.row("mine")["gpus"][0]["compute_pct"], 20);
+    as_sudo_nobody(&sim, &["kill", "mine"]).assert().success();
+    assert_eq!(mine.0.wait().unwrap().code(), Some(143));
+    // Root acts on anyone's.
+    stop(&sim, roots, "roots");
+}

@@ -139,6 +139,7 @@ pub fn suspend(ctx: &Context, args: &IdArgs) -> Result<()> {
     crate::lifecycle::reconcile_store(&store, &lock);
     let (workloads, _) = store.workloads();
     let targets = resolve(&workloads, &args.ids)?;
+    crate::commands::check_owned(&targets.iter().collect::<Vec<_>>(), "suspend")?;
     let outcomes: Vec<Outcome> = targets.iter().map(|w| suspend_one(&store, w).unwrap_or_else(|e| failed(w, e))).collect();
     drop(lock);
     report(&outcomes, args.json)
@@ -179,6 +180,7 @@ pub fn resume(ctx: &Context, args: &ResumeArgs) -> Result<()> {
         let (workloads, _) = store.workloads();
         resolve(&workloads, &args.ids)?
     };
+    crate::commands::check_owned(&targets.iter().collect::<Vec<_>>(), "resume")?;
     let started = std::time::Instant::now();
     let outcomes: Vec<Outcome> = targets.iter().map(|w| resume_one(&store, w, limit, started).unwrap_or_else(|e| failed(w, e))).collect();
     report(&outcomes, args.json)
@@ -245,6 +247,7 @@ pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {
         let (workloads, _) = store.workloads();
         resolve(&workloads, &args.ids)?
     };
+    crate::commands::check_owned(&targets.iter().collect::<Vec<_>>(), "signal")?;
     let outcomes: Vec<Outcome> = targets.iter().map(|w| kill_one(&store, w, signal).unwrap_or_else(|e| failed(w, e))).collect();
     report(&outcomes, args.json)
 }

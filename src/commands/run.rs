@@ -412,6 +412,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         compute_policy: args.opts.compute_policy,
         freq_sensitivity: args.opts.freq_sensitivity,
         mem,
+        mem_cap: crate::policy::mem_cap(&ctx.config.policy, caller.as_ref()),
         oversubscribe: args.opts.oversubscribe,
         placement,
         service,

@@ -85,7 +85,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
                     .collect(),
                 None => wanted.clone(),
             };
-            place::on_gpus(&devices, &chosen, *compute_pct, request.mem, &workloads, &partitions.partitions, &damaged, &mut workload)?;
+            place::on_gpus(&devices, &chosen, *compute_pct, request.mem, request.mem_cap.as_ref(), &workloads, &partitions.partitions, &damaged, &mut workload)?;
             None
         }
     };

@@ -54,6 +54,9 @@ pub struct Request {
     pub freq_sensitivity: Option<f64>,
     /// Device memory per GPU.
     pub mem: Option<MemSpec>,
+    /// A sudo caller's `[policy] max_mem` (None: root, or no cap): a slice without `mem` is
+    /// lowered to it, one with `mem` above it refused.
+    pub mem_cap: Option<crate::policy::MemCap>,
     /// Admit even when the memory is reserved already.
     pub oversubscribe: bool,
     pub placement: Placement,

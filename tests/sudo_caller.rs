@@ -160,6 +160,17 @@ fn a_workload_file_s_cwd_is_entered_as_the_caller() {
     assert!(line.contains("nobody cannot enter it"), "{line}");
 }
 
+/// A service's `cwd` is checked as the user its replicas run as, when it is defined.
+#[test]
+fn a_service_s_cwd_is_checked_as_the_caller_when_it_is_defined() {
+    let sim = sim();
+    let sub = private_dir(&sim);
+    let args = ["service", "create", "peek", "--replicas", "1", "--mem", "1G", "--cwd", sub.to_str().unwrap(), "--", "cat", "secret"];
+    let line = refused(&sim, as_sudo_nobody(&sim, &args), 2);
+    assert!(line.contains("nobody cannot enter it"), "{line}");
+    assert!(!sim.path("lib/services/peek.toml").exists(), "the service was defined");
+}
+
 #[test]
 fn a_cwd_the_caller_may_enter_works_and_the_program_runs_there() {
     let sim = sim();

@@ -14,7 +14,7 @@ use crate::state::{intent, Partitions, Store, SuspendedMemory, Workload, Workloa
 
 #[derive(Debug, Args)]
 pub struct IdArgs {
-    /// Workload ids (a unique prefix is enough) or names; all are found before any is touched
+    /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is touched
     #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
     /// Print the outcome for each workload as JSON
@@ -24,7 +24,7 @@ pub struct IdArgs {
 
 #[derive(Debug, Args)]
 pub struct KillArgs {
-    /// Workload ids (a unique prefix is enough) or names; all are found before any is signalled
+    /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is signalled
     #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
     /// Signal to send, by name or number
@@ -37,7 +37,7 @@ pub struct KillArgs {
 
 #[derive(Debug, Args)]
 pub struct ResumeArgs {
-    /// Workload ids (a unique prefix is enough) or names; all are found before any is resumed
+    /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is resumed
     #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
     /// When its memory (moved to host memory while suspended) does not fit back on the GPU

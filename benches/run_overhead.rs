@@ -1,5 +1,7 @@
 //! What `vgpu run` adds to starting a program: `vgpu --simulate run --mem 1G -- true`
-//! against `true`, in one run, as an absolute time and a ratio. Needs root (cgroups).
+//! against `true`, in one run, as an absolute time and a ratio; and what checking a sudo
+//! caller's `--cwd` and program as them costs (`identity::as_user`: a thread that switches
+//! its own credentials), once per `vgpu run`. Needs root (cgroups, the switch).
 //!
 //!     cargo build --release --workspace && cargo bench --bench run_overhead [-- ROUNDS]
 
@@ -50,4 +52,32 @@ fn main() {
     println!("true                                   {:>9.3} ms", b.as_secs_f64() * 1e3);
     println!("vgpu --simulate run --mem 1G -- true   {:>9.3} ms", w.as_secs_f64() * 1e3);
     println!("added by vgpu run                      {:>9.3} ms  (ratio {:.1}x)", (w.saturating_sub(b)).as_secs_f64() * 1e3, w.as_secs_f64() / b.as_secs_f64());
+
+    // The switch alone, and with the checks `vgpu run` makes in it (--cwd and the program).
+    let nobody = nix::unistd::User::from_name("nobody").expect("passwd").expect("user nobody");
+    let user = vgpu::identity::sudo_caller(Some(&nobody.uid.as_raw().to_string())).expect("nobody").expect("a caller");
+    let each = |f: &dyn Fn()| -> Duration {
+        let mut times: Vec<Duration> = (0..1000)
+            .map(|_| {
+                let start = Instant::now();
+                f();
+                start.elapsed()
+            })
+            .collect();
+        median(&mut times)
+    };
+    let switch = each(&|| vgpu::identity::as_user(&user, || ()).expect("as_user"));
+    // What launch::resolve::check does in it: stat and access(X_OK) of the directory, the
+    // program looked up on PATH.
+    let checks = each(&|| {
+        let found = vgpu::identity::as_user(&user, || {
+            let dir = std::path::Path::new("/tmp");
+            std::fs::metadata(dir).is_ok_and(|m| m.is_dir())
+                && nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK).is_ok()
+                && std::env::split_paths("/usr/local/bin:/usr/bin:/bin").any(|d| d.join("true").is_file())
+        });
+        assert!(found.expect("as_user"));
+    });
+    println!("as_user (1000 calls, median)           {:>9.3} µs", switch.as_secs_f64() * 1e6);
+    println!("--cwd + program checked as the user    {:>9.3} µs", checks.as_secs_f64() * 1e6);
 }

@@ -52,7 +52,8 @@ pub struct CgroupConfig {
 }
 
 /// `[policy]`: what a user who runs vgpu through sudo may do. By default a workload runs as
-/// themselves only, at priority 50 at most, without `--oversubscribe`; root (without sudo,
+/// themselves only, at priority 50 at most, without `--oversubscribe`, with no cap on GPU
+/// memory (`max_mem`); root (without sudo,
 /// or through its own sudo) may do anything. Grants only add: the most generous of the
 /// top-level values, the user's table and their groups' tables applies (see `crate::policy`).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -67,6 +68,9 @@ pub struct PolicyConfig {
     /// Users and `%group`s who may use `--oversubscribe` (`vgpu run`, `partition create`)
     /// through sudo.
     pub oversubscribe: Vec<String>,
+    /// The most GPU memory a sudo user's workload may reserve on each GPU (`--mem`'s
+    /// syntax: `"8G"`, `"50%"` of the device) [default: no cap, the whole GPU].
+    pub max_mem: Option<String>,
     /// `[policy.users.NAME]`: grants to one user.
     pub users: BTreeMap<String, PolicyGrant>,
     /// `[policy.groups.NAME]`: grants to every member of a group.
@@ -81,6 +85,8 @@ pub struct PolicyGrant {
     pub max_priority: Option<i64>,
     /// Whether they may use `--oversubscribe`.
     pub oversubscribe: bool,
+    /// The most GPU memory per GPU they may reserve (`"40G"`, `"100%"`).
+    pub max_mem: Option<String>,
 }
 
 impl PolicyConfig {
@@ -92,6 +98,14 @@ impl PolicyConfig {
         for (key, value) in priorities {
             if let Some(p) = value.filter(|p| crate::pool::Priority::new(*p).is_err()) {
                 return Err(format!("{key}: must be a priority from 0 to 100, got {p}"));
+            }
+        }
+        let mems = std::iter::once(("[policy] max_mem".to_string(), &self.max_mem))
+            .chain(self.users.iter().map(|(n, g)| (format!("[policy.users.{n}] max_mem"), &g.max_mem)))
+            .chain(self.groups.iter().map(|(n, g)| (format!("[policy.groups.{n}] max_mem"), &g.max_mem)));
+        for (key, value) in mems {
+            if let Some(Err(e)) = value.as_deref().map(crate::admission::MemSpec::parse) {
+                return Err(format!("{key}: {e} (a size such as \"8G\", or \"NN%\" of each GPU)"));
             }
         }
         for (key, list) in [("run_as_others", &self.run_as_others), ("oversubscribe", &self.oversubscribe)] {
@@ -246,19 +260,23 @@ mod tests {
     #[test]
     fn policy_grants_parse_and_are_checked() {
         let config = Config::parse(
-            "[policy]\nmax_priority = 40\noversubscribe = [\"%gpuadmin\"]\n[policy.users.alice]\nmax_priority = 80\noversubscribe = true\n[policy.groups.ops]\nmax_priority = 100\n",
+            "[policy]\nmax_priority = 40\noversubscribe = [\"%gpuadmin\"]\nmax_mem = \"8G\"\n[policy.users.alice]\nmax_priority = 80\noversubscribe = true\nmax_mem = \"50%\"\n[policy.groups.ops]\nmax_priority = 100\n",
         )
         .unwrap();
         config.validate().unwrap();
         let policy = config.policy;
         assert_eq!(policy.max_priority, Some(40));
         assert_eq!(policy.oversubscribe, ["%gpuadmin"]);
-        assert_eq!(policy.users["alice"], PolicyGrant { max_priority: Some(80), oversubscribe: true });
-        assert_eq!(policy.groups["ops"], PolicyGrant { max_priority: Some(100), oversubscribe: false });
+        assert_eq!(policy.max_mem.as_deref(), Some("8G"));
+        assert_eq!(policy.users["alice"], PolicyGrant { max_priority: Some(80), oversubscribe: true, max_mem: Some("50%".into()) });
+        assert_eq!(policy.groups["ops"], PolicyGrant { max_priority: Some(100), oversubscribe: false, max_mem: None });
         for (text, needle) in [
             ("[policy]\nmax_priority = 101\n", "[policy] max_priority"),
             ("[policy.users.bob]\nmax_priority = -1\n", "[policy.users.bob] max_priority"),
             ("[policy]\noversubscribe = [\"%\"]\n", "oversubscribe"),
+            ("[policy]\nmax_mem = \"lots\"\n", "[policy] max_mem"),
+            ("[policy.groups.ops]\nmax_mem = \"150%\"\n", "[policy.groups.ops] max_mem"),
+            ("[policy.users.bob]\nmax_mem = \"0\"\n", "[policy.users.bob] max_mem"),
         ] {
             let err = Config::parse(text).unwrap().validate().unwrap_err();
             assert!(err.contains(needle), "{text}: {err}");

@@ -137,6 +137,47 @@ fn spec_for(user: &User, gid: Gid) -> Result<UserSpec, IdentityError> {
     })
 }
 
+/// Runs `f` as `user` would: on a thread of its own that switches only its own credentials
+/// (groups, then gid, then uid: real, effective and saved), so that every path `f` resolves,
+/// opens or checks is resolved with that user's rights, and an error is what that user
+/// would see (`EACCES` for a directory closed to them, never "exists" or "missing" as root
+/// knows it). The thread ends with `f`; the process's other threads keep root's
+/// credentials throughout.
+///
+/// The raw system calls are per thread in the kernel; glibc's `setuid`/`setgid`/`setgroups`
+/// wrappers would change every thread of the process (POSIX semantics), so they are not used.
+///
+/// Nothing is switched when it would change nothing: `user` is root (root reads everything
+/// anyway), or this process is not root (it cannot switch, and reads only what it may).
+pub fn as_user<T: Send>(user: &UserSpec, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
+    if user.uid == 0 || !nix::unistd::geteuid().is_root() {
+        return Ok(f());
+    }
+    let (uid, gid, groups) = (user.uid, user.gid, user.groups.clone());
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new().name("vgpu-as-user".into()).spawn_scoped(scope, move || {
+            switch_this_thread(uid, gid, &groups)?;
+            Ok(f())
+        })?;
+        match thread.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// Sets the calling thread's (only) supplementary groups, gid and uid.
+fn switch_this_thread(uid: u32, gid: u32, groups: &[u32]) -> std::io::Result<()> {
+    let check = |rc: libc::c_long| if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+    // SAFETY: setgroups with a count and a pointer to that many gid_t (u32) that outlive the
+    // call; a raw system call changes this thread's credentials only.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })?;
+    // SAFETY: setresgid/setresuid take three ids by value; raw, they change this thread only.
+    check(unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,5 +231,40 @@ mod tests {
         let group = Group::from_gid(nobody.gid).unwrap().unwrap().name;
         assert_eq!(resolve(Some("root"), sudo, &[format!("%{group}")]).unwrap().uid, 0);
         assert!(resolve(Some("root"), sudo, &["someone-else".into(), "%no-such-group-xyz".into()]).is_err());
+    }
+
+    /// The switch is the thread's alone: while it runs as nobody, the calling thread is still
+    /// root (the kernel says so), and after it ends nothing of it remains.
+    #[test]
+    fn as_user_switches_one_thread_only() {
+        assert!(nix::unistd::geteuid().is_root(), "this test must run as root (CI does)");
+        let nobody = sudo_caller(Some(&User::from_name("nobody").unwrap().unwrap().uid.as_raw().to_string())).unwrap().unwrap();
+        let caller_tid = nix::unistd::gettid();
+        let status_uid = |tid: nix::unistd::Pid| {
+            let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+            status.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().skip(1).map(str::to_string).collect::<Vec<_>>()).unwrap()
+        };
+        let (inside, outside, groups) = as_user(&nobody, || {
+            // SAFETY: getuid/geteuid/getgroups(0) read this thread's credentials.
+            let ids = unsafe { (libc::getuid(), libc::geteuid(), libc::getgroups(0, std::ptr::null_mut())) };
+            (ids, status_uid(caller_tid), nix::unistd::getgroups().unwrap())
+        })
+        .unwrap();
+        let uid = nobody.uid;
+        assert_eq!((inside.0, inside.1), (uid, uid));
+        assert_eq!(inside.2 as usize, nobody.groups.len());
+        assert_eq!(groups.iter().map(|g| g.as_raw()).collect::<Vec<_>>(), nobody.groups);
+        assert_eq!(outside, ["0", "0", "0", "0"], "the calling thread stayed root");
+        assert!(nix::unistd::geteuid().is_root() && nix::unistd::getuid().is_root());
+        // Root, and the caller's own identity, run in place.
+        let root = resolve(None, None, &[]).unwrap();
+        assert_eq!(as_user(&root, nix::unistd::gettid).unwrap(), caller_tid);
+        // What the user may not see is refused as for them.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), "x").unwrap();
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let read = |user: &UserSpec| as_user(user, || std::fs::read_to_string(dir.path().join("secret")).map_err(|e| e.kind())).unwrap();
+        assert_eq!(read(&root), Ok("x".to_string()));
+        assert_eq!(read(&nobody), Err(std::io::ErrorKind::PermissionDenied));
     }
 }

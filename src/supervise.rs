@@ -2,10 +2,11 @@
 //! before it executes anything; signals sent to `vgpu run` are relayed to it; its exit
 //! status becomes ours.
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
@@ -40,15 +41,19 @@ pub struct Launch {
 pub fn spawn(launch: Launch) -> io::Result<Child> {
     let mut cmd = Command::new(&launch.argv[0]);
     cmd.args(&launch.argv[1..]).env_clear().envs(launch.env.iter().map(|(k, v)| (k, v)));
-    if let Some(cwd) = &launch.cwd {
-        cmd.current_dir(cwd);
-    }
+    // Not `Command::current_dir`: std changes directory before `pre_exec` runs, that is as
+    // root, and a sudo caller's `--cwd /root/private/sub` would then be entered for them.
+    // The child enters it itself once it is the workload's user (below).
+    let cwd: Option<CString> = match &launch.cwd {
+        Some(dir) => Some(CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?),
+        None => None,
+    };
     let procs: Vec<RawFd> = launch.cgroup_procs.iter().map(|f| f.as_raw_fd()).collect();
     let user = launch.user.clone();
     let groups: Vec<libc::gid_t> = user.groups.clone();
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (write, setgroups, setgid, setuid) on data prepared
-    // before the fork; it allocates nothing.
+    // async-signal-safe system calls (write, setgroups, setgid, setuid, chdir) on data
+    // prepared before the fork; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             for &fd in &procs {
@@ -71,6 +76,12 @@ pub fn spawn(launch: Launch) -> io::Result<Child> {
                 && (libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(user.gid) != 0)
             {
                 return Err(io::Error::last_os_error());
+            }
+            // Only now, as the workload's user: a directory closed to them stays closed.
+            if let Some(dir) = &cwd {
+                if libc::chdir(dir.as_ptr()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });

@@ -12,10 +12,12 @@
 //! An unknown key or a bad value is an error that names the key and the file, as in the
 //! config file (`config.rs`).
 //!
-//! vgpu reads the file as root, possibly for a user who has sudo rights to `vgpu run` only,
-//! so [`load`] reads only what that user could have given on the command line: a regular
-//! file (opened without following a final symlink and without blocking, so a FIFO or a
-//! device is refused, not waited on), at most [`MAX_BYTES`], and
+//! vgpu runs as root, possibly for a user who has sudo rights to `vgpu run` only, so [`load`]
+//! reads only what that user could have given on the command line: a regular file (its
+//! path opened with `O_PATH` and without following a final symlink, so a FIFO, a device or
+//! a terminal is refused before it is opened), at most [`MAX_BYTES`]; through sudo opened
+//! as the caller (`identity::as_user`: a file behind a directory closed to them is
+//! "permission denied" whether or not it exists), and
 //! - as root itself (no sudo, systemd's `vgpu@NAME`): owned by root and writable by root
 //!   alone, since its `user` and `command` run as whoever it names;
 //! - through sudo by a user other than root: owned by that user, or root's (writable by root
@@ -142,8 +144,8 @@ pub enum WorkloadFileError {
     Refused { path: PathBuf, reason: String },
 }
 
-/// Who asks for the file: `None` for root itself, else the uid of the user who ran sudo.
-pub type Caller = Option<u32>;
+/// Who asks for the file: `None` for root itself, else the user who ran sudo.
+pub type Caller<'a> = Option<&'a crate::state::UserSpec>;
 
 /// The file `--workload` names: a path when it contains `/`, else `NAME.toml` in the
 /// workloads directory `dir`, NAME a plain name (as systemd's `%i` is).
@@ -181,7 +183,13 @@ fn read_checked(path: &Path, dir: &Path, caller: Caller) -> Result<String, Workl
         SmallFileError::NotRegular => refused("not a regular file".into()),
         SmallFileError::TooLarge(_) => refused(format!("larger than {MAX_BYTES} bytes")),
     };
-    let (file, meta) = small_file::open(path, Links::NotLast, MAX_BYTES).map_err(small_file_err)?;
+    // Through sudo, opened as the caller: a path behind a directory closed to them is
+    // "permission denied" whether or not it exists, as it would be for them.
+    let opened = match caller {
+        None => small_file::open(path, Links::NotLast, MAX_BYTES),
+        Some(user) => crate::identity::as_user(user, || small_file::open(path, Links::NotLast, MAX_BYTES)).unwrap_or_else(|e| Err(SmallFileError::Io(e))),
+    };
+    let (file, meta) = opened.map_err(small_file_err)?;
     let (owner, mode) = (meta.uid(), meta.mode());
     let root_only_writable = owner == 0 && mode & 0o022 == 0;
     match caller {
@@ -189,11 +197,11 @@ fn read_checked(path: &Path, dir: &Path, caller: Caller) -> Result<String, Workl
         None => {
             return Err(refused(format!("owned by uid {owner} with mode {:o}: run as root, a workload file must be root's and writable by root alone", mode & 0o7777)));
         }
-        Some(uid) if owner == uid => {}
+        Some(user) if owner == user.uid => {}
         // Readable by all: nothing an error quotes is hidden from the caller.
         Some(_) if root_only_writable && mode & 0o004 != 0 && in_dir(&file, dir) => {}
-        Some(uid) => {
-            return Err(refused(format!("through sudo, a workload file must be yours (uid {uid}), or root's, readable by all, in {}", dir.display())));
+        Some(user) => {
+            return Err(refused(format!("through sudo, a workload file must be yours (uid {}), or root's, readable by all, in {}", user.uid, dir.display())));
         }
     }
     let bytes = small_file::read(file, MAX_BYTES).map_err(small_file_err)?;
@@ -391,17 +399,27 @@ mod tests {
         let workloads = tempfile::tempdir().unwrap();
         let elsewhere = tempfile::tempdir().unwrap();
         let (dir, other) = (workloads.path(), elsewhere.path());
+        use std::os::unix::fs::PermissionsExt;
+        for d in [dir, other] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
         let text = "command = [\"x\"]\n";
-        let (alice, bob) = (Some(60_001), Some(60_002));
+        let user = |uid: u32| crate::state::UserSpec { name: format!("u{uid}"), uid, gid: uid, groups: vec![uid], home: "/".into() };
+        let (alice, bob) = (user(60_001), user(60_002));
+        let (alice, bob) = (Some(&alice), Some(&bob));
         let ok = |path: &Path, caller: Caller| read_checked(path, dir, caller).map(|t| t == text).unwrap_or(false);
         let refused = |path: &Path, caller: Caller| matches!(read_checked(path, dir, caller), Err(WorkloadFileError::Refused { .. }));
+        let unreadable = |path: &Path, caller: Caller| match read_checked(path, dir, caller) {
+            Err(WorkloadFileError::Read { source, .. }) => source.kind() == std::io::ErrorKind::PermissionDenied,
+            _ => false,
+        };
 
         // Root's, writable by root alone, in the workloads directory: anyone's to run.
         let admin = file_in(dir, "admin.toml", text, 0, 0o644);
         assert!(ok(&admin, None) && ok(&admin, alice));
         // ... not if the caller could not read it, nor from another directory.
         let secret = file_in(dir, "secret.toml", text, 0, 0o600);
-        assert!(ok(&secret, None) && refused(&secret, alice));
+        assert!(ok(&secret, None) && unreadable(&secret, alice));
         let outside = file_in(other, "shadow", text, 0, 0o644);
         assert!(ok(&outside, None) && refused(&outside, alice));
         // Writable by others: nobody's to trust.
@@ -420,6 +438,19 @@ mod tests {
         let big = file_in(dir, "big.toml", &format!("{text}#{}\n", "x".repeat(MAX_BYTES as usize)), 0, 0o644);
         assert!(refused(&big, None));
         assert!(matches!(read_checked(&dir.join("none.toml"), dir, None), Err(WorkloadFileError::Read { .. })));
+        // Behind a directory closed to the caller: opened as them, an existing file and a
+        // missing one are both "permission denied" (as root, they differ).
+        let closed = other.join("closed");
+        std::fs::create_dir(&closed).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let hidden = file_in(&closed, "mine.toml", text, 60_001, 0o644);
+        let message = |path: &Path| {
+            let e = read_checked(path, dir, alice).unwrap_err();
+            let cause = std::error::Error::source(&e).map(|c| c.to_string()).unwrap_or_default();
+            format!("{e}: {cause}").replace(&path.display().to_string(), "PATH")
+        };
+        assert!(unreadable(&hidden, alice) && unreadable(&closed.join("none.toml"), alice));
+        assert_eq!(message(&hidden), message(&closed.join("none.toml")));
     }
 
     #[test]

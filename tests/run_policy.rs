@@ -213,10 +213,16 @@ fn a_sudo_user_cannot_make_root_read_a_file_for_them() {
     // show in the errors (the old code said `--user: unknown user "s3cr3t"`).
     let secret = sim.dir.path().join("secret.toml");
     write_owned(&secret, &format!("user = \"s3cr3t\"\ncommand = [\"touch\", {:?}]\n", marker.display().to_string()), 0, 0o600);
+    // Opened as the caller, they get what they would get themselves.
     for path in [secret.to_str().unwrap(), "/etc/shadow"] {
         let cmd = as_sudo_nobody(&sim, &["run", "--workload", path]);
-        assert_refused(&sim, cmd, &marker, "through sudo, a workload file must be yours");
+        assert_refused(&sim, cmd, &marker, "Permission denied");
     }
+    // Readable by them but root's, outside the workloads directory: refused by the rule.
+    let readable = sim.dir.path().join("readable.toml");
+    write_owned(&readable, &format!("user = \"s3cr3t\"\ncommand = [\"touch\", {:?}]\n", marker.display().to_string()), 0, 0o644);
+    let cmd = as_sudo_nobody(&sim, &["run", "--workload", readable.to_str().unwrap()]);
+    assert_refused(&sim, cmd, &marker, "through sudo, a workload file must be yours");
     let out = as_sudo_nobody(&sim, &["run", "--workload", secret.to_str().unwrap()]).output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cr3t"), "{}", String::from_utf8_lossy(&out.stderr));
     // Nor pick the workloads directory, or the cgroup and D-Bus peer root takes as its own.

@@ -487,3 +487,54 @@ fn remove_without_force_is_refused_while_a_replica_runs_that_the_state_does_not_
     assert_eq!(unsafe { libc::kill(replica.id() as i32, libc::SIGTERM) }, 0);
     replica.wait().expect("wait for the replica's vgpu run");
 }
+
+/// A workload that took a replica's name (`web-0`) before the service existed keeps that
+/// replica out while it runs (names are unique among running workloads); `service create`
+/// says so, and the runner names the holder, workload and user, in its log and in `service
+/// show` every time it tries. Once the holder ends, the replica starts.
+#[test]
+fn a_replica_name_taken_before_the_service_existed_is_named_until_it_is_free() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    std::fs::set_permissions(sim.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let _leftovers = Leftovers(&sim);
+    sim.write_vgpu_config(FAST);
+    // `nobody`, through sudo, takes web-0 first.
+    let nobody = nix::unistd::User::from_name("nobody").expect("passwd").expect("user nobody");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--name", "web-0", "--mem", "1G", "--", "sleep", "600"]).envs(sim.env());
+    cmd.env("SUDO_UID", nobody.uid.to_string()).env("SUDO_GID", nobody.gid.to_string()).env("SUDO_USER", "nobody");
+    let mut squatter = Squatter(cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("vgpu run"));
+    wait_for("web-0 to run", || sim.ps().iter().any(|w| w["name"] == "web-0" && w["state"] == "running"));
+    let id = sim.row("web-0")["id"].as_str().expect("id").to_string();
+    let held = format!("held by workload {id} of user nobody");
+
+    let out = sim.vgpu(&["service", "create", "web", "--replicas", "2", "--mem", "1G", "--", "sleep", "600"]).output().expect("create");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains(&format!("replica 0's name web-0 is {held}")), "{err}");
+    let mut watch = Watch::start(&sim, &[]);
+    let line = watch.wait_line("replica 0 refused", |l| l.contains("service web: replica 0 not admitted"));
+    assert!(line.contains(&held) && line.contains("no replica of the service"), "{line}");
+    // Tried again every round (said once while the reason stays); `service show` has it.
+    watch.wait_line("replica 0 tried again", |l| l.contains("service web: starting replica 0"));
+    wait_for("the holder in service show", || show(&sim, "web")["short"].as_str().is_some_and(|s| s.contains(&held)));
+
+    // The holder ends: the replica starts.
+    sim.vgpu(&["kill", "web-0"]).assert().success();
+    assert_eq!(squatter.0.wait().expect("wait").code(), Some(143));
+    watch.wait_line("replica 0 admitted", |l| l.contains("service web: replica 0 admitted"));
+    wait_for("2 replicas", || running(&sim, "web") == 2);
+    assert_eq!(watch.stop().code(), Some(0));
+}
+
+/// A `vgpu run` child ended (SIGTERM, relayed to its workload) and reaped when the test ends.
+struct Squatter(std::process::Child);
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            // SAFETY: kill(2) on our own child, not reaped yet.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let _ = self.0.wait();
+        }
+    }
+}

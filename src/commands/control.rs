@@ -14,7 +14,7 @@ use crate::state::{intent, Partitions, Store, SuspendedMemory, Workload, Workloa
 
 #[derive(Debug, Args)]
 pub struct IdArgs {
-    /// Workload ids (a unique prefix is enough) or names; all are found before any is touched
+    /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is touched
     #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
     /// Print the outcome for each workload as JSON
@@ -24,7 +24,7 @@ pub struct IdArgs {
 
 #[derive(Debug, Args)]
 pub struct KillArgs {
-    /// Workload ids (a unique prefix is enough) or names; all are found before any is signalled
+    /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is signalled
     #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
     /// Signal to send, by name or number
@@ -37,7 +37,7 @@ pub struct KillArgs {
 
 #[derive(Debug, Args)]
 pub struct ResumeArgs {
-    /// Workload ids (a unique prefix is enough) or names; all are found before any is resumed
+    /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is resumed
     #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
     /// When its memory (moved to host memory while suspended) does not fit back on the GPU
@@ -139,6 +139,7 @@ pub fn suspend(ctx: &Context, args: &IdArgs) -> Result<()> {
     crate::lifecycle::reconcile_store(&store, &lock);
     let (workloads, _) = store.workloads();
     let targets = resolve(&workloads, &args.ids)?;
+    crate::commands::check_owned(&targets.iter().collect::<Vec<_>>(), "suspend")?;
     let outcomes: Vec<Outcome> = targets.iter().map(|w| suspend_one(&store, w).unwrap_or_else(|e| failed(w, e))).collect();
     drop(lock);
     report(&outcomes, args.json)
@@ -179,6 +180,7 @@ pub fn resume(ctx: &Context, args: &ResumeArgs) -> Result<()> {
         let (workloads, _) = store.workloads();
         resolve(&workloads, &args.ids)?
     };
+    crate::commands::check_owned(&targets.iter().collect::<Vec<_>>(), "resume")?;
     let started = std::time::Instant::now();
     let outcomes: Vec<Outcome> = targets.iter().map(|w| resume_one(&store, w, limit, started).unwrap_or_else(|e| failed(w, e))).collect();
     report(&outcomes, args.json)
@@ -245,6 +247,7 @@ pub fn kill(ctx: &Context, args: &KillArgs) -> Result<()> {
         let (workloads, _) = store.workloads();
         resolve(&workloads, &args.ids)?
     };
+    crate::commands::check_owned(&targets.iter().collect::<Vec<_>>(), "signal")?;
     let outcomes: Vec<Outcome> = targets.iter().map(|w| kill_one(&store, w, signal).unwrap_or_else(|e| failed(w, e))).collect();
     report(&outcomes, args.json)
 }

@@ -19,6 +19,27 @@ use anyhow::Result;
 use crate::cli::Command;
 use crate::context::Context;
 
+/// Through sudo by a user other than root, `vgpu update|suspend|resume|kill` act only on
+/// the caller's own workloads (those whose record runs them as the caller, whoever started
+/// them); root (no sudo, or root's own) acts on any. Every target is checked before any is
+/// touched: one that is not the caller's is a usage error (one line, exit 2) and nothing is
+/// changed. `verb` names the action ("suspend").
+pub(crate) fn check_owned(targets: &[&crate::state::Workload], verb: &str) -> Result<()> {
+    let sudo_uid = std::env::var("SUDO_UID").ok();
+    let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| crate::error::UsageError::new(e.to_string()))?;
+    let Some(caller) = caller else { return Ok(()) };
+    if let Some(w) = targets.iter().find(|w| w.user.uid != caller.uid) {
+        crate::usage!(
+            "{} ({}) runs as {}: started through sudo by {}, you may {verb} only your own workloads (root may {verb} any); nothing was changed",
+            w.name,
+            w.id,
+            w.user.name,
+            caller.name
+        );
+    }
+    Ok(())
+}
+
 /// Run the command; the result is the process exit code (`vgpu run` passes its
 /// workload's through).
 pub fn dispatch(ctx: &Context, command: &Command) -> Result<u8> {

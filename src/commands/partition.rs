@@ -103,9 +103,9 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         crate::usage!("invalid partition name {:?}: use letters, digits, '-', '_' and '.' (at most 64)", args.name);
     }
     let mem = MemSpec::parse(&args.mem).map_err(|e| UsageError::new(format!("--mem: {e}")))?;
+    let sudo_uid = std::env::var("SUDO_UID").ok();
+    let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
     if args.oversubscribe {
-        let sudo_uid = std::env::var("SUDO_UID").ok();
-        let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
         crate::policy::check_oversubscribe(&ctx.config.policy, caller.as_ref()).map_err(|e| UsageError::new(e.to_string()))?;
     }
     let Some(nvml) = ctx.nvml()? else {
@@ -117,7 +117,9 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
         .collect();
     let device = admission::find_device(&devices, &args.gpu).map_err(|e| UsageError::new(format!("--gpu: {e}")))?;
-    let bytes = mem.bytes_of(device.memory);
+    // Through sudo, within the caller's [policy] max_mem.
+    let cap = crate::policy::mem_cap(&ctx.config.policy, caller.as_ref());
+    let bytes = crate::policy::MemCap::slice(cap.as_ref(), Some(mem), 0, device.index, device.memory).map_err(|e| UsageError::new(e.to_string()))?;
     crate::access::check_partition_owner(args.user.as_deref(), args.group.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
 
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);

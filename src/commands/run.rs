@@ -35,7 +35,7 @@ pub struct WorkloadOptions {
     /// How many GPUs: `all` (every GPU of the host), a number N, or a range MIN-MAX the carbon planner chooses from (stage 1); for particular GPUs see --gpu
     #[arg(long = "gpus", value_name = "all|N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"], allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub gpu_count: Option<String>,
-    /// GPU device memory per selected GPU (not host RAM: see --memory): 4G (=4GiB), 512M, 1.5G, or NN% of the device [default: the whole GPU; with --tflops, the same share as the compute]
+    /// GPU device memory per selected GPU (not host RAM: see --memory): 4G (=4GiB), 512M, 1.5G, or NN% of the device; through sudo, at most the config's [policy] max_mem [default: the whole GPU; with --tflops, the same share as the compute; through sudo, lowered to max_mem]
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub mem: Option<String>,
     /// Share of each GPU's busy time, percent (1-100): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]
@@ -77,7 +77,7 @@ pub struct WorkloadOptions {
     /// Extra environment variable (repeatable); VGPU_DIR is refused, LD_PRELOAD and LD_LIBRARY_PATH only add after vgpu's own entries
     #[arg(long = "env", value_name = "K=V", help_heading = PROCESS)]
     pub env: Vec<String>,
-    /// Working directory of the workload
+    /// Working directory of the workload, entered and checked as its user (through sudo, never as root)
     #[arg(long, value_name = "DIR", help_heading = PROCESS)]
     pub cwd: Option<PathBuf>,
 }
@@ -120,7 +120,7 @@ pub struct RunArgs {
 pub const ROOT_ONLY_ENV: [&str; 3] = [crate::workload_file::ENV_DIR, crate::cgroup::home::ENV_SELF, crate::cgroup::systemd::ENV_BUS];
 
 /// The user who ran sudo (`SUDO_UID` set, not 0), if any; refuses [`ROOT_ONLY_ENV`] for them.
-pub(crate) fn sudo_caller_uid() -> Result<Option<u32>> {
+pub(crate) fn sudo_caller() -> Result<Option<crate::state::UserSpec>> {
     let sudo_uid = std::env::var("SUDO_UID").ok();
     let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
     if caller.is_some() {
@@ -128,11 +128,11 @@ pub(crate) fn sudo_caller_uid() -> Result<Option<u32>> {
             crate::usage!("{var} is root's own setting: through sudo, unset it (is sudo keeping the environment, -E or env_keep?)");
         }
     }
-    Ok(caller.map(|c| c.uid))
+    Ok(caller)
 }
 
 /// `args` with the workload file's values where the command line gives none (`--workload`).
-fn with_workload_file(args: &RunArgs, workload: &str, caller: Option<u32>) -> Result<RunArgs> {
+fn with_workload_file(args: &RunArgs, workload: &str, caller: Option<&crate::state::UserSpec>) -> Result<RunArgs> {
     let file = crate::workload_file::load(workload, caller).map_err(|e| match std::error::Error::source(&e) {
         Some(cause) => UsageError::new(format!("{e}: {cause}")),
         None => UsageError::new(e.to_string()),
@@ -229,11 +229,11 @@ impl Report {
 }
 
 fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u8> {
-    let caller = sudo_caller_uid()?;
+    let caller = sudo_caller()?;
     let from_file;
     let args = match &args.workload {
         Some(workload) => {
-            from_file = with_workload_file(args, workload, caller)?;
+            from_file = with_workload_file(args, workload, caller.as_ref())?;
             &from_file
         }
         None => args,
@@ -349,11 +349,6 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
             _ => crate::usage!("--env expects K=V, got {kv:?}"),
         }
     }
-    if let Some(cwd) = &args.opts.cwd {
-        if !cwd.is_dir() {
-            crate::usage!("--cwd {}: no such directory", cwd.display());
-        }
-    }
     let service = match (&args.service, args.replica) {
         (Some(name), Some(replica)) => {
             if !crate::state::partition::valid_name(name) {
@@ -389,16 +384,11 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
     let priority = crate::policy::check_run(&ctx.config.policy, caller.as_ref(), asked_priority, args.opts.oversubscribe)
         .map_err(|e| UsageError::new(e.to_string()))?;
     let path_var = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).or_else(|| std::env::var("PATH").ok());
-    let program = &args.command[0];
-    // Refused before anything is made: 127 for a missing command, 126 for one that cannot
-    // be executed, as shells, `env` and `docker run` exit.
-    match resolve_program(program, path_var.as_deref(), args.opts.cwd.as_deref()) {
-        None => return Err(crate::error::NotRunnable { program: program.clone(), missing: true }.into()),
-        Some(path) if nix::unistd::access(&path, nix::unistd::AccessFlags::X_OK).is_err() => {
-            return Err(crate::error::NotRunnable { program: program.clone(), missing: false }.into())
-        }
-        Some(_) => {}
-    }
+    // Refused before anything is made, as the workload's user finds them (never as root: a
+    // sudo caller learns nothing of what is closed to them): --cwd a directory they may
+    // enter; the program 127 when missing, 126 when it cannot be executed, as shells, `env`
+    // and `docker run` exit.
+    launch::resolve::check(&user, args.opts.cwd.as_deref(), &args.command[0], path_var.as_deref())?;
     let placement = match (pool, &args.opts.partition) {
         (Some(ask), _) => Placement::Pool(ask),
         (None, Some(name)) => Placement::Partition(name.clone()),
@@ -422,6 +412,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         compute_policy: args.opts.compute_policy,
         freq_sensitivity: args.opts.freq_sensitivity,
         mem,
+        mem_cap: crate::policy::mem_cap(&ctx.config.policy, caller.as_ref()),
         oversubscribe: args.opts.oversubscribe,
         placement,
         service,
@@ -477,17 +468,6 @@ fn all_gpus(request: &mut Request, gpus: &[crate::gpu::GpuInfo]) {
     if let Placement::Gpus { wanted, .. } = &mut request.placement {
         *wanted = gpus.iter().map(|g| g.index.to_string()).collect();
     }
-}
-
-fn resolve_program(program: &str, path: Option<&str>, cwd: Option<&Path>) -> Option<PathBuf> {
-    if program.contains('/') {
-        let p = match cwd {
-            Some(dir) if !program.starts_with('/') => dir.join(program),
-            _ => PathBuf::from(program),
-        };
-        return p.is_file().then_some(p);
-    }
-    std::env::split_paths(path?).map(|dir| dir.join(program)).find(|p| p.is_file())
 }
 
 fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<u8> {

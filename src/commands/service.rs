@@ -244,7 +244,7 @@ fn apply_scaling(def: &mut ServiceDef, s: &ScalingOptions) -> Result<()> {
 /// must not decide again for a sudo caller: the user and the priority `run` gave them.
 fn validate(ctx: &Context, def: &mut ServiceDef) -> Result<()> {
     def.check().map_err(|e| UsageError::new(e.message))?;
-    crate::commands::run::sudo_caller_uid()?;
+    crate::commands::run::sudo_caller()?;
     let argv = ["vgpu".to_string(), "run".to_string()]
         .into_iter()
         .chain(def.option_args(0));
@@ -356,6 +356,16 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         min,
         services.def_path(&service.name).display()
     );
+    // A workload that took a replica's name before the service existed keeps that
+    // replica out until it ends (`vgpu run --name NAME-<i>` is refused from now on).
+    let (running, _) = store.workloads();
+    for held in running.iter().filter(|w| w.service.as_ref().is_none_or(|s| s.name != service.name)) {
+        if let Some(index) = held.name.strip_prefix(&format!("{}-", service.name)).and_then(|i| i.parse::<u32>().ok()).filter(|i| *i < max) {
+            if held.name == format!("{}-{index}", service.name) {
+                crate::notice!("replica {index}'s name {} is held by workload {} of user {}: that replica starts once it ends", held.name, held.id, held.user.name);
+            }
+        }
+    }
     if runner_of(ctx, &service.name).is_none() {
         crate::notice!("{}", no_runner_hint(&service.name));
     }

@@ -41,7 +41,7 @@ use crate::state::{Partitions, Store, Workload, WorkloadState};
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy", "priority", "tflops"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
-    /// Workloads, by id (a unique prefix is enough) or name
+    /// Workloads, by id (a unique prefix is enough) or name; through sudo, only ones that run as the caller
     #[arg(required = true, value_name = "ID", add = crate::cli::workload_candidates())]
     pub ids: Vec<String>,
     /// New GPU device memory on each of its GPUs (not host RAM): 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what is in use)
@@ -128,6 +128,8 @@ struct Asked {
     block_tflops: f64,
     /// `--wait`: None no; Some(None) forever; Some(Some(d)) up to d.
     wait: Option<Option<Duration>>,
+    /// A sudo caller's `[policy] max_mem`: `--mem` above it is refused.
+    mem_cap: Option<crate::policy::MemCap>,
 }
 
 pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
@@ -135,13 +137,14 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         anyhow::bail!("vgpu update must run as root (through sudo): it changes the limits of running workloads");
     }
     let mem = args.mem.as_deref().map(MemSpec::parse).transpose().map_err(|e| UsageError::new(format!("--mem: {e}")))?;
+    let sudo_uid = std::env::var("SUDO_UID").ok();
+    let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
+    let mem_cap = crate::policy::mem_cap(&ctx.config.policy, caller.as_ref());
     let priority = match args.priority.as_deref() {
         None => None,
         Some(text) => {
             let asked = text.parse::<Priority>().map_err(pool_error)?;
             // Through sudo, only as high as [policy] grants the caller, as for `vgpu run`.
-            let sudo_uid = std::env::var("SUDO_UID").ok();
-            let caller = crate::identity::sudo_caller(sudo_uid.as_deref()).map_err(|e| UsageError::new(e.to_string()))?;
             Some(crate::policy::check_run(&ctx.config.policy, caller.as_ref(), Some(asked), false).map_err(|e| UsageError::new(e.to_string()))?)
         }
     };
@@ -157,7 +160,7 @@ pub fn run(ctx: &Context, args: &UpdateArgs) -> Result<()> {
         }
     };
     let wait = crate::commands::wait_limit(args.wait.as_deref())?;
-    let asked = Asked { mem, priority, blocks, block_tflops, wait };
+    let asked = Asked { mem, priority, blocks, block_tflops, wait, mem_cap };
     let devices = match mem {
         Some(_) => admission_devices(ctx)?,
         None => Vec::new(),
@@ -269,6 +272,14 @@ fn attempt(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[Admission
         let w = crate::lifecycle::find(&workloads, query)?;
         if targets.iter().any(|t| t.workload.id == w.id) {
             continue;
+        }
+        // Through sudo, the caller's own workloads only; checked before anything is written.
+        crate::commands::check_owned(&[w], "update")?;
+        if let Some(spec) = mem {
+            for g in &w.gpus {
+                crate::policy::MemCap::slice(asked.mem_cap.as_ref(), Some(spec), g.mem_bytes, g.index, g.device_bytes)
+                    .map_err(|e| UsageError::new(e.to_string()))?;
+            }
         }
         if let Some(p) = &w.partition {
             crate::usage!(

@@ -97,7 +97,8 @@ impl WorkloadInfo {
             uid: w.user.uid,
             user: w.user.name.clone(),
             service: w.service.as_ref().map(|s| s.name.clone()),
-            command: w.command.join(" "),
+            // The record's, bounded (again: a record from before the bound).
+            command: crate::state::workload::bounded_command(&w.command).join(" "),
             gpus: w.gpus.iter().map(|g| g.uuid.clone()).collect(),
             started_ms: w.created_unix_ms,
         }

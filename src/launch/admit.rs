@@ -30,8 +30,8 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
     let damaged = crate::state::damaged::damaged_records(&damaged);
 
     if let Some(name) = &request.name {
-        if workloads.iter().any(|w| &w.name == name) {
-            crate::usage!("a workload named {name:?} is already running");
+        if let Some(holder) = workloads.iter().find(|w| &w.name == name) {
+            name_taken(name, holder, request.service.as_ref())?;
         }
     }
     let supervisor = ProcessId::current().context("cannot read this process's start time from /proc")?;
@@ -40,7 +40,8 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         format: WORKLOAD_FORMAT,
         id: id.clone(),
         name: request.name.clone().unwrap_or_else(|| default_name(&request.argv[0], &id)),
-        command: request.argv.clone(),
+        // Stored bounded; the child gets the whole argv (`request.argv`).
+        command: crate::state::workload::bounded_command(&request.argv),
         user: request.user.clone(),
         gpus: Vec::new(),
         vgpu: id.clone(),
@@ -84,7 +85,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
                     .collect(),
                 None => wanted.clone(),
             };
-            place::on_gpus(&devices, &chosen, *compute_pct, request.mem, &workloads, &partitions.partitions, &damaged, &mut workload)?;
+            place::on_gpus(&devices, &chosen, *compute_pct, request.mem, request.mem_cap.as_ref(), &workloads, &partitions.partitions, &damaged, &mut workload)?;
             None
         }
     };
@@ -99,6 +100,25 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
     tx.commit();
     crate::stop_point::stop_point("run:recorded");
     Ok(Launched { workload, cgroup })
+}
+
+/// The refusal of a name `holder` already has: who holds it, and for a replica of a
+/// service (whose runner retries every round, saying this in its log and `service show`)
+/// whether it is an earlier run of the same replica or a workload that took the name before
+/// the service existed (`vgpu run --name NAME-<i>` is refused while it does).
+fn name_taken(name: &str, holder: &Workload, replica: Option<&crate::state::ServiceRef>) -> Result<()> {
+    let who = format!("workload {} of user {}", holder.id, holder.user.name);
+    match (replica, &holder.service) {
+        (Some(r), Some(h)) if h.name == r.name => {
+            crate::usage!("replica {} of service {}: its name {name:?} is still held by {who}, replica {} of the service", r.replica, r.name, h.replica)
+        }
+        (Some(r), _) => crate::usage!(
+            "replica {} of service {}: its name {name:?} is held by {who}, which is no replica of the service (it took the name before the service existed); the replica starts once it ends",
+            r.replica,
+            r.name
+        ),
+        (None, _) => crate::usage!("a workload named {name:?} is already running ({who})"),
+    }
 }
 
 /// Whether the workload's memory fits on each of its GPUs beside the others' (and no

@@ -26,9 +26,16 @@ pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, req
     };
     // Clocks follow the work: its GPUs are re-planned (raised) before its first kernel.
     crate::carbon::follow::replan_now(ctx, store, &crate::carbon::follow::Change::started(&w.id)).log();
-    let child = crate::supervise::spawn(launch).map_err(|e| match crate::error::NotRunnable::from_spawn(&request.argv[0], &e) {
-        Some(not_runnable) => anyhow::Error::new(not_runnable),
-        None => anyhow::Error::new(e).context(format!("cannot start {}", request.argv[0])),
+    let child = crate::supervise::spawn(launch).map_err(|e| {
+        // The child enters --cwd as the user, after its privilege drop: a directory removed
+        // or closed since it was checked fails there, and its error is not the program's.
+        if let Some(Err(refused)) = request.cwd.as_deref().map(|dir| super::resolve::check_cwd_as(&request.user, dir)) {
+            return refused;
+        }
+        match crate::error::NotRunnable::from_spawn(&request.argv[0], &e) {
+            Some(not_runnable) => anyhow::Error::new(not_runnable),
+            None => anyhow::Error::new(e).context(format!("cannot start {}", request.argv[0])),
+        }
     })?;
     crate::stop_point::stop_point("run:spawned");
     {

@@ -11,12 +11,15 @@
 //!   nothing may replace.
 //! * [`start`], [`supervise`], [`finish`] (`child.rs`): spawn into the cgroup and record the
 //!   pid, wait relaying signals, and tear down on every exit path.
+//! * [`resolve`]: the working directory and the program, checked as the workload's user
+//!   (`identity::as_user`), never as root.
 
 mod admit;
 mod child;
 mod env;
 mod ids;
 mod place;
+pub mod resolve;
 mod transaction;
 mod vgpu;
 
@@ -51,6 +54,9 @@ pub struct Request {
     pub freq_sensitivity: Option<f64>,
     /// Device memory per GPU.
     pub mem: Option<MemSpec>,
+    /// A sudo caller's `[policy] max_mem` (None: root, or no cap): a slice without `mem` is
+    /// lowered to it, one with `mem` above it refused.
+    pub mem_cap: Option<crate::policy::MemCap>,
     /// Admit even when the memory is reserved already.
     pub oversubscribe: bool,
     pub placement: Placement,

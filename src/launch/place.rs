@@ -9,6 +9,7 @@ use crate::context::Context;
 use crate::error::UsageError;
 use crate::gpu::GpuInfo;
 use crate::pool::{AllocState, PoolError};
+use crate::policy::MemCap;
 use crate::pool_effects::{self, pool_error};
 use crate::state::{DamagedRecord, Partition, Partitions, Store, SuspendedMemory, Workload, WorkloadGpu, WorkloadState};
 
@@ -42,8 +43,9 @@ pub fn on_pool(
                 if !request.oversubscribe {
                     if let Err(e) = check_planned_memory(store, devices, request, ask, &pool, &plan, &mut trial) {
                         // With --wait, a request whose memory does not fit waits for it
-                        // (others exiting, shrinking, or suspended to host memory).
-                        let Some(limit) = ask.wait else { return Err(e) };
+                        // (others exiting, shrinking, or suspended to host memory); one
+                        // [policy] refuses never will.
+                        let Some(limit) = ask.wait.filter(|_| e.downcast_ref::<UsageError>().is_none()) else { return Err(e) };
                         if limit.is_some_and(|l| started.elapsed() >= l) {
                             return Err(e.context(format!("timed out after {} waiting for the memory", humantime::format_duration(limit.unwrap_or_default()))));
                         }
@@ -88,7 +90,7 @@ pub fn on_pool(
     };
     let alloc = pool.allocation(&id).context("the pool did not record the allocation")?;
     workload.pool_blocks = Some(alloc.held());
-    slices(&pool, devices, request, workload);
+    slices(&pool, devices, request, workload)?;
     workload.pool_env = pool.declared_env(&id);
     Ok(())
 }
@@ -110,7 +112,7 @@ fn check_planned_memory(
     let releases = if plan.suspend().is_empty() { Err(String::new()) } else { crate::suspension::releases_memory() };
     let mut planned = pool.clone();
     planned.apply(plan.clone()).map_err(pool_error)?;
-    slices(&planned, devices, request, trial);
+    slices(&planned, devices, request, trial)?;
     let others = pool_effects::planned_workloads(store, plan, releases.is_ok());
     check_memory_among(store, devices, trial, others).map_err(|e| {
         let held = match (&releases, plan.suspend().is_empty()) {
@@ -124,17 +126,17 @@ fn check_planned_memory(
 }
 
 /// The workload's slice of each GPU its blocks are on: a compute share of blocks/GPU blocks,
-/// and memory as asked (`--mem`) or in the same proportion.
-fn slices(pool: &crate::pool::Pool, devices: &[AdmissionGpu], request: &Request, workload: &mut Workload) {
+/// and memory as asked (`--mem`) or in the same proportion, within a sudo caller's
+/// `[policy] max_mem` (a usage error above it).
+fn slices(pool: &crate::pool::Pool, devices: &[AdmissionGpu], request: &Request, workload: &mut Workload) -> Result<()> {
     for share in pool.gpu_shares(&workload.id) {
         let Some(device) = share.device.uuid().and_then(|u| devices.iter().find(|d| d.uuid == u)) else {
             continue;
         };
         let fraction = share.percent() / 100.0;
-        let bytes = match request.mem {
-            Some(m) => m.bytes_of(device.memory),
-            None => (device.memory as f64 * fraction) as u64,
-        };
+        let proportional = (device.memory as f64 * fraction) as u64;
+        let bytes = MemCap::slice(request.mem_cap.as_ref(), request.mem, proportional, device.index, device.memory)
+            .map_err(|e| UsageError::new(e.to_string()))?;
         workload.gpus.push(WorkloadGpu {
             index: device.index,
             uuid: device.uuid.clone(),
@@ -143,6 +145,7 @@ fn slices(pool: &crate::pool::Pool, devices: &[AdmissionGpu], request: &Request,
             compute_pct: u32::from(share.compute_percent()),
         });
     }
+    Ok(())
 }
 
 /// " by suspending low, other" when the plan preempts, else "".
@@ -202,20 +205,23 @@ pub fn in_partition(store: &Store, devices: &[AdmissionGpu], name: &str, workloa
     Ok(p.clone())
 }
 
-/// GPUs of its own: those `wanted` (by index or UUID), else the default pick.
+/// GPUs of its own: those `wanted` (by index or UUID), else the default pick; of each the
+/// whole GPU, or `mem`, within `mem_cap` (a sudo caller's `[policy] max_mem`).
 #[allow(clippy::too_many_arguments)]
 pub fn on_gpus(
     devices: &[AdmissionGpu],
     wanted: &[String],
     compute_pct: u32,
     mem: Option<MemSpec>,
+    mem_cap: Option<&MemCap>,
     workloads: &[Workload],
     partitions: &[Partition],
     damaged: &[DamagedRecord],
     workload: &mut Workload,
 ) -> Result<()> {
     for device in select_gpus(devices, wanted, workloads, partitions, damaged)? {
-        let bytes = mem.map(|m| m.bytes_of(device.memory)).unwrap_or(device.memory);
+        // The whole GPU unless --mem says, within a sudo caller's [policy] max_mem.
+        let bytes = MemCap::slice(mem_cap, mem, device.memory, device.index, device.memory).map_err(|e| UsageError::new(e.to_string()))?;
         workload.gpus.push(WorkloadGpu {
             index: device.index,
             uuid: device.uuid.clone(),

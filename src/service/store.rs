@@ -226,11 +226,20 @@ impl Services {
             .then(|| name.to_string())
     }
 
-    /// Writes the definition (atomically, mode 0644, the directory 0755).
+    /// Writes the definition (atomically, mode 0644, the directory 0755). One larger than
+    /// [`MAX_FILE_BYTES`] is refused: it could not be read back (a sudo caller's megabytes
+    /// of arguments are not stored as root's).
     pub fn save(&self, def: &ServiceDef) -> Result<(), ServiceError> {
         self.checked_name(&def.name)?;
+        let text = def.to_toml();
+        if text.len() as u64 > MAX_FILE_BYTES {
+            return Err(ServiceError::Invalid {
+                path: self.def_path(&def.name),
+                message: format!("the definition would be {} bytes, more than a service file may hold ({MAX_FILE_BYTES}): shorten its command or environment", text.len()),
+            });
+        }
         dirs::ensure_dir(&self.dir, dirs::DIR_MODE)?;
-        atomic::write_atomic(&self.def_path(&def.name), def.to_toml().as_bytes(), 0o644)?;
+        atomic::write_atomic(&self.def_path(&def.name), text.as_bytes(), 0o644)?;
         Ok(())
     }
 

@@ -11,6 +11,48 @@ use super::{atomic, StateError};
 /// message instead of being misread.
 pub const WORKLOAD_FORMAT: u32 = 1;
 
+/// The most of a command line vgpu stores (the record's `command`, and from it `vgpu ps`,
+/// the history's `workloads.command`, the log): its arguments joined by spaces, marker
+/// included. A tenant's 1 MB of arguments is not copied into root's files.
+pub const MAX_COMMAND_BYTES: usize = 4096;
+
+/// Room kept for the marker (`… [cut 1023.99 KiB]` and its space) below the cap.
+const MARKER_ROOM: usize = 32;
+
+/// `argv` as vgpu stores it: whole when its arguments joined by spaces fit in
+/// [`MAX_COMMAND_BYTES`]; else its first arguments up to that (the last one kept cut on a
+/// character boundary) and one more, `… [cut SIZE]`, SIZE being what was left out. The
+/// workload itself always gets its whole argv. Idempotent: what it returns fits.
+pub fn bounded_command(argv: &[String]) -> Vec<String> {
+    let joined = argv.iter().map(String::len).sum::<usize>() + argv.len().saturating_sub(1);
+    if joined <= MAX_COMMAND_BYTES {
+        return argv.to_vec();
+    }
+    let mut budget = MAX_COMMAND_BYTES - MARKER_ROOM;
+    let mut kept: Vec<String> = Vec::new();
+    for arg in argv {
+        let sep = usize::from(!kept.is_empty());
+        if arg.len() + sep <= budget {
+            budget -= arg.len() + sep;
+            kept.push(arg.clone());
+            continue;
+        }
+        if budget > sep {
+            let mut end = budget - sep;
+            while !arg.is_char_boundary(end) {
+                end -= 1;
+            }
+            if end > 0 {
+                kept.push(arg[..end].to_string());
+            }
+        }
+        break;
+    }
+    let stored = kept.iter().map(String::len).sum::<usize>() + kept.len().saturating_sub(1);
+    kept.push(format!("… [cut {}]", vgpu_abi::size::format_size((joined - stored) as u64)));
+    kept
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkloadState {
@@ -371,5 +413,29 @@ pub(crate) mod tests {
         assert!(w.matches("a1b"));
         assert!(!w.matches("b1"));
         assert!(!w.matches(""));
+    }
+
+    #[test]
+    fn a_long_command_is_cut_on_a_character_boundary_with_a_marker() {
+        let short: Vec<String> = vec!["python".into(), "train.py".into()];
+        assert_eq!(bounded_command(&short), short);
+        let joined = |v: &[String]| v.join(" ").len();
+        // 1.2 MB of arguments, multi-byte characters where the cut falls.
+        let mut argv: Vec<String> = vec!["sh".into(), "-c".into(), "exit 0".into()];
+        argv.extend((0..12).map(|_| "é".repeat(50_000)));
+        let stored = bounded_command(&argv);
+        assert!(joined(&stored) <= MAX_COMMAND_BYTES, "{}", joined(&stored));
+        assert_eq!(&stored[..3], &argv[..3]);
+        let marker = stored.last().unwrap();
+        assert!(marker.starts_with("… [cut 1.1") && marker.ends_with("MiB]"), "{marker}");
+        assert!(stored[3].chars().all(|c| c == 'é') && stored[3].len() > 3000, "{}", stored[3].len());
+        // What it returns fits as it is.
+        assert_eq!(bounded_command(&stored), stored);
+        // One huge first argument is cut too; an exact fit is kept whole.
+        let stored = bounded_command(&["x".repeat(10_000)]);
+        assert_eq!(stored.len(), 2);
+        assert!(joined(&stored) <= MAX_COMMAND_BYTES);
+        let fits = vec!["y".repeat(MAX_COMMAND_BYTES - 2), "z".into()];
+        assert_eq!(bounded_command(&fits), fits);
     }
 }

@@ -35,13 +35,14 @@
 //!   as the actual intensities stay within the margin above the forecast, a horizon that
 //!   is feasible at one tick stays within its budget to its end (each tick spends at most
 //!   what is left over the floor of the rest and its margin).
-//! * The power model is a model: every slot, the current one included, is priced
-//!   `power_margin` above what the model predicts ([`DEFAULT_POWER_MARGIN`]), so GPUs that
-//!   draw up to that much more than predicted still keep the budget. Without it the last
-//!   tick of a horizon whose budget binds plans exactly what is left, with no margin after
-//!   it, and a model a fraction of a percent low (a profile's fit from ±1 % measurements)
-//!   ends the day a gram or two over, unreported: what real marginal-intensity data with
-//!   hours at 0 g/kWh showed (issue 31), since there the budget binds at the day's end.
+//! * The power model is a model: the current slot's plan keeps back `power_margin` of its
+//!   grams ([`DEFAULT_POWER_MARGIN`]), for GPUs that draw that much more than predicted;
+//!   the next tick's re-plan gives it back with what was really spent. Without it the last
+//!   tick of a horizon whose budget binds planned exactly what was left, with no margin
+//!   after it, and a model a fraction of a percent low (a profile's fit from ±1 %
+//!   measurements) ended the day a gram or two over, unreported: what real
+//!   marginal-intensity data with hours at 0 g/kWh showed (issue 31), since there the
+//!   budget binds at the day's end.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -56,7 +57,7 @@ use super::workload::PlannedWorkload;
 pub const DEFAULT_FORECAST_MARGIN: f64 = 0.2;
 
 /// How much more than the power model the GPUs may draw without a horizon's budget being
-/// exceeded: every slot's grams are priced this share above the model's. A profile
+/// exceeded unreported: this share of the current slot's planned grams is kept back. A profile
 /// (`vgpu carbon profile`) fits to measurements within about ±1 %; the default model's
 /// maximum is the board's power limit, which the GPUs do not exceed.
 pub const DEFAULT_POWER_MARGIN: f64 = 0.02;
@@ -91,8 +92,8 @@ pub struct HorizonRequest<'a> {
     /// Share (≥ 0) by which the actual intensity of a future slot may exceed its forecast;
     /// [`DEFAULT_FORECAST_MARGIN`] unless configured.
     pub forecast_margin: f64,
-    /// Share (≥ 0) by which the GPUs' actual draw may exceed the power model's prediction, in
-    /// every slot; [`DEFAULT_POWER_MARGIN`] unless configured.
+    /// Share (≥ 0) by which the GPUs' actual draw may exceed the power model's prediction in
+    /// the current slot (kept back on its plan); [`DEFAULT_POWER_MARGIN`] unless configured.
     pub power_margin: f64,
 }
 

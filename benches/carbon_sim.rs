@@ -48,7 +48,7 @@
 //! budget without the horizon planner having said so.
 
 use chrono::{TimeZone, Utc};
-use vgpu::carbon::horizon::{allot, HorizonRequest, Slot, DEFAULT_FORECAST_MARGIN};
+use vgpu::carbon::horizon::{allot, HorizonRequest, Slot, DEFAULT_FORECAST_MARGIN, DEFAULT_POWER_MARGIN};
 use vgpu::carbon::model::{clock_factor, gpu_factor, GpuModel, Tunables, DEFAULT_IDLE_FRACTION};
 use vgpu::carbon::planner::{plan, PlanRequest};
 use vgpu::carbon::profile::fit::{fit_power, fit_speed, Point, PowerFit, SpeedFit};
@@ -202,6 +202,63 @@ fn winter_trace() -> Vec<f64> {
             ((220.0 + day + peak + solar) * colder + noise[i]).max(30.0)
         })
         .collect()
+}
+
+/// A marginal-intensity series with curtailment (a solar-heavy grid's marginal emissions, as
+/// published marginal-emissions data reports them): 0 gCO2/kWh while surplus solar is
+/// curtailed (a midday window of 3–6 h from 9:30–11:30, drawn per day), a plateau of 430–520
+/// at night, an evening ramp that hits the series' hard ceiling of 900 (the dirtiest marginal
+/// unit), AR(1) noise (ρ = 0.7, ±25); three 5-minute readings averaged into each tick, as a
+/// 5-minute series is averaged into the bench's 15-minute ticks (so the window's edges are
+/// partial). The two seeds the bench uses (1004, 1018) are ones whose days ended a few grams
+/// over budget, unreported, before the horizon planner priced the power model's error.
+fn curtailed_trace(seed: u64) -> Vec<f64> {
+    const CEILING: f64 = 900.0;
+    let mut rng = Lcg(seed);
+    let days: Vec<(f64, f64, f64)> = (0..3).map(|_| (rng.range(9.5, 11.5), rng.range(3.0, 6.0), rng.range(430.0, 520.0))).collect();
+    let noise = ar1(&mut rng, ticks() * 3, 0.7, 25.0);
+    (0..ticks())
+        .map(|i| {
+            // Three 5-minute readings per tick, averaged as the bench's tick.
+            let sub: f64 = (0..3)
+                .map(|k| {
+                    let h = i as f64 * TICK_H + k as f64 * TICK_H / 3.0;
+                    let (start, len, night) = days[(h / 24.0) as usize % days.len()];
+                    let hod = h % 24.0;
+                    if hod >= start && hod < start + len {
+                        return 0.0;
+                    }
+                    let ramp = 600.0 * (-((hod - 19.5) / 1.6).powi(2)).exp();
+                    (night + ramp + noise[i * 3 + k]).clamp(0.0, CEILING)
+                })
+                .sum();
+            sub / 3.0
+        })
+        .collect()
+}
+
+/// A trace the bench runs: its name, the actual intensity per tick, the forecast's seed.
+type NamedTrace = (String, Vec<f64>, u64);
+
+/// The traces of the horizon section: the built-in ones, or a site's own
+/// (`CARBON_SIM_TRACES=FILE`, see docs/carbon.md); a bad file is one line on stderr, exit 2.
+fn traces() -> Vec<NamedTrace> {
+    let Some(path) = std::env::var_os("CARBON_SIM_TRACES") else {
+        return vec![
+            ("curtailed (seed 1004)".into(), curtailed_trace(1004), 504),
+            ("curtailed (seed 1018)".into(), curtailed_trace(1018), 518),
+            ("solar dip".into(), solar_trace(), 101),
+            ("windy days".into(), windy_trace(), 202),
+            ("winter evening peak".into(), winter_trace(), 303),
+        ];
+    };
+    let fail = |message: String| -> ! {
+        eprintln!("carbon_sim: CARBON_SIM_TRACES={}: {message}", path.to_string_lossy());
+        std::process::exit(2)
+    };
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| fail(e.to_string()));
+    let traces = vgpu::carbon::traces::parse(&text, ticks()).unwrap_or_else(|e| fail(e.to_string()));
+    traces.into_iter().enumerate().map(|(i, t)| (t.name, t.g_per_kwh, 1000 + i as u64)).collect()
 }
 
 /// The day-ahead forecast of `actual`: the actual value times `1 + e`, e a smooth seeded
@@ -367,6 +424,7 @@ fn horizon_now(
         slots: &slots,
         rate_cap_g_per_hour: None,
         forecast_margin: DEFAULT_FORECAST_MARGIN,
+        power_margin: DEFAULT_POWER_MARGIN,
     })
     .expect("valid horizon request");
     (allotment.g_per_hour_now, allotment.feasible)
@@ -516,7 +574,10 @@ fn interpolate(statics: &[(u32, Outcome)], emissions_kg: f64) -> Option<f64> {
 }
 
 fn main() {
-    let trace = trace();
+    let site = std::env::var_os("CARBON_SIM_TRACES").is_some();
+    let horizon_traces = traces();
+    // A site's file replaces the built-in traces here too: its first trace.
+    let trace = if site { horizon_traces[0].1.clone() } else { trace() };
     let jobs = jobs();
     let (lo, hi) = trace.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
     println!(
@@ -577,7 +638,7 @@ fn main() {
     for v in verdicts {
         println!("{v}");
     }
-    let horizon_lost = horizon_section(&jobs);
+    let horizon_lost = horizon_section(&jobs, &horizon_traces);
     if lost {
         eprintln!("carbon_sim: the planner did not beat the best static cap at equal or lower emissions");
     }
@@ -645,12 +706,7 @@ impl Tally {
 
 /// The horizon planner against the static caps and the per-hour planner on the realistic
 /// traces; true when it missed the goal on any of them.
-fn horizon_section(jobs: &[Job]) -> bool {
-    let traces: [(&str, Vec<f64>, u64); 3] = [
-        ("solar dip", solar_trace(), 101),
-        ("windy days", windy_trace(), 202),
-        ("winter evening peak", winter_trace(), 303),
-    ];
+fn horizon_section(jobs: &[Job], traces: &[NamedTrace]) -> bool {
     // Shares of the way from the tightest daily budget to the loosest (loose last).
     let days = TRACE_H / 24.0;
     let shares = [0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.95];
@@ -673,15 +729,21 @@ fn horizon_section(jobs: &[Job]) -> bool {
     let mut lost = false;
     let mut summary = Vec::new();
     let mut totals: Vec<(&str, usize, usize)> = Vec::new();
-    for (name, actual, seed) in &traces {
+    for (name, actual, seed) in traces {
         let forecast = forecast_of(actual, *seed);
         let (lo, hi) = actual.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        let mae = actual.iter().zip(&forecast).map(|(a, f)| (a - f).abs() / a).sum::<f64>() / actual.len() as f64;
+        // Relative error where the intensity is not 0 (a forecast of a tick at 0 is right or
+        // infinitely wrong; those ticks are counted apart).
+        let nonzero: Vec<(f64, f64)> = actual.iter().zip(&forecast).filter(|(a, _)| **a > 0.0).map(|(a, f)| (*a, *f)).collect();
+        let mae = nonzero.iter().map(|(a, f)| (a - f).abs() / a).sum::<f64>() / nonzero.len().max(1) as f64;
+        let zeros = actual.len() - nonzero.len();
         println!();
         println!(
-            "trace \"{name}\": 48 h, {lo:.0}–{hi:.0} gCO2/kWh, mean {:.0}; forecast off by {:.1} % on average; daily budgets for the horizon planner",
+            "trace \"{name}\": 48 h, {lo:.0}–{hi:.0} gCO2/kWh, mean {:.0}{}; forecast off by {:.1} % on average{}; daily budgets for the horizon planner",
             actual.iter().sum::<f64>() / actual.len() as f64,
-            mae * 100.0
+            if zeros > 0 { format!(", {:.1} h at 0", zeros as f64 * TICK_H) } else { String::new() },
+            mae * 100.0,
+            if zeros > 0 { " (ticks at 0 left out)" } else { "" }
         );
         println!(
             "{:<26} {:>12} {:>12} {:>12} {:>10}",

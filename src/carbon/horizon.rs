@@ -35,6 +35,14 @@
 //!   as the actual intensities stay within the margin above the forecast, a horizon that
 //!   is feasible at one tick stays within its budget to its end (each tick spends at most
 //!   what is left over the floor of the rest and its margin).
+//! * The power model is a model: the current slot's plan keeps back `power_margin` of its
+//!   grams ([`DEFAULT_POWER_MARGIN`]), for GPUs that draw that much more than predicted;
+//!   the next tick's re-plan gives it back with what was really spent. Without it the last
+//!   tick of a horizon whose budget binds planned exactly what was left, with no margin
+//!   after it, and a model a fraction of a percent low (a profile's fit from ±1 %
+//!   measurements) ended the day a gram or two over, unreported: what real
+//!   marginal-intensity data with hours at 0 g/kWh showed (issue 31), since there the
+//!   budget binds at the day's end.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -47,6 +55,12 @@ use super::workload::PlannedWorkload;
 /// The forecast's error a plan absorbs unless configured otherwise: the actual intensity may
 /// be this share above the forecast (at the lowest clocks) without the budget being exceeded.
 pub const DEFAULT_FORECAST_MARGIN: f64 = 0.2;
+
+/// How much more than the power model the GPUs may draw without a horizon's budget being
+/// exceeded unreported: this share of the current slot's planned grams is kept back. A profile
+/// (`vgpu carbon profile`) fits to measurements within about ±1 %; the default model's
+/// maximum is the board's power limit, which the GPUs do not exceed.
+pub const DEFAULT_POWER_MARGIN: f64 = 0.02;
 
 /// Slots must follow each other to this many seconds.
 const CONTIGUITY_TOLERANCE_S: f64 = 1.0;
@@ -78,6 +92,9 @@ pub struct HorizonRequest<'a> {
     /// Share (≥ 0) by which the actual intensity of a future slot may exceed its forecast;
     /// [`DEFAULT_FORECAST_MARGIN`] unless configured.
     pub forecast_margin: f64,
+    /// Share (≥ 0) by which the GPUs' actual draw may exceed the power model's prediction in
+    /// the current slot (kept back on its plan); [`DEFAULT_POWER_MARGIN`] unless configured.
+    pub power_margin: f64,
 }
 
 /// The horizon's budget as allotted to its slots.
@@ -119,6 +136,8 @@ pub enum HorizonError {
     BadRateCap(f64),
     #[error("forecast margin must be a non-negative share, got {0}")]
     BadMargin(f64),
+    #[error("power margin must be a non-negative share, got {0}")]
+    BadPowerMargin(f64),
     #[error(transparent)]
     Plan(#[from] PlanError),
 }
@@ -289,6 +308,9 @@ fn validate(req: &HorizonRequest<'_>) -> Result<(), HorizonError> {
     if !(req.forecast_margin.is_finite() && req.forecast_margin >= 0.0) {
         return Err(HorizonError::BadMargin(req.forecast_margin));
     }
+    if !(req.power_margin.is_finite() && req.power_margin >= 0.0) {
+        return Err(HorizonError::BadPowerMargin(req.power_margin));
+    }
     Ok(())
 }
 
@@ -317,14 +339,19 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
         })
         .collect();
     // Kept back for the forecast's error: the margin on the future slots' floor.
-    let margin_g: f64 = costs.iter().skip(1).map(|c| c.floor_w * c.g_per_w * req.forecast_margin).sum();
+    let forecast_margin_g: f64 = costs.iter().skip(1).map(|c| c.floor_w * c.g_per_w * req.forecast_margin).sum();
     let remaining_g = req.budget_g - req.spent_g;
     // Choices are prefix lengths of the ladder.
     let lowest: Vec<usize> = vec![hull[0].2; costs.len()];
     let total = |costs: &[SlotCost], choice: &[usize]| -> f64 {
         costs.iter().zip(choice).map(|(c, &k)| c.grams(ladder.prefix_w[k])).sum()
     };
-    let min_needed_g = total(&costs, &lowest) + margin_g;
+    // Kept back for the power model's error in the current slot, the one spent now: the
+    // margin on what it is planned to emit. Given back at the next tick's re-plan, when what
+    // was really spent is measured; each future slot's is kept back when it is the current one.
+    let power_g = |costs: &[SlotCost], choice: &[usize]| req.power_margin * costs[0].grams(ladder.prefix_w[choice[0]]);
+    let kept_back = |costs: &[SlotCost], choice: &[usize]| forecast_margin_g + power_g(costs, choice);
+    let min_needed_g = total(&costs, &lowest) + kept_back(&costs, &lowest);
     let horizon_h: f64 = req.slots.iter().map(|s| s.hours).sum();
     let mut notes = Vec::new();
     // A relative tolerance: the sums above are not exact.
@@ -340,7 +367,7 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
             None => true,
         };
         costs[0].floor_w = placing_w;
-        placed = cap_ok && remaining_g - margin_g >= total(&costs, &lowest);
+        placed = cap_ok && remaining_g - kept_back(&costs, &lowest) >= total(&costs, &lowest);
         if !placed {
             costs[0].floor_w = 0.0;
         }
@@ -352,7 +379,15 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
         ));
         lowest
     } else {
-        water_fill(&ladder, &costs, remaining_g - margin_g)
+        // The power margin of the current slot's plan depends on the plan: fill with the
+        // lowest plan's kept back; when the plan found and its margin do not fit, fill again
+        // with that plan's margin kept back (less to fill plans no more now, so it fits).
+        let first = water_fill(&ladder, &costs, remaining_g - kept_back(&costs, &lowest));
+        if total(&costs, &first) + kept_back(&costs, &first) <= remaining_g {
+            first
+        } else {
+            water_fill(&ladder, &costs, remaining_g - kept_back(&costs, &first))
+        }
     };
     let per_slot_w: Vec<f64> = costs.iter().zip(&choice).map(|(c, &k)| c.watts(ladder.prefix_w[k])).collect();
     let per_slot: Vec<f64> =
@@ -377,7 +412,7 @@ pub fn allot(req: &HorizonRequest<'_>) -> Result<Allotment, HorizonError> {
     Ok(Allotment {
         g_per_hour_now,
         remaining_g,
-        planned_g: total(&costs, &choice) + margin_g,
+        planned_g: total(&costs, &choice) + kept_back(&costs, &choice),
         min_needed_g,
         feasible,
         notes,

@@ -207,6 +207,7 @@ pub fn allot_budgets(
             slots: &slots,
             rate_cap_g_per_hour: budgets.per_hour,
             forecast_margin: horizon::DEFAULT_FORECAST_MARGIN,
+            power_margin: horizon::DEFAULT_POWER_MARGIN,
         };
         let allotment = horizon::allot(&request).with_context(|| format!("allotting the {} budget", period.adjective()))?;
         notes.extend(allotment.notes.iter().map(|n| format!("{} budget: {n}", period.adjective())));

@@ -14,6 +14,7 @@
 //!   intensity now); [`range`]: stage 1 for `vgpu run --gpus MIN-MAX`.
 //! * [`profile`]: `vgpu carbon profile`, a GPU's measured power and speed model;
 //!   [`sensitivity`]: each workload's frequency sensitivity learned from the history.
+//! * [`traces`]: a site's own intensity history as `benches/carbon_sim`'s traces.
 
 pub mod account;
 pub mod apply;
@@ -30,6 +31,7 @@ pub mod profile;
 pub mod range;
 pub mod sensitivity;
 pub mod report;
+pub mod traces;
 pub mod workload;
 
 /// Make the directory of a carbon file (the lib dir, normally made already) as the store

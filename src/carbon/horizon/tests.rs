@@ -46,6 +46,7 @@ fn request<'a>(
         slots,
         rate_cap_g_per_hour: None,
         forecast_margin: 0.0,
+        power_margin: 0.0,
     }
 }
 
@@ -333,5 +334,86 @@ proptest! {
         let c = allot(&request(&gpus, &work, &sd, budget, 0.0)).unwrap();
         prop_assert!(c.per_slot_w[0] <= a.per_slot_w[0] || !a.feasible,
             "{:?} then {:?}", a.per_slot_w, c.per_slot_w);
+    }
+}
+
+/// Ticks as real marginal-intensity series have them: stretches at exactly 0 g/kWh
+/// (curtailment), values held at the series' hard ceiling, and anything between; and each
+/// tick's day-ahead forecast: within the margin of the actual, or 0 where the actual is not
+/// (a curtailment forecast that did not happen), or positive where the actual is 0.
+fn real_ticks(n: std::ops::Range<usize>) -> impl Strategy<Value = Vec<(f64, f64)>> {
+    const CEILING: f64 = 900.0;
+    proptest::collection::vec((0u8..5, 0.0f64..CEILING, -1.0f64..=1.0, 0u8..8), n).prop_map(|ticks| {
+        let mut out = Vec::with_capacity(ticks.len());
+        let mut run_zero = false;
+        for (kind, value, error, forecast_kind) in ticks {
+            // Zero stretches last: a tick at 0 is followed by another at 0 two times in five.
+            run_zero = match kind {
+                0 => true,
+                1 | 2 => run_zero,
+                _ => false,
+            };
+            let actual = match kind {
+                _ if run_zero => 0.0,
+                3 => CEILING,
+                _ => value,
+            };
+            let forecast = match forecast_kind {
+                0 => 0.0,
+                1 if actual == 0.0 => value,
+                _ => (actual * (1.0 + 0.2 * error)).min(CEILING),
+            };
+            out.push((actual, forecast));
+        }
+        out
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Never over a budget unreported (issue 31), replayed tick by tick as `vgpu carbon apply`
+    /// runs: the intensity now is measured, the rest of the horizon is the forecast (with
+    /// zero stretches, a hard ceiling, forecasts of 0 for non-zero actuals and the reverse),
+    /// and the GPUs draw up to the power margin more than the model predicts. Budgets from
+    /// the cleanest cap's emissions (every tick at the lowest clocks) up. Whenever the day
+    /// ends over its budget, some tick said it was infeasible, before the day ended.
+    #[test]
+    fn a_budget_is_never_exceeded_unreported(
+        (gpus, work) in fleet(),
+        ticks in real_ticks(2..24),
+        draw_errors in proptest::collection::vec(0.0f64..=1.0, 24),
+        hours in prop_oneof![Just(0.25), Just(1.0)],
+        budget_share in prop_oneof![Just(0.0), 0.0f64..0.2, 0.0f64..1.2],
+    ) {
+        let n = ticks.len();
+        let draw = |budget| plan(&PlanRequest {
+            gpus: &gpus, workloads: &work, intensity: 1000.0, budget_g_per_hour: budget, tunables: Tunables::default(),
+        }).unwrap().predicted_power_w;
+        let (lowest_w, full_w) = (draw(Some(0.0)), draw(None));
+        // The cleanest cap's emissions: every tick at the lowest clocks, as the model says.
+        let lowest_total: f64 = ticks.iter().map(|(a, _)| lowest_w * a * hours / 1000.0).sum();
+        let full_total: f64 = ticks.iter().map(|(a, _)| full_w * a * hours / 1000.0).sum();
+        let budget = lowest_total + budget_share * (full_total - lowest_total);
+        let mut spent = 0.0;
+        let mut reported_infeasible = false;
+        for t in 0..n {
+            let intensities: Vec<f64> = (t..n).map(|i| if i == t { ticks[i].0 } else { ticks[i].1 }).collect();
+            let s = slots(hours, &intensities);
+            let mut req = request(&gpus, &work, &s, budget, spent);
+            req.forecast_margin = DEFAULT_FORECAST_MARGIN;
+            req.power_margin = DEFAULT_POWER_MARGIN;
+            let a = allot(&req).unwrap();
+            if !a.feasible {
+                reported_infeasible = true;
+            }
+            let p = plan_now(&req, &a);
+            // The hardware: within the power margin above the model.
+            let watts = p.predicted_power_w * (1.0 + DEFAULT_POWER_MARGIN * draw_errors[t]);
+            spent += watts * ticks[t].0 * hours / 1000.0;
+        }
+        if spent > budget * (1.0 + 1e-9) + 1e-9 {
+            prop_assert!(reported_infeasible, "spent {spent} of {budget}, never reported infeasible; ticks {ticks:?}");
+        }
     }
 }

@@ -366,6 +366,76 @@ fn a_launch_storm_is_seen_and_acted_on() {
     assert!(figure >= 60, "the driver's share of the storm: {line}");
 }
 
+/// A partition's vGPU shared by two workloads: offences belong to the workload whose
+/// processes offended. `rogue` respawns a bypasser of 3 GiB in the 2 GiB partition, beside
+/// `calm`, whose 500 MiB the shim counts: `rogue` is ended at its second offence, `calm` is
+/// neither blamed nor touched.
+#[test]
+fn in_a_shared_partition_offences_are_the_offending_workloads() {
+    let _serial = serial();
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    sim.write_vgpu_config(FAST);
+    sim.vgpu(&["partition", "create", "shared", "--gpu", "0", "--mem", "2G"]).assert().success();
+    let mut runs = Runs::new(&sim);
+    let dir = sim.path("");
+    let calm_script = format!("{b} idle 600 --alloc-mib 500 --ready {d}/calm", b = bin(), d = dir.display());
+    let calm = runs.start(&["--partition", "shared", "--name", "calm", "--", "sh", "-c", &calm_script]);
+    wait_file(&dir.join("calm"));
+    let calm_id = id_of(&sim, "calm");
+    let mut watch = Watch::start(&sim, &[]);
+    let respawn = format!("n=0; while :; do n=$((n+1)); env -u LD_PRELOAD {b} idle 600 --alloc-mib 3072 --ready {d}/child$n; done", b = bin(), d = dir.display());
+    let rogue = runs.start(&["--partition", "shared", "--name", "rogue", "--", "sh", "-c", &respawn]);
+    let first = watch.wait_line("the first offence", |l| l.contains("SIGKILL to pid"));
+    assert!(first.contains("of workload rogue (") && first.contains("its first offence"), "{first}");
+    let end = watch.wait_line("the end", |l| l.contains("ended workload"));
+    assert!(end.contains("ended workload rogue (") && end.contains("second offence within 10m: over memory quota on GPU 0"), "{end}");
+    let (code, err) = runs.finish(rogue);
+    assert_eq!(code, 137, "{err}");
+    assert!(err.contains("vgpu watch ended rogue ("), "{err}");
+    watch.wait_rounds(3);
+    assert!(!watch.log.iter().any(|l| l.contains("workload calm (")), "calm was acted on: {:?}", watch.log);
+    assert!(record(&sim, &calm_id)["enforcement"].is_null(), "{:#}", record(&sim, &calm_id));
+    assert!(!runs.ended(calm), "calm still runs");
+}
+
+/// A suspended workload (frozen by `vgpu suspend`, its memory left on the GPU) that holds
+/// memory past its quota: its first offence kills the offender and leaves it suspended
+/// (frozen again once the offender is gone); it carries on where it was once resumed.
+#[test]
+fn a_suspended_workload_stays_suspended_through_its_offence() {
+    let _serial = serial();
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    sim.write_vgpu_config(&format!("{FAST}\n[suspend]\ncheckpoint = false\n"));
+    let mut runs = Runs::new(&sim);
+    let (ready, status) = (sim.path("ready"), sim.path("status"));
+    let script = format!(
+        "env -u LD_PRELOAD {b} idle 600 --alloc-mib 3072 --ready {r}; echo $? > {s}.tmp && mv {s}.tmp {s}; sleep 600",
+        b = bin(),
+        r = ready.display(),
+        s = status.display()
+    );
+    let run = runs.start(&["--name", "sleeper", "--mem", "1G", "--", "sh", "-c", &script]);
+    wait_file(&ready);
+    let id = id_of(&sim, "sleeper");
+    sim.vgpu(&["suspend", "sleeper"]).assert().success();
+    assert!(frozen(&id));
+    let mut watch = Watch::start(&sim, &[]);
+    let line = watch.wait_line("the SIGKILL", |l| l.contains("SIGKILL to pid"));
+    assert!(line.contains(&format!("of workload sleeper ({id}): over memory quota on GPU 0: 3 GiB of 1 GiB")), "{line}");
+    let pid: u32 = line.split("SIGKILL to pid ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).expect("a pid");
+    // Its shell is frozen and cannot reap it: a zombie, or gone.
+    let dead = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')));
+    assert!(dead, "the offender still runs");
+    watch.wait_rounds(2);
+    assert!(frozen(&id), "still suspended after its offence");
+    let r = record(&sim, &id);
+    assert_eq!((r["state"].as_str(), r["enforcement"]["action"].as_str()), (Some("suspended"), Some("killed")), "{r:#}");
+    assert!(!status.exists(), "nothing of it ran");
+    sim.vgpu(&["resume", "sleeper"]).assert().success();
+    assert_eq!(status_in(&status), 128 + 9, "resumed, its shell sees its child killed");
+    assert!(!runs.ended(run));
+}
+
 /// `vgpu watch` with `VGPU_TEST_STOP_AT=watch:offence-frozen`: its exit status once it
 /// killed itself there (SIGKILLed, failing the test, if it has not within 30 s).
 fn watch_until_stop_point(sim: &Sim) -> std::process::ExitStatus {

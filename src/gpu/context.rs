@@ -112,7 +112,8 @@ impl Driver {
 }
 
 /// Measure what one context takes on each GPU this process can see: GPU UUID → bytes.
-/// GPUs it cannot see, or whose processes' memory NVML does not report, are left out.
+/// GPUs it cannot see, where it cannot make a context, or whose processes' memory NVML does
+/// not report, are left out.
 pub fn measure(library: Option<&Path>, nvml: &Nvml) -> Result<HashMap<String, u64>, ContextError> {
     let driver = Driver::open(library)?;
     let mut count: c_int = 0;
@@ -121,28 +122,21 @@ pub fn measure(library: Option<&Path>, nvml: &Nvml) -> Result<HashMap<String, u6
     if code != CUDA_SUCCESS {
         return Err(ContextError::Driver { call: "cuDeviceGetCount".into(), code });
     }
+    // A device whose context cannot be made (exclusive-process mode with a workload on it,
+    // no memory left) is left out: it gets its architecture's figure.
     let mut retained = Vec::new();
-    let mut failure = None;
     for ordinal in 0..count {
         let (mut device, mut ctx): (c_int, *mut c_void) = (0, std::ptr::null_mut());
         // SAFETY: writable out-pointers and an ordinal below the count.
-        let code = unsafe { (driver.device_get)(&mut device, ordinal) };
-        if code != CUDA_SUCCESS {
-            failure = Some(ContextError::Driver { call: format!("cuDeviceGet({ordinal})"), code });
-            break;
+        if unsafe { (driver.device_get)(&mut device, ordinal) } != CUDA_SUCCESS {
+            continue;
         }
         // SAFETY: a writable out-pointer and a device handle from cuDeviceGet.
-        let code = unsafe { (driver.retain)(&mut ctx, device) };
-        if code != CUDA_SUCCESS {
-            failure = Some(ContextError::Driver { call: format!("cuDevicePrimaryCtxRetain({ordinal})"), code });
-            break;
+        if unsafe { (driver.retain)(&mut ctx, device) } == CUDA_SUCCESS {
+            retained.push(device);
         }
-        retained.push(device);
     }
-    let measured = match failure {
-        Some(e) => Err(e),
-        None => own_memory(nvml),
-    };
+    let measured = own_memory(nvml);
     for device in retained {
         // SAFETY: a device whose primary context this function retained once.
         unsafe { (driver.release)(device) };

@@ -39,8 +39,11 @@ pub const LOCK_WAIT: Duration = Duration::from_millis(500);
 /// How long a freeze may take before the watch kills without it.
 const FREEZE_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long ending a workload waits for its processes to be gone (the rest is killed again
-/// at the next round).
-const KILL_TIMEOUT: Duration = Duration::from_secs(1);
+/// at the next rounds).
+const KILL_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long a later round waits for them: it only signals again what is left (a process
+/// stuck in the kernel, in a hung file system say, must not slow every round down).
+const SWEEP_TIMEOUT: Duration = Duration::from_millis(10);
 /// How long a suspended workload's killed offenders are waited for before it is frozen again.
 const REAP_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -242,12 +245,12 @@ impl OffenceEnforcer {
     fn sweep(&mut self, r: &Act<'_>, events: &mut Vec<Event>) {
         for id in self.ending.clone() {
             let Some(w) = r.workloads.iter().find(|w| w.id == id) else { continue };
-            let Some(c) = self.cgroup(w, KILL_TIMEOUT, &mut Vec::new()) else { continue };
+            let Some(c) = self.cgroup(w, SWEEP_TIMEOUT, &mut Vec::new()) else { continue };
             if c.pids().is_ok_and(|p| p.is_empty()) {
                 continue;
             }
             if let Err(e) = c.kill_all() {
-                events.push(Event::warn(format!("cannot kill every process of {} yet: {e}", enforce::whose(r.workloads, &id))));
+                events.push(Event::debug(format!("{} still has processes: {e}", enforce::whose(r.workloads, &id))));
             }
         }
     }

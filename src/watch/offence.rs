@@ -296,3 +296,155 @@ fn wait_gone(processes: &[ProcessId], timeout: Duration) {
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::fake::FakeV1;
+    use crate::state::workload::tests::sample;
+    use crate::state::EnforcementAction;
+    use crate::watch::throttle::Throttler;
+
+    struct Setup {
+        fake: FakeV1,
+        _dir: tempfile::TempDir,
+        store: Store,
+        me: ProcessId,
+        counters: Enforcements,
+    }
+
+    impl Setup {
+        fn new(state: WorkloadState) -> Setup {
+            let fake = FakeV1::new(&["cpu,cpuacct", "memory", "pids", "freezer"]);
+            let (dir, store) = crate::state::temp_store();
+            let me = ProcessId::current().unwrap();
+            let mut w = sample();
+            w.state = state;
+            w.supervisor = me.into();
+            store.write_workload(&w).unwrap();
+            Cgroup::create(&fake.layout(), &w.cgroup).unwrap();
+            fake.kernel_populate(&w.cgroup);
+            Setup { fake, _dir: dir, store, me, counters: Enforcements::default() }
+        }
+
+        fn cgroup(&self) -> Cgroup {
+            Cgroup::open(&self.fake.layout(), &sample().cgroup).unwrap()
+        }
+
+        fn frozen(&self) -> bool {
+            // The fake file can be read between a truncation and a write: read again.
+            loop {
+                if let Ok(state) = self.cgroup().state() {
+                    return state == FreezerState::Frozen;
+                }
+            }
+        }
+
+        fn record(&self) -> Workload {
+            Workload::read(&self.store.workload_path(&sample().id)).unwrap()
+        }
+
+        /// One round in which `processes` of the sample workload are condemned.
+        fn round(&self, enforcer: &mut OffenceEnforcer, processes: &[ProcessId]) -> Vec<Event> {
+            let workloads = vec![self.record()];
+            let mut condemned = Condemned::default();
+            condemned.add(&sample().id, processes, "over memory quota on GPU 0: 3 GiB of 1 GiB", "memory");
+            let act = Act { store: &self.store, workloads: &workloads, window: Duration::from_secs(600), counters: &self.counters };
+            let (mut records, mut events) = (Records::default(), Vec::new());
+            enforcer.act(&act, condemned, &mut records, &mut events);
+            records.flush(&self.store, &mut events);
+            events
+        }
+
+        fn enforcer(&self) -> OffenceEnforcer {
+            OffenceEnforcer::with_layout(self.me, Some(self.fake.layout()))
+        }
+    }
+
+    /// A process to condemn, and its id.
+    fn offender() -> (std::process::Child, ProcessId) {
+        let child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let id = ProcessId { pid: child.id(), start_time: vgpu_abi::process::start_time(child.id()).unwrap() };
+        (child, id)
+    }
+
+    fn died_of_sigkill(mut child: std::process::Child) -> bool {
+        std::os::unix::process::ExitStatusExt::signal(&child.wait().unwrap()) == Some(libc::SIGKILL)
+    }
+
+    #[test]
+    fn a_first_offence_kills_the_offenders_records_why_and_leaves_the_workload_thawed() {
+        let s = Setup::new(WorkloadState::Running);
+        let mut enforcer = s.enforcer();
+        let (child, p) = offender();
+        let events = s.round(&mut enforcer, &[p]);
+        assert!(died_of_sigkill(child));
+        assert!(!s.frozen(), "thawed after the kill");
+        let e = s.record().enforcement.unwrap();
+        assert_eq!((e.action, e.pids.as_slice()), (EnforcementAction::Killed, &[p.pid][..]));
+        let line = events.iter().find(|e| e.message.starts_with("SIGKILL to pid")).expect("a SIGKILL line");
+        assert!(line.message.ends_with("over memory quota on GPU 0: 3 GiB of 1 GiB; its first offence (frozen meanwhile): a second within 10m ends the workload"), "{line:?}");
+        assert_eq!(s.counters.count(metrics::Action::Kill, "memory", &WorkloadLabels::of(&sample())), 1);
+        // The same process seen again next round (NVML may still list it): no new offence.
+        assert!(s.round(&mut enforcer, &[p]).is_empty());
+    }
+
+    #[test]
+    fn a_second_offence_within_the_window_ends_the_workload_and_a_new_watch_knows_the_first() {
+        let s = Setup::new(WorkloadState::Running);
+        let (first, p) = offender();
+        s.round(&mut s.enforcer(), &[p]);
+        assert!(died_of_sigkill(first));
+        // Another watch (this one forgot, or was restarted): the record says it offended.
+        let (mut second, q) = offender();
+        let events = s.round(&mut s.enforcer(), &[q]);
+        let e = s.record().enforcement.unwrap();
+        assert_eq!(e.action, EnforcementAction::Ended, "{events:?}");
+        assert_eq!(e.reason, "second offence within 10m: over memory quota on GPU 0: 3 GiB of 1 GiB");
+        assert!(events.iter().any(|e| e.message == "ended workload train (a1b2c3d4): second offence within 10m: over memory quota on GPU 0: 3 GiB of 1 GiB"), "{events:?}");
+        assert_eq!(s.counters.count(metrics::Action::End, "memory", &WorkloadLabels::of(&sample())), 1);
+        assert!(!s.frozen(), "thawed once killed");
+        // The fake cgroup lists no process, so the end signalled none: this one is left.
+        let _ = second.kill();
+        let _ = second.wait();
+    }
+
+    #[test]
+    fn a_suspended_workload_is_frozen_again_after_its_offenders_are_killed() {
+        let s = Setup::new(WorkloadState::Suspended);
+        s.cgroup().freeze().unwrap();
+        let (child, p) = offender();
+        s.round(&mut s.enforcer(), &[p]);
+        assert!(died_of_sigkill(child));
+        assert!(s.frozen(), "still suspended");
+        assert_eq!(s.record().state, WorkloadState::Suspended);
+    }
+
+    #[test]
+    fn a_throttled_workload_is_thawed_by_its_offence_and_no_longer_cycled() {
+        let s = Setup::new(WorkloadState::Running);
+        // Throttled by this watch: the throttler cycles its freezer.
+        let mut w = s.record();
+        w.enforcement = Some(enforce::throttled(s.me, "GPU 0 at 97% by the driver", vec![1]));
+        s.store.write_workload(&w).unwrap();
+        let mut throttler = Throttler::with_layout(s.store.clone(), s.me, Some(s.fake.layout()));
+        throttler.set([(w.id.clone(), 0.5)].into_iter().collect());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !s.frozen() {
+            assert!(Instant::now() < deadline, "the throttler never froze it");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (child, p) = offender();
+        s.round(&mut s.enforcer(), &[p]);
+        assert!(died_of_sigkill(child));
+        assert_eq!(s.record().enforcement.map(|e| e.action), Some(EnforcementAction::Killed), "a kill outranks the throttle");
+        // The throttler may thaw it once more, never freeze it again.
+        let end = Instant::now() + Duration::from_millis(300);
+        std::thread::sleep(Duration::from_millis(150));
+        while Instant::now() < end {
+            assert!(!s.frozen(), "frozen again by the throttler after the offence");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        throttler.stop();
+    }
+}

@@ -161,6 +161,29 @@ fn held_by(sim: &Sim, id: &str, index: u64) -> u64 {
         .unwrap_or(0)
 }
 
+/// The simulated GPU's launches, and the busy time of the kernels that did not fit in its
+/// timeline's ring (its spill spans, ns), read from the driver's shared state file: layout
+/// version 5 of tests/fakegpu/src/state.rs, whose `layout_is_stable` test pins the offsets
+/// (launches at byte 64, the device's span at 112, 512 slots of 104 bytes from 240 each with
+/// its span at 72; a span's busy time is its fourth u64). Not through the fakegpu crate:
+/// linking its rlib here would rebuild libfakegpu.so under the other tests' feet.
+fn timeline_overflow(sim: &Sim) -> (u64, u64) {
+    let dir = sim.path("fakegpu-state");
+    let file = std::fs::read_dir(&dir)
+        .expect("the driver's state directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "state"))
+        .expect("the driver's state file");
+    let bytes = std::fs::read(&file).expect("the driver's state file");
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    assert_eq!(&bytes[..8], b"FAKEGPU\x01", "not a fakegpu state file");
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")), 5, "fakegpu's state layout changed (version): update timeline_overflow()");
+    let span_busy = |span: usize| u64_at(span + 24);
+    let spilled = span_busy(112) + (0..512).map(|slot| span_busy(240 + slot * 104 + 72)).sum::<u64>();
+    (u64_at(64), spilled)
+}
+
 fn frozen(id: &str) -> bool {
     let layout = Layout::detect().expect("a cgroup filesystem");
     Cgroup::open(&layout, id).is_ok_and(|c| c.state().is_ok_and(|s| s != FreezerState::Thawed))
@@ -347,18 +370,16 @@ fn a_launch_storm_is_seen_and_acted_on() {
     let script = format!("{storm} & {storm} & {storm} & {storm} & wait");
     let _run = runs.start(&["--name", "storm", "--mem", "1G", "--compute", "30", "--", "sh", "-c", &script]);
     let id = id_of(&sim, "storm");
-    let config = fakegpu::config::load_from(&sim.path("fakegpu.toml")).expect("the simulation's config");
-    let state = fakegpu::state::open_all(&config, &sim.path("fakegpu-state")).expect("the simulation's state").remove(0);
     let started = Instant::now();
     loop {
-        let spilled: u64 = state.timeline_since(0).iter().filter(|b| !b.is_solid()).map(|b| b.busy_ns).sum();
+        let (launches, spilled) = timeline_overflow(&sim);
         if spilled >= 2_000_000_000 {
+            eprintln!("the storm overflowed the timeline after {:.0} s and {launches} launches", started.elapsed().as_secs_f64());
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(180), "the storm did not overflow the timeline: {} launches", state.launches());
+        assert!(started.elapsed() < Duration::from_secs(180), "the storm did not overflow the timeline: {launches} launches");
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!("the storm overflowed the timeline after {:.0} s and {} launches", started.elapsed().as_secs_f64(), state.launches());
     let mut watch = Watch::start(&sim, &[]);
     let line = watch.wait_line("the watch to act on the storm", |l| l.contains(&format!("throttling workload storm ({id})")) || l.contains("SIGKILL to pid"));
     assert!(line.contains("% by the driver, share 30%") || line.contains("over its compute share"), "{line}");

@@ -1,7 +1,9 @@
 //! `vgpu watch`: the long-running enforcer (SPEC 4.3). Once per `[watch] interval` it
 //! reconciles the store (dead supervisors, half-done changes, the pool settled), takes a
 //! [`Snapshot`] of what really runs on the GPUs, audits it (memory, compute, processes in no
-//! vGPU), acts (SIGTERM → SIGKILL, freezer throttling), and publishes metrics.
+//! vGPU), acts on what it finds — a workload's offences (`offence.rs`: its cgroup frozen and
+//! its offenders SIGKILLed, the whole workload at a second offence), freezer throttling,
+//! SIGTERM → SIGKILL for processes in no vGPU — and publishes metrics.
 //!
 //! One watch per state directory: it holds `<state>/watch.lock` (an `flock`, dropped by the
 //! kernel when it dies) for its whole life. This module decides and acts; it returns what it

@@ -1258,6 +1258,14 @@ mod tests {
     fn layout_is_stable() {
         assert_eq!(std::mem::size_of::<Slot>(), 104);
         assert_eq!(std::mem::size_of::<Span>(), 32);
+        // Read raw by tests of vgpu (tests/carbon_profile.rs, tests/watch_offences.rs),
+        // which do not link this crate: keep these where they are, or update them there.
+        use std::mem::offset_of;
+        assert_eq!((offset_of!(Layout, locked_min_mhz), offset_of!(Layout, locked_max_mhz)), (48, 52));
+        assert_eq!(offset_of!(Layout, spill), 112);
+        assert_eq!(offset_of!(Layout, slots), 240);
+        assert_eq!(offset_of!(Slot, spill), 72);
+        assert_eq!(offset_of!(Span, busy_ns), 24);
         assert_eq!(LAYOUT_VERSION, 5, "bump it with every change of Layout");
         assert_eq!(std::mem::size_of::<Interval>(), 32);
         assert_eq!(FILE_SIZE % 8, 0);

@@ -1,8 +1,9 @@
-//! Time from an allocation that escapes the shim to `vgpu watch`'s SIGTERM (issue 11's goal:
+//! Time from an allocation that escapes the shim to `vgpu watch`'s kill (issue 11's goal:
 //! at most 2 s at the default interval). Each trial runs, in a 1 GiB vGPU, a process that
 //! clears `LD_PRELOAD` and allocates 3 GiB (`gpu_workload idle --alloc-mib 3072 --ready F`);
 //! the clock starts when F appears (the allocation returned) and stops when the watch logs
-//! the SIGTERM, and again when the process is gone. Each trial starts after a random delay
+//! the SIGKILL (the workload's first offence: frozen, SIGKILL, thawed; it was a SIGTERM,
+//! then SIGKILL after `kill_after`, before issue 24), and again when the process is gone. Each trial starts after a random delay
 //! (0–1 s, seeded), so the allocation falls at a random moment of the watch's round. The
 //! watch runs with the default `[watch]` settings (interval 1 s, grace 500 ms): the expected
 //! time is up to one interval to see the allocation plus the grace. Needs root (cgroups).
@@ -60,7 +61,7 @@ fn main() {
     };
     wait_line("readiness", &|l| l == "vgpu watch: ready");
 
-    println!("trial  allocated→SIGTERM  allocated→gone");
+    println!("trial  allocated→SIGKILL  allocated→gone");
     let (mut to_term, mut to_gone) = (Vec::new(), Vec::new());
     let mut rng = rng::Rng(0x5eed_0011);
     for trial in 0..trials {
@@ -75,7 +76,7 @@ fn main() {
             .spawn()
             .unwrap_or_else(|e| fail(e));
         let allocated = wait_file(&ready);
-        let term = wait_line("SIGTERM", &|l| l.contains("SIGTERM to pid"));
+        let term = wait_line("SIGKILL", &|l| l.contains("SIGKILL to pid"));
         let _ = run.wait();
         let gone = Instant::now();
         let (a, b) = (term.saturating_duration_since(allocated), gone.saturating_duration_since(allocated));
@@ -85,7 +86,7 @@ fn main() {
     }
     let _ = Command::new("kill").arg(watch.id().to_string()).status();
     let _ = watch.wait();
-    for (what, mut v) in [("allocated→SIGTERM", to_term), ("allocated→gone", to_gone)] {
+    for (what, mut v) in [("allocated→SIGKILL", to_term), ("allocated→gone", to_gone)] {
         v.sort();
         let mean = v.iter().sum::<Duration>() / v.len().max(1) as u32;
         println!(

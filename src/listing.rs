@@ -60,7 +60,7 @@ pub struct Row {
     pub suspended_memory: Option<&'static str>,
     /// Why a suspended workload's memory stayed on the device.
     pub suspended_memory_why: Option<String>,
-    /// What `vgpu watch` did to it and why (killed or throttled), if anything.
+    /// What `vgpu watch` did to it and why (killed, ended or throttled), if anything.
     pub enforcement: Option<Enforcement>,
     /// When it was started, ms since the Unix epoch.
     pub created_unix_ms: u64,

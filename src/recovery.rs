@@ -20,7 +20,10 @@
 //!
 //! - a live workload whose cgroup is frozen while neither its record nor the pool says it
 //!   is suspended is thawed; a manually suspended one found thawed is recorded running;
-//!   a throttle recorded by a `vgpu watch` that is gone is cleared from its record;
+//!   a throttle recorded by a `vgpu watch` that is gone is cleared from its record; a
+//!   workload that a `vgpu watch` froze at an offence and died before thawing is thawed
+//!   (so nothing stays frozen forever), and one it was ending (`ended` in its record) has
+//!   its remaining processes killed;
 //! - a cgroup under `vgpu/` that no record names, holds no process and is older than
 //!   [`STRAY_GRACE`] is removed (the grace leaves alone a cgroup another store on the host
 //!   is creating: tests and several state directories share the `vgpu/` cgroup parent).
@@ -114,6 +117,11 @@ pub fn align_all(store: &Store, layout: Option<&Layout>, notes: &mut Vec<Note>) 
     let pool = Known::load(store);
     let (workloads, _) = store.workloads();
     for w in workloads.iter().filter(|w| w.supervisor_alive()) {
+        match finish_end(layout, w) {
+            Ok(Some(n)) => notes.push(Note::did(format!("{} ({}): killed {n} process(es) the vgpu watch that ended it left", w.name, w.id))),
+            Ok(None) => {}
+            Err(e) => notes.push(Note::warn(format!("cannot finish ending {} ({}): {e:#}", w.name, w.id))),
+        }
         match align(store, layout, &pool, &workloads, w, false) {
             Ok(Some(what)) => notes.push(Note::did(format!("{} ({}) {what}", w.name, w.id))),
             Ok(None) => {}
@@ -125,6 +133,34 @@ pub fn align_all(store: &Store, layout: Option<&Layout>, notes: &mut Vec<Note>) 
             Err(e) => notes.push(Note::warn(format!("cannot clear the throttle of {} ({}): {e:#}", w.name, w.id))),
         }
     }
+}
+
+/// A workload whose record says a `vgpu watch` that is gone ended it (its second offence)
+/// and that still has processes: that watch died before killing them all (perhaps with the
+/// cgroup frozen). Kill them (thawing it), as it would have. How many there were.
+fn finish_end(layout: &Layout, w: &Workload) -> Result<Option<usize>> {
+    let ended_by_dead_watch = w
+        .enforcement
+        .as_ref()
+        .is_some_and(|e| e.action == crate::state::EnforcementAction::Ended && !vgpu_abi::process::ProcessId::from(e.by).is_alive());
+    if !ended_by_dead_watch {
+        return Ok(None);
+    }
+    let cgroup = match Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup) {
+        Ok(cgroup) => cgroup,
+        Err(CgroupError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if cgroup.pids()?.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(cgroup.kill_all()?))
+}
+
+/// Whether a `vgpu watch` that is gone recorded an offence of `w` (it may have died with
+/// the cgroup frozen at the offence).
+fn offence_by_dead_watch(w: &Workload) -> bool {
+    w.enforcement.as_ref().is_some_and(|e| e.action.is_offence() && !vgpu_abi::process::ProcessId::from(e.by).is_alive())
 }
 
 /// A throttle recorded by a `vgpu watch` that is gone (killed: it could not clean up) ends
@@ -229,7 +265,9 @@ fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Wor
                     return Ok(None);
                 }
                 record.set_resumed();
-                if !suspended {
+                if !suspended && offence_by_dead_watch(w) {
+                    "thawed: the vgpu watch that froze it at an offence died before thawing it"
+                } else if !suspended {
                     "thawed: a change froze it and died before recording it"
                 } else {
                     "thawed: the pool gave its blocks back"

@@ -44,6 +44,9 @@ pub const STOP_POINTS: &[&str] = &[
     "carbon-log:shifted",
     // Rotating the carbon decision log: renamed to carbon.jsonl.1, no new log yet.
     "carbon-log:rotated",
+    // vgpu watch acting on a workload's offence: its record says why (killed or ended), its
+    // cgroup is frozen, no process is killed yet.
+    "watch:offence-frozen",
     // vgpu watch recording a round in history.db: its GPU rows are written, its workload
     // rows are not, nothing is committed.
     "history:mid-tick",

@@ -27,7 +27,7 @@ fn locked_clocks(sim: &Sim, uuid: &str) -> Option<(u32, u32)> {
     let bytes = std::fs::read(sim.path(&format!("fakegpu-state/{uuid}.state"))).expect("the driver's state file");
     let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
     assert_eq!(&bytes[..8], b"FAKEGPU\x01", "not a fakegpu state file");
-    assert_eq!(u32_at(8), 4, "fakegpu's state layout changed (version): update locked_clocks()");
+    assert_eq!(u32_at(8), 5, "fakegpu's state layout changed (version): update locked_clocks()");
     let (min, max) = (u32_at(48), u32_at(52));
     (max != 0).then_some((min, max))
 }

@@ -3,8 +3,8 @@
 //! real cgroups. A workload whose process clears `LD_PRELOAD` escapes the shim's compute
 //! governor; the watch sees its NVML share above its share while the shim's ledger sees
 //! nothing, and throttles it with the freezer to its share (while a shim-governed workload
-//! within its share is left alone), kills it under `compute = "kill"` or when throttling
-//! cannot bring it down, and undoes its throttling when it stops — or, after it was
+//! within its share is left alone), kills it (SIGKILL, its workload's first offence) under
+//! `compute = "kill"` or when throttling cannot bring it down, and undoes its throttling when it stops — or, after it was
 //! SIGKILLed, the next command's reconcile does.
 //!
 //! Each test synchronises on the watch's log lines and the workloads' files. The workloads
@@ -208,10 +208,10 @@ fn under_compute_kill_the_bypassing_process_is_terminated_and_the_reason_recorde
     let mut watch = Watch::start(&sim, &[]);
     let (script, status, done) = bypassing(&sim, "20", "2000");
     let child = run(&sim, &["--name", "killme", "--mem", "1G", "--compute", "30"], &["sh", "-c", &script]);
-    let term = line(&mut watch, "SIGTERM to pid");
+    let term = line(&mut watch, "SIGKILL to pid");
     assert!(term.contains("of workload killme (") && term.contains("over its compute share unseen by the shim: GPU 0 at "), "{term}");
-    let pid: u64 = term.split("SIGTERM to pid ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
-    assert_eq!(wait_status(&status), 128 + 15, "gpu_workload died of SIGTERM");
+    let pid: u64 = term.split("SIGKILL to pid ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
+    assert_eq!(wait_status(&status), 128 + 9, "gpu_workload died of SIGKILL (its workload's first offence)");
     let r = sim.row("killme");
     assert_eq!(r["enforcement"]["action"], "killed", "{r:#}");
     assert!(r["enforcement"]["reason"].as_str().unwrap().starts_with("over its compute share unseen by the shim"), "{r:#}");
@@ -238,11 +238,12 @@ fn throttling_that_cannot_hold_long_kernels_escalates_to_a_kill() {
     let child = run(&sim, &["--name", "long", "--mem", "1G", "--compute", "30"], &["sh", "-c", &script]);
     line(&mut watch, "throttling workload long (");
     let escalation = line(&mut watch, "throttling did not bring it down");
-    assert!(escalation.contains("workload long (") && escalation.contains("terminating what the shim does not see"), "{escalation}");
-    let term = line(&mut watch, "SIGTERM to pid");
+    assert!(escalation.contains("workload long (") && escalation.contains("killing what the shim does not see"), "{escalation}");
+    let term = line(&mut watch, "SIGKILL to pid");
     assert!(term.contains("throttling did not bring it down: GPU 0 at "), "{term}");
-    line(&mut watch, "stopped throttling workload long (");
-    assert_eq!(wait_status(&status), 128 + 15, "gpu_workload died of SIGTERM (thawed to act on it)");
+    // Said in the round that condemned it, before the offence is acted on.
+    assert!(logged(&mut watch, "stopped throttling workload long ("), "{}", watch.log.join("\n"));
+    assert_eq!(wait_status(&status), 128 + 9, "gpu_workload died of SIGKILL (the offence's freeze undone once it was sent)");
     let r = sim.row("long");
     assert_eq!(r["enforcement"]["action"], "killed", "{r:#}");
     assert!(r["enforcement"]["reason"].as_str().unwrap().starts_with("throttling did not bring it down"), "{r:#}");

@@ -1,6 +1,7 @@
 //! `vgpu watch` enforces memory quotas outside the shim (issue 11): a process that escapes
 //! the shim (LD_PRELOAD cleared, or glibc's own dlsym) and holds more than its vGPU's quota is
-//! SIGTERMed with the reason in its record, `vgpu ps` and the logs; processes in no vGPU are
+//! killed (SIGKILL with its workload frozen: issue 24) with the reason in its record, `vgpu ps`
+//! and the logs; processes in no vGPU are
 //! reported (and killed under `unmanaged = "kill"`); a dead supervisor is cleaned up within an
 //! interval without any other command. Needs root (cgroups) and the simulated driver.
 
@@ -71,22 +72,23 @@ fn escaped_workload(sim: &Sim, escape: &str, flag: &str) -> (Child, PathBuf, Pat
     (run, ready, status, go)
 }
 
-/// The escaped process is SIGTERMed, with the reason in the log, the record (`ps`) and
-/// `vgpu run`'s last words.
+/// The escaped process is killed (its workload's first offence: SIGKILL, the workload
+/// frozen meanwhile), with the reason in the log, the record (`ps`) and `vgpu run`'s last
+/// words.
 fn escaped_process_is_killed(escape: &str, flag: &str) {
     let sim = Sim::new(&[H100]);
     sim.write_vgpu_config(FAST);
     let mut watch = Watch::start(&sim, &[]);
     let (run, ready, status, go) = escaped_workload(&sim, escape, flag);
     wait_file(&ready); // the 3 GiB are held: the shim did not stop it
-    let line = watch.wait_line("the SIGTERM", |l| l.contains("SIGTERM to pid"));
+    let line = watch.wait_line("the SIGKILL", |l| l.contains("SIGKILL to pid"));
     assert!(
         line.contains("of workload escapee (") && line.contains("over memory quota on GPU 0: 3 GiB of 1 GiB, 3 GiB not counted by the shim"),
         "{line}"
     );
     wait_file(&status);
     let code = std::fs::read_to_string(&status).expect("status");
-    assert_eq!(code.trim(), "143", "killed by SIGTERM (128 + 15)");
+    assert_eq!(code.trim(), "137", "killed by SIGKILL (128 + 9)");
     let row = ps_row(&sim);
     assert_eq!(row["enforcement"]["action"], "killed", "{row}");
     assert!(row["enforcement"]["reason"].as_str().unwrap_or("").starts_with("over memory quota on GPU 0: 3 GiB of 1 GiB"), "{row}");
@@ -122,7 +124,7 @@ fn without_the_escape_the_shim_refuses_and_the_watch_has_nothing_to_do() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cuMemAlloc failed: 2 (CUDA_ERROR_OUT_OF_MEMORY)"), "{err}");
     watch.drain();
-    assert!(!watch.log.iter().any(|l| l.contains("SIGTERM")), "{:?}", watch.log);
+    assert!(!watch.log.iter().any(|l| l.contains("SIGTERM") || l.contains("SIGKILL")), "{:?}", watch.log);
 }
 
 /// The simulated driver's library directory (made by the watch's `--simulate`), for a
@@ -230,7 +232,7 @@ fn a_tampered_usage_file_does_not_hide_memory_from_the_watch() {
     let run = spawn_run(&sim, &["--name", "forger", "--mem", "1G", "--", "sh", "-c", &script]);
     wait_file(&a);
     watch.wait_rounds(2);
-    assert!(!watch.log.iter().any(|l| l.contains("SIGTERM")), "800 MiB of 1 GiB is within: {:?}", watch.log);
+    assert!(!watch.log.iter().any(|l| l.contains("SIGKILL")), "800 MiB of 1 GiB is within: {:?}", watch.log);
     // What the tenant can do to its own file: zero the shared counter of device 0.
     let id = first_id(&sim);
     let usage = sim.path(&format!("run/vgpus/{id}/usage"));
@@ -239,9 +241,9 @@ fn a_tampered_usage_file_does_not_hide_memory_from_the_watch() {
     std::os::unix::fs::FileExt::write_all_at(&file, &0u64.to_ne_bytes(), offset as u64).expect("zero the counter");
     std::fs::write(&tampered, b"").expect("tampered");
     wait_file(&b); // the shim let the second 800 MiB through: it believed 0 B were used
-    let first = watch.wait_line("a SIGTERM", |l| l.contains("SIGTERM to pid"));
+    let first = watch.wait_line("a SIGKILL", |l| l.contains("SIGKILL to pid"));
     assert!(first.contains("over memory quota on GPU 0: 1.56 GiB of 1 GiB") && first.contains("(its counter was changed?)"), "{first}");
-    let second = watch.wait_line("the second SIGTERM", |l| l.contains("SIGTERM to pid"));
+    let second = watch.wait_line("the second SIGKILL", |l| l.contains("SIGKILL to pid"));
     assert_ne!(first, second, "both holders: neither escaped the shim, so neither is the one to blame");
     let (code, err) = finish(run);
     assert_eq!(code, 0, "the shell's `wait` returned once both were killed: {err}");

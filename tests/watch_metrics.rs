@@ -396,8 +396,8 @@ fn memory_kills_of_the_audit_are_counted_per_workload() {
     let mut watch = Watch::start(&sim);
     // 3 GiB in a 1 GiB vGPU, unseen by the shim (LD_PRELOAD cleared): the audit kills it.
     let escaper = Holder::start(&sim, "escaper", &["--gpu", "0", "--mem", "1G"], &["env", "-u", "LD_PRELOAD"], 3);
-    // "SIGTERM to pid N of workload escaper (ID): over memory quota …"
-    let line = watch.expect("SIGTERM to pid");
+    // "SIGKILL to pid N of workload escaper (ID): over memory quota …"
+    let line = watch.expect("SIGKILL to pid");
     let id = line.split("workload escaper (").nth(1).and_then(|rest| rest.split(')').next()).expect("the workload's id").to_string();
     // The counter is bumped in the round that signalled, before its events are printed.
     let s = scrape(&watch.url("/metrics"));

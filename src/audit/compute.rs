@@ -24,6 +24,12 @@
 //! Every change of phase needs a whole window of the new condition, so a vGPU near its
 //! limit does not flap.
 //!
+//! **Outside the vGPU.** A GPU that is not one of the vGPU's, where its processes run
+//! kernels anyway (they unset `CUDA_VISIBLE_DEVICES` and bypass the shim), is judged with a
+//! share of 0 and no tolerance: any utilization there for a whole `window` is acted on, and
+//! as nothing can be throttled down to 0, `throttle` kills there as `kill` does (`report`
+//! still only reports).
+//!
 //! **Offenders** are the processes with a positive driver share that the shim does not
 //! account for: no per-process file of the shim, or one whose charged GPU time (its
 //! `compute_ns` on that GPU) has not grown for a window. When every process is accounted
@@ -58,8 +64,11 @@ pub struct VgpuCompute {
     pub vgpu: String,
     pub gpu_index: u32,
     pub gpu_uuid: String,
-    /// Its compute share there, percent (100: unlimited).
+    /// Its compute share there, percent (100: unlimited; 0 outside the vGPU).
     pub share_pct: u32,
+    /// Whether the GPU is one of the vGPU's (outside it the share is 0, whatever
+    /// `share_pct` says, and no tolerance applies).
+    pub in_vgpu: bool,
     /// The share its ledger measured over the shim's last window, ppm; None: idle.
     pub ledger_ppm: Option<u64>,
     pub processes: Vec<ProcessCompute>,
@@ -229,15 +238,19 @@ fn lasted(start: Option<Instant>, now: Instant, window: Duration) -> bool {
 }
 
 fn figures(v: &VgpuCompute, driver_pct: u32) -> String {
+    if !v.in_vgpu {
+        return format!("uses GPU {} outside its vGPU: {driver_pct}% by the driver", v.gpu_index);
+    }
     format!("GPU {} at {driver_pct}% by the driver, share {}%, the shim sees {:.0}%", v.gpu_index, v.share_pct, v.ledger_pct())
 }
 
 /// One vGPU's phase after one round, and what to do.
 fn step(phase: Phase, now: Instant, previous: Option<Instant>, v: &VgpuCompute, s: &Settings) -> (Phase, Option<(Action, String)>) {
     let driver = v.driver_pct();
-    let limit = f64::from(v.share_pct + s.tolerance_pct);
-    let limited = v.share_pct < 100;
-    let unseen = v.ledger_pct() <= limit;
+    // Outside the vGPU: a share of 0, no tolerance, nothing the shim can have measured.
+    let limit = if v.in_vgpu { f64::from(v.share_pct + s.tolerance_pct) } else { 0.0 };
+    let limited = !v.in_vgpu || v.share_pct < 100;
+    let unseen = !v.in_vgpu || v.ledger_pct() <= limit;
     let bypass = limited && f64::from(driver) > limit && unseen;
     let within = |within_since: Option<Instant>| if bypass { None } else { since(within_since, now) };
     match phase {
@@ -246,8 +259,10 @@ fn step(phase: Phase, now: Instant, previous: Option<Instant>, v: &VgpuCompute, 
             if !lasted(over_since, now, s.window) {
                 return (Phase::Within { over_since }, None);
             }
-            let unseen_by_shim = format!("over its compute share unseen by the shim: {}", figures(v, driver));
-            match s.policy {
+            let unseen_by_shim = if v.in_vgpu { format!("over its compute share unseen by the shim: {}", figures(v, driver)) } else { figures(v, driver) };
+            // Nothing can be throttled down to a share of 0: outside the vGPU, throttle kills.
+            let policy = if v.in_vgpu || s.policy == ComputePolicy::Report { s.policy } else { ComputePolicy::Kill };
+            match policy {
                 ComputePolicy::Report => (Phase::Reported { within_since: None }, Some((Action::Report, unseen_by_shim))),
                 ComputePolicy::Kill => (
                     Phase::Killed { within_since: None, reason: unseen_by_shim.clone(), escalated: false },
@@ -327,6 +342,7 @@ mod tests {
             gpu_index: 0,
             gpu_uuid: "GPU-0".into(),
             share_pct: share,
+            in_vgpu: true,
             ledger_ppm: ledger_pct.map(|p| u64::from(p) * 10_000),
             processes: procs.iter().map(|&(p, d, s)| ProcessCompute { process: pid(p), driver_pct: d, shim_ns: s }).collect(),
         }
@@ -398,6 +414,29 @@ mod tests {
         assert_eq!(killed[0].1.action, Action::Kill { first: true, escalated: false });
         // Process 1's shim file charged nothing new for a window: both escaped the shim.
         assert_eq!(killed[0].1.offenders, vec![pid(1), pid(2)]);
+    }
+
+    /// Issue 24, item 4: kernels on a GPU outside the vGPU (its processes unset
+    /// CUDA_VISIBLE_DEVICES and bypass the shim) are over a share of 0: killed after a
+    /// window under `throttle` and `kill` (nothing can be throttled down to 0), reported
+    /// under `report`; even a little use, below the tolerance a share gets.
+    #[test]
+    fn use_of_a_gpu_outside_the_vgpu_is_a_kill() {
+        let outside = |_: usize, _: f64| VgpuCompute { in_vgpu: false, share_pct: 0, gpu_index: 1, gpu_uuid: "GPU-1".into(), ..vgpu(0, None, &[(1, 5, None)]) };
+        for policy in [ComputePolicy::Throttle, ComputePolicy::Kill] {
+            let verdicts = run_rounds(&mut ComputeAudit::default(), &settings(policy), 8, outside);
+            let (at, first) = &verdicts[0];
+            assert_eq!(*at, 5, "after a whole window: {verdicts:?}");
+            assert_eq!(first.action, Action::Kill { first: true, escalated: false });
+            assert_eq!(first.reason, "uses GPU 1 outside its vGPU: 5% by the driver");
+            assert_eq!(first.offenders, vec![pid(1)]);
+            assert!(verdicts.iter().all(|(_, v)| matches!(v.action, Action::Kill { .. })), "{verdicts:?}");
+        }
+        let reported = run_rounds(&mut ComputeAudit::default(), &settings(ComputePolicy::Report), 8, outside);
+        assert_eq!(reported.iter().map(|(_, v)| v.action).collect::<Vec<_>>(), vec![Action::Report]);
+        // Idle there (a context, no kernels): nothing to do about compute.
+        let idle = |_: usize, _: f64| VgpuCompute { in_vgpu: false, share_pct: 0, ..vgpu(0, None, &[(1, 0, None)]) };
+        assert!(run_rounds(&mut ComputeAudit::default(), &settings(ComputePolicy::Kill), 20, idle).is_empty());
     }
 
     #[test]
@@ -488,6 +527,39 @@ mod tests {
                     for o in &verdict.offenders {
                         let p = v.processes.iter().find(|p| p.process == *o).expect("one of its processes");
                         prop_assert!(p.driver_pct > 0);
+                    }
+                }
+            }
+        }
+
+        /// On a GPU outside the vGPU any use is over: it is acted on after a whole window of
+        /// use (however little), never throttled, and any use for a window is acted on.
+        #[test]
+        fn outside_the_vgpu_any_use_for_a_window_is_acted_on(
+            rounds in proptest::collection::vec(0u32..=20, 1..40),
+            policy in prop_oneof![Just(ComputePolicy::Report), Just(ComputePolicy::Throttle), Just(ComputePolicy::Kill)],
+        ) {
+            let s = settings(policy);
+            let mut audit = ComputeAudit::default();
+            let t0 = Instant::now();
+            let mut using_since: Option<usize> = None;
+            let mut acted = false;
+            for (i, &pct) in rounds.iter().enumerate() {
+                let v = VgpuCompute { in_vgpu: false, share_pct: 0, ..vgpu(0, None, &[(1, pct, None)]) };
+                using_since = if pct > 0 { using_since.or(Some(i)) } else { None };
+                let verdicts = audit.observe(t0 + ROUND * i as u32, std::slice::from_ref(&v), &s);
+                for verdict in &verdicts {
+                    prop_assert!(!matches!(verdict.action, Action::Throttle { .. } | Action::Release), "{:?}", verdict);
+                    prop_assert!(policy != ComputePolicy::Report || verdict.action == Action::Report);
+                    if matches!(verdict.action, Action::Report | Action::Kill { first: true, .. }) {
+                        let since = using_since.expect("acted without use");
+                        prop_assert!(ROUND * (i - since) as u32 >= s.window);
+                        acted = true;
+                    }
+                }
+                if let Some(since) = using_since {
+                    if ROUND * (i - since) as u32 >= s.window && policy != ComputePolicy::Report {
+                        prop_assert!(acted, "used for a window at round {} and nothing done", i);
                     }
                 }
             }

@@ -6,6 +6,7 @@
 pub mod cgroup_of;
 pub mod compute;
 pub mod memory;
+pub mod offence;
 pub mod terminate;
 pub mod unmanaged;
 

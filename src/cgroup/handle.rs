@@ -231,6 +231,11 @@ impl Cgroup {
         self.imp.freeze(self.timeout)
     }
 
+    /// [`Cgroup::freeze`], waiting at most `timeout` whatever the handle's timeout.
+    pub fn freeze_within(&self, timeout: Duration) -> Result<()> {
+        self.imp.freeze(timeout)
+    }
+
     pub fn thaw(&self) -> Result<()> {
         self.imp.thaw(self.timeout)
     }
@@ -261,6 +266,35 @@ impl Cgroup {
             // with ENOENT): nothing is left to signal.
             Err(e) if self.vanished(&e) => Ok(0),
             other => other,
+        }
+    }
+
+    /// SIGKILL every process, frozen or not, and wait (up to the timeout) until none is
+    /// left: through `cgroup.kill` where the kernel has it (v2, 5.14 and later: one write,
+    /// which no fork outruns), else as [`Cgroup::kill`] with SIGKILL does (signal, thaw if
+    /// frozen, signal again what is left). Returns how many processes there were.
+    pub fn kill_all(&self) -> Result<usize> {
+        let Some(file) = self.imp.kill_file() else { return self.kill(Signal::SIGKILL) };
+        let pids = match self.pids() {
+            Ok(pids) => pids,
+            Err(e) if self.vanished(&e) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        match fs::write(&file, "1") {
+            Ok(()) => {}
+            Err(e) if self.vanished(&e) => return Ok(0),
+            Err(e) => return Err(e),
+        }
+        let mut left = Vec::new();
+        let empty = fs::poll_until(self.timeout, || {
+            left = self.pids()?;
+            Ok(left.is_empty())
+        });
+        match empty {
+            Ok(true) => Ok(pids.len()),
+            Ok(false) => Err(self.populated(left)),
+            Err(e) if self.vanished(&e) => Ok(pids.len()),
+            Err(e) => Err(e),
         }
     }
 

@@ -153,6 +153,13 @@ pub(crate) trait Manager: fmt::Debug + Send + Sync {
     /// controller or on kernels that do not count them.
     fn oom_kills(&self) -> Result<Option<u64>>;
 
+    /// `cgroup.kill` (cgroup v2, kernel ≥ 5.14): writing `1` SIGKILLs every process in the
+    /// cgroup and below it at once, frozen or not, forks racing with it included. None
+    /// where there is no such file (v1, older kernels).
+    fn kill_file(&self) -> Option<PathBuf> {
+        None
+    }
+
     /// The `cgroup.procs` file of every hierarchy.
     fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs().into_iter().map(|dir| dir.join(fs::PROCS)).collect()

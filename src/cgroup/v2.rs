@@ -88,6 +88,10 @@ impl Manager for V2Cgroup {
         &self.name
     }
 
+    fn kill_file(&self) -> Option<PathBuf> {
+        Some(self.file("cgroup.kill")).filter(|f| f.exists())
+    }
+
     fn spec(&self) -> CgroupSpec {
         CgroupSpec::V2 { name: self.name.clone(), dir: self.dir.clone() }
     }

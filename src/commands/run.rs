@@ -480,15 +480,21 @@ fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Lau
     Ok(crate::supervise::exit_code(status))
 }
 
-/// Say, in one line on stderr, when `vgpu watch` killed processes of the workload and why
-/// (it recorded that in the record, which goes with the workload).
+/// Say, in one line on stderr, when `vgpu watch` killed processes of the workload, or ended
+/// it whole, and why (it recorded that in the record, which goes with the workload).
 fn explain_enforcement(store: &Store, w: &Workload) {
     let Ok(record) = Workload::read(&store.workload_path(&w.id)) else {
         return;
     };
-    if let Some(e) = record.enforcement.filter(|e| e.action == crate::state::EnforcementAction::Killed) {
-        let pids: Vec<String> = e.pids.iter().map(u32::to_string).collect();
-        crate::notice!("vgpu watch killed pid {} of {} ({}): {}", pids.join(", "), w.name, w.id, e.reason);
+    match record.enforcement {
+        Some(e) if e.action == crate::state::EnforcementAction::Killed => {
+            let pids: Vec<String> = e.pids.iter().map(u32::to_string).collect();
+            crate::notice!("vgpu watch killed pid {} of {} ({}): {}", pids.join(", "), w.name, w.id, e.reason);
+        }
+        Some(e) if e.action == crate::state::EnforcementAction::Ended => {
+            crate::notice!("vgpu watch ended {} ({}): {}", w.name, w.id, e.reason);
+        }
+        _ => {}
     }
 }
 

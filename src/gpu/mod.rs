@@ -2,6 +2,7 @@
 //! nothing of NVIDIA's and runs on hosts without a GPU.
 
 pub mod checkpoint;
+pub mod context;
 pub mod inventory;
 pub mod tflops;
 

@@ -1,8 +1,8 @@
 //! What `vgpu watch` did about workloads that broke their slice, counted for the metrics
 //! (`vgpu_enforcements_total{action, reason, id, name, user}`). The watch's audits call
 //! [`Enforcements::record`] once per process they signal (`Kill`; not again for the SIGKILL
-//! that may follow the SIGTERM) or report (`Report`), and once per throttling they begin
-//! (`Throttle`); the counters live as long as the watch (Prometheus sees a restart as a
+//! that may follow the SIGTERM) or report (`Report`), once per throttling they begin
+//! (`Throttle`), and once per workload ended whole at its second offence (`End`); the counters live as long as the watch (Prometheus sees a restart as a
 //! counter reset).
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -18,8 +18,10 @@ pub enum Action {
     Report,
     /// Duty-cycled its cgroup freezer down to its share.
     Throttle,
-    /// SIGTERM (then SIGKILL) to a process.
+    /// SIGKILL to a process (SIGTERM, then SIGKILL, for one in no vGPU).
     Kill,
+    /// The whole workload killed: its second offence within `[watch] offence_window`.
+    End,
 }
 
 impl Action {
@@ -28,6 +30,7 @@ impl Action {
             Action::Report => "report",
             Action::Throttle => "throttle",
             Action::Kill => "kill",
+            Action::End => "end",
         }
     }
 }

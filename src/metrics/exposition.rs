@@ -150,7 +150,7 @@ pub fn render(m: &Metrics, enforcements: &Enforcements) -> Result<Exposition, st
     workloads(&mut r, m);
     r.register(
         "vgpu_enforcements",
-        "Processes vgpu watch acted on (report, throttle, kill), by the audit that found them (memory, compute, unmanaged)",
+        "Processes and workloads vgpu watch acted on (report, throttle, kill, end), by the audit that found them (memory, compute, unmanaged)",
         enforcements.family().clone(),
     );
     r.register(
@@ -234,7 +234,7 @@ fn workloads(r: &mut Registry, m: &Metrics) {
     let enforced: Family<WorkloadActionLabels, Int> = family(
         r,
         "vgpu_workload_enforcement",
-        "1 while the workload's record says vgpu watch killed or throttled it (action: killed, throttled)",
+        "1 while the workload's record says vgpu watch killed processes of it, ended it or throttled it (action: killed, ended, throttled)",
     );
     let quota: Family<WorkloadGpuLabels, Bytes> = family(r, "vgpu_workload_memory_quota_bytes", "The vGPU's device memory quota on the GPU");
     let used: Family<WorkloadGpuLabels, Bytes> =

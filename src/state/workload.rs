@@ -165,8 +165,10 @@ pub struct ServiceRef {
 pub enum EnforcementAction {
     /// Its cgroup freezer is duty-cycled down to its compute share.
     Throttled,
-    /// Processes of it were sent SIGTERM (then SIGKILL after `[watch] kill_after`).
+    /// Processes of it were killed at its first offence (its cgroup frozen meanwhile).
     Killed,
+    /// The whole workload was killed: a second offence within `[watch] offence_window`.
+    Ended,
 }
 
 impl EnforcementAction {
@@ -174,7 +176,22 @@ impl EnforcementAction {
         match self {
             EnforcementAction::Throttled => "throttled",
             EnforcementAction::Killed => "killed",
+            EnforcementAction::Ended => "ended",
         }
+    }
+
+    /// Which outranks which in a record: an end outranks a kill, which outranks a throttle.
+    pub fn rank(self) -> u8 {
+        match self {
+            EnforcementAction::Throttled => 0,
+            EnforcementAction::Killed => 1,
+            EnforcementAction::Ended => 2,
+        }
+    }
+
+    /// Whether it is an offence of the workload (a kill or an end), as the watch counts them.
+    pub fn is_offence(self) -> bool {
+        self != EnforcementAction::Throttled
     }
 }
 

@@ -1,8 +1,9 @@
 //! The compute audit's round in the watch: gather each vGPU's figures
 //! (`enforce::vgpu_compute`), judge them (`audit::compute`), and act on its workloads —
 //! a partition's vGPU is judged once and acts on every workload in it: duty-cycle their
-//! freezers (`throttle`), terminate the processes the shim does not see, or say so — and
-//! record what is done in the workloads' records.
+//! freezers (`throttle`), condemn the processes the shim does not see (each an offence of
+//! its workload: `offence.rs`), or say so — and record what is done in the workloads'
+//! records.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -11,10 +12,10 @@ use vgpu_abi::process::ProcessId;
 
 use super::config::WatchConfig;
 use super::enforce::{self, Records};
+use super::offence::Condemned;
 use super::throttle::{self, Throttler};
 use super::Event;
 use crate::audit::compute::{Action, ComputeAudit, Settings, Verdict};
-use crate::audit::terminate::Terminations;
 use crate::audit::Snapshot;
 use crate::metrics::{self, Enforcements, WorkloadLabels};
 use crate::state::{Store, Workload, WorkloadState};
@@ -53,7 +54,7 @@ impl ComputeEnforcer {
     }
 
     /// One round against a snapshot: judge, act, say what was done.
-    pub fn round(&mut self, r: &Round<'_>, terminations: &mut Terminations, records: &mut Records, events: &mut Vec<Event>) {
+    pub fn round(&mut self, r: &Round<'_>, condemned: &mut Condemned, records: &mut Records, events: &mut Vec<Event>) {
         let figures = enforce::vgpu_compute(r.files, r.snapshot);
         let settings = Settings { policy: r.config.compute, tolerance_pct: r.config.compute_tolerance, window: r.config.compute_window, settle: throttle::PERIOD };
         let verdicts = self.audit.observe(r.now, &figures, &settings);
@@ -84,11 +85,11 @@ impl ComputeEnforcer {
                 Action::Kill { first, escalated } => {
                     if first && escalated {
                         for w in &members {
-                            events.push(Event::info(format!("{}: {}; terminating what the shim does not see", enforce::whose(r.workloads, &w.id), v.reason)));
+                            events.push(Event::info(format!("{}: {}; killing what the shim does not see", enforce::whose(r.workloads, &w.id), v.reason)));
                             ended.insert(w.id.clone(), "throttling did not bring it down".into());
                         }
                     }
-                    self.terminate(r, v, terminations, records, events);
+                    condemn(r, v, condemned);
                 }
                 Action::Report => {
                     for w in &members {
@@ -146,29 +147,14 @@ impl ComputeEnforcer {
         }
         events
     }
+}
 
-    /// SIGTERM (then SIGKILL) the offenders of a kill verdict. The record says why before
-    /// the signal lands, so that `vgpu run` finds the reason when its workload ends.
-    fn terminate(&self, r: &Round<'_>, v: &Verdict, terminations: &mut Terminations, records: &mut Records, events: &mut Vec<Event>) {
-        let owners = enforce::owners(r.snapshot);
-        for (id, processes) in enforce::by_owner(&v.offenders, &owners) {
-            let fresh: Vec<ProcessId> = processes.into_iter().filter(|p| !terminations.is_pending(*p)).collect();
-            if fresh.is_empty() {
-                continue;
-            }
-            records.add(&id, enforce::killed(self.me, &v.reason, fresh.iter().map(|p| p.pid).collect()));
-            records.flush(r.store, events);
-            let whose = enforce::whose(r.workloads, &id);
-            let labels = WorkloadLabels::find(r.workloads, &id);
-            for p in fresh {
-                if let Some(event) = terminations.terminate(p, &whose, &v.reason, r.now, r.config.kill_after) {
-                    if event.level != super::Level::Warn {
-                        r.counters.record(metrics::Action::Kill, "compute", &labels);
-                    }
-                    events.push(event);
-                }
-            }
-        }
+/// The offenders of a kill verdict, each an offence of the workload it belongs to (the
+/// offence enforcer records why before it signals, so that `vgpu run` finds the reason).
+fn condemn(r: &Round<'_>, v: &Verdict, condemned: &mut Condemned) {
+    let owners = enforce::owners(r.snapshot);
+    for (id, processes) in enforce::by_owner(&v.offenders, &owners) {
+        condemned.add(&id, &processes, &v.reason, "compute");
     }
 }
 

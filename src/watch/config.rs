@@ -5,7 +5,8 @@
 //! interval = "1s"             # one audit and reconcile per interval
 //! grace = "500ms"             # how long a vGPU may stay over its memory quota
 //! kill_after = "5s"           # SIGTERM, then SIGKILL this much later
-//! context_allowance = "512MiB" # device memory per process the shim does not count (CUDA context)
+//! context_allowance = "auto" # per process with a context on a GPU: what one CUDA context takes there
+//! offence_window = "10m"      # a workload's second offence within this ends the whole workload
 //! unmanaged = "report"        # report | kill: processes on a vGPU's GPU outside every vGPU
 //! compute = "throttle"        # report | throttle | kill: a vGPU over its compute share the shim does not see
 //! compute_tolerance = 10      # percentage points above the share before the compute audit acts
@@ -48,9 +49,38 @@ pub enum ComputePolicy {
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_GRACE: Duration = Duration::from_millis(500);
 pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(5);
-/// What a CUDA context costs on a current GPU (H100, driver 570: about 500 MiB with the
-/// kernels of PyTorch loaded), which NVML counts and the shim does not.
-pub const DEFAULT_CONTEXT_ALLOWANCE: u64 = 512 << 20;
+/// How long after a workload's first offence a second one ends the whole workload.
+pub const DEFAULT_OFFENCE_WINDOW: Duration = Duration::from_secs(600);
+
+/// What each process with a context on a GPU may hold there beyond its vGPU's quota, which
+/// NVML counts and the shim does not: its CUDA context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextAllowance {
+    /// What one context takes on that GPU, measured by the watch (`gpu::context`), or the
+    /// GPU's architecture's figure where it cannot measure.
+    #[default]
+    Auto,
+    /// This many bytes on every GPU.
+    Bytes(u64),
+}
+
+impl<'de> Deserialize<'de> for ContextAllowance {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bytes(b) => Ok(ContextAllowance::Bytes(b)),
+            Raw::Text(t) if t.trim() == "auto" => Ok(ContextAllowance::Auto),
+            Raw::Text(t) => vgpu_abi::size::parse_size(&t)
+                .map(ContextAllowance::Bytes)
+                .map_err(|e| serde::de::Error::custom(format!("{e} (\"auto\", or a size such as \"300MiB\")"))),
+        }
+    }
+}
 pub const DEFAULT_COMPUTE_TOLERANCE: u32 = 10;
 pub const DEFAULT_COMPUTE_WINDOW: Duration = Duration::from_secs(5);
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
@@ -64,9 +94,11 @@ pub struct WatchConfig {
     pub grace: Duration,
     #[serde(with = "humantime_serde")]
     pub kill_after: Duration,
-    /// Bytes, or a size such as "512MiB".
-    #[serde(deserialize_with = "size")]
-    pub context_allowance: u64,
+    /// "auto", bytes, or a size such as "300MiB".
+    pub context_allowance: ContextAllowance,
+    /// A second offence of a workload within this of its first ends it; 0: never.
+    #[serde(with = "humantime_serde")]
+    pub offence_window: Duration,
     pub unmanaged: UnmanagedPolicy,
     pub compute: ComputePolicy,
     /// Percentage points.
@@ -85,7 +117,8 @@ impl Default for WatchConfig {
             interval: DEFAULT_INTERVAL,
             grace: DEFAULT_GRACE,
             kill_after: DEFAULT_KILL_AFTER,
-            context_allowance: DEFAULT_CONTEXT_ALLOWANCE,
+            context_allowance: ContextAllowance::Auto,
+            offence_window: DEFAULT_OFFENCE_WINDOW,
             unmanaged: UnmanagedPolicy::default(),
             compute: ComputePolicy::default(),
             compute_tolerance: DEFAULT_COMPUTE_TOLERANCE,
@@ -93,19 +126,6 @@ impl Default for WatchConfig {
             listen: DEFAULT_LISTEN.to_string(),
             textfile: None,
         }
-    }
-}
-
-fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Size {
-        Bytes(u64),
-        Text(String),
-    }
-    match Size::deserialize(d)? {
-        Size::Bytes(b) => Ok(b),
-        Size::Text(t) => vgpu_abi::size::parse_size(&t).map_err(serde::de::Error::custom),
     }
 }
 
@@ -128,6 +148,7 @@ impl WatchConfig {
         range("grace", self.grace, Duration::ZERO, Duration::from_secs(3600))?;
         range("kill_after", self.kill_after, Duration::ZERO, Duration::from_secs(3600))?;
         range("compute_window", self.compute_window, Duration::from_millis(100), Duration::from_secs(3600))?;
+        range("offence_window", self.offence_window, Duration::ZERO, Duration::from_secs(7 * 24 * 3600))?;
         if self.compute_tolerance > 100 {
             return Err(format!("[watch] compute_tolerance: must be 0 to 100 percentage points, got {}", self.compute_tolerance));
         }
@@ -163,7 +184,7 @@ mod tests {
         assert_eq!(c, WatchConfig::default());
         assert_eq!(c.listen_addr().unwrap().unwrap().to_string(), "127.0.0.1:9400");
         let c = Config::parse(
-            "[watch]\ninterval = \"250ms\"\ngrace = \"2s\"\nkill_after = \"10s\"\ncontext_allowance = \"1GiB\"\nunmanaged = \"kill\"\ncompute = \"report\"\ncompute_tolerance = 5\ncompute_window = \"3s\"\nlisten = \"\"\ntextfile = \"/tmp/x.prom\"\n",
+            "[watch]\ninterval = \"250ms\"\ngrace = \"2s\"\nkill_after = \"10s\"\ncontext_allowance = \"1GiB\"\noffence_window = \"1h\"\nunmanaged = \"kill\"\ncompute = \"report\"\ncompute_tolerance = 5\ncompute_window = \"3s\"\nlisten = \"\"\ntextfile = \"/tmp/x.prom\"\n",
         )
         .unwrap()
         .watch;
@@ -171,12 +192,16 @@ mod tests {
         assert_eq!(c.interval, Duration::from_millis(250));
         assert_eq!(c.grace, Duration::from_secs(2));
         assert_eq!(c.kill_after, Duration::from_secs(10));
-        assert_eq!(c.context_allowance, 1 << 30);
+        assert_eq!(c.context_allowance, ContextAllowance::Bytes(1 << 30));
+        assert_eq!(c.offence_window, Duration::from_secs(3600));
         assert_eq!(c.unmanaged, UnmanagedPolicy::Kill);
         assert_eq!(c.compute, ComputePolicy::Report);
         assert_eq!(c.compute_tolerance, 5);
         assert_eq!(c.listen_addr().unwrap(), None);
-        assert_eq!(Config::parse("[watch]\ncontext_allowance = 1000\n").unwrap().watch.context_allowance, 1000);
+        assert_eq!(Config::parse("[watch]\ncontext_allowance = 1000\n").unwrap().watch.context_allowance, ContextAllowance::Bytes(1000));
+        assert_eq!(Config::parse("[watch]\ncontext_allowance = \"auto\"\n").unwrap().watch.context_allowance, ContextAllowance::Auto);
+        let defaults = WatchConfig::default();
+        assert_eq!((defaults.context_allowance, defaults.offence_window), (ContextAllowance::Auto, Duration::from_secs(600)));
     }
 
     #[test]
@@ -186,6 +211,7 @@ mod tests {
             ("[watch]\nunmanaged = \"shoot\"\n", "watch.unmanaged"),
             ("[watch]\nintervall = \"1s\"\n", "intervall"),
             ("[watch]\ncontext_allowance = \"lots\"\n", "watch.context_allowance"),
+            ("[watch]\noffence_window = \"often\"\n", "watch.offence_window"),
         ] {
             let err = Config::parse(text).unwrap_err();
             assert!(err.contains(needle), "{text}: {err}");
@@ -194,6 +220,7 @@ mod tests {
             ("[watch]\ninterval = \"1ms\"\n", "[watch] interval"),
             ("[watch]\nlisten = \"everywhere\"\n", "[watch] listen"),
             ("[watch]\ncompute_tolerance = 101\n", "[watch] compute_tolerance"),
+            ("[watch]\noffence_window = \"8d\"\n", "[watch] offence_window"),
             ("[watch]\ntextfile = \"rel.prom\"\n", "[watch] textfile"),
         ] {
             let err = Config::parse(text).unwrap().validate().unwrap_err();

@@ -15,7 +15,7 @@ use crate::audit::compute::{ProcessCompute, VgpuCompute};
 use crate::audit::memory::{Breach, ProcessMemory, VgpuMemory};
 use crate::audit::{GpuProcessSample, GpuSample, Owner, Snapshot};
 use crate::state::workload::ProcessIdRecord;
-use crate::state::{Enforcement, EnforcementAction, StateError, Store, Workload, WorkloadGpu};
+use crate::state::{Enforcement, EnforcementAction, StateError, Store, StoreLock, Workload, WorkloadGpu};
 
 /// How long recording an enforcement waits for the store lock before it is retried at the
 /// next round.
@@ -85,8 +85,9 @@ impl<'a> VgpuFiles<'a> {
     }
 }
 
-/// Each vGPU's memory on each GPU where it has processes or a quota.
-pub fn vgpu_memory(files: &[VgpuFiles<'_>], snapshot: &Snapshot) -> Vec<VgpuMemory> {
+/// Each vGPU's memory on each GPU where it has processes or a quota; `context_bytes` says
+/// what one CUDA context takes on a GPU (each process's allowance there).
+pub fn vgpu_memory(files: &[VgpuFiles<'_>], snapshot: &Snapshot, context_bytes: impl Fn(&GpuSample) -> u64) -> Vec<VgpuMemory> {
     let mut out = Vec::new();
     for v in files {
         for gpu in &snapshot.gpus {
@@ -109,6 +110,7 @@ pub fn vgpu_memory(files: &[VgpuFiles<'_>], snapshot: &Snapshot) -> Vec<VgpuMemo
                 gpu_uuid: gpu.uuid.clone(),
                 quota: quota.unwrap_or(0),
                 in_vgpu: quota.is_some(),
+                context_bytes: context_bytes(gpu),
                 processes,
             });
         }
@@ -118,13 +120,17 @@ pub fn vgpu_memory(files: &[VgpuFiles<'_>], snapshot: &Snapshot) -> Vec<VgpuMemo
 
 /// Each vGPU's compute on each GPU of it: its share there (the limits file's, else the
 /// record's), its ledger's measured share, and its processes' NVML utilization and the GPU
-/// time the shim charged to each.
+/// time the shim charged to each. And on each GPU outside it where its processes are: a
+/// share of 0 there.
 pub fn vgpu_compute(files: &[VgpuFiles<'_>], snapshot: &Snapshot) -> Vec<VgpuCompute> {
     let mut out = Vec::new();
     for v in files {
         for gpu in &snapshot.gpus {
             let device = v.device(gpu).map(|(_, d)| d);
-            let Some(share_pct) = device.map(|d| d.compute_pct).or(v.recorded(gpu).map(|g| g.compute_pct)) else { continue };
+            let share = device.map(|d| d.compute_pct).or(v.recorded(gpu).map(|g| g.compute_pct));
+            if share.is_none() && v.processes(gpu).next().is_none() {
+                continue;
+            }
             let processes = v
                 .processes(gpu)
                 .map(|(process, p, shim)| ProcessCompute {
@@ -137,7 +143,8 @@ pub fn vgpu_compute(files: &[VgpuFiles<'_>], snapshot: &Snapshot) -> Vec<VgpuCom
                 vgpu: v.vgpu.to_string(),
                 gpu_index: gpu.index,
                 gpu_uuid: gpu.uuid.clone(),
-                share_pct,
+                share_pct: share.unwrap_or(0),
+                in_vgpu: share.is_some(),
                 ledger_ppm: device.and_then(|d| d.measured_share_ppm),
                 processes,
             });
@@ -221,6 +228,11 @@ impl Records {
                 return;
             }
         };
+        self.flush_locked(store, &lock, events);
+    }
+
+    /// [`Records::flush`] by a caller that holds the store lock.
+    pub fn flush_locked(&mut self, store: &Store, _lock: &StoreLock, events: &mut Vec<Event>) {
         self.pending.retain(|(id, change)| match write(store, id, change) {
             Ok(()) => false,
             Err(StateError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => false,
@@ -229,7 +241,6 @@ impl Records {
                 false
             }
         });
-        drop(lock);
     }
 }
 
@@ -248,8 +259,8 @@ fn write(store: &Store, id: &str, change: &Change) -> Result<(), StateError> {
     let mut w = Workload::read(&store.workload_path(id))?;
     match (change, &mut w.enforcement) {
         (Change::Set(e), Some(have)) if have.action == e.action => merge(have, e),
-        // A kill outranks a throttle.
-        (Change::Set(_), Some(have)) if have.action == EnforcementAction::Killed => return Ok(()),
+        // An end outranks a kill, which outranks a throttle.
+        (Change::Set(e), Some(have)) if have.action.rank() > e.action.rank() => return Ok(()),
         (Change::Set(e), slot) => *slot = Some(e.clone()),
         (Change::ClearThrottle(by), slot) if slot.as_ref().is_some_and(|e| is_throttle_by(e, *by)) => *slot = None,
         (Change::ClearThrottle(_), _) => return Ok(()),
@@ -287,6 +298,11 @@ pub fn killed(me: ProcessId, reason: &str, pids: Vec<u32>) -> Enforcement {
         by: me.into(),
         since_unix_ms: crate::clock::now_ms(),
     }
+}
+
+/// The enforcement to record for a workload ended whole at its second offence.
+pub fn ended(me: ProcessId, reason: &str, pids: Vec<u32>) -> Enforcement {
+    Enforcement { action: EnforcementAction::Ended, ..killed(me, reason, pids) }
 }
 
 /// The enforcement to record for a workload whose freezer this watch duty-cycles.

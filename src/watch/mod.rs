@@ -1,7 +1,9 @@
 //! `vgpu watch`: the long-running enforcer (SPEC 4.3). Once per `[watch] interval` it
 //! reconciles the store (dead supervisors, half-done changes, the pool settled), takes a
 //! [`Snapshot`] of what really runs on the GPUs, audits it (memory, compute, processes in no
-//! vGPU), acts (SIGTERM → SIGKILL, freezer throttling), and publishes metrics.
+//! vGPU), acts on what it finds — a workload's offences (`offence.rs`: its cgroup frozen and
+//! its offenders SIGKILLed, the whole workload at a second offence), freezer throttling,
+//! SIGTERM → SIGKILL for processes in no vGPU — and publishes metrics.
 //!
 //! One watch per state directory: it holds `<state>/watch.lock` (an `flock`, dropped by the
 //! kernel when it dies) for its whole life. This module decides and acts; it returns what it
@@ -9,11 +11,13 @@
 
 pub mod compute;
 pub mod config;
+pub mod contexts;
 pub mod enforce;
 pub mod history;
 pub mod instance;
 pub mod journal;
 pub mod notify;
+pub mod offence;
 mod publish;
 pub mod throttle;
 
@@ -74,6 +78,11 @@ pub struct Watch {
     /// The latest snapshot (None before the first, or without NVML).
     pub snapshot: Option<Snapshot>,
     memory: MemoryAudit,
+    /// What one CUDA context takes on each GPU (`[watch] context_allowance`).
+    contexts: contexts::ContextSizes,
+    /// The workloads' offences, and what is done about them.
+    offences: offence::OffenceEnforcer,
+    /// Processes in no vGPU being terminated (`unmanaged = "kill"`).
     terminations: Terminations,
     records: enforce::Records,
     /// The compute audit and the freezer throttling.
@@ -119,6 +128,7 @@ impl Watch {
         let me = ProcessId::current().ok_or(StartError::Identity)?;
         let metrics = crate::metrics::Exporter::start(&ctx.config.watch).map_err(StartError::Metrics)?;
         let (ctx_lib_dir, ctx_history, interval) = (ctx.lib_dir.clone(), ctx.config.history.clone(), ctx.config.watch.interval);
+        let allowance = ctx.config.watch.context_allowance;
         let mut watch = Watch {
             services: crate::service::runner::Runner::all(&ctx),
             compute: compute::ComputeEnforcer::new(store.clone(), me),
@@ -130,6 +140,8 @@ impl Watch {
             last_us: 0,
             snapshot: None,
             memory: MemoryAudit::default(),
+            contexts: unmeasured(allowance),
+            offences: offence::OffenceEnforcer::new(me),
             terminations: Terminations::default(),
             records: enforce::Records::default(),
             reported: unmanaged::Reported::default(),
@@ -152,6 +164,7 @@ impl Watch {
     fn open_nvml(&mut self) {
         let problem = match self.ctx.nvml() {
             Ok(Some(nvml)) => {
+                self.measure_contexts(&nvml);
                 self.nvml = Some(nvml);
                 self.last_us = 0;
                 if self.gpu_problem.take().is_some() {
@@ -164,6 +177,21 @@ impl Watch {
         };
         self.nvml = None;
         self.say_gpu_problem(format!("{problem}: reconciling only, no GPU audit until the driver is back and the watch reloads (SIGHUP)"));
+    }
+
+    /// What one CUDA context takes on each GPU, as `[watch] context_allowance` says: measured
+    /// through the configured driver under "auto" (once per GPU, each time NVML is opened).
+    fn measure_contexts(&mut self, nvml: &Nvml) {
+        let library = match self.ctx.driver_library_dir() {
+            Ok(dir) => dir.map(|d| d.join(crate::paths::CUDA_SONAME)),
+            Err(e) => {
+                self.pending.push(Event::warn(format!("the simulated driver: {e:#}")));
+                return;
+            }
+        };
+        let (sizes, said) = contexts::ContextSizes::resolve(self.ctx.config.watch.context_allowance, nvml, library.as_deref());
+        self.contexts = sizes;
+        self.pending.push(said);
     }
 
     /// Warn about what stops the audit, unless that was the last thing said.
@@ -204,7 +232,18 @@ impl Watch {
             events.push(Event::warn("state_dir and lib_dir changes take effect at the next start; kept the old ones"));
         }
         let (state_dir, lib_dir) = (self.ctx.state_dir.clone(), self.ctx.lib_dir.clone());
+        let allowance_changed = ctx.config.watch.context_allowance != self.ctx.config.watch.context_allowance;
         self.ctx = Context { state_dir, lib_dir, ..ctx };
+        if allowance_changed {
+            match self.nvml.take() {
+                Some(nvml) => {
+                    self.measure_contexts(&nvml);
+                    self.nvml = Some(nvml);
+                    events.append(&mut self.pending);
+                }
+                None => self.contexts = unmeasured(self.ctx.config.watch.context_allowance),
+            }
+        }
         crate::suspension::configure(&self.ctx);
         self.services.reload(&self.ctx);
         self.history.reload(self.ctx.config.history.clone(), self.interval());
@@ -286,31 +325,18 @@ impl Watch {
             ));
         }
         self.memory_blind = blind;
-        let figures = enforce::vgpu_memory(files, snapshot);
-        for breach in self.memory.observe(now, &figures, config.context_allowance, config.grace) {
+        let contexts = &self.contexts;
+        let figures = enforce::vgpu_memory(files, snapshot, |gpu| contexts.of(gpu));
+        let mut condemned = offence::Condemned::default();
+        for breach in self.memory.observe(now, &figures, config.grace) {
             for (id, processes) in enforce::by_workload(&breach, &owners) {
-                let fresh: Vec<_> = processes.into_iter().filter(|p| !self.terminations.is_pending(*p)).collect();
-                if fresh.is_empty() {
-                    continue;
-                }
-                // The record says why before the signal lands, so that `vgpu run` finds the
-                // reason when its workload ends.
-                self.records.add(&id, enforce::killed(self.me, &breach.reason, fresh.iter().map(|p| p.pid).collect()));
-                self.records.flush(&self.store, events);
-                let whose = enforce::whose(workloads, &id);
-                let labels = crate::metrics::WorkloadLabels::find(workloads, &id);
-                for p in fresh {
-                    if let Some(event) = self.terminations.terminate(p, &whose, &breach.reason, now, config.kill_after) {
-                        if event.level != Level::Warn {
-                            self.metrics.enforcements().record(crate::metrics::Action::Kill, "memory", &labels);
-                        }
-                        events.push(event);
-                    }
-                }
+                condemned.add(&id, &processes, &breach.reason, "memory");
             }
         }
         let round = compute::Round { store: &self.store, workloads, files, snapshot, config: &config, now, counters: self.metrics.enforcements() };
-        self.compute.round(&round, &mut self.terminations, &mut self.records, events);
+        self.compute.round(&round, &mut condemned, &mut self.records, events);
+        let act = offence::Act { store: &self.store, workloads, window: config.offence_window, counters: self.metrics.enforcements() };
+        self.offences.act(&act, condemned, &mut self.records, events);
         let vgpu_gpus: HashSet<String> = workloads.iter().flat_map(|w| w.gpus.iter().map(|g| g.uuid.clone())).collect();
         self.unmanaged = unmanaged::find(snapshot, &vgpu_gpus, &[self.me.pid]);
         for u in self.reported.first_time(&self.unmanaged) {
@@ -372,6 +398,15 @@ impl Watch {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+}
+
+/// The context sizes before any measurement: a fixed size as it is, "auto" as the lowest
+/// architecture figure until the driver is measured.
+fn unmeasured(setting: config::ContextAllowance) -> contexts::ContextSizes {
+    match setting {
+        config::ContextAllowance::Bytes(bytes) => contexts::ContextSizes::fixed(bytes),
+        config::ContextAllowance::Auto => contexts::ContextSizes::fixed(crate::gpu::context::fallback(None).0),
     }
 }
 

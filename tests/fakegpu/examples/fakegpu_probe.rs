@@ -128,6 +128,11 @@ const PROBES: &[(&str, &str, fn())] = &[
         "timeline::nvml_counts_queued_work_of_a_quiet_process",
         timeline::queued_then_quiet,
     ),
+    (
+        "utilization",
+        "timeline::a_launch_storm_of_two_processes_keeps_nvml_right",
+        timeline::utilization,
+    ),
     // quota_race.rs
     (
         "grabber",

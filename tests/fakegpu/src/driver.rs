@@ -98,7 +98,7 @@ impl Device {
     pub fn utilization(&self, now: u64) -> f64 {
         let since = now.saturating_sub(model::SAMPLE_WINDOW_NS);
         let intervals = self.state.timeline_since(since);
-        model::utilization(intervals.iter().map(|b| (b.start_ns, b.end_ns)), now)
+        model::utilization(intervals.iter().map(|b| (b.start_ns, b.end_ns, b.busy_ns)), now)
     }
 
     /// Busy time of each process in `[from, to)`, in ns (processes with none are left out).
@@ -116,8 +116,8 @@ impl Device {
                 let own = intervals
                     .iter()
                     .filter(|b| b.pid == pid)
-                    .map(|b| (b.start_ns, b.end_ns));
-                (pid, model::busy_ns(own, from, to))
+                    .map(|b| (b.start_ns, b.end_ns, b.busy_ns));
+                (pid, model::timeline_busy_ns(own, from, to))
             })
             .filter(|&(_, busy)| busy > 0)
             .collect()

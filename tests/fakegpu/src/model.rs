@@ -136,11 +136,33 @@ pub fn busy_ns(intervals: impl IntoIterator<Item = (u64, u64)>, from: u64, to: u
     busy
 }
 
-/// Fraction of the window `[now − SAMPLE_WINDOW_NS, now]` covered by the intervals
-/// `(start, end)` (nanoseconds; they may extend into the future).
-pub fn utilization(intervals: impl IntoIterator<Item = (u64, u64)>, now_ns: u64) -> f64 {
+/// Nanoseconds of `[from, to)` that the timeline's `(start, end, busy)` say were busy:
+/// those busy throughout (`busy ≥ end − start`: the ring's entries) by [`busy_ns`]; a span
+/// busy only part of its length (a spill span) for its busy time in proportion to the part
+/// of it inside the window; at most the window's length.
+pub fn timeline_busy_ns(items: impl IntoIterator<Item = (u64, u64, u64)>, from: u64, to: u64) -> u64 {
+    let mut solid = Vec::new();
+    let mut partial = 0.0f64;
+    for (start, end, busy) in items {
+        let length = end.saturating_sub(start);
+        if busy >= length {
+            solid.push((start, end));
+            continue;
+        }
+        let inside = end.min(to).saturating_sub(start.max(from));
+        if inside > 0 {
+            partial += busy as f64 * inside as f64 / length as f64;
+        }
+    }
+    let total = busy_ns(solid, from, to).saturating_add(partial.round() as u64);
+    total.min(to.saturating_sub(from))
+}
+
+/// Fraction of the window `[now − SAMPLE_WINDOW_NS, now]` the timeline's `(start, end,
+/// busy)` say was busy (nanoseconds; they may extend into the future).
+pub fn utilization(items: impl IntoIterator<Item = (u64, u64, u64)>, now_ns: u64) -> f64 {
     let window_start = now_ns.saturating_sub(SAMPLE_WINDOW_NS);
-    let busy = busy_ns(intervals, window_start, now_ns);
+    let busy = timeline_busy_ns(items, window_start, now_ns);
     (busy as f64 / SAMPLE_WINDOW_NS as f64).clamp(0.0, 1.0)
 }
 
@@ -312,6 +334,12 @@ mod tests {
         assert_eq!(busy_ns([(0, 1000)], 100, 200), 100, "clipped to the window");
         assert_eq!(busy_ns([(150, 1000)], 100, 200), 50, "future excluded");
         assert_eq!(busy_ns([(10, 20), (10, 20)], 0, 100), 10, "duplicates once");
+        // Spill spans: busy in proportion to the part inside the window, added to the
+        // ring's union, never more than the window.
+        assert_eq!(timeline_busy_ns([(0, 100, 50)], 0, 100), 50);
+        assert_eq!(timeline_busy_ns([(0, 200, 100)], 0, 100), 50, "half of it is in the window");
+        assert_eq!(timeline_busy_ns([(0, 100, 50), (0, 100, 50), (10, 20, 10)], 0, 100), 100, "capped");
+        assert_eq!(timeline_busy_ns([(10, 20, 10), (10, 20, 10)], 0, 100), 10, "solid ones as a union");
     }
 
     #[test]
@@ -349,10 +377,10 @@ mod tests {
     fn utilization_over_the_window() {
         let now = 10 * SAMPLE_WINDOW_NS;
         assert_eq!(utilization([], now), 0.0);
-        assert_eq!(utilization([(0, now + 5)], now), 1.0);
-        let half = utilization([(now - SAMPLE_WINDOW_NS / 2, now)], now);
+        assert_eq!(utilization([(0, now + 5, now + 5)], now), 1.0);
+        let half = utilization([(now - SAMPLE_WINDOW_NS / 2, now, SAMPLE_WINDOW_NS / 2)], now);
         assert!((half - 0.5).abs() < 1e-9);
-        assert_eq!(utilization([(0, now - SAMPLE_WINDOW_NS)], now), 0.0);
+        assert_eq!(utilization([(0, now - SAMPLE_WINDOW_NS, now - SAMPLE_WINDOW_NS)], now), 0.0);
     }
 
     #[test]

@@ -16,6 +16,30 @@
 //! Dead processes (pid + start time, so pid reuse cannot fool it) are reclaimed by whoever
 //! notices first: the slot's pid is swapped to a "reclaiming" marker with a CAS, so its bytes
 //! are subtracted exactly once.
+//!
+//! The device timeline: `record_launch` decides when each kernel runs (one FIFO per device:
+//! behind whatever is queued, not before its stream is ready) and records the busy interval
+//! `[start, end)` and whose it is, from which NVML's utilization is computed
+//! (`driver::Device::utilization`, `process_busy_ns`). Intervals go into a ring of
+//! [`TIMELINE`] entries, a process's back-to-back kernels sharing one. An entry is reused
+//! only once no reader can want it any more (it ended more than [`KEEP_NS`] before the
+//! writer's now: readers look back one sample window). When every entry is still wanted —
+//! processes that launch without synchronising queue kernels far into the future, and
+//! alternate owners entry by entry — an interval is added to its process's **spill span**
+//! instead (one per slot, beside the ring: `[start, end)` and the busy time within it,
+//! `busy_ns ≤ end − start`), which readers count in proportion to its overlap with their
+//! window. So in-flight work is never lost to a full ring and utilization stays right under
+//! any launch rate (exact while the ring suffices; a span's time is taken as spread evenly
+//! over it). Writers never wait on another process: claiming an entry is a CAS on the head,
+//! a span is a seqlock only its own process writes (bounded spin, taken over if a writer
+//! died mid-write).
+//!
+//! Open to time-slicing: the timeline records *when each context was busy*, not how the
+//! device chose it. A scheduler that time-slices between contexts (per-device `timeslice`
+//! and `context_switch` costs) would record each slice as one interval of its context and a
+//! context switch as an interval of no process (pid 0: busy for the device, nobody's for
+//! the per-process figures), through the same `append_interval`; the ring, the spill spans
+//! and the readers need no change.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -34,12 +58,19 @@ pub const DEFAULT_STATE_DIR: &str = "/tmp/fakegpu";
 /// "FAKEGPU" + layout number; a file with anything else at its start is recreated.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FAKEGPU\x01");
 /// Bumped whenever [`Layout`] changes.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 /// Processes that can hold memory on one device at the same time.
 pub const SLOTS: usize = 512;
 /// Kernel intervals remembered for utilization (a ring; a process's back-to-back kernels
-/// share one entry, so this bounds the owner changes per window, not the kernels).
+/// share one entry, and what does not fit goes to the processes' spill spans: see the
+/// module's documentation).
 pub const TIMELINE: usize = 65_536;
+/// How long after it ended an interval may still be wanted by a reader (NVML's sample
+/// window, and a margin for readers whose clock read came a little earlier).
+pub const KEEP_NS: u64 = crate::model::SAMPLE_WINDOW_NS + 100_000_000;
+/// How many times a span writer spins on another writer before taking the span over (only
+/// a writer that died mid-write holds it that long).
+const SPAN_SPINS: u32 = 1 << 20;
 /// Entries older than this (ended before `now − SAMPLE_WINDOW − this`) stop a backward scan.
 const SCAN_SLACK_NS: u64 = 1_000_000_000;
 /// A slot's pid while some process is reclaiming it.
@@ -178,6 +209,78 @@ struct Slot {
     /// stable state and released after it reaches one, so a transient state always has its
     /// owner recorded; a dead owner's operation is resolved by whoever notices it.
     ckpt_owner: AtomicU64,
+    /// This process's kernels that did not fit in the timeline's ring.
+    spill: Span,
+}
+
+/// Busy time of one owner that the ring could not hold: within `[start, end)`, `busy_ns`
+/// of it. `seq` is a seqlock: even when stable, odd while a writer changes the fields.
+#[repr(C)]
+struct Span {
+    seq: AtomicU64,
+    start_ns: AtomicU64,
+    end_ns: AtomicU64,
+    busy_ns: AtomicU64,
+}
+
+impl Span {
+    /// Add `[start, end)` (busy throughout); a span that ended more than [`KEEP_NS`] before
+    /// `now` starts afresh.
+    fn add(&self, start: u64, end: u64, now: u64) {
+        let mut spins = 0u32;
+        let held = loop {
+            let seq = self.seq.load(Acquire);
+            if seq & 1 == 0 {
+                if self.seq.compare_exchange(seq, seq + 1, AcqRel, Acquire).is_ok() {
+                    break seq + 1;
+                }
+            } else if spins >= SPAN_SPINS {
+                // Its writer died mid-write (another thread of a live process takes
+                // nanoseconds): take the span over, still odd.
+                if self.seq.compare_exchange(seq, seq + 2, AcqRel, Acquire).is_ok() {
+                    break seq + 2;
+                }
+            }
+            spins = spins.saturating_add(1);
+            std::hint::spin_loop();
+        };
+        let (old_start, old_end) = (self.start_ns.load(Relaxed), self.end_ns.load(Relaxed));
+        let busy = end.saturating_sub(start);
+        if self.busy_ns.load(Relaxed) == 0 || old_end.saturating_add(KEEP_NS) < now {
+            self.start_ns.store(start, Relaxed);
+            self.end_ns.store(end, Relaxed);
+            self.busy_ns.store(busy, Relaxed);
+        } else {
+            self.start_ns.store(old_start.min(start), Relaxed);
+            self.end_ns.store(old_end.max(end), Relaxed);
+            self.busy_ns.fetch_add(busy, Relaxed);
+        }
+        self.seq.store(held + 1, Release);
+    }
+
+    /// `(start, end, busy)`, None when empty or being written.
+    fn read(&self) -> Option<(u64, u64, u64)> {
+        for _ in 0..8 {
+            let seq = self.seq.load(Acquire);
+            if seq & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let read = (self.start_ns.load(Relaxed), self.end_ns.load(Relaxed), self.busy_ns.load(Relaxed));
+            std::sync::atomic::fence(Acquire);
+            if self.seq.load(Relaxed) == seq {
+                return (read.2 > 0).then_some(read);
+            }
+        }
+        None
+    }
+
+    fn clear(&self) {
+        self.seq.store(0, SeqCst);
+        self.start_ns.store(0, SeqCst);
+        self.end_ns.store(0, SeqCst);
+        self.busy_ns.store(0, SeqCst);
+    }
 }
 
 /// One interval of the device's timeline: a kernel, or a process's kernels back to back.
@@ -197,6 +300,16 @@ pub struct Busy {
     pub pid: u32,
     pub start_ns: u64,
     pub end_ns: u64,
+    /// How much of `[start, end)` it was busy: all of it for an entry of the ring, less
+    /// for a spill span (see the module's documentation).
+    pub busy_ns: u64,
+}
+
+impl Busy {
+    /// Whether it is busy throughout (an entry of the ring).
+    pub fn is_solid(&self) -> bool {
+        self.busy_ns >= self.end_ns.saturating_sub(self.start_ns)
+    }
 }
 
 /// The file's layout. Zero-filled is the initial state of every field but the header.
@@ -226,7 +339,9 @@ struct Layout {
     /// The largest energy reading handed out, so readings never go backwards.
     energy_reported_mj: AtomicU64,
     timeline_head: AtomicU64,
-    _reserved: [AtomicU64; 16],
+    /// Kernels of no process (no slot) that did not fit in the ring.
+    spill: Span,
+    _reserved: [AtomicU64; 12],
     slots: [Slot; SLOTS],
     timeline: [Interval; TIMELINE],
 }
@@ -457,6 +572,7 @@ impl DeviceState {
         slot.in_calls.store(0, SeqCst);
         slot.restore_tid.store(0, SeqCst);
         slot.ckpt_owner.store(0, SeqCst);
+        slot.spill.clear();
         slot.start_time.store(0, SeqCst);
         slot.ckpt_state.store(ckpt::RUNNING, SeqCst);
         futex_wake(&slot.ckpt_state);
@@ -493,6 +609,7 @@ impl DeviceState {
         for pass in 0..2 {
             for (index, slot) in slots.iter().enumerate() {
                 if slot.pid.compare_exchange(0, me.pid, SeqCst, SeqCst).is_ok() {
+                    slot.spill.clear();
                     slot.bytes.store(0, SeqCst);
                     slot.ckpt_bytes.store(0, SeqCst);
                     slot.ckpt_owner.store(0, SeqCst);
@@ -586,7 +703,7 @@ impl DeviceState {
         l.dyn_energy_uj.fetch_add(dyn_energy_uj, SeqCst);
         let slot = slot.and_then(|i| l.slots.get(i));
         let pid = slot.map_or(0, |s| s.pid.load(Acquire));
-        self.append_interval(pid, start, end);
+        self.append_interval(pid, slot.map_or(&l.spill, |s| &s.spill), start, end, now);
         if let Some(slot) = slot {
             slot.launches.fetch_add(1, SeqCst);
             slot.last_launch_ns.store(now, SeqCst);
@@ -596,33 +713,49 @@ impl DeviceState {
     }
 
     /// Add `[start, end)` of `pid` to the timeline: extend the newest entry if it is the same
-    /// process's and ends exactly at `start`, else take the next entry of the ring.
-    fn append_interval(&self, pid: u32, start: u64, end: u64) {
+    /// process's and ends exactly at `start`; else take the next entry of the ring if no
+    /// reader can still want what it holds; else add it to `spill`, the process's span.
+    fn append_interval(&self, pid: u32, spill: &Span, start: u64, end: u64, now: u64) {
         let l = self.layout();
-        let head = l.timeline_head.load(SeqCst);
-        if head > 0 {
-            let last = &l.timeline[((head - 1) % TIMELINE as u64) as usize];
-            if last.seq.load(Acquire) == head
-                && last.pid.load(SeqCst) == u64::from(pid)
-                && last
-                    .end_ns
-                    .compare_exchange(start, end, SeqCst, SeqCst)
-                    .is_ok()
-            {
+        loop {
+            let head = l.timeline_head.load(SeqCst);
+            if head > 0 {
+                let last = &l.timeline[((head - 1) % TIMELINE as u64) as usize];
+                if last.seq.load(Acquire) == head
+                    && last.pid.load(SeqCst) == u64::from(pid)
+                    && last
+                        .end_ns
+                        .compare_exchange(start, end, SeqCst, SeqCst)
+                        .is_ok()
+                {
+                    return;
+                }
+            }
+            let entry = &l.timeline[(head % TIMELINE as u64) as usize];
+            if head >= TIMELINE as u64 && !reusable(entry, head - TIMELINE as u64, now) {
+                // Every entry is still wanted (queued, or within a reader's window).
+                spill.add(start, end, now);
                 return;
             }
+            if l
+                .timeline_head
+                .compare_exchange(head, head + 1, SeqCst, SeqCst)
+                .is_err()
+            {
+                continue; // another writer took it: look again
+            }
+            entry.seq.store(0, SeqCst);
+            entry.start_ns.store(start, SeqCst);
+            entry.end_ns.store(end, SeqCst);
+            entry.pid.store(u64::from(pid), SeqCst);
+            entry.seq.store(head + 1, Release);
+            return;
         }
-        let index = l.timeline_head.fetch_add(1, SeqCst);
-        let entry = &l.timeline[(index % TIMELINE as u64) as usize];
-        entry.seq.store(0, SeqCst);
-        entry.start_ns.store(start, SeqCst);
-        entry.end_ns.store(end, SeqCst);
-        entry.pid.store(u64::from(pid), SeqCst);
-        entry.seq.store(index + 1, Release);
     }
 
     /// The timeline's intervals that may overlap `[since, ∞)`, newest first: a backward scan
-    /// of the ring that stops at entries long finished before `since`.
+    /// of the ring that stops at entries long finished before `since`, then every spill span
+    /// that reaches past `since`.
     pub fn timeline_since(&self, since: u64) -> Vec<Busy> {
         let l = self.layout();
         let head = l.timeline_head.load(SeqCst);
@@ -633,19 +766,42 @@ impl DeviceState {
             if entry.seq.load(Acquire) != index + 1 {
                 continue; // being written (or already overwritten)
             }
-            let busy = Busy {
-                start_ns: entry.start_ns.load(SeqCst),
-                end_ns: entry.end_ns.load(SeqCst),
-                pid: entry.pid.load(SeqCst) as u32,
-            };
+            let (start_ns, end_ns, pid) = (
+                entry.start_ns.load(SeqCst),
+                entry.end_ns.load(SeqCst),
+                entry.pid.load(SeqCst) as u32,
+            );
             if entry.seq.load(Acquire) != index + 1 {
                 continue;
             }
-            if busy.end_ns.saturating_add(SCAN_SLACK_NS) < since {
+            if end_ns.saturating_add(SCAN_SLACK_NS) < since {
                 break;
             }
-            if busy.end_ns > since {
-                out.push(busy);
+            if end_ns > since {
+                out.push(Busy {
+                    pid,
+                    start_ns,
+                    end_ns,
+                    busy_ns: end_ns.saturating_sub(start_ns),
+                });
+            }
+        }
+        let spans = l
+            .slots
+            .iter()
+            .map(|s| (s.pid.load(Acquire), &s.spill))
+            .filter(|(pid, _)| *pid != 0 && *pid != RECLAIMING)
+            .chain(std::iter::once((0, &l.spill)));
+        for (pid, span) in spans {
+            if let Some((start_ns, end_ns, busy_ns)) = span.read() {
+                if end_ns > since {
+                    out.push(Busy {
+                        pid,
+                        start_ns,
+                        end_ns,
+                        busy_ns: busy_ns.min(end_ns.saturating_sub(start_ns)),
+                    });
+                }
             }
         }
         out
@@ -921,6 +1077,16 @@ impl DeviceState {
     }
 }
 
+/// Whether ring entry `entry`, last written as index `previous`, may be reused at `now`:
+/// it ended long enough ago that no reader wants it, or it was never completed (its writer
+/// died, or is so late that the ring went round: then its interval is lost, not the ring).
+fn reusable(entry: &Interval, previous: u64, now: u64) -> bool {
+    if entry.seq.load(Acquire) != previous + 1 {
+        return true;
+    }
+    entry.end_ns.load(SeqCst).saturating_add(KEEP_NS) < now
+}
+
 /// The state a reader sees for a raw slot state: transitional states read as the state
 /// the operation started from.
 fn reported_state(raw: u32) -> CheckpointState {
@@ -1090,8 +1256,17 @@ mod tests {
 
     #[test]
     fn layout_is_stable() {
-        assert_eq!(std::mem::size_of::<Slot>(), 72);
-        assert_eq!(LAYOUT_VERSION, 4, "bump it with every change of Layout");
+        assert_eq!(std::mem::size_of::<Slot>(), 104);
+        assert_eq!(std::mem::size_of::<Span>(), 32);
+        // Read raw by tests of vgpu (tests/carbon_profile.rs, tests/watch_offences.rs),
+        // which do not link this crate: keep these where they are, or update them there.
+        use std::mem::offset_of;
+        assert_eq!((offset_of!(Layout, locked_min_mhz), offset_of!(Layout, locked_max_mhz)), (48, 52));
+        assert_eq!(offset_of!(Layout, spill), 112);
+        assert_eq!(offset_of!(Layout, slots), 240);
+        assert_eq!(offset_of!(Slot, spill), 72);
+        assert_eq!(offset_of!(Span, busy_ns), 24);
+        assert_eq!(LAYOUT_VERSION, 5, "bump it with every change of Layout");
         assert_eq!(std::mem::size_of::<Interval>(), 32);
         assert_eq!(FILE_SIZE % 8, 0);
     }
@@ -1186,6 +1361,7 @@ mod tests {
             pid,
             start_ns,
             end_ns,
+            busy_ns: end_ns - start_ns,
         };
         assert_eq!(
             s.timeline_since(0),
@@ -1198,6 +1374,56 @@ mod tests {
         );
         assert_eq!(s.timeline_since(1_001_050).len(), 2);
         assert_eq!(s.launches(), 4);
+    }
+
+    /// Issue 24 (item 8): two processes launching without synchronising queue far more
+    /// kernels than the ring holds, owners alternating entry by entry. The ring used to be
+    /// overwritten with future kernels, and the window that NVML reads (the last second)
+    /// came out empty: 0 %. Now what does not fit goes to each process's spill span, and the
+    /// device and both processes read busy.
+    #[test]
+    fn a_launch_storm_beyond_the_ring_loses_no_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DeviceState::open(dir.path(), "GPU-s", 1).unwrap();
+        let a = s.claim_slot(me()).unwrap();
+        let other = ProcessId {
+            pid: me().pid + 1,
+            start_time: me().start_time,
+        };
+        let b = s.claim_slot(other).unwrap();
+        // 200 000 kernels of 10 µs each, alternating, all launched at t0: 2 s of work.
+        let t0 = 10_000_000_000u64;
+        for i in 0..200_000u64 {
+            s.record_launch(Some(if i % 2 == 0 { a } else { b }), t0 + i, 0, 10_000, 0);
+        }
+        assert_eq!(s.busy_until_ns(), t0 + 2_000_000_000);
+        let window = |now: u64| {
+            let from = now - crate::model::SAMPLE_WINDOW_NS;
+            let items = s.timeline_since(from);
+            let all = crate::model::timeline_busy_ns(items.iter().map(|x| (x.start_ns, x.end_ns, x.busy_ns)), from, now);
+            let of = |pid: u32| {
+                crate::model::timeline_busy_ns(items.iter().filter(|x| x.pid == pid).map(|x| (x.start_ns, x.end_ns, x.busy_ns)), from, now)
+            };
+            (all, of(me().pid), of(other.pid))
+        };
+        // Half-way through: the last second was all busy, half each.
+        for now in [t0 + 1_000_000_000, t0 + 1_500_000_000, t0 + 2_000_000_000] {
+            let (all, mine, theirs) = window(now);
+            assert!((999_000_000..=1_000_000_000).contains(&all), "the device at {now}: {all} ns of 1 s");
+            for share in [mine, theirs] {
+                assert!((450_000_000..=550_000_000).contains(&share), "a process at {now}: {share} ns of 1 s ({mine}, {theirs})");
+            }
+        }
+        // The ring holds the first 65 536 kernels exactly; the rest are in the two spans.
+        let spans: Vec<Busy> = s.timeline_since(0).into_iter().filter(|x| !x.is_solid()).collect();
+        assert_eq!(spans.len(), 2, "{spans:?}");
+        assert_eq!(spans.iter().map(|x| x.busy_ns).sum::<u64>(), (200_000 - TIMELINE as u64) * 10_000);
+        // Once it is long over, the ring is reused and the spans start afresh.
+        let later = t0 + 10_000_000_000;
+        s.record_launch(Some(a), later, 0, 10_000, 0);
+        let recent = s.timeline_since(later - 1);
+        assert_eq!(recent.len(), 1, "{recent:?}");
+        assert!(recent[0].is_solid() && recent[0].start_ns == later);
     }
 
     #[test]

@@ -197,10 +197,89 @@ fn workloads_share_one_fifo_and_account_exactly() {
         let busy: u64 = timeline
             .iter()
             .filter(|b| b.pid == *pid)
-            .map(|b| b.end_ns - b.start_ns)
+            .map(|b| b.busy_ns)
             .sum();
         assert_eq!(busy, *gpu_ns, "{args:?}: device time of pid {pid}");
     }
+}
+
+/// Issue 24 (item 8): four processes launch 100 µs kernels as fast as they can without
+/// synchronising (`storm` with batches of 200 000): far more queued kernels than the
+/// timeline's ring of 65 536 entries, owners alternating. The ring used to be overwritten
+/// with future kernels and NVML then said 0 %: a launch storm was invisible (on this 2-core
+/// machine after about 40 s of storm, when the ring held 65 536 intervals all ahead of
+/// now). The test storms until the ring is full of intervals still wanted and 2 s of
+/// kernels went to the spill spans beside it: 20 000 intervals of 100 µs at least, more
+/// than the 11 000 that can end within the last 1.1 s, so the old ring (the newest 65 536)
+/// would hold none of the window. NVML must say the device is busy, and each process is.
+#[test]
+fn a_launch_storm_keeps_nvml_right() {
+    let fake = Fake::new();
+    let ready = |n: usize| fake.dir.path().join(format!("storm{n}"));
+    const STORMS: usize = 4;
+    let storms: Vec<Killed> = (0..STORMS)
+        .map(|n| {
+            Killed(
+                fake.command(workload_program())
+                    .args(["storm", "60", "--kernel-us", "100", "--batch", "200000", "--ready"])
+                    .arg(ready(n))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn gpu_workload"),
+            )
+        })
+        .collect();
+    let state = &fake.states()[0];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    // All launching, until 2 s of kernels did not fit in the ring, and the device has been
+    // busy for the whole of NVML's last second (the storm began over 1.1 s ago).
+    let overflowed = || {
+        let timeline = state.timeline_since(0);
+        let ahead = timeline.iter().filter(|b| b.is_solid() && b.start_ns > now_ns()).count();
+        let spilled: u64 = timeline.iter().filter(|b| !b.is_solid()).map(|b| b.busy_ns).sum();
+        let since = timeline.iter().map(|b| b.start_ns).min().unwrap_or(u64::MAX);
+        (ahead, spilled, since)
+    };
+    loop {
+        let (ahead, spilled, since) = overflowed();
+        if (0..STORMS).all(|n| ready(n).exists()) && spilled >= 2_000_000_000 && since + 1_100_000_000 <= now_ns() {
+            eprintln!("{} launches: {ahead} intervals of the ring ahead of now, {} ms of kernels spilled", state.launches(), spilled / 1_000_000);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the storms did not overflow the ring: {} launches, {ahead} intervals ahead", state.launches());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = run_ok(&mut fake.probe("utilization"));
+    let gpu: u32 = field(&out, "gpu").parse().unwrap();
+    let sm = |pid: u32| -> u32 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("pid={pid} sm=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let each: Vec<u32> = storms.iter().map(|s| sm(s.0.id())).collect();
+    eprintln!("after {} launches: device {gpu}%, processes {each:?}%", state.launches());
+    assert!(gpu >= 95, "device utilization {gpu}%\n{out}");
+    assert!(each.iter().all(|&p| p > 0), "each storm is seen: {each:?}\n{out}");
+    assert!(each.iter().sum::<u32>() >= 90, "together they keep it busy: {each:?}\n{out}");
+}
+
+/// A child SIGKILLed and reaped when the test ends, pass or fail.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }
 
 #[test]

@@ -685,3 +685,14 @@ pub fn queued_then_quiet() {
         "an empty window has no samples"
     );
 }
+
+/// NVML's view of device 0 now, from a process that launches nothing: `gpu=N` (device
+/// utilization) and one `pid=P sm=N` line per process sample of the last second.
+pub fn utilization() {
+    let nvml = nvml_wrapper::Nvml::init().unwrap();
+    let device = nvml.device_by_index(0).unwrap();
+    println!("gpu={}", device.utilization_rates().unwrap().gpu);
+    for s in device.process_utilization_stats(None).unwrap_or_default() {
+        println!("pid={} sm={}", s.pid, s.sm_util);
+    }
+}

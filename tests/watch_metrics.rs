@@ -376,7 +376,7 @@ fn sighup_moves_the_endpoint_and_the_textfile() {
     watch.expect("metrics endpoint stopped");
     watch.expect("reloaded the config");
     assert!(!first.exists(), "the old textfile is removed");
-    // tiny_http's accepting thread closes the port once it has seen the stop.
+    // The endpoint's thread closes the port once it has seen the stop (nothing waits for it).
     wait_for("the old port to close", || listening_sockets(watch.child.id()) == 0);
     assert!(http().get(&old).call().is_err(), "the old endpoint is closed");
     wait_for("the new textfile", || second.exists());

@@ -59,11 +59,16 @@ pub fn current() -> u64 {
     now.rlim_cur
 }
 
+/// Descriptors the metrics endpoint takes besides its connections: its listening socket,
+/// its runtime's (epoll, eventfd), refused connections kept open a moment
+/// (`metrics::server::REFUSALS_AT_ONCE`) and the one being accepted.
+pub const ENDPOINT_OVERHEAD: u64 = 24;
+
 /// How many connections the metrics endpoint may hold: the configured cap, less when the
-/// descriptor limit leaves less after the reserve (at least 1: each connection is one
-/// descriptor, and one more is taken for a moment by a refused one).
+/// descriptor limit leaves less after the reserve and the endpoint's own overhead (at least
+/// 1: each connection is one descriptor).
 pub fn connection_cap(configured: usize, soft_limit: u64) -> usize {
-    let room = soft_limit.saturating_sub(RESERVE).saturating_sub(1);
+    let room = soft_limit.saturating_sub(RESERVE).saturating_sub(ENDPOINT_OVERHEAD);
     configured.min(usize::try_from(room).unwrap_or(usize::MAX)).max(1)
 }
 
@@ -91,7 +96,7 @@ mod tests {
     #[test]
     fn the_cap_leaves_the_reserve() {
         assert_eq!(connection_cap(128, 1024), 128);
-        assert_eq!(connection_cap(2000, 1024), 1024 - RESERVE as usize - 1);
+        assert_eq!(connection_cap(2000, 1024), (1024 - RESERVE - ENDPOINT_OVERHEAD) as usize);
         assert_eq!(connection_cap(128, 200), 1);
         assert_eq!(connection_cap(128, 65_536), 128);
     }

@@ -66,6 +66,13 @@ pub const MAX_HEADERS: usize = 64;
 /// descriptors or memory.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Refused connections kept open at once for a moment, so that their client reads the 503
+/// (closing a socket with its request unread would reset it); more are closed at once.
+pub const REFUSALS_AT_ONCE: usize = 16;
+
+/// How long a refused connection is kept open for its client to read the 503.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
 /// What a connection over a cap is told before it is closed.
 const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 21\r\n\r\ntoo many connections\n";
 
@@ -244,6 +251,7 @@ fn one_line(text: &str) -> String {
 /// Accept until stopped; each connection a task of its own.
 async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
     let counts = Arc::new(Mutex::new(Counts::default()));
+    let refusing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let accepted = tokio::select! {
             biased;
@@ -259,8 +267,7 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
                     }
                     Err(refusal) => {
                         shared.problems.add(refusal);
-                        // Best effort: a fresh socket's send buffer is empty.
-                        let _ = stream.try_write(REFUSED);
+                        refuse(stream, &refusing);
                     }
                 }
             }
@@ -281,6 +288,33 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
     }
     // The port is released now, before the connections are dropped with the runtime.
     drop(listener);
+}
+
+/// Answer 503 and close: after a moment for the client to read it (at most
+/// [`REFUSALS_AT_ONCE`] at a time), else at once.
+fn refuse(stream: TcpStream, refusing: &Arc<std::sync::atomic::AtomicUsize>) {
+    // Best effort: a fresh socket's send buffer is empty.
+    let _ = stream.try_write(REFUSED);
+    if refusing.fetch_add(1, Ordering::Relaxed) >= REFUSALS_AT_ONCE {
+        refusing.fetch_sub(1, Ordering::Relaxed);
+        // What the client sent already is read, so that the close is a FIN, not a reset
+        // that could overtake the 503.
+        let mut sink = [0u8; 4096];
+        while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
+        return;
+    }
+    let refusing = Arc::clone(refusing);
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let _ = stream.shutdown().await;
+            let mut sink = [0u8; 4096];
+            while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+        refusing.fetch_sub(1, Ordering::Relaxed);
+    });
 }
 
 fn out_of_resources(e: &std::io::Error) -> bool {
@@ -589,8 +623,9 @@ mod tests {
             assert_eq!(&buf, b"HTTP/1.1 200");
             held.push(s);
         }
-        // A third from the same peer is refused.
+        // A third from the same peer is refused, and can read why.
         let mut third = TcpStream::connect(addr).unwrap();
+        third.write_all(get).unwrap();
         assert!(read_to_close(&mut third).starts_with("HTTP/1.1 503"));
         // Another peer address (the loopback has them all) gets the last slot…
         let other = || {

@@ -14,6 +14,7 @@ pub(crate) mod compute;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod fdlimit;
 pub mod gpu;
 pub mod history;
 pub mod identity;

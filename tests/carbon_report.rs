@@ -180,39 +180,85 @@ fn a_bad_time_is_a_usage_error_of_one_line() {
     }
 }
 
-/// `vgpu carbon report --json` as user nobody (uid/gid 65534, no groups).
-fn as_nobody(sim: &Sim) -> Output {
+/// `PROGRAM ARGS…` as user nobody (uid/gid 65534, no groups), in the simulation's
+/// environment.
+fn nobody(sim: &Sim, program: &str, args: &[&str]) -> Output {
     let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--", env!("CARGO_BIN_EXE_vgpu")]);
-    cmd.args(["carbon", "report", "--json"]).env_remove("VGPU_SIMULATE");
+    cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--", program]).args(args).env_remove("VGPU_SIMULATE");
     for (k, v) in sim.env() {
         cmd.env(k, v);
     }
     cmd.stdin(Stdio::null()).output().expect("setpriv")
 }
 
+/// `vgpu carbon report --json` as user nobody.
+fn as_nobody(sim: &Sim) -> Output {
+    nobody(sim, env!("CARGO_BIN_EXE_vgpu"), &["carbon", "report", "--json"])
+}
+
+/// What nobody gets trying to open `path` read-only (the shell's `<`, open(2) with
+/// O_RDONLY): "opened", or "EACCES" when refused for want of permission.
+fn nobody_opens(sim: &Sim, path: &Path) -> String {
+    let out = nobody(sim, "/bin/sh", &["-c", "exec 3< \"$1\" && echo opened", "sh", path.to_str().unwrap()]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    match (out.status.success(), stdout.trim()) {
+        (true, "opened") => "opened".into(),
+        // strerror(EACCES)
+        (false, _) if stderr.contains("Permission denied") => "EACCES".into(),
+        _ => panic!("opening {} as nobody: {stdout} {stderr}", path.display()),
+    }
+}
+
 #[test]
-fn a_user_who_is_not_root_can_read_the_report() {
+fn a_user_who_is_not_root_reads_the_public_copy_and_cannot_open_the_database() {
     assert!(nix::unistd::Uid::effective().is_root(), "this test runs as root (it becomes nobody)");
     let sim = Sim::new(&[]);
     std::fs::set_permissions(sim.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let lib = sim.path("lib");
     let writer = fill(&lib);
-    // The writer still open: -wal and -shm are there (root's, 0644).
-    assert!(lib.join("history.db-wal").exists());
-    let read = |what: &str| {
+    // The writer open: -wal and -shm are there, root's alone like the database. A user
+    // cannot open any of them, so cannot take the locks that stall the watch (issue 24).
+    for name in ["history.db", "history.db-wal", "history.db-shm"] {
+        let path = lib.join(name);
+        assert!(path.exists(), "{name}");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o600, "{name}");
+        assert_eq!(nobody_opens(&sim, &path), "EACCES", "{name}");
+    }
+    let read = |what: &str| -> Value {
         let out = as_nobody(&sim);
         assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
-        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(doc["total_energy_mj"], 7_000_000, "{what}: {doc:#}");
+        serde_json::from_slice(&out.stdout).unwrap()
     };
-    read("with a writer");
-    // The writer gone: SQLite removed -wal and -shm, which nobody cannot make in root's
-    // directory.
+    // No public copy yet: an empty report that says why.
+    let doc = read("before the copy");
+    assert_eq!(doc["total_energy_mj"], 0, "{doc:#}");
+    assert!(doc["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("no public copy of the history yet")), "{doc:#}");
+    // The watch's history thread publishes it (this call); nobody reads it, and is told
+    // how old it is.
+    vgpu::history::snapshot::publish(&writer, &lib).unwrap();
+    let copy = vgpu::history::snapshot::path_in(&lib);
+    assert_eq!(std::fs::metadata(&copy).unwrap().permissions().mode() & 0o7777, 0o644);
+    assert_eq!(nobody_opens(&sim, &copy), "opened");
+    let doc = read("from the copy");
+    assert_eq!(doc["total_energy_mj"], 7_000_000, "{doc:#}");
+    assert!(doc["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("public copy of the history made at")), "{doc:#}");
+    // What root writes after the copy is root's until the next copy; root reads it live.
+    let t = start_ms() + 30_000;
+    writer
+        .execute_batch(&format!("INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, 'NVIDIA A100', 1000000, 'counter', NULL, NULL, NULL, NULL);"))
+        .unwrap();
+    assert_eq!(read("the copy again")["total_energy_mj"], 7_000_000);
+    assert_eq!(report_json(&sim, &[])["total_energy_mj"], 8_000_000);
+    // No lock is taken on the copy, and none of SQLite's files is made beside it.
     drop(writer);
-    assert!(!lib.join("history.db-wal").exists() && !lib.join("history.db-shm").exists());
     read("with no writer");
-    assert!(!lib.join("history.db-shm").exists());
+    assert!(!lib.join("history-snapshot.db-shm").exists() && !lib.join("history-snapshot.db-journal").exists());
+    // `ps -a` as nobody: the recently ended, from the copy.
+    let out = nobody(&sim, env!("CARGO_BIN_EXE_vgpu"), &["ps", "-a", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ended = doc["ended"].as_array().unwrap_or_else(|| panic!("no ended: {doc:#}"));
+    assert_eq!(ended.iter().map(|e| e["id"].as_str().unwrap()).collect::<Vec<_>>(), ["w2"], "{doc:#}");
 }
 
 #[test]

@@ -53,6 +53,15 @@ fn config(extra: &str) -> String {
     format!("[watch]\ninterval = \"200ms\"\nlisten = \"\"\n{extra}")
 }
 
+/// The first line with `needle` the watch logged, or the next one (the history thread
+/// reports at the round after it tried, which may come before or after `ready`).
+fn said_or_wait(watch: &mut Watch, needle: &str) -> String {
+    match watch.log.iter().find(|l| l.contains(needle)).cloned() {
+        Some(line) => line,
+        None => watch.wait_line(needle, |l| l.contains(needle)),
+    }
+}
+
 fn db_path(sim: &Sim) -> PathBuf {
     sim.path("lib/history.db")
 }
@@ -148,8 +157,14 @@ fn energy_adds_up_across_rounds_and_a_restart_and_workload_time_is_the_ledger() 
     drop(stmt);
     drop(conn);
 
-    // Root's, mode 0644.
-    let meta = std::fs::metadata(db_path(&sim)).unwrap();
+    // Root's alone, mode 0600 (and so are its -wal and -shm, when there); the public copy
+    // the watch made for everybody else is 0644.
+    for suffix in ["", "-wal", "-shm"] {
+        if let Ok(meta) = std::fs::metadata(sim.path(&format!("lib/history.db{suffix}"))) {
+            assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o600), "history.db{suffix}");
+        }
+    }
+    let meta = std::fs::metadata(sim.path("lib/history-snapshot.db")).unwrap();
     assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o644));
 
     // A restarted watch continues from the last reading: no energy lost in between.
@@ -304,7 +319,8 @@ fn retention_deletes_old_rows_only_and_disabled_records_nothing() {
         }
     }
     sim.write_vgpu_config(&config("[history]\nkeep = \"30d\"\n"));
-    // Retention runs in the first round, before `ready`.
+    // Retention runs when the history thread first opens the database, before the stop
+    // (which waits for that thread) returns.
     let watch = Watch::start(&sim, &[]);
     assert!(watch.stop().success());
     let conn = open(&sim);
@@ -323,8 +339,8 @@ fn a_link_in_place_of_the_database_is_refused_not_followed() {
     std::fs::write(&target, b"precious").unwrap();
     std::os::unix::fs::symlink(&target, db_path(&sim)).unwrap();
     let mut watch = Watch::start(&sim, &[]);
-    // Said in the first round, before `ready`.
-    let warning = watch.log.iter().find(|l| l.contains("warning: history: cannot record")).cloned().unwrap_or_else(|| panic!("no warning: {:#?}", watch.log));
+    // Said at a round once the history thread has tried.
+    let warning = said_or_wait(&mut watch, "warning: history: cannot record");
     assert!(warning.contains("history.db: a symbolic link: refused, never followed"), "{warning}");
     watch.wait_rounds(2);
     assert!(watch.stop().success());
@@ -420,7 +436,7 @@ fn a_damaged_database_is_one_warning_and_moved_aside_a_new_one_records() {
     std::fs::write(db_path(&sim), vec![0xA5u8; 8192]).unwrap();
     std::fs::set_permissions(db_path(&sim), std::fs::Permissions::from_mode(0o644)).unwrap();
     let mut watch = Watch::start(&sim, &[]);
-    let warning = watch.log.iter().find(|l| l.contains("warning: history: cannot record")).cloned().unwrap_or_else(|| panic!("no warning: {:#?}", watch.log));
+    let warning = said_or_wait(&mut watch, "warning: history: cannot record");
     assert!(warning.contains("history.db: damaged: ") && warning.contains("move it aside"), "{warning}");
     watch.wait_rounds(2);
     assert_eq!(std::fs::read(db_path(&sim)).unwrap(), vec![0xA5u8; 8192], "left as it was");

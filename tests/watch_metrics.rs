@@ -376,7 +376,7 @@ fn sighup_moves_the_endpoint_and_the_textfile() {
     watch.expect("metrics endpoint stopped");
     watch.expect("reloaded the config");
     assert!(!first.exists(), "the old textfile is removed");
-    // tiny_http's accepting thread closes the port once it has seen the stop.
+    // The endpoint's thread closes the port once it has seen the stop (nothing waits for it).
     wait_for("the old port to close", || listening_sockets(watch.child.id()) == 0);
     assert!(http().get(&old).call().is_err(), "the old endpoint is closed");
     wait_for("the new textfile", || second.exists());
@@ -405,4 +405,99 @@ fn memory_kills_of_the_audit_are_counted_per_workload() {
     assert_eq!(value(&s, "vgpu_enforcements_total", &labels), 1.0);
     assert!(matches!(find(&s, "vgpu_enforcements_total", &labels).unwrap().value, Value::Counter(_)));
     drop(escaper);
+}
+
+/// What the endpoint answers to `request` sent raw on a fresh connection, read until it
+/// closes the connection (10 s at most; a reset after an answer ends it too).
+fn raw(addr: SocketAddr, request: &[u8]) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The endpoint may answer and close before it has read all of a request it refuses.
+    let _ = stream.write_all(request);
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !answer.is_empty() => break,
+            Err(e) => panic!("{}: no answer, or the connection was kept open: {e}", String::from_utf8_lossy(request)),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The status lines in a raw answer.
+fn statuses(answer: &str) -> Vec<&str> {
+    answer.lines().filter(|l| l.starts_with("HTTP/1.")).collect()
+}
+
+#[test]
+fn sixteen_keep_alive_scrapers_are_all_answered() {
+    let sim = Sim::new(TWO_A100);
+    sim.write_vgpu_config(&config("127.0.0.1:0", &sim.path("vgpu.prom")));
+    let watch = Watch::start(&sim);
+    let url = watch.url("/metrics");
+    let scrapers: Vec<_> = (0..16)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                // One agent, one kept-alive connection, many requests.
+                let agent = http();
+                for _ in 0..25 {
+                    let response = agent.get(&url).call().unwrap_or_else(|e| panic!("GET {url}: {e}"));
+                    assert_eq!(response.status(), 200);
+                    let text = response.into_string().unwrap();
+                    assert_eq!(value(&parse(&text), "vgpu_gpu_memory_total_bytes", &[("gpu", "0")]), (40u64 << 30) as f64);
+                }
+            })
+        })
+        .collect();
+    for s in scrapers {
+        s.join().expect("a scraper failed");
+    }
+}
+
+#[test]
+fn smuggled_and_malformed_requests_are_refused_and_end_their_connection() {
+    let sim = Sim::new(TWO_A100);
+    sim.write_vgpu_config(&config("127.0.0.1:0", &sim.path("vgpu.prom")));
+    let watch = Watch::start(&sim);
+    let addr = watch.addr.expect("the watch serves metrics");
+    // Content-Length and Transfer-Encoding together (CL.TE): one answer, then the
+    // connection ends; the request hidden in the body is never answered.
+    let answer = raw(
+        addr,
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n",
+    );
+    assert_eq!(statuses(&answer).len(), 1, "{answer}");
+    assert!(!answer.contains("404"), "{answer}");
+    // Two different lengths: refused.
+    let answer = raw(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 7\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+    assert_eq!(statuses(&answer), ["HTTP/1.1 400 Bad Request"], "{answer}");
+    // Malformed: refused with a 4xx or 5xx, and the connection ends.
+    for request in [
+        &b"GARBAGE\r\n\r\n"[..],
+        b"GET /metrics HTTP/9.9\r\nHost: x\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nNo colon here\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nX-Bad: a\0b\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+    ] {
+        let answer = raw(addr, request);
+        let found = statuses(&answer);
+        assert!(
+            found.len() == 1 && (found[0].starts_with("HTTP/1.1 4") || found[0].starts_with("HTTP/1.1 5")),
+            "{}: {answer}",
+            String::from_utf8_lossy(request)
+        );
+    }
+    // A head longer than the endpoint reads: 431, closed.
+    let mut long = b"GET /metrics HTTP/1.1\r\nX-Long: ".to_vec();
+    long.resize(64 * 1024, b'a');
+    long.extend_from_slice(b"\r\n\r\n");
+    let answer = raw(addr, &long);
+    assert!(answer.is_empty() || statuses(&answer) == ["HTTP/1.1 431 Request Header Fields Too Large"], "{answer}");
+    // And the endpoint still serves.
+    scrape(&watch.url("/metrics"));
 }

@@ -10,7 +10,7 @@ use thiserror::Error;
 use crate::carbon::account::{self, GroupBy, Report, Window};
 use crate::carbon::model::DEFAULT_IDLE_FRACTION;
 use crate::context::Context;
-use crate::history::db::HistoryError;
+use crate::history::db::{HistoryError, ReadFrom};
 use crate::history::query::{IdleDefaults, Reader};
 
 /// The window when none is given: the last 24 hours.
@@ -118,18 +118,40 @@ pub fn build(lib_dir: &Path, idle: &IdleDefaults<'_>, window: Window, by: GroupB
         })
         .collect();
     let workloads = reader.workloads(ids)?;
-    Ok(Some(account::report(&accounting, by, &workloads)))
+    let mut report = account::report(&accounting, by, &workloads);
+    if let Some(note) = copy_note(reader.from(), window) {
+        report.notes.push(note);
+    }
+    Ok(Some(report))
+}
+
+/// What a reader of the public copy is told when the window reaches past the copy's time.
+pub fn copy_note(from: ReadFrom, window: Window) -> Option<String> {
+    let ReadFrom::Snapshot { made } = from else { return None };
+    let made_ms = made.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    if made_ms >= window.until_ms {
+        return None;
+    }
+    let at = DateTime::<Utc>::from(made).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let age = humantime::format_duration(std::time::Duration::from_secs(((window.until_ms - made_ms) / 1000).max(0) as u64));
+    Some(format!(
+        "read from the public copy of the history made at {at} ({age} before the window's end): vgpu watch refreshes it at most once a minute; root reads the history itself"
+    ))
 }
 
 /// The report there is when there is no history: no rows, a note saying why.
 pub fn empty(lib_dir: &Path, window: Window, by: GroupBy) -> Report {
     let path = crate::history::db::path_in(lib_dir);
-    let accounting = account::Accounting {
-        window,
-        gpus: Default::default(),
-        emissions_known: false,
-        notes: vec![format!("no history yet ({} does not exist): `vgpu watch` records it", path.display())],
+    let note = if !nix::unistd::geteuid().is_root() && path.exists() {
+        format!(
+            "no public copy of the history yet ({} is root's alone; `vgpu watch` publishes {} for everybody else, at most once a minute)",
+            path.display(),
+            crate::history::snapshot::path_in(lib_dir).display()
+        )
+    } else {
+        format!("no history yet ({} does not exist): `vgpu watch` records it", path.display())
     };
+    let accounting = account::Accounting { window, gpus: Default::default(), emissions_known: false, notes: vec![note] };
     account::report(&accounting, by, &Default::default())
 }
 

@@ -204,14 +204,14 @@ const FILES: &[(&str, &str, &[&str])] = &[
     ("/var/lib/vgpu/carbon.jsonl", "The log of applied clock plans, one JSON object a line.", &["carbon"]),
     (
         "/var/lib/vgpu/history.db",
-        "The history (SQLite, mode 0644): each GPU's energy and each workload's GPU time per vgpu watch interval, intensity readings, clock decisions; kept [history] keep (90 days). Schema and example queries: docs/history.md.",
+        "The history (SQLite, root's, mode 0600): each GPU's energy and each workload's GPU time per vgpu watch interval, intensity readings, clock decisions; kept [history] keep (90 days). Schema and example queries: docs/history.md.",
         &["watch", "carbon"],
     ),
     ("/var/lib/vgpu/carbon-intensity.json", "The last carbon intensity read, used when the source does not answer.", &["carbon"]),
     ("/var/lib/vgpu/carbon-forecast.json", "The last intensity forecast read, used when the source does not answer.", &["carbon"]),
     (
-        "/var/lib/vgpu/history.db",
-        "The history (SQLite, 0644): each GPU's energy, each workload's GPU time, the intensity; carbon report, ps -a and the line vgpu run prints at a workload's end read it.",
+        "/var/lib/vgpu/history-snapshot.db",
+        "The public copy of the history (SQLite, 0644), replaced by vgpu watch at most once a minute: what carbon report, carbon plan and ps -a read when not run as root (root reads history.db, as does the line vgpu run prints at a workload's end).",
         &["carbon", "ps", "run", "watch"],
     ),
     (

@@ -21,7 +21,13 @@ pub fn run(ctx: &Context, _args: &WatchArgs) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu watch must run as root: it reconciles the store, signals workloads and freezes cgroups");
     }
+    // Before anything opens a descriptor: the endpoint's connection cap is sized from it.
+    let nofile = match crate::fdlimit::raise() {
+        Ok(n) => Event::debug(format!("descriptor limit {} (inherited {}, hard {})", n.soft, n.inherited, n.hard)),
+        Err(e) => Event::warn(format!("cannot raise the descriptor limit: {e}; the metrics endpoint's connection cap is sized from the one inherited")),
+    };
     let mut watch = Watch::start(ctx.clone())?;
+    print(vec![nofile]);
     if let Some(addr) = watch.metrics_addr() {
         print(vec![Event::info(format!("metrics on http://{addr}/metrics"))]);
     }

@@ -19,21 +19,28 @@ pub const SCHEMA: &str = include_str!("schema.sql");
 pub mod config;
 pub mod db;
 pub mod query;
+pub mod snapshot;
 pub mod spent;
 pub mod store;
 pub mod tick;
 
 pub use store::{History, WriteError};
 
+/// How long a command's best-effort record may take in all (its open, every lock wait,
+/// every statement's).
+pub const BEST_EFFORT_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Record something in `<lib_dir>/history.db` for a command that is not the watch (an
-/// intensity it resolved, a decision it logged): best effort. Nothing when `[history]
-/// enabled = false`; a failure is a warning, or a debug line where this caller may not
-/// write the database (not root, or refused the directory or file).
+/// intensity it resolved, a decision it logged, `vgpu run`'s end): best effort, bounded by
+/// [`BEST_EFFORT_BUDGET`] in total. Nothing when `[history] enabled = false`; a failure is a
+/// warning, or a debug line where this caller may not write the database (not root, or
+/// refused the directory or file).
 pub fn best_effort<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig, what: &str, f: impl FnOnce(&History) -> Result<T, WriteError>) {
     if !config.enabled {
         return;
     }
-    match History::open(lib_dir).and_then(|h| f(&h)) {
+    let deadline = std::time::Instant::now() + BEST_EFFORT_BUDGET;
+    match History::open_within(lib_dir, deadline).and_then(|h| f(&h)) {
         Ok(_) => {}
         // Root's watch and commands record; a user's command may not write there.
         Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => tracing::debug!("history: cannot record {what}: {e}"),

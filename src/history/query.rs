@@ -1,21 +1,16 @@
 //! Reading the history for `vgpu carbon report`, `vgpu ps -a` and the line `vgpu run` prints
 //! when a workload ends: a window's rows, in [`crate::carbon::account`]'s terms.
 //!
-//! Anyone may read the history (the file is 0644). A reader that cannot write to the lib
-//! directory (a user who is not root) cannot make the `-shm` file SQLite's WAL mode needs;
-//! when the writer has gone and SQLite has removed `-wal` and `-shm`, opening fails
-//! (`SQLITE_CANTOPEN`). Then the whole database is in the main file and, no writer having it
-//! open, nothing changes under the reader: it is opened again with `immutable=1` (no locks,
-//! no `-shm`). Were a writer to start meanwhile, the worst is a report made of a database
-//! changing under it, once; with `-wal` and `-shm` present the ordinary read-only open works
-//! (SQLite reads a `-shm` it may not write in its "readonly_shm" mode).
+//! Root reads history.db itself; anyone else reads its public copy, which `vgpu watch`
+//! refreshes at most once a minute and takes no lock to read ([`super::snapshot`]);
+//! [`Reader::from`] says which.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension as _};
+use rusqlite::{params, Connection, OptionalExtension as _};
 
-use super::db::{self, HistoryError, BUSY_TIMEOUT};
+use super::db::{self, HistoryError, ReadFrom};
 use crate::carbon::account::{self, Accounting, GpuSample, GpuTime, History, IdlePower, IdleSource, IntensityPoint, Window, WorkloadInfo};
 
 /// How much of the window is read and accounted at a time: 4 hours, 14 400 rows per GPU at
@@ -34,20 +29,19 @@ pub const MAX_INTERVAL_MS: i64 = 2 * 3_600_000;
 pub struct Reader {
     conn: Connection,
     path: PathBuf,
+    from: ReadFrom,
 }
 
 impl Reader {
-    /// Open the history of `lib_dir` to read; `Ok(None)` when there is none yet.
+    /// Open the history of `lib_dir` to read, as this caller may ([`db::open_reader`]);
+    /// `Ok(None)` when there is none yet.
     pub fn open(lib_dir: &Path) -> Result<Option<Reader>, HistoryError> {
-        let path = db::path_in(lib_dir);
-        match db::open_ro(lib_dir) {
-            Ok(conn) => Ok(conn.map(|conn| Reader { conn, path })),
-            Err(HistoryError::Sqlite { source, .. }) if cannot_open(&source) && !wal_of(&path).exists() => {
-                let conn = open_immutable(&path)?;
-                Ok(Some(Reader { conn, path }))
-            }
-            Err(e) => Err(e),
-        }
+        Ok(db::open_reader(lib_dir)?.map(|o| Reader { conn: o.conn, path: o.path, from: o.from }))
+    }
+
+    /// The live database, or the public copy and when it was made.
+    pub fn from(&self) -> ReadFrom {
+        self.from
     }
 
     fn err(&self) -> impl FnOnce(rusqlite::Error) -> HistoryError + '_ {
@@ -371,43 +365,6 @@ fn non_negative(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-fn cannot_open(e: &rusqlite::Error) -> bool {
-    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly))
-}
-
-fn wal_of(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push("-wal");
-    PathBuf::from(name)
-}
-
-/// Open `path` read-only as an immutable database (see the module's documentation).
-fn open_immutable(path: &Path) -> Result<Connection, HistoryError> {
-    let uri = format!("file:{}?immutable=1", uri_path(path));
-    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NOFOLLOW | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(uri, flags).map_err(HistoryError::sqlite(path))?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(HistoryError::sqlite(path))?;
-    let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(HistoryError::sqlite(path))?;
-    if found > super::SCHEMA_VERSION {
-        return Err(HistoryError::NewerSchema { path: path.to_path_buf(), found });
-    }
-    Ok(conn)
-}
-
-/// A path as a `file:` URI's path: every byte but unreserved ones and `/` percent-encoded.
-fn uri_path(path: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt as _;
-    let mut out = String::new();
-    for &b in path.as_os_str().as_bytes() {
-        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// The intensity figures (readings and fallbacks) of `window`: the one in force at `since`
 /// (the latest at or before it) and every later one before `until`; of a reading and a
 /// fallback at the same time, the reading comes last and wins (as [`account::Steps`] reads
@@ -493,10 +450,5 @@ mod tests {
         // With nobody else on the GPU and no idle power, all of it is the workload's.
         assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].energy_mj, total);
         assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].gpu_time_ms.round() as i64, 26 * step / 2);
-    }
-
-    #[test]
-    fn uri_paths_are_escaped() {
-        assert_eq!(uri_path(Path::new("/var/lib/a b?#%.db")), "/var/lib/a%20b%3F%23%25.db");
     }
 }

@@ -7,7 +7,7 @@
 //! is [`WriteError::DiskFull`], one clear line, never a panic.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension as _};
 use thiserror::Error;
@@ -70,6 +70,8 @@ impl WriteError {
             }
             HistoryError::Io { path, source } if source.raw_os_error() == Some(libc::ELOOP) => WriteError::Link { path },
             HistoryError::Sqlite { path, source } => WriteError::from_sqlite(&path, source),
+            HistoryError::BadCopy { path, detail } => WriteError::Damaged { path, detail },
+            HistoryError::Migrating { path } => WriteError::Busy { path },
             other => WriteError::Open(other),
         }
     }
@@ -133,13 +135,40 @@ pub struct Pruned {
 pub struct History {
     conn: Connection,
     path: PathBuf,
+    /// Every wait of this connection ends by then (`open_within`).
+    deadline: Option<Instant>,
 }
 
 impl History {
-    /// Open (creating) `<lib_dir>/history.db`.
+    /// Open (creating) `<lib_dir>/history.db`; each wait for a lock is bounded by
+    /// [`db::BUSY_TIMEOUT`].
     pub fn open(lib_dir: &Path) -> Result<History, WriteError> {
         let conn = db::open_rw(lib_dir).map_err(WriteError::from_open)?;
-        Ok(History { conn, path: db::path_in(lib_dir) })
+        Ok(History { conn, path: db::path_in(lib_dir), deadline: None })
+    }
+
+    /// Open, with every wait from now on (the open's included) ending by `deadline` in
+    /// total, not per statement: a command's best-effort record cannot take longer whatever
+    /// holds the database ([`super::best_effort`]).
+    pub fn open_within(lib_dir: &Path, deadline: Instant) -> Result<History, WriteError> {
+        let path = db::path_in(lib_dir);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(WriteError::Busy { path });
+        }
+        let conn = db::open_rw_within(lib_dir, left).map_err(WriteError::from_open)?;
+        Ok(History { conn, path, deadline: Some(deadline) })
+    }
+
+    /// Before a statement: what is left of the deadline becomes the connection's busy wait
+    /// (none left: busy).
+    fn bound(&self) -> Result<(), WriteError> {
+        let Some(deadline) = self.deadline else { return Ok(()) };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(WriteError::Busy { path: self.path.clone() });
+        }
+        self.conn.busy_timeout(left.min(db::BUSY_TIMEOUT)).map_err(self.err())
     }
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> WriteError + '_ {
@@ -159,6 +188,7 @@ impl History {
 
     /// One tick's rows (gpu_samples and workload_gpu_time), all or none.
     pub fn record_tick(&mut self, tick: &Tick) -> Result<(), WriteError> {
+        self.bound()?;
         let path = self.path.clone();
         let err = |e| WriteError::from_sqlite(&path, e);
         let tx = self.conn.transaction().map_err(err)?;
@@ -204,6 +234,7 @@ impl History {
     /// The last sample of each GPU (its end and its counter reading), so that a restarted
     /// watch continues the interval.
     pub fn last_gpus(&self) -> Result<Vec<(String, LastGpu)>, WriteError> {
+        self.bound()?;
         // SQLite gives the bare columns of the row where max() is found.
         let mut stmt = self
             .conn
@@ -221,6 +252,7 @@ impl History {
 
     /// Record a workload seen running (its start is kept from the first time).
     pub fn upsert_workload(&self, w: &WorkloadInfo) -> Result<(), WriteError> {
+        self.bound()?;
         self.conn
             .execute(
                 "INSERT INTO workloads (id, name, uid, user, service, command, gpus, started_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
@@ -237,6 +269,7 @@ impl History {
     /// (the watch sees a record gone without knowing how it ended; `vgpu run` knows). Returns
     /// whether a row changed.
     pub fn end_workload(&self, id: &str, ended_ms: u64, outcome: Option<&str>) -> Result<bool, WriteError> {
+        self.bound()?;
         let n = self
             .conn
             .execute(
@@ -251,6 +284,7 @@ impl History {
     /// The workloads recorded as running (no end), e.g. to close those that ended while no
     /// watch ran.
     pub fn running_workloads(&self) -> Result<Vec<String>, WriteError> {
+        self.bound()?;
         let mut stmt = self.conn.prepare("SELECT id FROM workloads WHERE ended_ms IS NULL").map_err(self.err())?;
         let rows = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(self.err())?;
         rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
@@ -259,6 +293,7 @@ impl History {
     /// Record one intensity figure. A reading already recorded for its time is not recorded
     /// twice (returns false); a fallback or forecast for the same time replaces the old one.
     pub fn record_intensity(&self, kind: IntensityKind, ts_ms: u64, g_per_kwh: f64, source: &str, fetched_ms: u64) -> Result<bool, WriteError> {
+        self.bound()?;
         let verb = if kind == IntensityKind::Reading { "INSERT OR IGNORE" } else { "INSERT OR REPLACE" };
         let n = self
             .conn
@@ -284,6 +319,7 @@ impl History {
 
     /// Record one clock decision, the whole of it in `record` (as in carbon.jsonl).
     pub fn record_decision(&self, d: &crate::carbon::log::Decision) -> Result<(), WriteError> {
+        self.bound()?;
         let record = serde_json::to_string(d).map_err(|e| WriteError::Sqlite { path: self.path.clone(), source: rusqlite::Error::ToSqlConversionFailure(e.into()) })?;
         let action = serde_json::to_value(d.action).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         self.conn
@@ -308,6 +344,7 @@ impl History {
     /// Delete what is older than `keep` before `now_ms`: time-series rows that ended before
     /// the horizon and workloads that ended before it. Power models and sensitivities stay.
     pub fn prune(&mut self, now_ms: u64, keep: Duration) -> Result<Pruned, WriteError> {
+        self.bound()?;
         let horizon = ms(now_ms.saturating_sub(keep.as_millis().min(u128::from(u64::MAX)) as u64));
         let path = self.path.clone();
         let err = |e| WriteError::from_sqlite(&path, e);

@@ -74,7 +74,7 @@ pub(crate) struct EnforcementLabels {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct HistoryLabels {
-    /// The kind of failure: `disk-full`, `busy`, `damaged`, `open`, `sqlite`.
+    /// The kind of failure: `disk-full`, `busy`, `damaged`, `open`, `sqlite`, `snapshot`.
     pub kind: String,
 }
 

@@ -7,7 +7,8 @@
 //!   pool, the applied caps ([`caps`]) and the carbon intensity ([`intensity`]).
 //! * [`exposition`]: rendered with `prometheus-client` (OpenMetrics, and the classic text
 //!   format for everybody else).
-//! * [`server`]: the `tiny_http` endpoint; [`textfile`]: the atomic textfile.
+//! * [`server`]: the HTTP endpoint (hyper on a thread of its own; connections capped and
+//!   timed, never waited for); [`textfile`]: the atomic textfile.
 //! * [`enforcements`]: the counters the watch's audits bump.
 //!
 //! [`Exporter`] ties them together for the watch; it returns what went wrong, the watch
@@ -37,7 +38,7 @@ use crate::cgroup::Layout;
 use crate::context::Context;
 use crate::state::Store;
 use crate::watch::config::WatchConfig;
-use server::{BindError, Endpoint, Latest};
+use server::{BindError, Endpoint, Latest, Limits};
 use textfile::TextfileError;
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +56,10 @@ pub enum MetricsError {
     Pool(String),
     #[error("cannot render the metrics: {0}")]
     Render(std::fmt::Error),
+    /// What the endpoint's thread found (a cap reached, accepts failing for want of
+    /// descriptors).
+    #[error("{0}")]
+    Endpoint(String),
 }
 
 /// What a new config changed.
@@ -92,7 +97,7 @@ impl Exporter {
     pub fn start(config: &WatchConfig) -> Result<Exporter, MetricsError> {
         let listen = config.listen_addr().map_err(MetricsError::Listen)?;
         let latest = Latest::default();
-        let endpoint = listen.map(|addr| Endpoint::bind(addr, latest.clone())).transpose()?;
+        let endpoint = listen.map(|addr| Endpoint::bind(addr, latest.clone(), Limits::of(config, crate::fdlimit::current()))).transpose()?;
         Ok(Exporter {
             latest,
             endpoint,
@@ -125,9 +130,15 @@ impl Exporter {
         self.latest.get()
     }
 
+    /// The endpoint's caps and timeouts in force (None: no endpoint).
+    pub fn limits(&self) -> Option<Limits> {
+        self.endpoint.as_ref().map(Endpoint::limits)
+    }
+
     /// Follow a new `[watch]` table: bind a changed `listen` (the old endpoint serves until
     /// the new one is bound, and keeps serving if it cannot be: moving to another address on
-    /// the same port needs a restart), and switch the textfile (removing the old one, whose
+    /// the same port needs a restart; the old one is stopped without waiting for it), take
+    /// the new caps and timeouts, and switch the textfile (removing the old one, whose
     /// figures would otherwise go stale).
     pub fn reconfigure(&mut self, config: &WatchConfig) -> Vec<Change> {
         let mut changes = Vec::new();
@@ -139,7 +150,7 @@ impl Exporter {
                 self.listen = None;
                 changes.push(Change::StoppedListening);
             }
-            Ok(Some(addr)) => match Endpoint::bind(addr, self.latest.clone()) {
+            Ok(Some(addr)) => match Endpoint::bind(addr, self.latest.clone(), Limits::of(config, crate::fdlimit::current())) {
                 Ok(endpoint) => {
                     changes.push(Change::Listening(endpoint.addr()));
                     self.endpoint = Some(endpoint);
@@ -147,6 +158,9 @@ impl Exporter {
                 }
                 Err(e) => changes.push(Change::KeptListening { addr: self.addr(), error: e.into() }),
             },
+        }
+        if let Some(endpoint) = &self.endpoint {
+            endpoint.set_limits(Limits::of(config, crate::fdlimit::current()));
         }
         if config.textfile != self.textfile {
             if let Some(old) = self.textfile.take() {
@@ -166,7 +180,7 @@ impl Exporter {
         if self.endpoint.is_none() && self.textfile.is_none() {
             return Vec::new();
         }
-        let mut problems = Vec::new();
+        let mut problems: Vec<MetricsError> = self.endpoint.iter().flat_map(Endpoint::take_problems).map(MetricsError::Endpoint).collect();
         let intensity = match self.intensity.poll(&ctx.config.carbon, &ctx.lib_dir, Instant::now()) {
             Ok(found) => found.cloned(),
             Err(e) => {

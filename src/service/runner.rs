@@ -731,6 +731,8 @@ fn spawn(ctx: &Context, def: &ServiceDef, index: u32) -> std::io::Result<(Child,
             Ok(())
         });
     }
+    // The descriptor limit the watch inherited, not the one it raised for itself.
+    crate::fdlimit::restore_in_child(&mut cmd);
     let child = cmd.stdin(Stdio::null()).spawn()?;
     // Only the child holds the write end now: the pipe ends when it closes it.
     drop(write);

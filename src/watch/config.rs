@@ -13,6 +13,11 @@
 //! compute_window = "5s"       # how long it must stay above
 //! listen = "127.0.0.1:9400"   # Prometheus metrics; "" disables
 //! textfile = "/var/lib/node_exporter/textfile_collector/vgpu.prom"   # optional
+//! metrics_max_connections = 128          # connections the endpoint holds at once (all peers)
+//! metrics_max_connections_per_peer = 32  # … from one peer address
+//! metrics_header_timeout = "10s"         # a request's head, from its first byte to its end
+//! metrics_idle_timeout = "30s"           # a connection with no request under way
+//! metrics_write_timeout = "10s"          # a response the client does not read
 //! ```
 
 use std::net::SocketAddr;
@@ -84,6 +89,14 @@ impl<'de> Deserialize<'de> for ContextAllowance {
 pub const DEFAULT_COMPUTE_TOLERANCE: u32 = 10;
 pub const DEFAULT_COMPUTE_WINDOW: Duration = Duration::from_secs(5);
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
+/// Connections the metrics endpoint holds at once: a few scrapers need a few; the cap is
+/// lowered further when the descriptor limit leaves less (`crate::fdlimit`).
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 128;
+/// From one peer address (16 keep-alive scrapers on one host fit).
+pub const DEFAULT_METRICS_MAX_CONNECTIONS_PER_PEER: usize = 32;
+pub const DEFAULT_METRICS_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_METRICS_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_METRICS_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -109,6 +122,19 @@ pub struct WatchConfig {
     pub listen: String,
     /// A node_exporter textfile to rewrite at every interval.
     pub textfile: Option<PathBuf>,
+    /// Connections the endpoint holds at once, from all peers.
+    pub metrics_max_connections: usize,
+    /// … from one peer address.
+    pub metrics_max_connections_per_peer: usize,
+    /// How long a request's head (request line and headers) may take from its first byte.
+    #[serde(with = "humantime_serde")]
+    pub metrics_header_timeout: Duration,
+    /// How long a connection may stay open with no request under way (keep-alive).
+    #[serde(with = "humantime_serde")]
+    pub metrics_idle_timeout: Duration,
+    /// How long a response may wait for the client to read (no byte written).
+    #[serde(with = "humantime_serde")]
+    pub metrics_write_timeout: Duration,
 }
 
 impl Default for WatchConfig {
@@ -125,6 +151,11 @@ impl Default for WatchConfig {
             compute_window: DEFAULT_COMPUTE_WINDOW,
             listen: DEFAULT_LISTEN.to_string(),
             textfile: None,
+            metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
+            metrics_max_connections_per_peer: DEFAULT_METRICS_MAX_CONNECTIONS_PER_PEER,
+            metrics_header_timeout: DEFAULT_METRICS_HEADER_TIMEOUT,
+            metrics_idle_timeout: DEFAULT_METRICS_IDLE_TIMEOUT,
+            metrics_write_timeout: DEFAULT_METRICS_WRITE_TIMEOUT,
         }
     }
 }
@@ -151,6 +182,18 @@ impl WatchConfig {
         range("offence_window", self.offence_window, Duration::ZERO, Duration::from_secs(7 * 24 * 3600))?;
         if self.compute_tolerance > 100 {
             return Err(format!("[watch] compute_tolerance: must be 0 to 100 percentage points, got {}", self.compute_tolerance));
+        }
+        for (key, d) in [
+            ("metrics_header_timeout", self.metrics_header_timeout),
+            ("metrics_idle_timeout", self.metrics_idle_timeout),
+            ("metrics_write_timeout", self.metrics_write_timeout),
+        ] {
+            range(key, d, Duration::from_millis(100), Duration::from_secs(3600))?;
+        }
+        for (key, n) in [("metrics_max_connections", self.metrics_max_connections), ("metrics_max_connections_per_peer", self.metrics_max_connections_per_peer)] {
+            if !(1..=65_536).contains(&n) {
+                return Err(format!("[watch] {key}: must be from 1 to 65536, got {n}"));
+            }
         }
         self.listen_addr()?;
         if let Some(path) = &self.textfile {
@@ -184,7 +227,7 @@ mod tests {
         assert_eq!(c, WatchConfig::default());
         assert_eq!(c.listen_addr().unwrap().unwrap().to_string(), "127.0.0.1:9400");
         let c = Config::parse(
-            "[watch]\ninterval = \"250ms\"\ngrace = \"2s\"\nkill_after = \"10s\"\ncontext_allowance = \"1GiB\"\noffence_window = \"1h\"\nunmanaged = \"kill\"\ncompute = \"report\"\ncompute_tolerance = 5\ncompute_window = \"3s\"\nlisten = \"\"\ntextfile = \"/tmp/x.prom\"\n",
+            "[watch]\ninterval = \"250ms\"\ngrace = \"2s\"\nkill_after = \"10s\"\ncontext_allowance = \"1GiB\"\noffence_window = \"1h\"\nunmanaged = \"kill\"\ncompute = \"report\"\ncompute_tolerance = 5\ncompute_window = \"3s\"\nlisten = \"\"\ntextfile = \"/tmp/x.prom\"\nmetrics_max_connections = 10\nmetrics_max_connections_per_peer = 2\nmetrics_header_timeout = \"1s\"\nmetrics_idle_timeout = \"2s\"\nmetrics_write_timeout = \"3s\"\n",
         )
         .unwrap()
         .watch;
@@ -198,6 +241,11 @@ mod tests {
         assert_eq!(c.compute, ComputePolicy::Report);
         assert_eq!(c.compute_tolerance, 5);
         assert_eq!(c.listen_addr().unwrap(), None);
+        assert_eq!((c.metrics_max_connections, c.metrics_max_connections_per_peer), (10, 2));
+        assert_eq!(
+            (c.metrics_header_timeout, c.metrics_idle_timeout, c.metrics_write_timeout),
+            (Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(3))
+        );
         assert_eq!(Config::parse("[watch]\ncontext_allowance = 1000\n").unwrap().watch.context_allowance, ContextAllowance::Bytes(1000));
         assert_eq!(Config::parse("[watch]\ncontext_allowance = \"auto\"\n").unwrap().watch.context_allowance, ContextAllowance::Auto);
         let defaults = WatchConfig::default();
@@ -222,6 +270,8 @@ mod tests {
             ("[watch]\ncompute_tolerance = 101\n", "[watch] compute_tolerance"),
             ("[watch]\noffence_window = \"8d\"\n", "[watch] offence_window"),
             ("[watch]\ntextfile = \"rel.prom\"\n", "[watch] textfile"),
+            ("[watch]\nmetrics_max_connections = 0\n", "[watch] metrics_max_connections"),
+            ("[watch]\nmetrics_idle_timeout = \"0s\"\n", "[watch] metrics_idle_timeout"),
         ] {
             let err = Config::parse(text).unwrap().validate().unwrap_err();
             assert!(err.contains(needle) && !err.contains('\n'), "{text}: {err}");

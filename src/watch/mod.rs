@@ -285,7 +285,8 @@ impl Watch {
         }
         let ledgers: Vec<_> = files.iter().flat_map(|f| f.ledgers()).collect();
         let ended = std::mem::take(&mut self.ended);
-        if let Some(kind) = self.history.round(self.snapshot.as_ref(), &workloads, &ledgers, &ended, &mut events) {
+        // Never waits: the rows are handed to the history thread, or kept for the next round.
+        for kind in self.history.round(self.snapshot.as_ref(), &workloads, &ledgers, &ended, &mut events) {
             self.metrics.enforcements().history_failure(kind);
         }
         events.extend(self.compute.events());

@@ -25,11 +25,40 @@ impl Watch {
     /// `vgpu --simulate watch EXTRA…` with the simulation's environment; returns once it
     /// logged `vgpu watch: ready` (its first round is done).
     pub fn start(sim: &Sim, extra: &[&str]) -> Watch {
+        Watch::start_with(sim, extra, |_| {})
+    }
+
+    /// [`Watch::start`] with the descriptor limit systemd gives a service: soft 1024, hard
+    /// 524288 (or this process's hard limit, when lower: raising it needs
+    /// CAP_SYS_RESOURCE), which the watch raises for itself.
+    pub fn start_as_service(sim: &Sim, extra: &[&str]) -> Watch {
+        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit(2) writes the struct we own.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
+        let limit = libc::rlimit { rlim_cur: 1024, rlim_max: now.rlim_max.min(524_288) };
+        Watch::start_with(sim, extra, move |cmd| {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: between fork and exec only setrlimit(2), async-signal-safe, with a
+            // struct copied before the fork; nothing is allocated.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        })
+    }
+
+    /// [`Watch::start`], the command prepared by `prepare` first.
+    pub fn start_with(sim: &Sim, extra: &[&str], prepare: impl FnOnce(&mut Command)) -> Watch {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
         cmd.arg("--simulate").arg("watch").args(extra).env_remove("VGPU_SIMULATE").env("VGPU_LOG", "vgpu=debug");
         for (k, v) in sim.env() {
             cmd.env(k, v);
         }
+        prepare(&mut cmd);
         let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("spawn vgpu watch");
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, lines) = mpsc::channel();

@@ -140,3 +140,24 @@ fn errors_are_classified() {
     let link = HistoryError::Io { path: path.clone(), source: std::io::Error::from_raw_os_error(libc::ELOOP) };
     assert!(WriteError::from_open(link).to_string().contains("a symbolic link: refused, never followed"));
 }
+
+#[test]
+fn a_commands_record_is_bounded_in_total_not_per_statement() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(History::open(dir.path()).unwrap());
+    // Another writer holds the write lock: each statement waits for it, but only for what
+    // is left of the one deadline.
+    let other = rusqlite::Connection::open(super::db::path_in(dir.path())).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_millis(300);
+    let h = History::open_within(dir.path(), deadline).unwrap();
+    let info = WorkloadInfo::of(&crate::state::workload::tests::sample());
+    assert_eq!(h.upsert_workload(&info).unwrap_err().kind(), "busy");
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The deadline spent, the next statements do not wait at all, even with the lock free.
+    other.execute_batch("COMMIT").unwrap();
+    assert!(matches!(h.end_workload(&info.id, 1, None), Err(WriteError::Busy { .. })));
+    assert!(matches!(History::open_within(dir.path(), deadline), Err(WriteError::Busy { .. })));
+}

@@ -128,7 +128,7 @@ fn scrape_from(addr: SocketAddr, source: &str) -> (String, String) {
 }
 
 /// A workload that escapes the shim and holds 3 GiB in a 1 GiB vGPU; returns once the
-/// watch has logged its SIGTERM (and it is gone).
+/// watch has logged its SIGKILL (and it is gone).
 fn bypasser_is_killed(sim: &Sim, watch: &mut Watch, name: &str) {
     struct Run(Child);
     impl Drop for Run {
@@ -149,7 +149,7 @@ fn bypasser_is_killed(sim: &Sim, watch: &mut Watch, name: &str) {
     }
     let mut run = Run(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("vgpu run"));
     wait_for("the bypasser to hold its memory", || ready.exists());
-    watch.wait_line("the bypasser's SIGTERM", |l| l.contains("SIGTERM to pid") && l.contains(&format!("of workload {name} (")));
+    watch.wait_line("the bypasser's SIGKILL", |l| l.contains("SIGKILL to pid") && l.contains(&format!("of workload {name} (")));
     run.0.wait().expect("vgpu run ends");
 }
 

@@ -9,7 +9,7 @@
 //! Workloads start as `vgpu run --gpus MIN-MAX` starts them, under every policy: one at a
 //! time, in arrival order (first in, first out: the queue stops at the first one that cannot
 //! get its MIN), each through the same stage-1 call `vgpu run` makes
-//! (`vgpu::carbon::range::place`): the starting workload planned among the running ones (the
+//! (`vgpu_host::carbon::range::place`): the starting workload planned among the running ones (the
 //! earlier starters of the same tick included), with the budget as it stands now (the
 //! per-hour budget, or the horizon planner's allotment now); with no budget it gets up to its
 //! MAX of the free GPUs. Then the tick's clocks are planned for the running workloads.
@@ -25,7 +25,7 @@
 //! 48 h) and the average completion time (arrival to finish, queueing included). The program
 //! fails unless every planner budget beats the best static cap that emits no more.
 //!
-//! Then the horizon planner (a budget per day, `vgpu::carbon::horizon`) on three traces of
+//! Then the horizon planner (a budget per day, `vgpu_carbon::horizon`) on three traces of
 //! realistic shape, each 48 h of 15-minute ticks from a seeded generator (see [`solar_trace`],
 //! [`windy_trace`], [`winter_trace`]), with a forecast that is the actual trace times a
 //! smooth seeded error (AR(1), about ±8 %): the horizon planner sees the intensity now
@@ -39,7 +39,7 @@
 //! The per-hour and horizon planners run there with two power models: vgpu's default one (as
 //! above), and the profiled one, as an operator uses the product: `vgpu carbon profile` once,
 //! then budgets. The profile is simulated at the clocks the command picks by default
-//! (`vgpu::carbon::profile::spread` of `DEFAULT_CLOCKS` over the ladder), each point the
+//! (`vgpu_host::carbon::profile::spread` of `DEFAULT_CLOCKS` over the ladder), each point the
 //! hardware's power and a compute-bound kernel's throughput times a seeded ±1 % measurement
 //! error, fitted by the library's own `fit_power` / `fit_speed` (see [`profile_fit`]). The
 //! program fails unless the horizon planner WITH THE PROFILED MODEL is strictly faster than
@@ -48,13 +48,28 @@
 //! budget without the horizon planner having said so.
 
 use chrono::{TimeZone, Utc};
-use vgpu::carbon::horizon::{allot, HorizonRequest, Slot, DEFAULT_FORECAST_MARGIN, DEFAULT_POWER_MARGIN};
-use vgpu::carbon::model::{clock_factor, gpu_factor, GpuModel, Tunables, DEFAULT_IDLE_FRACTION};
-use vgpu::carbon::planner::{plan, PlanRequest};
-use vgpu::carbon::profile::fit::{fit_power, fit_speed, Point, PowerFit, SpeedFit};
-use vgpu::carbon::profile::{spread, DEFAULT_CLOCKS};
-use vgpu::carbon::range::{place, Start};
-use vgpu::carbon::workload::PlannedWorkload;
+use vgpu_carbon::horizon::allot;
+use vgpu_carbon::horizon::HorizonRequest;
+use vgpu_carbon::horizon::Slot;
+use vgpu_carbon::horizon::DEFAULT_FORECAST_MARGIN;
+use vgpu_carbon::horizon::DEFAULT_POWER_MARGIN;
+use vgpu_carbon::model::clock_factor;
+use vgpu_carbon::model::gpu_factor;
+use vgpu_carbon::model::GpuModel;
+use vgpu_carbon::model::Tunables;
+use vgpu_carbon::model::DEFAULT_IDLE_FRACTION;
+use vgpu_carbon::planner::plan;
+use vgpu_carbon::planner::PlanRequest;
+use vgpu_carbon::fit::fit_power;
+use vgpu_carbon::fit::fit_speed;
+use vgpu_carbon::fit::Point;
+use vgpu_carbon::fit::PowerFit;
+use vgpu_carbon::fit::SpeedFit;
+use vgpu_host::carbon::profile::spread;
+use vgpu_host::carbon::profile::DEFAULT_CLOCKS;
+use vgpu_host::carbon::range::place;
+use vgpu_host::carbon::range::Start;
+use vgpu_carbon::workload::PlannedWorkload;
 
 const GPUS: usize = 8;
 const TICK_H: f64 = 0.25;
@@ -257,7 +272,7 @@ fn traces() -> Vec<NamedTrace> {
         std::process::exit(2)
     };
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| fail(e.to_string()));
-    let traces = vgpu::carbon::traces::parse(&text, ticks()).unwrap_or_else(|e| fail(e.to_string()));
+    let traces = vgpu_carbon::traces::parse(&text, ticks()).unwrap_or_else(|e| fail(e.to_string()));
     traces.into_iter().enumerate().map(|(i, t)| (t.name, t.g_per_kwh, 1000 + i as u64)).collect()
 }
 
@@ -352,7 +367,7 @@ const PROFILE_NOISE: f64 = 0.01;
 
 /// `vgpu carbon profile` on the simulated GPU, as an operator runs it once before setting
 /// budgets: the default number of clocks picked from the supported ladder as the command
-/// picks them (`vgpu::carbon::profile::spread`), the hardware's saturated power and a
+/// picks them (`vgpu_host::carbon::profile::spread`), the hardware's saturated power and a
 /// compute-bound calibration kernel's throughput at each (±1 % seeded measurement noise),
 /// fitted by the library's own `fit_power` and `fit_speed`.
 fn profile_fit() -> (Vec<Point>, PowerFit, SpeedFit) {
@@ -371,7 +386,7 @@ fn profile_fit() -> (Vec<Point>, PowerFit, SpeedFit) {
 }
 
 /// The planner's per-GPU models, built as `vgpu carbon apply` builds them (for the profiled
-/// model, as `vgpu::carbon::host::use_measured` does with no override in the config).
+/// model, as `vgpu_host::carbon::host::use_measured` does with no override in the config).
 fn planner_models(model: Model) -> Vec<GpuModel> {
     let defaults = Tunables::default();
     let (idle_w, max_w, gamma) = match model {

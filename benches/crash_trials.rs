@@ -23,9 +23,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpu::cgroup::{Cgroup, FreezerState, Layout};
-use vgpu::pool::AllocState;
-use vgpu::state::{Store, WorkloadState};
+use vgpu_cgroups::Cgroup;
+
+use vgpu_cgroups::FreezerState;
+
+use vgpu_cgroups::Layout;
+use vgpu_pool::AllocState;
+use vgpu_store::state::Store;
+use vgpu_store::state::WorkloadState;
 
 #[path = "support/rng.rs"]
 mod rng;
@@ -107,7 +112,7 @@ impl Host {
 
     /// Whether cgroup `name` carries the trials' memory limit.
     fn tagged(&self, name: &str) -> bool {
-        let file = match (&self.layout.unified, self.layout.v1.get(&vgpu::cgroup::Controller::Memory)) {
+        let file = match (&self.layout.unified, self.layout.v1.get(&vgpu_cgroups::Controller::Memory)) {
             (_, Some(mount)) => mount.join("vgpu").join(name).join("memory.limit_in_bytes"),
             (Some(root), None) => root.join("vgpu").join(name).join("memory.max"),
             (None, None) => return false,
@@ -240,7 +245,7 @@ fn leaks(host: &Host, known_ids: &BTreeSet<String>, cgroups_before: &BTreeSet<St
             out.push(format!("vGPU directory {name} owned by no workload"));
         }
     }
-    match vgpu::pool_effects::load(&host.store) {
+    match vgpu_host::pool_effects::load(&host.store) {
         Ok(Some(pool)) => {
             for a in pool.allocations() {
                 let Some(w) = workloads.iter().find(|w| w.id == a.id) else {

@@ -7,8 +7,16 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use vgpu::pool::config::{DeclaredDevice, PoolConfig};
-use vgpu::pool::{DeviceKind, Inventory, KindFilter, Pool, PoolError, Priority, Request};
+use vgpu_pool::config::DeclaredDevice;
+
+use vgpu_pool::config::PoolConfig;
+use vgpu_pool::DeviceKind;
+use vgpu_pool::inventory::Inventory;
+use vgpu_pool::KindFilter;
+use vgpu_pool::Pool;
+use vgpu_pool::PoolError;
+use vgpu_pool::Priority;
+use vgpu_pool::Request;
 
 #[path = "support/rng.rs"]
 mod rng;
@@ -105,7 +113,7 @@ fn main() -> Result<(), PoolError> {
         per_op(t_alloc, ROUNDS)
     );
     println!("compact        {}  ({ROUNDS} ops, whole pool)", per_op(t_compact, ROUNDS));
-    let suspended = pool.allocations().filter(|a| a.state == vgpu::pool::AllocState::Suspended).count();
+    let suspended = pool.allocations().filter(|a| a.state == vgpu_pool::AllocState::Suspended).count();
     println!(
         "now: {} workloads ({suspended} suspended), {} of {} blocks used",
         pool.allocations().count(),

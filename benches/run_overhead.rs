@@ -55,7 +55,7 @@ fn main() {
 
     // The switch alone, and with the checks `vgpu run` makes in it (--cwd and the program).
     let nobody = nix::unistd::User::from_name("nobody").expect("passwd").expect("user nobody");
-    let user = vgpu::identity::sudo_caller(Some(&nobody.uid.as_raw().to_string())).expect("nobody").expect("a caller");
+    let user = vgpu_store::identity::sudo_caller(Some(&nobody.uid.as_raw().to_string())).expect("nobody").expect("a caller");
     let each = |f: &dyn Fn()| -> Duration {
         let mut times: Vec<Duration> = (0..1000)
             .map(|_| {
@@ -66,11 +66,11 @@ fn main() {
             .collect();
         median(&mut times)
     };
-    let switch = each(&|| vgpu::identity::as_user(&user, || ()).expect("as_user"));
+    let switch = each(&|| vgpu_store::identity::as_user(&user, || ()).expect("as_user"));
     // What launch::resolve::check does in it: stat and access(X_OK) of the directory, the
     // program looked up on PATH.
     let checks = each(&|| {
-        let found = vgpu::identity::as_user(&user, || {
+        let found = vgpu_store::identity::as_user(&user, || {
             let dir = std::path::Path::new("/tmp");
             std::fs::metadata(dir).is_ok_and(|m| m.is_dir())
                 && nix::unistd::access(dir, nix::unistd::AccessFlags::X_OK).is_ok()

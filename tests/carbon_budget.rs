@@ -50,7 +50,7 @@ fn forecast_file(sim: &Sim) -> String {
 
 /// The history: GPU 0 drew `kw` from 00:00 to `hours`, at the file's intensities.
 fn fill_history(sim: &Sim, hours: i64, kw: f64) {
-    let conn = vgpu::history::db::open_rw(&sim.path("lib")).expect("history database");
+    let conn = vgpu_history::db::open_rw(&sim.path("lib")).expect("history database");
     for (ts, g) in [(DAY, 500.0), (DAY + 10 * H, 50.0), (DAY + 16 * H, 500.0)] {
         conn.execute(
             "INSERT OR REPLACE INTO intensity (ts_ms, kind, g_per_kwh, source, fetched_ms) VALUES (?1, 'reading', ?2, 'file', ?1)",

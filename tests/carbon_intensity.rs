@@ -423,8 +423,8 @@ fn file_source_refuses_devices_fifos_and_large_files() {
     let (tx, rx) = std::sync::mpsc::channel();
     let path = fifo.clone();
     std::thread::spawn(move || {
-        use vgpu::carbon::intensity::Source as _;
-        let _ = tx.send(vgpu::carbon::intensity::file::File { path }.read(chrono::Utc::now()).map_err(|e| e.to_string()));
+        use vgpu_carbon::intensity::Source as _;
+        let _ = tx.send(vgpu_carbon::intensity::file::File { path }.read(chrono::Utc::now()).map_err(|e| e.to_string()));
     });
     let got = rx.recv_timeout(Duration::from_secs(20)).expect("reading a FIFO blocked");
     assert!(got.unwrap_err().contains("not a regular file but a FIFO"));

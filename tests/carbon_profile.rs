@@ -151,7 +151,7 @@ fn sigterm_restores_the_clocks_and_stores_nothing() {
 /// A recorded history of `server` (σ 0.5, busy 20 % at full clock) on GPU `uuid` as the
 /// clock moved, as `vgpu watch` records it.
 fn record_history(sim: &Sim, uuid: &str) {
-    let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let conn = vgpu_history::db::open_rw(&sim.path("lib")).unwrap();
     let now = chrono::Utc::now().timestamp_millis();
     conn.execute("INSERT INTO workloads (id, name) VALUES ('0123456789ab', 'server')", []).unwrap();
     for i in 0..32i64 {

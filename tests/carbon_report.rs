@@ -1,5 +1,5 @@
 //! `vgpu carbon report` with the real binary, on a history database the test fills as
-//! `vgpu watch` would (`vgpu::history::db::open_rw`, rows as schema.sql defines them): the
+//! `vgpu watch` would (`vgpu_history::db::open_rw`, rows as schema.sql defines them): the
 //! table, `--json`, `--csv`, `--by`, no database, a bad `--since`, and a reader who is not
 //! root.
 //!
@@ -35,7 +35,7 @@ fn fill(lib: &Path) -> Connection {
 }
 
 fn fill_at(lib: &Path, t: i64) -> Connection {
-    let conn = vgpu::history::db::open_rw(lib).expect("history database");
+    let conn = vgpu_history::db::open_rw(lib).expect("history database");
     let sql = format!(
         "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, 'NVIDIA A100', 3000000, 'counter', NULL, NULL, NULL, NULL);
          INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-1', 1, 'NVIDIA A100', 1000000, 'counter', 0, NULL, NULL, NULL);
@@ -235,8 +235,8 @@ fn a_user_who_is_not_root_reads_the_public_copy_and_cannot_open_the_database() {
     assert!(doc["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("no public copy of the history yet")), "{doc:#}");
     // The watch's history thread publishes it (this call); nobody reads it, and is told
     // how old it is.
-    vgpu::history::snapshot::publish(&writer, &lib).unwrap();
-    let copy = vgpu::history::snapshot::path_in(&lib);
+    vgpu_history::snapshot::publish(&writer, &lib).unwrap();
+    let copy = vgpu_history::snapshot::path_in(&lib);
     assert_eq!(std::fs::metadata(&copy).unwrap().permissions().mode() & 0o7777, 0o644);
     assert_eq!(nobody_opens(&sim, &copy), "opened");
     let doc = read("from the copy");
@@ -297,7 +297,7 @@ fn a_workload_says_its_energy_when_it_ends() {
     std::io::BufReader::new(run.stdout.take().unwrap()).read_line(&mut id).unwrap();
     let id = id.trim().to_string();
     assert!(!id.is_empty());
-    let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let conn = vgpu_history::db::open_rw(&sim.path("lib")).unwrap();
     let t = vgpu_now_ms() - 20_000;
     conn.execute_batch(&format!(
         "INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, 'GPU-0', 0, NULL, 3000000, 'counter', NULL, NULL, NULL, NULL);
@@ -329,7 +329,7 @@ fn idle_power_without_a_measured_model_is_the_planners() {
     // 15 % of it, 60 W. 10 s of 1000 J, no workload: idle 600 J, unattributed 400 J.
     let sim = Sim::new(&[("NVIDIA A100-SXM4-40GB", "40GiB")]);
     let uuid = sim.json(&["devices", "--json"])["gpus"][0]["uuid"].as_str().expect("a UUID").to_string();
-    let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let conn = vgpu_history::db::open_rw(&sim.path("lib")).unwrap();
     let t = vgpu_now_ms() - 60_000;
     conn.execute_batch(&format!("INSERT INTO gpu_samples VALUES ({t}, {t} + 10000, '{uuid}', 0, NULL, 1000000, 'counter', NULL, NULL, NULL, NULL);"))
         .unwrap();

@@ -76,7 +76,7 @@ fn a_daily_budget_alone_limits_the_count_too() {
     let count = |out: &std::process::Output| String::from_utf8_lossy(&out.stdout).trim().to_string();
     sim.write_vgpu_config("[carbon]\nsource = \"static\"\nvalue = 500\nbudget_g_per_day = 1000000\n");
     assert_eq!(count(&run("1-4")), "4");
-    let conn = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let conn = vgpu_history::db::open_rw(&sim.path("lib")).unwrap();
     let (eight, eleven) = (1_714_550_400_000i64, 1_714_561_200_000i64); // 2024-05-01 08:00, 11:00 UTC
     conn.execute("INSERT INTO intensity (ts_ms, kind, g_per_kwh, source, fetched_ms) VALUES (?1, 'reading', 500, 'static', ?1)", [eight]).unwrap();
     conn.execute(

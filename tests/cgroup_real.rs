@@ -12,7 +12,21 @@ use std::process::{Child, Command};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vgpu::cgroup::{Cgroup, CgroupError, CgroupSpec, Controller, FreezerState, Layout, Limits, Mode};
+use vgpu_cgroups::Cgroup;
+
+use vgpu_cgroups::CgroupError;
+
+use vgpu_cgroups::CgroupSpec;
+
+use vgpu_cgroups::Controller;
+
+use vgpu_cgroups::FreezerState;
+
+use vgpu_cgroups::Layout;
+
+use vgpu_cgroups::Limits;
+
+use vgpu_cgroups::Mode;
 
 /// The host's layout, or a failure saying why these tests cannot run.
 fn host() -> Layout {

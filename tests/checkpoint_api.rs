@@ -1,4 +1,4 @@
-//! vgpu's use of the CUDA checkpoint API (`vgpu::gpu::checkpoint`), against the simulated
+//! vgpu's use of the CUDA checkpoint API (`vgpu_gpu::checkpoint`), against the simulated
 //! driver's: a workload's device memory leaves the GPU and comes back; `vgpu doctor` says
 //! whether the driver has the API (an older one has not).
 
@@ -12,7 +12,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{artefact, wait_for, Sim};
-use vgpu::gpu::checkpoint::{Checkpointer, ProcessState};
+use vgpu_gpu::checkpoint::Checkpointer;
+use vgpu_gpu::checkpoint::ProcessState;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 const GIB: u64 = 1 << 30;

@@ -78,7 +78,7 @@ fn every_command_has_a_page_with_the_standard_sections() {
         assert!(run.contains(heading), "vgpu-run.1 lacks {heading}");
     }
     // Exit statuses come from the one list in src/error.rs.
-    for (status, _, _) in vgpu::error::EXIT_STATUS_DOC {
+    for (status, _, _) in vgpu_store::error::EXIT_STATUS_DOC {
         assert!(top.contains(&format!("\n{status}\n")), "vgpu.1 EXIT STATUS lacks {status}");
     }
 }

@@ -11,7 +11,9 @@ use std::process::{Command, Output, Stdio};
 
 use common::{wait_for, Sim};
 use serde_json::Value;
-use vgpu::cgroup::{Controller, Layout, Mode};
+use vgpu_cgroups::Controller;
+use vgpu_cgroups::Layout;
+use vgpu_cgroups::Mode;
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
 

@@ -1,7 +1,7 @@
 //! The shipped config (examples/config.toml) parses as it is, and with every commented
 //! `key = value` line switched on: each documented key is a real key with a valid value.
 
-use vgpu::config::Config;
+use vgpu_host::config::Config;
 
 const SHIPPED: &str = include_str!("../examples/config.toml");
 

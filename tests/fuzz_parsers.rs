@@ -161,30 +161,34 @@ fuzz_tests!(
 
 #[test]
 fn every_seed_is_accepted() {
-    use vgpu::carbon::intensity::{self, command, electricitymaps, file, uk_grid};
+    use vgpu_carbon::intensity;
+    use vgpu_carbon::intensity::command;
+    use vgpu_carbon::intensity::electricitymaps;
+    use vgpu_carbon::intensity::file;
+    use vgpu_carbon::intensity::uk_grid;
     for (target, check) in harness::TARGETS {
         for seed in harness::seeds(target) {
             check(&seed); // no panic on what vgpu itself writes
         }
     }
     for seed in harness::seeds("config") {
-        let config = vgpu::config::Config::parse(std::str::from_utf8(&seed).unwrap()).unwrap();
+        let config = vgpu_host::config::Config::parse(std::str::from_utf8(&seed).unwrap()).unwrap();
         config.carbon.validate().unwrap();
     }
-    let w = vgpu::state::Workload::parse(harness::WORKLOAD_SEED.as_bytes(), Path::new("a1b2c3d4.json")).unwrap();
+    let w = vgpu_store::state::Workload::parse(harness::WORKLOAD_SEED.as_bytes(), Path::new("a1b2c3d4.json")).unwrap();
     assert_eq!((w.id.as_str(), w.partition.as_deref(), w.gpus[0].mem_bytes), ("a1b2c3d4", Some("svc"), 4 << 30));
     for seed in harness::seeds("partitions") {
-        vgpu::state::Partitions::parse(&seed, Path::new("p.json")).unwrap();
+        vgpu_store::state::Partitions::parse(&seed, Path::new("p.json")).unwrap();
     }
     for seed in harness::seeds("intent_record") {
         let dir = tempfile::tempdir().unwrap();
-        let store = vgpu::state::Store::new(&dir.path().join("state"), &dir.path().join("lib"));
+        let store = vgpu_store::state::Store::new(&dir.path().join("state"), &dir.path().join("lib"));
         std::fs::create_dir_all(store.intents_dir()).unwrap();
         std::fs::write(store.intents_dir().join("pool-1-1.json"), &seed).unwrap();
-        let (good, bad) = vgpu::state::intent::list(&store);
+        let (good, bad) = vgpu_store::state::intent::list(&store);
         assert_eq!((good.len(), bad.len()), (1, 0), "{bad:?}");
     }
-    let pool: vgpu::pool::Pool = serde_json::from_slice(&harness::seeds("pool_state")[0]).unwrap();
+    let pool: vgpu_pool::Pool = serde_json::from_slice(&harness::seeds("pool_state")[0]).unwrap();
     assert_eq!((pool.allocations().count(), pool.total_blocks()), (4, 12));
     let responses = harness::seeds("intensity_response");
     let body = |i: usize| std::str::from_utf8(&responses[i][1..]).unwrap().to_string();
@@ -254,8 +258,8 @@ proptest! {
         let mut bytes = seed.to_vec();
         bytes.splice(start..end, with.bytes());
         let path = Path::new("w.json");
-        match vgpu::state::Workload::parse(&bytes, path) {
-            Err(vgpu::state::StateError::Damaged { path: named, .. }) => prop_assert_eq!(named, path),
+        match vgpu_store::state::Workload::parse(&bytes, path) {
+            Err(vgpu_store::state::StateError::Damaged { path: named, .. }) => prop_assert_eq!(named, path),
             other => prop_assert!(false, "{original} → {with}: {other:?}"),
         }
     }

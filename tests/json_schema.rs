@@ -1,6 +1,6 @@
 //! The JSON scripting contract: every `--json` output is one object with `"schema": N`, and
 //! its field names and types are those of `tests/fixtures/json-schema-vN.txt`. A field
-//! renamed, removed or retyped without bumping `vgpu::output::schema::SCHEMA` fails here;
+//! renamed, removed or retyped without bumping `vgpu_json::SCHEMA` fails here;
 //! so does a subcommand with `--json` that this test does not run.
 //!
 //! The fixture lists, for every output, each field's path and JSON type(s), collected from
@@ -21,7 +21,7 @@ use std::process::Child;
 
 use common::{wait_for, Sim};
 use serde_json::Value;
-use vgpu::output::schema::SCHEMA;
+use vgpu_json::SCHEMA;
 use workload::workload_bin;
 
 /// Every subcommand (`partition list`, `carbon plan` …) that has a `--json` flag, from the
@@ -137,7 +137,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
 
     // A history (as `vgpu watch` records it) for `carbon report` and `ps -a`'s "ended": a
     // workload ended a minute ago on a GPU with a measured power model, another GPU without.
-    let history = vgpu::history::db::open_rw(&sim.path("lib")).unwrap();
+    let history = vgpu_history::db::open_rw(&sim.path("lib")).unwrap();
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 120_000;
     history
         .execute_batch(&format!(
@@ -292,16 +292,16 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
 /// man pages use), its headings one level down.
 #[test]
 fn the_readme_documents_the_schema_as_the_man_pages_do() {
-    let doc: String = vgpu::output::schema::JSON_SCHEMA_DOC.lines().map(|l| if l.starts_with('#') { format!("#{l}\n") } else { format!("{l}\n") }).collect();
+    let doc: String = vgpu_json::JSON_SCHEMA_DOC.lines().map(|l| if l.starts_with('#') { format!("#{l}\n") } else { format!("{l}\n") }).collect();
     assert!(doc.starts_with(&format!("## JSON output (schema {SCHEMA})\n")), "docs/json-schema.md names another schema");
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     assert!(readme.contains(&doc), "README.md's \"JSON output\" section differs from docs/json-schema.md: copy it over (headings one level down)");
 }
 
 /// Every subcommand with `--json` has its section in the documentation (what a man page's
-/// JSON OUTPUT shows: `vgpu::output::schema::doc_of`).
+/// JSON OUTPUT shows: `vgpu_json::doc_of`).
 #[test]
 fn every_json_output_is_documented() {
-    let undocumented: Vec<String> = json_commands().into_iter().filter(|c| vgpu::output::schema::doc_of(c).is_none()).collect();
+    let undocumented: Vec<String> = json_commands().into_iter().filter(|c| vgpu_json::doc_of(c).is_none()).collect();
     assert!(undocumented.is_empty(), "docs/json-schema.md has no section for: {undocumented:?}");
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use clap::ValueEnum;
-use vgpu::carbon::config::SourceKind;
+use vgpu_carbon::config::SourceKind;
 
 fn read(relative: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
@@ -189,7 +189,7 @@ fn every_intensity_source_is_documented_configured_and_fuzzed() {
         );
         let config = format!("[carbon]\nsource = \"{name}\"\n");
         let parsed: Result<toml::Table, _> = toml::from_str(&config);
-        let carbon: vgpu::carbon::config::CarbonConfig =
+        let carbon: vgpu_carbon::config::CarbonConfig =
             parsed.expect("toml").get("carbon").cloned().expect("[carbon]").try_into().expect("source parses");
         assert_eq!(carbon.source, Some(*kind), "source = {name:?} does not select {kind:?}");
         assert!(

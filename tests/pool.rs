@@ -192,8 +192,8 @@ fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
     let (id, pids) = (row["id"].as_str().unwrap().to_string(), row["pids"].as_array().unwrap().clone());
     assert_eq!(pids.len(), 1, "{row}");
     // Its process leaves the cgroup (into each hierarchy's root), and the cgroup goes.
-    let layout = vgpu::cgroup::Layout::detect().expect("cgroups");
-    let cgroup = vgpu::cgroup::Cgroup::open(&layout, &id).unwrap();
+    let layout = vgpu_cgroups::Layout::detect().expect("cgroups");
+    let cgroup = vgpu_cgroups::Cgroup::open(&layout, &id).unwrap();
     for dir in cgroup.paths() {
         let root = dir.parent().and_then(|p| p.parent()).unwrap();
         std::fs::write(root.join("cgroup.procs"), pids[0].to_string()).unwrap();
@@ -239,9 +239,9 @@ fn a_preemption_that_cannot_serve_the_memory_freezes_nobody() {
             && err.contains("does not fit"),
         "{err}"
     );
-    let layout = vgpu::cgroup::Layout::detect().expect("cgroups");
-    let cgroup = vgpu::cgroup::Cgroup::open(&layout, low_row["id"].as_str().unwrap()).unwrap();
-    assert_eq!(cgroup.state().unwrap(), vgpu::cgroup::FreezerState::Thawed);
+    let layout = vgpu_cgroups::Layout::detect().expect("cgroups");
+    let cgroup = vgpu_cgroups::Cgroup::open(&layout, low_row["id"].as_str().unwrap()).unwrap();
+    assert_eq!(cgroup.state().unwrap(), vgpu_cgroups::FreezerState::Thawed);
     let at = read();
     wait_for("low to keep running", || read() > at + 100);
     let ps = sim.json(&["ps", "--json"])["workloads"].clone();

@@ -1,6 +1,6 @@
 //! The scripting contract besides the JSON fields (`tests/json_schema.rs`): `-q` and `-v`
 //! govern every message, several IDs for `kill`/`suspend`/`resume` (all found before any is
-//! touched), and every documented exit status (`vgpu::error::EXIT_STATUS_DOC`) happens.
+//! touched), and every documented exit status (`vgpu_store::error::EXIT_STATUS_DOC`) happens.
 
 mod common;
 
@@ -125,14 +125,14 @@ fn several_ids_are_all_found_before_any_is_touched() {
     assert!(!x.wait().unwrap().success() && !y.wait().unwrap().success());
 }
 
-/// Every status `vgpu::error::EXIT_STATUS_DOC` documents happens where it says.
+/// Every status `vgpu_store::error::EXIT_STATUS_DOC` documents happens where it says.
 #[test]
 fn every_documented_exit_status_happens() {
     let sim = Sim::new(&[("NVIDIA L4", "24GiB")]);
     let not_executable = sim.path("not-executable");
     std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
     let code = |args: &[&str]| sim.vgpu(args).output().unwrap().status.code();
-    for (status, meaning, _) in vgpu::error::EXIT_STATUS_DOC {
+    for (status, meaning, _) in vgpu_store::error::EXIT_STATUS_DOC {
         match *status {
             "0" => assert_eq!(code(&["devices"]), Some(0)),
             "1" => assert_eq!(code(&["run", "--mem", "100G", "--", "true"]), Some(1), "no room: {meaning}"),

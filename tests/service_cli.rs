@@ -379,7 +379,7 @@ fn replica_placeholder_is_kept_in_the_definition_and_substituted_per_replica() {
     .assert()
     .success();
     let libdir = sim.path("lib");
-    let services = vgpu::service::Services::new(&libdir);
+    let services = vgpu_daemon::service::Services::new(&libdir);
     let def = services.load("web").unwrap();
     assert_eq!(def.command, ["sleep", "6{replica}"]);
     let args = def.run_args(2);

@@ -15,7 +15,9 @@ use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{wait_for, Sim};
-use vgpu::cgroup::{Controller, Layout, Mode};
+use vgpu_cgroups::Controller;
+use vgpu_cgroups::Layout;
+use vgpu_cgroups::Mode;
 
 /// A cgroup directory standing in for a systemd unit's, in every hierarchy vgpu uses;
 /// removed (deepest first) when dropped.

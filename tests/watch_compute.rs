@@ -28,7 +28,9 @@ use std::sync::Mutex;
 
 use common::{wait_for, Sim};
 use serde_json::Value;
-use vgpu::cgroup::{Cgroup, FreezerState, Layout};
+use vgpu_cgroups::Cgroup;
+use vgpu_cgroups::FreezerState;
+use vgpu_cgroups::Layout;
 use watch::Watch;
 use workload::workload_bin;
 

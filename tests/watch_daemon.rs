@@ -429,7 +429,8 @@ fn a_manager_that_stops_reading_does_not_stall_the_watch() {
 
 /// Every cgroup directory a workload `id` would have.
 fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
-    use vgpu::cgroup::{Layout, Mode};
+    use vgpu_cgroups::Layout;
+    use vgpu_cgroups::Mode;
     let layout = Layout::detect().expect("a cgroup filesystem");
     match layout.mode {
         Mode::V2 => layout.unified.iter().map(|root| root.join("vgpu").join(id)).collect(),

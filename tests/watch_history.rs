@@ -68,7 +68,7 @@ fn db_path(sim: &Sim) -> PathBuf {
 
 /// The database, read-only (None: there is none).
 fn open(sim: &Sim) -> Connection {
-    vgpu::history::db::open_ro(&sim.path("lib")).expect("open history.db").expect("history.db exists")
+    vgpu_history::db::open_ro(&sim.path("lib")).expect("open history.db").expect("history.db exists")
 }
 
 fn count(conn: &Connection, sql: &str) -> i64 {
@@ -291,31 +291,31 @@ fn retention_deletes_old_rows_only_and_disabled_records_nothing() {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
     let day = 86_400_000;
     {
-        let mut h = vgpu::history::History::open(&sim.path("lib")).unwrap();
+        let mut h = vgpu_history::History::open(&sim.path("lib")).unwrap();
         for (age, id) in [(40, "old"), (1, "new")] {
             let t1 = now - age * day;
-            let gpu = vgpu::history::tick::GpuRow {
+            let gpu = vgpu_history::tick::GpuRow {
                 t0_ms: t1 - 1000,
                 t1_ms: t1,
                 gpu_uuid: format!("GPU-{id}"),
                 gpu_index: 9,
                 gpu_name: "x".into(),
                 energy_mj: 1,
-                energy_source: vgpu::history::tick::EnergySource::Counter,
+                energy_source: vgpu_history::tick::EnergySource::Counter,
                 busy_ms: None,
                 sm_clock_mhz: None,
                 power_w: None,
                 energy_counter_mj: None,
             };
-            let work = vgpu::history::tick::WorkloadRow {
+            let work = vgpu_history::tick::WorkloadRow {
                 t0_ms: t1 - 1000,
                 t1_ms: t1,
                 workload_id: id.into(),
                 gpu_uuid: format!("GPU-{id}"),
                 busy_ms: 1,
-                source: vgpu::history::tick::TimeSource::Nvml,
+                source: vgpu_history::tick::TimeSource::Nvml,
             };
-            h.record_tick(&vgpu::history::tick::Tick { gpus: vec![gpu], workloads: vec![work] }).unwrap();
+            h.record_tick(&vgpu_history::tick::Tick { gpus: vec![gpu], workloads: vec![work] }).unwrap();
         }
     }
     sim.write_vgpu_config(&config("[history]\nkeep = \"30d\"\n"));

@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 
 use common::{wait_for, Sim};
 use serde_json::Value;
-use vgpu::cgroup::{Cgroup, FreezerState, Layout};
+use vgpu_cgroups::Cgroup;
+use vgpu_cgroups::FreezerState;
+use vgpu_cgroups::Layout;
 use watch::Watch;
 
 /// Fast rounds; the context allowance left at its default ("auto": measured).

@@ -269,7 +269,7 @@ fn a_user_cannot_open_the_history_and_locks_on_its_public_copy_stall_nothing() {
     // Recorded (root reads the live database), and published again: a new copy beside the
     // locked one, which the watch never opens again.
     wait_for("the bypasser's end in the history", || {
-        let conn = vgpu::history::db::open_ro(&lib).unwrap().unwrap();
+        let conn = vgpu_history::db::open_ro(&lib).unwrap().unwrap();
         conn.query_row("SELECT count(*) FROM workloads WHERE name = 'bypass-locks' AND ended_ms IS NOT NULL", [], |r| r.get::<_, i64>(0)).unwrap() == 1
     });
     wait_for("a new public copy", || std::fs::metadata(&copy).is_ok_and(|m| m.ino() != locked));
@@ -286,7 +286,7 @@ fn a_database_an_old_install_left_readable_is_made_private_while_a_user_holds_it
     let lib = sim.path("lib");
     let (db, wal, shm) = (lib.join("history.db"), lib.join("history.db-wal"), lib.join("history.db-shm"));
     // An old install's database: 0644 with its -wal and -shm, a row in the WAL.
-    let old = vgpu::history::db::open_rw(&lib).unwrap();
+    let old = vgpu_history::db::open_rw(&lib).unwrap();
     old.execute_batch("PRAGMA wal_autocheckpoint = 0; INSERT INTO workloads (id, name, uid, user, command, gpus, started_ms) VALUES ('old', 'before', 0, 'root', 'x', '', 1);").unwrap();
     for f in [&db, &wal, &shm] {
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -301,7 +301,7 @@ fn a_database_an_old_install_left_readable_is_made_private_while_a_user_holds_it
     let mut watch = Watch::start_as_service(&sim, &[]);
     bypasser_is_killed(&sim, &mut watch, "bypass-old");
     wait_for("the bypasser's end in the history", || {
-        let Ok(Some(conn)) = vgpu::history::db::open_ro(&lib) else { return false };
+        let Ok(Some(conn)) = vgpu_history::db::open_ro(&lib) else { return false };
         conn.query_row("SELECT count(*) FROM workloads WHERE name = 'bypass-old' AND ended_ms IS NOT NULL", [], |r| r.get::<_, i64>(0)).is_ok_and(|n| n == 1)
     });
     let meta = std::fs::metadata(&db).unwrap();
@@ -313,7 +313,7 @@ fn a_database_an_old_install_left_readable_is_made_private_while_a_user_holds_it
         }
     }
     // Nothing was lost: the old WAL's row is there.
-    let conn = vgpu::history::db::open_ro(&lib).unwrap().unwrap();
+    let conn = vgpu_history::db::open_ro(&lib).unwrap().unwrap();
     assert_eq!(conn.query_row("SELECT count(*) FROM workloads WHERE id = 'old'", [], |r| r.get::<_, i64>(0)).unwrap(), 1);
     drop(conn);
     watch.drain();

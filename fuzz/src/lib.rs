@@ -15,8 +15,17 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, TimeZone as _, Utc};
 
-use vgpu::carbon::intensity::{self, cache::Cache, Reading, Source, SourceError};
-use vgpu::state::{StateError, Workload};
+use vgpu_carbon::intensity;
+
+use vgpu_carbon::intensity::cache::Cache;
+
+use vgpu_carbon::intensity::Reading;
+
+use vgpu_carbon::intensity::Source;
+
+use vgpu_carbon::intensity::SourceError;
+use vgpu_store::state::StateError;
+use vgpu_store::state::Workload;
 
 /// A target's check.
 pub type Check = fn(&[u8]);
@@ -52,7 +61,7 @@ fn one_line(what: &str, message: &str) {
 /// `/etc/vgpu/config.toml`: parsed, then validated the way the commands do.
 pub fn config(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let config = match vgpu::config::Config::parse(&text) {
+    let config = match vgpu_host::config::Config::parse(&text) {
         Ok(config) => config,
         Err(message) => return one_line("config", &message),
     };
@@ -90,7 +99,7 @@ pub fn config(data: &[u8]) {
 
 /// `--mem SIZE|PCT%`, `--memory SIZE`, `--tflops`, `kill --signal`.
 pub fn size(data: &[u8]) {
-    use vgpu::admission::MemSpec;
+    use vgpu_store::admission::MemSpec;
     use vgpu_abi::size::{format_size, parse_size};
     let text = String::from_utf8_lossy(data);
     if let Ok(bytes) = parse_size(&text) {
@@ -111,7 +120,7 @@ pub fn size(data: &[u8]) {
         Ok(MemSpec::Percent(p)) => assert!(p > 0.0 && p <= 100.0, "{text:?}: {p}% was accepted"),
         Err(message) => one_line("--mem", &message),
     }
-    if let Ok(tflops) = vgpu::pool::parse_tflops(&text) {
+    if let Ok(tflops) = vgpu_pool::parse_tflops(&text) {
         assert!(tflops.is_finite() && tflops > 0.0, "{text:?}: --tflops {tflops} was accepted");
     }
     let _ = vgpu::commands::control::parse_signal(&text);
@@ -168,9 +177,9 @@ pub fn workload_record(data: &[u8]) {
         Ok(w) => w,
         Err(e) => return assert_damaged("workload record", &e, path),
     };
-    assert_eq!(workload.format, vgpu::state::workload::WORKLOAD_FORMAT);
+    assert_eq!(workload.format, vgpu_store::state::workload::WORKLOAD_FORMAT);
     for name in [&workload.id, &workload.vgpu, &workload.cgroup].into_iter().chain(workload.partition.as_ref()) {
-        assert!(vgpu::state::is_plain_name(name), "record accepted with the name {name:?}");
+        assert!(vgpu_store::state::is_plain_name(name), "record accepted with the name {name:?}");
     }
     // What it writes back, it reads back.
     let bytes = serde_json::to_vec_pretty(&workload).expect("a record serialises");
@@ -180,36 +189,36 @@ pub fn workload_record(data: &[u8]) {
     // file may claim anything) must not break it.
     let records = [workload.clone(), workload.clone()];
     for gpu in &workload.gpus {
-        let device = vgpu::admission::AdmissionGpu {
+        let device = vgpu_store::admission::AdmissionGpu {
             index: gpu.index,
             uuid: gpu.uuid.clone(),
             name: "fuzz".into(),
             memory: gpu.device_bytes,
         };
-        let _ = vgpu::admission::reserved(&gpu.uuid, &records, &[]);
-        let _ = vgpu::admission::check_fits(&device, gpu.mem_bytes, &records, &[]);
-        let _ = vgpu::admission::pick_default(std::slice::from_ref(&device), &records, &[]);
+        let _ = vgpu_store::admission::reserved(&gpu.uuid, &records, &[]);
+        let _ = vgpu_store::admission::check_fits(&device, gpu.mem_bytes, &records, &[]);
+        let _ = vgpu_store::admission::pick_default(std::slice::from_ref(&device), &records, &[]);
     }
     let _ = workload.matches(&workload.name);
 }
 
 /// `<lib-dir>/partitions.json`.
 pub fn partitions(data: &[u8]) {
-    use vgpu::state::Partitions;
+    use vgpu_store::state::Partitions;
     let path = Path::new("/fuzz/lib/partitions.json");
     let parts = match Partitions::parse(data, path) {
         Ok(parts) => parts,
         Err(e) => return assert_damaged("partitions", &e, path),
     };
-    assert_eq!(parts.format, vgpu::state::partition::PARTITIONS_FORMAT);
+    assert_eq!(parts.format, vgpu_store::state::partition::PARTITIONS_FORMAT);
     for p in &parts.partitions {
-        assert!(vgpu::state::partition::valid_name(&p.name), "partition name {:?} accepted", p.name);
+        assert!(vgpu_store::state::partition::valid_name(&p.name), "partition name {:?} accepted", p.name);
     }
     let bytes = serde_json::to_vec(&parts).expect("partitions serialise");
     assert_eq!(Partitions::parse(&bytes, path).expect("partitions written back are read back"), parts);
     let records: [Workload; 0] = [];
     for p in &parts.partitions {
-        let _ = vgpu::admission::reserved(&p.gpu_uuid, &records, &parts.partitions);
+        let _ = vgpu_store::admission::reserved(&p.gpu_uuid, &records, &parts.partitions);
         let _ = p.vgpu_id();
     }
 }
@@ -217,16 +226,16 @@ pub fn partitions(data: &[u8]) {
 /// An intent record, `<state-dir>/intents/<op>-<pid>-<start>.json`, as reconcile lists them.
 pub fn intent_record(data: &[u8]) {
     let dir = scratch_dir();
-    let store = vgpu::state::Store::new(&dir.path().join("state"), &dir.path().join("lib"));
+    let store = vgpu_store::state::Store::new(&dir.path().join("state"), &dir.path().join("lib"));
     let intents = store.intents_dir();
     std::fs::create_dir_all(&intents).expect("intents/ is made");
     let path = intents.join("suspend-1-1.json");
     std::fs::write(&path, data).expect("the intent is written");
-    let (good, bad) = vgpu::state::intent::list(&store);
+    let (good, bad) = vgpu_store::state::intent::list(&store);
     assert_eq!(good.len() + bad.len(), 1, "one intent file, {} read and {} refused", good.len(), bad.len());
     for (_, intent) in &good {
         for id in &intent.workloads {
-            assert!(vgpu::state::is_plain_name(id), "intent accepted with the workload {id:?}");
+            assert!(vgpu_store::state::is_plain_name(id), "intent accepted with the workload {id:?}");
         }
         let _ = intent.writer_alive();
     }
@@ -238,7 +247,10 @@ pub fn intent_record(data: &[u8]) {
 /// `<state-dir>/pool.json`: a pool that loads is consistent, and every operation on it
 /// keeps it so.
 pub fn pool_state(data: &[u8]) {
-    use vgpu::pool::{KindFilter, Pool, Priority, Request};
+    use vgpu_pool::KindFilter;
+    use vgpu_pool::Pool;
+    use vgpu_pool::Priority;
+    use vgpu_pool::Request;
     let mut pool: Pool = match serde_json::from_slice(data) {
         Ok(pool) => pool,
         // As `vgpu` reports it (pool_effects::load reads it as a state file).
@@ -367,9 +379,9 @@ pub fn carbon_state(data: &[u8]) {
             assert_usable(&found, "a remembered reading");
         }
     }
-    let _ = vgpu::carbon::apply::AppliedStore::new(&path).load();
+    let _ = vgpu_carbon::apply::AppliedStore::new(&path).load();
     // Read by tests and report-style readers only: any error will do, but no panic.
-    let _ = vgpu::carbon::log::read(&path);
+    let _ = vgpu_carbon::log::read(&path);
 }
 
 // ---- intensity sources ----
@@ -377,7 +389,9 @@ pub fn carbon_state(data: &[u8]) {
 /// What the Electricity Maps and UK grid APIs answer, a `command` source's output and an
 /// API's error body. The first byte picks the parser.
 pub fn intensity_response(data: &[u8]) {
-    use vgpu::carbon::intensity::{command, electricitymaps, uk_grid};
+    use vgpu_carbon::intensity::command;
+    use vgpu_carbon::intensity::electricitymaps;
+    use vgpu_carbon::intensity::uk_grid;
     let Some((&pick, body)) = data.split_first() else { return };
     let body = String::from_utf8_lossy(body);
     // Forecasts (`fw48h`, `carbon-intensity/forecast`): a list of figures or a one-line error.
@@ -424,7 +438,7 @@ pub fn intensity_response(data: &[u8]) {
 
 /// `source = "file"`: a CSV or JSON time series.
 pub fn file_source(data: &[u8]) {
-    use vgpu::carbon::intensity::file;
+    use vgpu_carbon::intensity::file;
     let text = String::from_utf8_lossy(data);
     let series = match file::parse_series(&text) {
         Ok(series) => series,
@@ -818,8 +832,12 @@ pub const WORKLOAD_SEED: &str = r#"{
 
 /// A pool over two declared devices with a running, a suspended and a waiting workload.
 fn pool_seed() -> Vec<u8> {
-    use vgpu::pool::{Inventory, KindFilter, Pool, Priority, Request};
-    let config = vgpu::config::Config::parse(
+    use vgpu_pool::inventory::Inventory;
+    use vgpu_pool::KindFilter;
+    use vgpu_pool::Pool;
+    use vgpu_pool::Priority;
+    use vgpu_pool::Request;
+    let config = vgpu_host::config::Config::parse(
         "[pool]\nblock_tflops = 1.0\n[[pool.device]]\nkind = \"npu\"\nname = \"a\"\ntflops = 8\nenv = \"NPUS\"\n[[pool.device]]\nkind = \"fpga\"\nname = \"b\"\ntflops = 4\n",
     )
     .expect("the seed's config parses");

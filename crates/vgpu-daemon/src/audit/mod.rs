@@ -1,0 +1,5 @@
+
+pub mod compute;
+pub mod memory;
+pub mod offence;
+pub mod terminate;

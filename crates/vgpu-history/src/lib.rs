@@ -1,0 +1,75 @@
+//! History (SPEC 4.6): what the GPUs did, which workload used them, the grid's intensity and
+//! every clock decision, in SQLite at `<lib_dir>/history.db`. `vgpu watch` records it;
+//! `vgpu carbon report` reads it; `vgpu carbon profile` keeps its power models there;
+//! `vgpu carbon plan/apply` read what a daily or monthly budget has spent ([`spent`]) and
+//! record the intensity forecasts they fetch.
+//!
+//! The layout is defined once, in `schema.sql` ([`SCHEMA`]), and documented for admins in
+//! docs/history.md.
+
+/// The database's file name in the lib directory.
+pub const DB_FILE: &str = "history.db";
+
+/// The schema this build writes and reads (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Every table and index, `CREATE … IF NOT EXISTS`.
+pub const SCHEMA: &str = include_str!("schema.sql");
+
+pub mod config;
+pub mod db;
+pub mod query;
+pub mod snapshot;
+pub mod spent;
+pub mod store;
+pub mod tick;
+
+pub use store::{History, WriteError};
+
+/// How long a command's best-effort record may take in all (its open, every lock wait,
+/// every statement's).
+pub const BEST_EFFORT_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Record something in `<lib_dir>/history.db` for a command that is not the watch (an
+/// intensity it resolved, a decision it logged, `vgpu run`'s end): best effort, bounded by
+/// [`BEST_EFFORT_BUDGET`] in total. Nothing when `[history] enabled = false`; a failure is a
+/// warning, or a debug line where this caller may not write the database (not root, or
+/// refused the directory or file).
+pub fn best_effort<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig, what: &str, f: impl FnOnce(&History) -> Result<T, WriteError>) {
+    if !config.enabled {
+        return;
+    }
+    let deadline = std::time::Instant::now() + BEST_EFFORT_BUDGET;
+    match History::open_within(lib_dir, deadline).and_then(|h| f(&h)) {
+        Ok(_) => {}
+        // Root's watch and commands record; a user's command may not write there.
+        Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => tracing::debug!("history: cannot record {what}: {e}"),
+        Err(e) => tracing::warn!("history: cannot record {what}: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    const DOC: &str = include_str!("../../../docs/history.md");
+
+    /// The ```sql blocks of docs/history.md.
+    fn sql_blocks() -> Vec<&'static str> {
+        DOC.split("```sql\n").skip(1).map(|b| b.split("```").next().unwrap_or_default()).collect()
+    }
+
+    #[test]
+    fn the_doc_carries_the_schema_verbatim_and_its_queries_run() {
+        let blocks = sql_blocks();
+        assert_eq!(blocks.last().map(|b| b.trim_end()), Some(super::SCHEMA.trim_end()), "docs/history.md's last sql block must be schema.sql verbatim");
+        let dir = tempfile::tempdir().unwrap();
+        let conn = super::db::open_rw(dir.path()).unwrap();
+        assert!(blocks.len() >= 5, "{}", blocks.len());
+        for block in &blocks[..blocks.len() - 1] {
+            for query in block.split(';').map(str::trim).filter(|q| !q.is_empty()) {
+                let mut stmt = conn.prepare(query).unwrap_or_else(|e| panic!("{query}: {e}"));
+                stmt.query([]).unwrap_or_else(|e| panic!("{query}: {e}")).next().unwrap();
+            }
+        }
+    }
+}
+

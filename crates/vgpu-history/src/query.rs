@@ -1,0 +1,463 @@
+//! Reading the history for `vgpu carbon report`, `vgpu ps -a` and the line `vgpu run` prints
+//! when a workload ends: a window's rows, in [`vgpu_carbon::account`]'s terms.
+//!
+//! Root reads history.db itself; anyone else reads its public copy, which `vgpu watch`
+//! refreshes at most once a minute and takes no lock to read ([`super::snapshot`]);
+//! [`Reader::from`] says which.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection, OptionalExtension as _};
+
+use super::db::{self, HistoryError, ReadFrom};
+use vgpu_carbon::account;
+use vgpu_carbon::account::Accounting;
+use vgpu_carbon::account::GpuSample;
+use vgpu_carbon::account::GpuTime;
+use vgpu_carbon::account::History;
+use vgpu_carbon::account::IdlePower;
+use vgpu_carbon::account::IdleSource;
+use vgpu_carbon::account::IntensityPoint;
+use vgpu_carbon::account::Window;
+use vgpu_carbon::account::WorkloadInfo;
+
+/// How much of the window is read and accounted at a time: 4 hours, 14 400 rows per GPU at
+/// the watch's default interval of a second.
+pub const CHUNK_MS: i64 = 4 * 3_600_000;
+
+/// The longest interval (a `gpu_samples` or `workload_gpu_time` row) the accounting reads:
+/// a chunk's rows are looked for by their end (the `t1_ms` indexes) up to this far past
+/// the chunk, so that reading stays proportional to the window. `vgpu watch` writes a row
+/// per tick (its interval is at most an hour) and bridges gaps of at most minutes; a
+/// longer row, which only a hand-made history has, is left out of the accounting.
+pub const MAX_INTERVAL_MS: i64 = 2 * 3_600_000;
+
+
+/// The history, opened to read.
+pub struct Reader {
+    conn: Connection,
+    path: PathBuf,
+    from: ReadFrom,
+}
+
+impl Reader {
+    /// Open the history of `lib_dir` to read, as this caller may ([`db::open_reader`]);
+    /// `Ok(None)` when there is none yet.
+    pub fn open(lib_dir: &Path) -> Result<Option<Reader>, HistoryError> {
+        Ok(db::open_reader(lib_dir)?.map(|o| Reader { conn: o.conn, path: o.path, from: o.from }))
+    }
+
+    /// The live database, or the public copy and when it was made.
+    pub fn from(&self) -> ReadFrom {
+        self.from
+    }
+
+    fn err(&self) -> impl FnOnce(rusqlite::Error) -> HistoryError + '_ {
+        HistoryError::sqlite(&self.path)
+    }
+
+    /// The accounting of `window` ([`account::account`]), of the GPUs the workload `gpus_of`
+    /// used when given. Idle power per GPU: its measured model (`power_models`), else
+    /// `idle` ([`IdleDefaults`]), else its lowest average power over an interval of the
+    /// window. Read and accounted [`CHUNK_MS`] at a time, so that memory stays bounded
+    /// whatever the window (the watch records a row per GPU per second by default); an
+    /// interval across a chunk's edge is clipped pro rata on both sides, which loses no
+    /// millijoule (see the accounting's clipping rule).
+    pub fn accounting(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<Accounting, HistoryError> {
+        let intensity = self.intensity(window)?;
+        let idle_w = self.idle_w(window, idle, gpus_of)?;
+        let mut total = Accounting { window, gpus: BTreeMap::new(), emissions_known: !intensity.is_empty(), notes: Vec::new() };
+        let mut since = window.since_ms;
+        while since < window.until_ms {
+            let until = since.saturating_add(CHUNK_MS).min(window.until_ms);
+            let chunk = Window { since_ms: since, until_ms: until };
+            let (samples, gpu_time) = self.rows(chunk, gpus_of)?;
+            if !samples.is_empty() {
+                let history = History { samples, gpu_time, intensity: intensity.clone(), idle_w: idle_w.clone() };
+                total.merge(account::account(&history, chunk));
+            }
+            since = until;
+        }
+        Ok(total)
+    }
+
+    /// The samples and GPU-time rows overlapping `window` (with `gpus_of`: on the GPUs that
+    /// workload used, every workload's rows there, whose shares decide its share).
+    fn rows(&self, window: Window, gpus_of: Option<&str>) -> Result<(Vec<GpuSample>, Vec<GpuTime>), HistoryError> {
+        let only = if gpus_of.is_some() {
+            " AND gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM workload_gpu_time WHERE workload_id = ?3)"
+        } else {
+            ""
+        };
+        let with = params![window.since_ms, window.until_ms, gpus_of.unwrap_or_default()];
+        let with: &[&dyn rusqlite::ToSql] = if gpus_of.is_some() { with } else { &with[..2] };
+        let mut st = self
+            .conn
+            .prepare_cached(&format!("SELECT t0_ms, t1_ms, gpu_uuid, gpu_index, gpu_name, energy_mj, busy_ms FROM gpu_samples WHERE t1_ms > ?1 AND t1_ms < ?2 + {MAX_INTERVAL_MS} AND t0_ms < ?2 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}{only}"))
+            .map_err(self.err())?;
+        let samples = st
+            .query_map(with, |r| {
+                Ok(GpuSample {
+                    t0_ms: r.get(0)?,
+                    t1_ms: r.get(1)?,
+                    gpu_uuid: r.get(2)?,
+                    gpu_index: r.get(3)?,
+                    gpu_name: r.get(4)?,
+                    energy_mj: non_negative(r.get(5)?),
+                    busy_ms: r.get::<_, Option<i64>>(6)?.map(non_negative),
+                })
+            })
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .map_err(self.err())?;
+        if samples.is_empty() {
+            return Ok((samples, Vec::new()));
+        }
+        let mut st = self
+            .conn
+            .prepare_cached(&format!("SELECT t0_ms, t1_ms, workload_id, gpu_uuid, busy_ms FROM workload_gpu_time WHERE t1_ms > ?1 AND t1_ms < ?2 + {MAX_INTERVAL_MS} AND t0_ms < ?2 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}{only}"))
+            .map_err(self.err())?;
+        let gpu_time = st
+            .query_map(with, |r| {
+                Ok(GpuTime { t0_ms: r.get(0)?, t1_ms: r.get(1)?, workload_id: r.get(2)?, gpu_uuid: r.get(3)?, busy_ms: non_negative(r.get(4)?) })
+            })
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .map_err(self.err())?;
+        Ok((samples, gpu_time))
+    }
+
+    /// The intensity figures for `window`: the one in force at `since` (the latest at or
+    /// before it) and every later one before `until`; of a reading and a fallback at the same
+    /// time, the reading comes last and wins. None of those: the first figure there is (in
+    /// force before it).
+    fn intensity(&self, window: Window) -> Result<Vec<IntensityPoint>, HistoryError> {
+        let point = |r: &rusqlite::Row<'_>| Ok(IntensityPoint { ts_ms: r.get(0)?, g_per_kwh: r.get(1)? });
+        let found = intensity_in_force(&self.conn, &self.path, window)?;
+        if !found.is_empty() {
+            return Ok(found);
+        }
+        let mut st = self
+            .conn
+            .prepare("SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') ORDER BY ts_ms, kind DESC LIMIT 1")
+            .map_err(self.err())?;
+        st.query_map([], point).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())
+    }
+
+    /// The idle power of every GPU with samples in `window` (see [`Reader::accounting`]).
+    fn idle_w(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<BTreeMap<String, IdlePower>, HistoryError> {
+        // Every GPU there is (few; the primary key's prefix), then which have rows here.
+        let mut st = self.conn.prepare("SELECT DISTINCT gpu_uuid FROM gpu_samples").map_err(self.err())?;
+        let mut gpus: Vec<String> = st.query_map([], |r| r.get(0)).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
+        let in_window = format!(
+            "gpu_uuid = ?1 AND t1_ms > ?2 AND t1_ms < ?3 + {MAX_INTERVAL_MS} AND t0_ms < ?3 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}"
+        );
+        let mut any = self.conn.prepare(&format!("SELECT 1 FROM gpu_samples WHERE {in_window} LIMIT 1")).map_err(self.err())?;
+        let mut kept = Vec::new();
+        for uuid in gpus {
+            if any.exists(params![uuid, window.since_ms, window.until_ms]).map_err(self.err())? {
+                kept.push(uuid);
+            }
+        }
+        gpus = kept;
+        if let Some(id) = gpus_of {
+            let mut st = self.conn.prepare("SELECT DISTINCT gpu_uuid FROM workload_gpu_time WHERE workload_id = ?1").map_err(self.err())?;
+            let used: Vec<String> = st.query_map([id], |r| r.get(0)).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
+            gpus.retain(|g| used.contains(g));
+        }
+        let mut st = self.conn.prepare("SELECT idle_w FROM power_models WHERE gpu_uuid = ?1").map_err(self.err())?;
+        let mut lowest = self
+            .conn
+            .prepare(&format!("SELECT min(CAST(energy_mj AS REAL) / (t1_ms - t0_ms)) FROM gpu_samples WHERE {in_window}"))
+            .map_err(self.err())?;
+        let mut out = BTreeMap::new();
+        for uuid in gpus {
+            let measured: Option<f64> = st.query_row([&uuid], |r| r.get(0)).optional().map_err(self.err())?;
+            let found = match measured {
+                Some(watts) => IdlePower { watts, source: IdleSource::Measured },
+                None => match idle.of(&uuid) {
+                    Some(found) => found,
+                    None => {
+                        let watts: Option<f64> = lowest.query_row(params![uuid, window.since_ms, window.until_ms], |r| r.get(0)).map_err(self.err())?;
+                        IdlePower { watts: watts.filter(|w| w.is_finite()).unwrap_or(0.0), source: IdleSource::LowestObserved }
+                    }
+                },
+            };
+            out.insert(uuid, found);
+        }
+        Ok(out)
+    }
+
+    /// What the history knows of the workloads `ids`.
+    pub fn workloads<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> Result<BTreeMap<String, WorkloadInfo>, HistoryError> {
+        let mut st = self.conn.prepare("SELECT name, user, service FROM workloads WHERE id = ?1").map_err(self.err())?;
+        let mut out = BTreeMap::new();
+        for id in ids {
+            let mut rows = st
+                .query_map([id], |r| Ok(WorkloadInfo { name: r.get(0)?, user: r.get(1)?, service: r.get(2)? }))
+                .map_err(self.err())?;
+            if let Some(info) = rows.next() {
+                out.insert(id.to_string(), info.map_err(self.err())?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Workloads that ended at or after `since_ms`, the latest first, at most `limit`.
+    pub fn ended_since(&self, since_ms: i64, limit: usize, idle: &IdleDefaults<'_>) -> Result<Vec<Ended>, HistoryError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT id, name, user, gpus, started_ms, ended_ms, outcome FROM workloads
+                 WHERE ended_ms IS NOT NULL AND ended_ms >= ?1 ORDER BY ended_ms DESC, id LIMIT ?2",
+            )
+            .map_err(self.err())?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = st
+            .query_map(params![since_ms, limit], |r| {
+                Ok(EndedRow {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    user: r.get(2)?,
+                    started_ms: r.get(4)?,
+                    ended_ms: r.get(5)?,
+                    outcome: r.get(6)?,
+                })
+            })
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .map_err(self.err())?;
+        // One accounting over the union of their lives (each is attributed nothing outside
+        // its own GPU-time rows): read once however many there are.
+        let mut spans = Vec::new();
+        for row in &rows {
+            spans.push(self.span(&row.id)?);
+        }
+        let since = spans.iter().filter_map(|s| s.map(|s| s.0)).min();
+        let until = spans.iter().filter_map(|s| s.map(|s| s.1)).max();
+        let accounting = match (since, until) {
+            (Some(since_ms), Some(until_ms)) => Some(self.accounting(Window { since_ms, until_ms }, idle, None)?),
+            _ => None,
+        };
+        Ok(rows.into_iter().map(|row| used_in(row, accounting.as_ref())).collect())
+    }
+
+    /// What the workload `id` used over its life as the history recorded it (its
+    /// `workloads` row may not be there yet: then from its GPU-time rows alone).
+    pub fn workload_usage(&self, id: &str, idle: &IdleDefaults<'_>) -> Result<Ended, HistoryError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT id, name, user, gpus, started_ms, ended_ms, outcome FROM workloads WHERE id = ?1")
+            .map_err(self.err())?;
+        let mut rows = st
+            .query_map([id], |r| {
+                Ok(EndedRow { id: r.get(0)?, name: r.get(1)?, user: r.get(2)?, started_ms: r.get(4)?, ended_ms: r.get(5)?, outcome: r.get(6)? })
+            })
+            .map_err(self.err())?;
+        let row = match rows.next() {
+            Some(row) => row.map_err(self.err())?,
+            None => EndedRow { id: id.to_string(), name: None, user: None, started_ms: None, ended_ms: None, outcome: None },
+        };
+        self.used_by(row, idle)
+    }
+
+    /// The energy and emissions attributed to the workload of `row` over its recorded life:
+    /// the accounting of the GPUs it used, from its first GPU-time row to its last.
+    fn used_by(&self, row: EndedRow, idle: &IdleDefaults<'_>) -> Result<Ended, HistoryError> {
+        // Outside its GPU-time rows nothing is its; on other GPUs neither.
+        let accounting = match self.span(&row.id)? {
+            Some((since_ms, until_ms)) => Some(self.accounting(Window { since_ms, until_ms }, idle, Some(&row.id))?),
+            None => None,
+        };
+        Ok(used_in(row, accounting.as_ref()))
+    }
+
+    /// From the start of the workload `id`'s first GPU-time row to the end of its last.
+    fn span(&self, id: &str) -> Result<Option<(i64, i64)>, HistoryError> {
+        let (first, last): (Option<i64>, Option<i64>) = self
+            .conn
+            .query_row("SELECT min(t0_ms), max(t1_ms) FROM workload_gpu_time WHERE workload_id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(self.err())?;
+        Ok(first.zip(last))
+    }
+}
+
+/// The workload of `row` with what `accounting` attributes to it.
+fn used_in(row: EndedRow, accounting: Option<&Accounting>) -> Ended {
+    let mut ended = Ended {
+        id: row.id,
+        name: row.name,
+        user: row.user,
+        started_unix_ms: row.started_ms,
+        ended_unix_ms: row.ended_ms,
+        outcome: row.outcome,
+        gpu_indexes: Vec::new(),
+        gpu_time_ms: 0,
+        energy_mj: None,
+        g_co2: None,
+    };
+    let Some(accounting) = accounting else {
+        return ended;
+    };
+    let mut gpu_time = 0.0;
+    let party = account::Party::Workload(ended.id.clone());
+    for gpu in accounting.gpus.values() {
+        if let Some(part) = gpu.parts.get(&party) {
+            *ended.energy_mj.get_or_insert(0) += part.energy_mj;
+            gpu_time += part.gpu_time_ms;
+            if let Some(g) = part.g_co2 {
+                *ended.g_co2.get_or_insert(0.0) += g;
+            }
+            ended.gpu_indexes.push(gpu.index);
+        }
+    }
+    ended.gpu_indexes.sort_unstable();
+    ended.gpu_time_ms = gpu_time.round() as u64;
+    ended
+}
+
+/// A GPU's idle power where it has no measured model: the planner's model, configured
+/// (`[carbon] power_idle_w`, or 15 % of `power_max_w`), else from the driver's power limits
+/// (asked once, and only when a GPU needs it).
+pub struct IdleDefaults<'a> {
+    configured_w: Option<f64>,
+    driver: std::cell::OnceCell<BTreeMap<String, f64>>,
+    load: Box<dyn Fn() -> BTreeMap<String, f64> + 'a>,
+}
+
+impl<'a> IdleDefaults<'a> {
+    pub fn new(configured_w: Option<f64>, load: impl Fn() -> BTreeMap<String, f64> + 'a) -> Self {
+        IdleDefaults { configured_w, driver: std::cell::OnceCell::new(), load: Box::new(load) }
+    }
+
+    /// Neither configured nor from a driver: measured models, else the lowest observed.
+    pub fn none() -> IdleDefaults<'static> {
+        IdleDefaults::new(None, BTreeMap::new)
+    }
+
+    fn of(&self, uuid: &str) -> Option<IdlePower> {
+        if let Some(watts) = self.configured_w {
+            return Some(IdlePower { watts, source: IdleSource::Configured });
+        }
+        let watts = *self.driver.get_or_init(&self.load).get(uuid)?;
+        Some(IdlePower { watts, source: IdleSource::PowerLimit })
+    }
+}
+
+struct EndedRow {
+    id: String,
+    name: Option<String>,
+    user: Option<String>,
+    started_ms: Option<i64>,
+    ended_ms: Option<i64>,
+    outcome: Option<String>,
+}
+
+/// A workload the history has seen, with what it used (`vgpu ps -a`'s "ended" section; the
+/// line `vgpu run` prints at its end).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Ended {
+    pub id: String,
+    pub name: Option<String>,
+    pub user: Option<String>,
+    pub started_unix_ms: Option<i64>,
+    pub ended_unix_ms: Option<i64>,
+    pub outcome: Option<String>,
+    /// GPUs the history attributes energy to it on.
+    pub gpu_indexes: Vec<i64>,
+    pub gpu_time_ms: u64,
+    /// `None`: no energy recorded for it.
+    pub energy_mj: Option<u64>,
+    /// `None`: no energy, or no intensity, recorded.
+    pub g_co2: Option<f64>,
+}
+
+fn non_negative(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// The intensity figures (readings and fallbacks) of `window`: the one in force at `since`
+/// (the latest at or before it) and every later one before `until`; of a reading and a
+/// fallback at the same time, the reading comes last and wins (as [`account::Steps`] reads
+/// them). Empty when none is at or before `until`.
+pub(crate) fn intensity_in_force(conn: &Connection, path: &Path, window: Window) -> Result<Vec<IntensityPoint>, HistoryError> {
+    let point = |r: &rusqlite::Row<'_>| Ok(IntensityPoint { ts_ms: r.get(0)?, g_per_kwh: r.get(1)? });
+    let mut st = conn
+        .prepare_cached(
+            "SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms < ?2
+             AND ts_ms >= coalesce((SELECT max(ts_ms) FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms <= ?1), ?1)
+             ORDER BY ts_ms, kind",
+        )
+        .map_err(HistoryError::sqlite(path))?;
+    st.query_map(params![window.since_ms, window.until_ms], point)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(HistoryError::sqlite(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_window_and_a_workloads_usage() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = db::open_rw(dir.path()).unwrap();
+        conn.execute_batch(
+            "INSERT INTO gpu_samples VALUES (0, 10000, 'GPU-x', 0, 'NVIDIA A100', 3000000, 'counter', NULL, NULL, NULL, NULL);
+             INSERT INTO gpu_samples VALUES (10000, 20000, 'GPU-x', 0, 'NVIDIA A100', 1000000, 'counter', NULL, NULL, NULL, NULL);
+             INSERT INTO workload_gpu_time VALUES (0, 10000, 'w1', 'GPU-x', 10000, 'ledger');
+             INSERT INTO workloads VALUES ('w1', 'train', 0, 'root', NULL, 'python', 'GPU-x', 0, 10000, 'exit 0');
+             INSERT INTO intensity VALUES (-100, 'fallback', 100, 'config', 0);
+             INSERT INTO intensity VALUES (-100, 'reading', 200, 'file', 0);
+             INSERT INTO intensity VALUES (15000, 'reading', 400, 'file', 0);
+             INSERT INTO power_models VALUES ('GPU-x', 'NVIDIA A100', 0, 1410, 100, 400, 2, 1, 0, '[]');",
+        )
+        .unwrap();
+        let reader = Reader::open(dir.path()).unwrap().unwrap();
+        let window = Window { since_ms: 5000, until_ms: 20_000 };
+        let intensity = reader.intensity(window).unwrap();
+        assert_eq!(intensity.iter().map(|p| p.g_per_kwh).collect::<Vec<_>>(), [100.0, 200.0, 400.0]);
+        let idle = IdleDefaults::new(Some(50.0), || panic!("configured"));
+        assert_eq!(reader.idle_w(window, &idle, None).unwrap()["GPU-x"], IdlePower { watts: 100.0, source: IdleSource::Measured });
+        // From 5 s: half the first interval (1500 J, idle 500 J, w1 1000 J at 200 g/kWh),
+        // the second (1000 J idle, at 400 g/kWh from 15 s on, its midpoint).
+        let a = reader.accounting(window, &idle, None).unwrap();
+        let gpu = &a.gpus["GPU-x"];
+        assert_eq!(gpu.energy_mj, 2_500_000);
+        assert_eq!(gpu.parts[&account::Party::Idle].energy_mj, 1_500_000);
+        assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].energy_mj, 1_000_000);
+        let used = reader.workload_usage("w1", &IdleDefaults::none()).unwrap();
+        // 3000 J, idle 100 W × 10 s = 1000 J, 2000 J to w1 at 200 g/kWh.
+        assert_eq!(used.energy_mj, Some(2_000_000));
+        assert_eq!(used.gpu_time_ms, 10_000);
+        assert!((used.g_co2.unwrap() - 2_000_000.0 / 3.6e9 * 200.0).abs() < 1e-12);
+        assert_eq!(reader.ended_since(0, 20, &IdleDefaults::none()).unwrap(), vec![used]);
+        assert!(reader.ended_since(10_001, 20, &IdleDefaults::none()).unwrap().is_empty());
+        assert_eq!(reader.workload_usage("nope", &IdleDefaults::none()).unwrap().energy_mj, None);
+    }
+
+    #[test]
+    fn a_long_window_is_accounted_an_hour_at_a_time_to_the_same_total() {
+        // 3 h of 7-minute intervals (not aligned with the hours), one workload on half of
+        // each: the total is every interval's energy, the workload's share the same as one
+        // window's would give (its GPU time is proportional, the split exact).
+        let dir = tempfile::tempdir().unwrap();
+        let conn = db::open_rw(dir.path()).unwrap();
+        let step = 7 * 60_000;
+        let mut total = 0;
+        for k in 0..26i64 {
+            let (t0, t1) = (k * step + 1, (k + 1) * step + 1);
+            let e = 1_000_003 * (k as u64 + 1);
+            total += e;
+            conn.execute("INSERT INTO gpu_samples VALUES (?1, ?2, 'GPU-x', 0, NULL, ?3, 'counter', NULL, NULL, NULL, NULL)", params![t0, t1, e]).unwrap();
+            conn.execute("INSERT INTO workload_gpu_time VALUES (?1, ?2, 'w1', 'GPU-x', ?3, 'ledger')", params![t0, t1, step / 2]).unwrap();
+        }
+        let reader = Reader::open(dir.path()).unwrap().unwrap();
+        let window = Window { since_ms: 0, until_ms: 26 * step + 1 };
+        let chunked = reader.accounting(window, &IdleDefaults::new(Some(0.0), BTreeMap::new), None).unwrap();
+        let gpu = &chunked.gpus["GPU-x"];
+        assert_eq!(gpu.energy_mj, total);
+        assert_eq!(gpu.parts.values().map(|p| p.energy_mj).sum::<u64>(), total);
+        // With nobody else on the GPU and no idle power, all of it is the workload's.
+        assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].energy_mj, total);
+        assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].gpu_time_ms.round() as i64, 26 * step / 2);
+    }
+}

@@ -1,0 +1,175 @@
+//! The admission: from a checked request to a recorded workload with its vGPU and cgroup.
+
+use anyhow::{Context as _, Result};
+use vgpu_abi::process::ProcessId;
+use vgpu_abi::usage::Tenant;
+
+use vgpu_store::admission;
+
+use vgpu_store::admission::AdmissionGpu;
+use vgpu_cgroups::Cgroup;
+use vgpu_cgroups::Layout;
+use vgpu_cgroups::Limits;
+use crate::context::Context;
+use vgpu_store::error::UsageError;
+use vgpu_gpu::GpuInfo;
+use vgpu_store::state::workload::WorkloadState;
+use vgpu_store::state::workload::WORKLOAD_FORMAT;
+use vgpu_store::state::intent;
+use vgpu_store::state::Partitions;
+use vgpu_store::state::Store;
+use vgpu_store::state::Workload;
+
+use super::ids::{default_name, new_id};
+use super::transaction::Admission;
+use super::{place, Launched, Placement, Request};
+
+/// Under the store lock: reconcile, place the workload (pool blocks, a partition, GPUs),
+/// check admission, create the vGPU, the cgroup and the record. On failure everything done
+/// here is undone ([`Admission`]).
+pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], request: &Request) -> Result<Launched> {
+    let devices: Vec<AdmissionGpu> = gpus
+        .iter()
+        .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory: g.memory_total })
+        .collect();
+    let lock = store.lock()?;
+    crate::lifecycle::reconcile_store(store, &lock);
+    let (workloads, damaged) = store.workloads();
+    let damaged = vgpu_store::state::damaged::damaged_records(&damaged);
+
+    if let Some(name) = &request.name {
+        if let Some(holder) = workloads.iter().find(|w| &w.name == name) {
+            name_taken(name, holder, request.service.as_ref())?;
+        }
+    }
+    let supervisor = ProcessId::current().context("cannot read this process's start time from /proc")?;
+    let id = new_id(&workloads, &damaged);
+    let mut workload = Workload {
+        format: WORKLOAD_FORMAT,
+        id: id.clone(),
+        name: request.name.clone().unwrap_or_else(|| default_name(&request.argv[0], &id)),
+        // Stored bounded; the child gets the whole argv (`request.argv`).
+        command: vgpu_store::state::workload::bounded_command(&request.argv),
+        user: request.user.clone(),
+        gpus: Vec::new(),
+        vgpu: id.clone(),
+        partition: None,
+        priority: request.priority.get(),
+        compute_policy: request.compute_policy.unwrap_or(ctx.config.compute.policy),
+        pool_blocks: None,
+        pool_env: Vec::new(),
+        freq_sensitivity: request.freq_sensitivity,
+        cgroup: id.clone(),
+        cgroup_home: Default::default(),
+        supervisor: supervisor.into(),
+        pid: None,
+        state: WorkloadState::Starting,
+        suspended_reason: None,
+        suspended_memory: None,
+        created_unix_ms: vgpu_store::clock::now_ms(),
+        enforcement: None,
+        service: request.service.clone(),
+    };
+    // The cgroup manager's choice, and its effects: a transient scope from systemd, this
+    // process moved to its leaf of a delegated cgroup (cgroup/home.rs).
+    workload.cgroup_home = vgpu_cgroups::home::settle(layout, ctx.config.cgroup.manager, &id).context("placing the workload's cgroup")?;
+    let mut tx = Admission::new(store, &id, lock);
+
+    let partition = match &request.placement {
+        Placement::Pool(ask) => {
+            place::on_pool(ctx, store, &mut tx, gpus, &devices, request, ask, &mut workload)?;
+            None
+        }
+        Placement::Partition(name) => Some(place::in_partition(store, &devices, name, &mut workload)?),
+        Placement::Gpus { wanted, count, compute_pct } => {
+            let partitions = Partitions::load(&store.partitions_path())?;
+            let chosen = match count {
+                // Stage 1 of the carbon planner decides the count. It may ask the intensity
+                // source (bounded by [carbon] timeout) while holding the store lock: the
+                // decision must see the same workloads the admission below sees.
+                Some((min, max)) => crate::carbon::range::gpus_for_range(ctx, *min, *max, request.freq_sensitivity)?
+                    .iter()
+                    .map(u32::to_string)
+                    .collect(),
+                None => wanted.clone(),
+            };
+            place::on_gpus(&devices, &chosen, *compute_pct, request.mem, request.mem_cap.as_ref(), &workloads, &partitions.partitions, &damaged, &mut workload)?;
+            None
+        }
+    };
+
+    // Memory admission for every GPU slice of a vGPU of its own.
+    if workload.partition.is_none() && !request.oversubscribe {
+        check_memory(store, &devices, &workload)?;
+    }
+    // Who may write the vGPU's counters, and whether this workload may use the partition.
+    let tenant = vgpu_store::access::tenant_for(&workload, partition.as_ref()).map_err(|e| UsageError::new(e.to_string()))?;
+    let cgroup = create(store, layout, &mut tx, &workload, tenant, &request.limits)?;
+    tx.commit();
+    vgpu_store::stop_point::stop_point("run:recorded");
+    Ok(Launched { workload, cgroup })
+}
+
+/// The refusal of a name `holder` already has: who holds it, and for a replica of a
+/// service (whose runner retries every round, saying this in its log and `service show`)
+/// whether it is an earlier run of the same replica or a workload that took the name before
+/// the service existed (`vgpu run --name NAME-<i>` is refused while it does).
+fn name_taken(name: &str, holder: &Workload, replica: Option<&vgpu_store::state::ServiceRef>) -> Result<()> {
+    let who = format!("workload {} of user {}", holder.id, holder.user.name);
+    match (replica, &holder.service) {
+        (Some(r), Some(h)) if h.name == r.name => {
+            vgpu_store::usage!("replica {} of service {}: its name {name:?} is still held by {who}, replica {} of the service", r.replica, r.name, h.replica)
+        }
+        (Some(r), _) => vgpu_store::usage!(
+            "replica {} of service {}: its name {name:?} is held by {who}, which is no replica of the service (it took the name before the service existed); the replica starts once it ends",
+            r.replica,
+            r.name
+        ),
+        (None, _) => vgpu_store::usage!("a workload named {name:?} is already running ({who})"),
+    }
+}
+
+/// Whether the workload's memory fits on each of its GPUs beside the others' (and no
+/// damaged record may hold that GPU).
+pub(super) fn check_memory(store: &Store, devices: &[AdmissionGpu], workload: &Workload) -> Result<()> {
+    check_memory_among(store, devices, workload, store.workloads().0)
+}
+
+/// [`check_memory`] beside `others` as given (the records as a plan would leave them).
+pub(super) fn check_memory_among(store: &Store, devices: &[AdmissionGpu], workload: &Workload, others: Vec<Workload>) -> Result<()> {
+    let (_, damaged) = store.workloads();
+    let damaged = vgpu_store::state::damaged::damaged_records(&damaged);
+    let others: Vec<Workload> = others.into_iter().filter(|w| w.id != workload.id).collect();
+    let partitions = Partitions::load(&store.partitions_path())?;
+    for g in &workload.gpus {
+        if let Some(device) = devices.iter().find(|d| d.uuid == g.uuid) {
+            admission::check_not_blocked(device, &damaged)
+                .and_then(|()| admission::check_fits(device, g.mem_bytes, &others, &partitions.partitions))
+                .map_err(anyhow::Error::msg)?;
+        }
+    }
+    Ok(())
+}
+
+/// Create the vGPU, the cgroup and the record, in the order reconcile relies on: the start
+/// intent first (if this process dies before the record exists, reconcile removes the
+/// cgroup: `recovery.rs`), the record last.
+fn create(store: &Store, layout: &Layout, tx: &mut Admission, workload: &Workload, tenant: Tenant, limits: &Limits) -> Result<Cgroup> {
+    tx.wrote_intent(intent::begin(store, intent::Op::Start, &[&workload.id])?);
+    let vgpu_dir = store.vgpu_dir(&workload.vgpu);
+    if workload.partition.is_none() {
+        tx.made_vgpu(vgpu_dir.clone());
+    }
+    if !workload.gpus.is_empty() {
+        super::ensure_vgpu(store, &vgpu_dir, workload, tenant)?;
+    }
+    // Inside the systemd unit or scope vgpu runs in when it delegates its subtree (home.rs).
+    let layout = layout.within(&workload.cgroup_home).context("the workload's cgroup home")?;
+    let cgroup = Cgroup::create(&layout, &workload.cgroup).context("creating the workload's cgroup")?;
+    tx.made_cgroup(&cgroup);
+    cgroup.apply(limits).context("setting cgroup limits")?;
+    vgpu_store::stop_point::stop_point("run:cgroup-created");
+    store.write_workload(workload)?;
+    tx.wrote_record();
+    Ok(cgroup)
+}

@@ -1,0 +1,98 @@
+//! The workload's first process: started into its cgroup, waited for, and everything the
+//! workload held removed after it.
+
+use std::path::Path;
+use std::process::{Child, ExitStatus};
+
+use anyhow::{Context as _, Result};
+
+use vgpu_cgroups::Layout;
+use crate::context::Context;
+use vgpu_store::state::Store;
+use vgpu_store::state::Workload;
+use vgpu_store::state::WorkloadState;
+
+use super::{workload_env, Launched, Request};
+
+/// Spawn the workload's command into its cgroup, as its user, and record its pid.
+pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<Child> {
+    let w = &launched.workload;
+    let env = workload_env(ctx, store, shim, w, request)?;
+    let procs = launched.cgroup.self_join_files().context("opening the cgroup's process lists")?;
+    let launch = vgpu_store::supervise::Launch {
+        argv: request.argv.clone(),
+        env,
+        cwd: request.cwd.clone(),
+        user: request.user.clone(),
+        cgroup_procs: procs,
+    };
+    // Clocks follow the work: its GPUs are re-planned (raised) before its first kernel.
+    crate::carbon::follow::replan_now(ctx, store, &crate::carbon::follow::Change::started(&w.id)).log();
+    let child = vgpu_store::supervise::spawn(launch).map_err(|e| {
+        // The child enters --cwd as the user, after its privilege drop: a directory removed
+        // or closed since it was checked fails there, and its error is not the program's.
+        if let Some(Err(refused)) = request.cwd.as_deref().map(|dir| super::resolve::check_cwd_as(&request.user, dir)) {
+            return refused;
+        }
+        match vgpu_store::error::NotRunnable::from_spawn(&request.argv[0], &e) {
+            Some(not_runnable) => anyhow::Error::new(not_runnable),
+            None => anyhow::Error::new(e).context(format!("cannot start {}", request.argv[0])),
+        }
+    })?;
+    vgpu_store::stop_point::stop_point("run:spawned");
+    {
+        // Re-read: a preemption may have changed the record since admission.
+        let _lock = store.lock()?;
+        let mut record = Workload::read(&store.workload_path(&w.id)).unwrap_or_else(|_| w.clone());
+        record.pid = Some(child.id());
+        if record.state == WorkloadState::Starting {
+            record.state = WorkloadState::Running;
+        }
+        store.write_workload(&record)?;
+    }
+    Ok(child)
+}
+
+/// Wait for the workload's first process, relaying the signals vgpu gets to it (resuming a
+/// suspended workload first, so that it can act on them).
+pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitStatus> {
+    let wake = {
+        let (store, id, name, cgroup) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone());
+        move |signal: i32| match crate::lifecycle::wake_to_terminate(&store, &id, &cgroup) {
+            Ok(true) => crate::notice!("{name} ({id}) was suspended: resumed so that it acts on signal {signal}"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("cannot resume suspended {name} ({id}) to deliver signal {signal}: {e:#}"),
+        }
+    };
+    vgpu_store::supervise::wait_relaying_signals(child, wake).context("waiting for the workload")
+}
+
+/// Record in the history that the workload ended, and how (best effort: a failure is a
+/// warning). It is recorded there too when it ended before the watch saw it.
+pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>) {
+    let outcome = match result {
+        Ok(code) => format!("exit {code}"),
+        Err(e) => format!("failed: {e}"),
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    vgpu_history::best_effort(&ctx.lib_dir, &ctx.config.history, "the workload's end", |h| {
+        h.upsert_workload(&vgpu_history::store::WorkloadInfo::of(w))?;
+        h.end_workload(&w.id, now, Some(&outcome))
+    });
+}
+
+/// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record,
+/// give back the workload's pool blocks, and re-plan the clocks without it.
+pub fn finish(ctx: &Context, store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
+    let lock = store.lock()?;
+    crate::lifecycle::teardown(store, w, Some(layout))?;
+    crate::lifecycle::reclaim_vgpu(store, &w.vgpu);
+    // Only a workload that holds pool blocks touches the pool's state (a damaged pool.json
+    // must not fail the others).
+    if w.pool_blocks.is_some() {
+        crate::pool_effects::release(store, &lock, &w.id)?;
+    }
+    drop(lock);
+    crate::carbon::follow::replan_now(ctx, store, &crate::carbon::follow::Change::ended(&[&w.id])).log();
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! What happens to workloads besides starting them: tearing one down, and reconciling the
+//! store with reality (supervisors that died, changes a killed command left half-done,
+//! cgroups and vGPU directories nobody owns, processes that died holding device memory).
+//! Every `vgpu` command that reads or changes workloads calls [`reconcile_store`] first, under
+//! the store lock.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use vgpu_abi::usage::UsageFile;
+
+use vgpu_cgroups::Cgroup;
+
+use vgpu_cgroups::Layout;
+use vgpu_store::state::Partitions;
+use vgpu_store::state::StateError;
+use vgpu_store::state::Store;
+use vgpu_store::state::StoreLock;
+use vgpu_store::state::Workload;
+
+/// What reconciliation found.
+#[derive(Debug, Default)]
+pub struct Reconciled {
+    /// Workloads whose supervisor had died, now cleaned up.
+    pub cleaned: Vec<Workload>,
+    /// Damaged workload files (left in place, reported).
+    pub damaged: Vec<StateError>,
+    /// What it did and could not do, in order.
+    pub notes: Vec<Note>,
+}
+
+/// Something reconcile did, or could not do: one line, without the `vgpu: ` prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub text: String,
+}
+
+impl Note {
+    pub fn did(text: impl Into<String>) -> Note {
+        Note { warning: false, text: text.into() }
+    }
+    pub fn warn(text: impl Into<String>) -> Note {
+        Note { warning: true, text: text.into() }
+    }
+}
+
+/// Print a note on stderr as commands do (`vgpu: …`, `vgpu: warning: …`); a closed stderr
+/// is not an error worth dying for.
+pub fn say(note: &Note) {
+    use std::io::Write as _;
+    let prefix = if note.warning { "vgpu: warning: " } else { "vgpu: " };
+    let _ = writeln!(std::io::stderr(), "{prefix}{}", note.text);
+}
+
+/// Clean up after dead supervisors and dead processes, and say on stderr what was done
+/// ([`reconcile_quietly`], then each note). Call with the store lock held.
+pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
+    let found = reconcile_quietly(store, lock);
+    found.notes.iter().for_each(say);
+    found
+}
+
+/// Clean up after dead supervisors and dead processes; what was done is in the notes (the
+/// workload files are gone afterwards). Call with the store lock held.
+pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
+    let (workloads, damaged) = store.workloads();
+    let mut out = Reconciled { damaged, ..Reconciled::default() };
+    let layout = Layout::detect();
+    for w in workloads {
+        if w.supervisor_alive() {
+            continue;
+        }
+        // Only a workload of the pool touches its state: a damaged pool.json blocks pool
+        // operations, not the clean-up of the others.
+        let in_pool = w.pool_blocks.is_some() || w.state == vgpu_store::state::WorkloadState::Waiting;
+        let released = |()| if in_pool { crate::pool_effects::release(store, lock, &w.id) } else { Ok(()) };
+        match teardown(store, &w, layout.as_ref()).and_then(released) {
+            Ok(()) => {
+                out.notes.push(Note::did(format!("cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid)));
+                out.cleaned.push(w);
+            }
+            Err(e) => out.notes.push(Note::warn(format!("cannot clean up workload {} ({}): {e:#}", w.name, w.id))),
+        }
+    }
+    if !out.cleaned.is_empty() {
+        // Clocks follow the work: the dead supervisors' GPUs are re-planned without them.
+        let ended: Vec<&str> = out.cleaned.iter().map(|w| w.id.as_str()).collect();
+        let replanned = crate::carbon::follow::after_reconcile(store, lock, &ended);
+        out.notes.extend(replanned.warnings.into_iter().map(Note::warn));
+    }
+    if let Err(e) = crate::pool_effects::release_orphans(store, lock) {
+        out.notes.push(Note::warn(format!("cannot tidy the compute pool: {e:#}")));
+    }
+    // Changes a killed command left half-done, then whatever else is frozen or left over.
+    crate::recovery::half_done(store, lock, layout.as_ref(), &mut out.notes);
+    crate::recovery::align_all(store, layout.as_ref(), &mut out.notes);
+    crate::recovery::remove_stray_cgroups(store, layout.as_ref());
+    crate::recovery::remove_dead_temp_files(store);
+    remove_orphan_vgpus(store);
+    reclaim_dead_processes(store);
+    out
+}
+
+/// Stop and remove everything a workload holds: its processes, cgroup, own vGPU, record.
+pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<()> {
+    if let Some(layout) = layout {
+        match Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup) {
+            Ok(cgroup) => {
+                // remove() thaws (a frozen process cannot die), kills what is left, removes.
+                cgroup.remove().with_context(|| format!("removing the cgroup of {}", w.id))?;
+            }
+            Err(vgpu_cgroups::CgroupError::NotFound { .. }) => {}
+            Err(e) => return Err(e).with_context(|| format!("opening the cgroup of {}", w.id)),
+        }
+    }
+    // The record goes last: until then it names what is left to remove.
+    vgpu_store::stop_point::stop_point("exit:cgroup-removed");
+    if w.partition.is_none() {
+        anyhow::ensure!(vgpu_store::state::is_plain_name(&w.vgpu), "workload {}: vGPU {:?} is not a plain name", w.id, w.vgpu);
+        remove_dir(&store.vgpu_dir(&w.vgpu))?;
+    }
+    store.remove_workload(&w.id)?;
+    Ok(())
+}
+
+pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
+    // Its slots on the GPUs' boards go first: the others stop counting it at once.
+    vgpu_abi::board::release_vgpu(dir);
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", dir.display())),
+    }
+}
+
+/// vGPU directories that belong to no workload and no partition: left by a `vgpu run`
+/// killed between creating the vGPU and recording the workload. A damaged record may own
+/// the vGPU named like itself (vgpu names a workload's record and own vGPU after its id):
+/// that one is kept. When the records cannot be listed at all, every vGPU is kept. Board
+/// slots whose vGPU directory is gone are removed first.
+fn remove_orphan_vgpus(store: &Store) {
+    vgpu_abi::board::remove_orphan_slots(&store.state_dir, &store.vgpus_dir());
+    let (workloads, damaged) = store.workloads();
+    let damaged = vgpu_store::state::damaged::damaged_records(&damaged);
+    if damaged.iter().any(|d| d.path == store.workloads_dir()) {
+        return;
+    }
+    let partitions = Partitions::load(&store.partitions_path()).unwrap_or_default();
+    let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
+    for entry in entries.flatten() {
+        let Some(name) = vgpu_dir_name(&entry) else { continue };
+        let owned = workloads.iter().any(|w| w.vgpu == name)
+            || partitions.partitions.iter().any(|p| p.vgpu_id() == name)
+            || damaged.iter().any(|d| d.id.as_deref() == Some(name.as_str()));
+        if !owned {
+            vgpu_abi::board::release_vgpu(&entry.path());
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Give back the device memory of processes that died (SIGKILL included) in every vGPU.
+fn reclaim_dead_processes(store: &Store) {
+    let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
+    for entry in entries.flatten() {
+        if let Some(name) = vgpu_dir_name(&entry) {
+            reclaim_vgpu(store, &name);
+        }
+    }
+}
+
+/// The name of an entry of `vgpus/` that is a vGPU directory: a plain name and a real
+/// directory (the entry's own type: a symlink is not followed). Anything else is reported
+/// and left alone.
+fn vgpu_dir_name(entry: &std::fs::DirEntry) -> Option<String> {
+    let path = entry.path();
+    let Some(name) = entry.file_name().to_str().filter(|n| vgpu_store::state::is_plain_name(n)).map(str::to_owned) else {
+        tracing::warn!("{}: not a plain name; skipped", path.display());
+        return None;
+    };
+    match entry.file_type() {
+        Ok(kind) if kind.is_dir() => Some(name),
+        Ok(kind) => {
+            tracing::warn!("{}: a {}, not a vGPU directory; skipped (not opened)", path.display(), vgpu_abi::mapping::kind_name(&kind));
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Give back the device memory of the dead processes of one vGPU.
+/// The usage file is opened without following links or blocking on FIFOs, and so is every
+/// per-process file reclaim looks at; entries of `procs/` that are not regular files are
+/// removed (root) and reported here.
+pub fn reclaim_vgpu(store: &Store, vgpu: &str) {
+    if !vgpu_store::state::is_plain_name(vgpu) {
+        return;
+    }
+    let path = store.vgpu_dir(vgpu).join(vgpu_abi::layout::USAGE_FILE);
+    match UsageFile::open(&path) {
+        Ok(usage) => {
+            let report = usage.reclaim_dead();
+            if report.processes > 0 {
+                tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
+            }
+            for line in &report.errors {
+                tracing::warn!("{line}");
+            }
+        }
+        Err(e @ vgpu_abi::usage::LayoutError::NotRegular { .. }) => tracing::warn!("{e}"),
+        Err(_) => {}
+    }
+}
+
+/// A terminating signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) was sent to the processes of
+/// workload `id`: a frozen process acts on it only once thawed, so if its cgroup is frozen
+/// (suspended by hand or preempted) thaw it now and record it as running. Its pool blocks
+/// stay as the pool recorded them until it exits. Takes the store lock. Returns whether it
+/// thawed anything.
+pub fn wake_to_terminate(store: &Store, id: &str, cgroup: &str) -> Result<bool> {
+    let _lock = store.lock()?;
+    let Some(layout) = Layout::detect() else { return Ok(false) };
+    // Where the record says its cgroup is (a delegated unit's subtree, or the roots).
+    let home = Workload::read(&store.workload_path(id)).map(|w| w.cgroup_home).unwrap_or_default();
+    let cgroup = match Cgroup::open_at(&layout, &home, cgroup) {
+        Ok(cgroup) => cgroup,
+        Err(vgpu_cgroups::CgroupError::NotFound { .. }) => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("opening the cgroup of {id}")),
+    };
+    if cgroup.state().with_context(|| format!("reading the freezer state of {id}"))? == vgpu_cgroups::FreezerState::Thawed {
+        return Ok(false);
+    }
+    crate::suspension::wake(&cgroup).with_context(|| format!("resuming {id}"))?;
+    if let Ok(mut record) = Workload::read(&store.workload_path(id)) {
+        if record.state == vgpu_store::state::WorkloadState::Suspended {
+            record.set_resumed();
+            store.write_workload(&record)?;
+        }
+    }
+    Ok(true)
+}
+
+/// Find one workload by unique id prefix or name.
+pub fn find<'a>(workloads: &'a [Workload], query: &str) -> Result<&'a Workload> {
+    let matches: Vec<&Workload> = workloads.iter().filter(|w| w.matches(query)).collect();
+    match matches.as_slice() {
+        [one] => Ok(one),
+        [] => Err(vgpu_store::error::UsageError::new(format!("no workload {query:?} (see `vgpu ps`)")).into()),
+        many => Err(vgpu_store::error::UsageError::new(format!(
+            "{query:?} matches {} workloads ({}); give more of the id",
+            many.len(),
+            many.iter().map(|w| w.id.as_str()).collect::<Vec<_>>().join(", ")
+        ))
+        .into()),
+    }
+}

@@ -1,0 +1,202 @@
+//! The state store (SPEC 4.2): one JSON file per workload under `<state-dir>/workloads/`,
+//! one directory per vGPU under `<state-dir>/vgpus/` (the shim's usage file and
+//! per-process files), and persistent partitions under `<lib-dir>/partitions.json`.
+//!
+//! Every write is atomic (temp file + rename). Every read-modify-write happens under
+//! `<state-dir>/lock`, an `flock` the kernel drops when its holder dies, so a killed
+//! `vgpu` never leaves the store locked.
+
+pub mod atomic;
+pub mod dirs;
+
+pub mod damaged;
+pub mod intent;
+pub mod lock;
+pub mod partition;
+pub mod small_file;
+pub mod workload;
+
+pub use damaged::DamagedRecord;
+pub use lock::StoreLock;
+pub use partition::{Partition, Partitions};
+pub use workload::{Enforcement, EnforcementAction, ServiceRef, SuspendedMemory, UserSpec, Workload, WorkloadGpu, WorkloadState};
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("cannot access {path}")]
+    Io { path: PathBuf, #[source] source: std::io::Error },
+    #[error("damaged state file {path}: {}", printable(.message))]
+    Damaged { path: PathBuf, message: String },
+    #[error("{path}: not a regular file (a {kind}); not opened")]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error("refusing the vgpu directory {path}: {reason} (fix: {fix})")]
+    UnsafeDir { path: PathBuf, reason: String, fix: String },
+    #[error("{}", busy_message(.path, .waited, .pid, .command))]
+    LockBusy { path: PathBuf, waited: std::time::Duration, pid: Option<u32>, command: Option<String> },
+}
+
+/// A message quoting a file's content (serde quotes unknown keys and values as they are) on
+/// one line: control characters as `?`.
+fn printable(message: &str) -> String {
+    message.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
+fn busy_message(path: &Path, waited: &std::time::Duration, pid: &Option<u32>, command: &Option<String>) -> String {
+    let holder = match (pid, command) {
+        (Some(pid), Some(cmd)) => format!("pid {pid} ({cmd})"),
+        (Some(pid), None) => format!("pid {pid} (its command cannot be read; it may have just exited)"),
+        (None, _) => "a process that has not written its pid yet".to_string(),
+    };
+    format!(
+        "{} is held by {holder}; gave up after {} (wait set by {})",
+        path.display(),
+        humantime::format_duration(*waited),
+        lock::TIMEOUT_ENV
+    )
+}
+
+/// Whether `name` is a plain file name: not empty, not `.` or `..`, no `/` and no NUL, at
+/// most 255 bytes, printable ASCII. Names read from directories and records must be, before
+/// they are joined to a path.
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.len() <= 255
+        && name.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+}
+
+/// A store in a new temporary directory, its directories made (for unit tests).
+#[cfg(any(test, feature = "test-support"))]
+pub fn temp_store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+    store.ensure_dirs().unwrap();
+    (dir, store)
+}
+
+impl StateError {
+    pub fn io(path: &Path, source: std::io::Error) -> StateError {
+        StateError::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// Paths of the store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub state_dir: PathBuf,
+    pub lib_dir: PathBuf,
+}
+
+impl Store {
+    pub fn new(state_dir: &Path, lib_dir: &Path) -> Store {
+        Store { state_dir: state_dir.to_path_buf(), lib_dir: lib_dir.to_path_buf() }
+    }
+
+    pub fn workloads_dir(&self) -> PathBuf {
+        self.state_dir.join("workloads")
+    }
+
+    pub fn workload_path(&self, id: &str) -> PathBuf {
+        self.workloads_dir().join(format!("{id}.json"))
+    }
+
+    /// Intent records of multi-step changes under way (see `intent`).
+    pub fn intents_dir(&self) -> PathBuf {
+        self.state_dir.join("intents")
+    }
+
+    pub fn vgpus_dir(&self) -> PathBuf {
+        self.state_dir.join("vgpus")
+    }
+
+    /// Directory of one vGPU: the shim's `VGPU_DIR`.
+    pub fn vgpu_dir(&self, vgpu_id: &str) -> PathBuf {
+        self.vgpus_dir().join(vgpu_id)
+    }
+
+    pub fn partitions_path(&self) -> PathBuf {
+        self.lib_dir.join("partitions.json")
+    }
+
+    /// Create the directories unless they exist (mode 0755, whatever the umask; vGPU
+    /// directories are made per vGPU) and check them all, and every directory above them,
+    /// like sshd's `StrictModes` ([`dirs::check_dir`]): owned by root, writable by nobody else.
+    pub fn ensure_dirs(&self) -> Result<(), StateError> {
+        for dir in [&self.state_dir, &self.workloads_dir(), &self.vgpus_dir(), &self.lib_dir] {
+            dirs::ensure_dir(dir, dirs::DIR_MODE)?;
+        }
+        Ok(())
+    }
+
+    /// Check, never create, the store's directories that exist, as [`Store::ensure_dirs`]
+    /// checks them: what a read-only listing reads comes from directories nobody but root
+    /// (or this user) could have written. A directory that does not exist holds nothing.
+    pub fn check_existing_dirs(&self) -> Result<(), StateError> {
+        for dir in [&self.state_dir, &self.workloads_dir(), &self.vgpus_dir(), &self.lib_dir] {
+            match std::fs::symlink_metadata(dir) {
+                Ok(_) => dirs::check_dir(dir)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StateError::io(dir, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Take the store's lock (blocking).
+    pub fn lock(&self) -> Result<StoreLock, StateError> {
+        self.ensure_dirs()?;
+        StoreLock::acquire(&self.state_dir.join("lock"))
+    }
+
+    /// Take the store's lock, waiting at most `wait` ([`StateError::LockBusy`] after that).
+    pub fn lock_within(&self, wait: std::time::Duration) -> Result<StoreLock, StateError> {
+        self.ensure_dirs()?;
+        StoreLock::acquire_within(&self.state_dir.join("lock"), wait)
+    }
+
+    /// Every workload file: the good ones, and an error naming each damaged one.
+    pub fn workloads(&self) -> (Vec<Workload>, Vec<StateError>) {
+        let mut good = Vec::new();
+        let mut bad = Vec::new();
+        let dir = self.workloads_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (good, bad),
+            Err(e) => return (good, vec![StateError::io(&dir, e)]),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            if !entry.file_name().to_str().is_some_and(is_plain_name) {
+                bad.push(StateError::Damaged { path, message: "not a plain file name".into() });
+                continue;
+            }
+            match Workload::read(&path) {
+                Ok(w) => good.push(w),
+                Err(e) => bad.push(e),
+            }
+        }
+        good.sort_by(|a, b| a.created_unix_ms.cmp(&b.created_unix_ms).then(a.id.cmp(&b.id)));
+        (good, bad)
+    }
+
+    pub fn write_workload(&self, workload: &Workload) -> Result<(), StateError> {
+        workload.write(&self.workload_path(&workload.id))
+    }
+
+    pub fn remove_workload(&self, id: &str) -> Result<(), StateError> {
+        let path = self.workload_path(id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StateError::io(&path, e)),
+        }
+    }
+}

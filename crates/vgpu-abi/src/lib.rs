@@ -6,6 +6,7 @@
 pub mod board;
 pub mod compute;
 pub mod cuda_procs;
+pub mod error;
 pub mod layout;
 pub mod mapping;
 pub mod process;

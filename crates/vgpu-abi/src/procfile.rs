@@ -13,7 +13,7 @@ use crate::layout::{
 };
 use crate::mapping::SharedMapping;
 use crate::process::ProcessId;
-use crate::usage::LayoutError;
+use crate::error::LayoutError;
 
 /// A mapped per-process file.
 pub struct ProcFile {

@@ -85,7 +85,7 @@ impl Context {
     /// simulated driver is loaded instead.
     pub fn nvml(&self) -> Result<Option<Nvml>> {
         let library = if self.simulate {
-            Some(crate::paths::simulated_driver_dir(self)?.join(crate::paths::NVML_SONAME))
+            Some(crate::paths::simulated_driver_dir(&self.state_dir)?.join(crate::paths::NVML_SONAME))
         } else {
             None
         };
@@ -112,7 +112,7 @@ impl Context {
     /// `LD_LIBRARY_PATH`, in simulation mode only.
     pub fn driver_library_dir(&self) -> Result<Option<PathBuf>> {
         if self.simulate {
-            Ok(Some(crate::paths::simulated_driver_dir(self)?))
+            Ok(Some(crate::paths::simulated_driver_dir(&self.state_dir)?))
         } else {
             Ok(None)
         }

@@ -29,21 +29,7 @@ pub struct Reconciled {
     pub notes: Vec<Note>,
 }
 
-/// Something reconcile did, or could not do: one line, without the `vgpu: ` prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Note {
-    pub warning: bool,
-    pub text: String,
-}
-
-impl Note {
-    pub fn did(text: impl Into<String>) -> Note {
-        Note { warning: false, text: text.into() }
-    }
-    pub fn warn(text: impl Into<String>) -> Note {
-        Note { warning: true, text: text.into() }
-    }
-}
+pub use crate::recovery::Note;
 
 /// Print a note on stderr as commands do (`vgpu: …`, `vgpu: warning: …`); a closed stderr
 /// is not an error worth dying for.

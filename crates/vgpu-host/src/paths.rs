@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::context::Context;
 
 pub const SHIM_FILE: &str = "libvgpu.so";
 pub const FAKE_DRIVER_FILE: &str = "libfakegpu.so";
@@ -40,14 +39,15 @@ fn find_library(file: &str) -> Option<PathBuf> {
     library_dirs().into_iter().map(|dir| dir.join(file)).find(|path| path.is_file())
 }
 
-/// The shim: next to the binary, under the install prefix, then the configured path.
-pub fn find_shim(ctx: &Context) -> Result<PathBuf> {
+/// The shim: next to the binary, under the install prefix, then the configured path
+/// (the config's `shim_path`).
+pub fn find_shim(configured: Option<&Path>) -> Result<PathBuf> {
     if let Some(path) = find_library(SHIM_FILE) {
         return Ok(path);
     }
-    if let Some(path) = &ctx.config.shim_path {
+    if let Some(path) = configured {
         if path.is_file() {
-            return Ok(path.clone());
+            return Ok(path.to_path_buf());
         }
         bail!("shim not found: config shim_path {} does not exist", path.display());
     }
@@ -69,9 +69,9 @@ pub fn find_fake_driver() -> Result<PathBuf> {
 
 /// Make (idempotently) `<state-dir>/simulate/` holding `libcuda.so.1` and
 /// `libnvidia-ml.so.1`, both links to the simulated driver, and return it.
-pub fn simulated_driver_dir(ctx: &Context) -> Result<PathBuf> {
+pub fn simulated_driver_dir(state_dir: &Path) -> Result<PathBuf> {
     let target = find_fake_driver()?;
-    let dir = ctx.state_dir.join("simulate");
+    let dir = state_dir.join("simulate");
     make_driver_links(&dir, &target)?;
     Ok(dir)
 }

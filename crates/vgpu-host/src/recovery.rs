@@ -44,11 +44,26 @@ use vgpu_pool::Pool;
 use vgpu_store::state::intent;
 use vgpu_store::state::intent::Intent;
 use vgpu_store::state::intent::Op;
-use crate::lifecycle::Note;
 use vgpu_store::state::Store;
 use vgpu_store::state::StoreLock;
 use vgpu_store::state::Workload;
 use vgpu_store::state::WorkloadState;
+
+/// Something reconcile did, or could not do: one line, without the `vgpu: ` prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub text: String,
+}
+
+impl Note {
+    pub fn did(text: impl Into<String>) -> Note {
+        Note { warning: false, text: text.into() }
+    }
+    pub fn warn(text: impl Into<String>) -> Note {
+        Note { warning: true, text: text.into() }
+    }
+}
 
 /// How old a cgroup with no record and no process must be before reconcile removes it.
 pub const STRAY_GRACE: Duration = Duration::from_secs(60);

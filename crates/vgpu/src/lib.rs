@@ -1,7 +1,8 @@
-//! vgpu as a library: everything the `vgpu` binary does. The modules the binary, the
-//! integration tests, the benchmarks and the fuzz targets use are `pub`; the rest is
-//! `pub(crate)`.
+//! The `vgpu` command line: parse (`cli`), call the library crates (`commands`, one module
+//! per subcommand), print (`output`). Everything else is in the crates under `crates/`
+//! (see ARCHITECTURE.md).
 
+pub mod args;
 pub mod cli;
 pub mod commands;
 pub mod output;

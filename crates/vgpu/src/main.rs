@@ -98,7 +98,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     };
     // Reconcile re-plans the clocks when it cleans up a dead workload: it needs the settings.
     vgpu_host::carbon::follow::install(&ctx);
-    vgpu::commands::dispatch(&ctx, &cli.command)
+    vgpu::cli::dispatch(&ctx, &cli.command)
 }
 
 /// `-q` and `-v` govern every line on stderr but errors: the log's (through tracing) and

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_abi::process::ProcessId;
 
-use crate::watch::Event;
+use crate::event::Event;
 
 /// One process being terminated.
 #[derive(Debug, Clone)]

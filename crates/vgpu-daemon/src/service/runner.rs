@@ -45,7 +45,7 @@ use vgpu_store::state::StateError;
 use vgpu_store::state::Store;
 use vgpu_store::state::StoreLock;
 use vgpu_store::state::Workload;
-use crate::watch::Event;
+use crate::event::Event;
 
 use super::def::ServiceDef;
 use super::scale::{Decision, Load, Scaler};

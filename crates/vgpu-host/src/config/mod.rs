@@ -3,6 +3,7 @@
 //! A missing file means defaults. An unknown key or a bad value is an error that names the
 //! key and the file (serde's `deny_unknown_fields` plus toml's span-aware messages).
 
+pub mod suspend;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -36,7 +37,7 @@ pub struct Config {
     /// `[watch]`: how `vgpu watch` audits, enforces and exports metrics.
     pub watch: crate::config::watch::WatchConfig,
     /// `[suspend]`: whether suspension moves device memory to host memory.
-    pub suspend: crate::suspension::config::SuspendConfig,
+    pub suspend: suspend::SuspendConfig,
     /// `[cgroup]`: who makes a workload's cgroup.
     pub cgroup: CgroupConfig,
     /// `[history]`: what `vgpu watch` records in history.db, and for how long.

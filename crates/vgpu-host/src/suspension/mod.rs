@@ -19,7 +19,6 @@
 //! from what this process did, so `recovery.rs` calls them to finish or undo a change
 //! that a killed vgpu left half-done.
 
-pub mod config;
 mod driver;
 
 use thiserror::Error;

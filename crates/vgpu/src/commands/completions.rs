@@ -7,7 +7,7 @@
 
 use anyhow::{Context as _, Result};
 
-use crate::cli::CompletionsArgs;
+use crate::args::CompletionsArgs;
 
 /// The environment variable the registration scripts set to ask `vgpu` for completions.
 pub const COMPLETE_VAR: &str = "COMPLETE";

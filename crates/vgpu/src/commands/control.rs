@@ -24,7 +24,7 @@ use vgpu_store::state::WorkloadState;
 #[derive(Debug, Args)]
 pub struct IdArgs {
     /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is touched
-    #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
+    #[arg(value_name = "ID", required = true, add = crate::args::workload_candidates())]
     pub ids: Vec<String>,
     /// Print the outcome for each workload as JSON
     #[arg(long)]
@@ -34,10 +34,10 @@ pub struct IdArgs {
 #[derive(Debug, Args)]
 pub struct KillArgs {
     /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is signalled
-    #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
+    #[arg(value_name = "ID", required = true, add = crate::args::workload_candidates())]
     pub ids: Vec<String>,
     /// Signal to send, by name or number
-    #[arg(short, long, default_value = "TERM", add = crate::cli::signal_candidates())]
+    #[arg(short, long, default_value = "TERM", add = crate::args::signal_candidates())]
     pub signal: String,
     /// Print the outcome for each workload as JSON
     #[arg(long)]
@@ -47,7 +47,7 @@ pub struct KillArgs {
 #[derive(Debug, Args)]
 pub struct ResumeArgs {
     /// Workload ids (a unique prefix is enough) or names; all are found (through sudo, each must run as the caller) before any is resumed
-    #[arg(value_name = "ID", required = true, add = crate::cli::workload_candidates())]
+    #[arg(value_name = "ID", required = true, add = crate::args::workload_candidates())]
     pub ids: Vec<String>,
     /// When its memory (moved to host memory while suspended) does not fit back on the GPU
     /// yet: wait (up to DURATION, e.g. --wait=10m; default forever) instead of refusing

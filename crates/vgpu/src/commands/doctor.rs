@@ -283,7 +283,7 @@ fn check_cgroup_manager(ctx: &Context) -> Check {
 }
 
 fn check_shim(ctx: &Context) -> Check {
-    let shim = match vgpu_host::paths::find_shim(ctx) {
+    let shim = match vgpu_host::paths::find_shim(ctx.config.shim_path.as_deref()) {
         Ok(path) => path,
         Err(e) => return Check::fail("shim", format!("{e:#}"), "run install.sh, or set shim_path in the config"),
     };

@@ -1,4 +1,5 @@
-//! One module per subcommand: each is thin and calls into the library modules.
+//! One module per subcommand: each is thin and calls into the library crates. The command
+//! line that routes to them is `cli`; their shared argument types are `args`.
 
 pub mod carbon;
 pub mod completions;
@@ -16,8 +17,6 @@ pub mod watch;
 
 use anyhow::Result;
 
-use crate::cli::Command;
-use vgpu_host::context::Context;
 
 /// Through sudo by a user other than root, `vgpu update|suspend|resume|kill` act only on
 /// the caller's own workloads (those whose record runs them as the caller, whoever started
@@ -38,29 +37,6 @@ pub(crate) fn check_owned(targets: &[&vgpu_store::state::Workload], verb: &str) 
         );
     }
     Ok(())
-}
-
-/// Run the command; the result is the process exit code (`vgpu run` passes its
-/// workload's through).
-pub fn dispatch(ctx: &Context, command: &Command) -> Result<u8> {
-    vgpu_host::suspension::configure(ctx);
-    let done = |r: Result<()>| r.map(|()| 0);
-    match command {
-        Command::Devices(args) => done(devices::run(ctx, args)),
-        Command::Doctor(args) => done(doctor::run(ctx, args)),
-        Command::Run(args) => run::run(ctx, args),
-        Command::Ps(args) => done(ps::run(ctx, args)),
-        Command::Suspend(args) => done(control::suspend(ctx, args)),
-        Command::Resume(args) => done(control::resume(ctx, args)),
-        Command::Kill(args) => done(control::kill(ctx, args)),
-        Command::Update(args) => done(update::run(ctx, args)),
-        Command::Partition(args) => done(partition::run(ctx, args)),
-        Command::Carbon(args) => done(carbon::run(ctx, args)),
-        Command::Pool(args) => done(pool::run(ctx, args)),
-        Command::Service(args) => done(service::run(ctx, args)),
-        Command::Watch(args) => done(watch::run(ctx, args)),
-        Command::Completions(args) => done(completions::run(args)),
-    }
 }
 
 pub use vgpu_host::launch::WAIT_POLL;

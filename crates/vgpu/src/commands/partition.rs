@@ -33,7 +33,7 @@ pub enum PartitionCommand {
     /// Define a partition: a slice of one GPU that workloads share with --partition NAME
     Create(CreateArgs),
     /// List partitions
-    List(crate::cli::JsonArgs),
+    List(crate::args::JsonArgs),
     /// Change a partition's memory, compute share or policy, live for the workloads running in it
     Update(UpdateArgs),
     /// Remove a partition (refused while a workload uses it)
@@ -74,7 +74,7 @@ pub struct CreateArgs {
 #[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
     /// Partition name
-    #[arg(add = crate::cli::partition_candidates())]
+    #[arg(add = crate::args::partition_candidates())]
     pub name: String,
     /// New GPU device memory (not host RAM): 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
@@ -93,7 +93,7 @@ pub struct UpdateArgs {
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
     /// Partition name
-    #[arg(add = crate::cli::partition_candidates())]
+    #[arg(add = crate::args::partition_candidates())]
     pub name: String,
 }
 

@@ -54,7 +54,7 @@ pub struct WorkloadOptions {
     #[arg(long, value_name = "POLICY", value_enum, help_heading = GPU_SLICE)]
     pub compute_policy: Option<ComputePolicy>,
     /// Run inside a partition (a persistent vGPU shared by all its workloads)
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"], help_heading = GPU_SLICE, add = crate::cli::partition_candidates())]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"], help_heading = GPU_SLICE, add = crate::args::partition_candidates())]
     pub partition: Option<String>,
     /// Admit even when the GPU's memory is already fully reserved; through sudo, only if the config's [policy] grants it
     #[arg(long, help_heading = GPU_SLICE)]
@@ -63,7 +63,7 @@ pub struct WorkloadOptions {
     #[arg(long, value_name = "N", allow_negative_numbers = true, help_heading = COMPUTE_POOL)]
     pub tflops: Option<String>,
     /// Which kind of device the pool blocks come from: gpu, npu, fpga or any [default: any]
-    #[arg(long, value_name = "KIND", requires = "tflops", help_heading = COMPUTE_POOL, add = crate::cli::kind_candidates())]
+    #[arg(long, value_name = "KIND", requires = "tflops", help_heading = COMPUTE_POOL, add = crate::args::kind_candidates())]
     pub kind: Option<String>,
     /// Priority, 0-100 (higher wins in the compute pool); through sudo, at most what the config's [policy] grants the caller [default: 50, or that maximum if lower]
     #[arg(long, value_name = "P", allow_negative_numbers = true, help_heading = COMPUTE_POOL)]
@@ -89,6 +89,20 @@ pub struct WorkloadOptions {
     /// Working directory of the workload, entered and checked as its user (through sudo, never as root)
     #[arg(long, value_name = "DIR", help_heading = PROCESS)]
     pub cwd: Option<PathBuf>,
+}
+
+/// `vgpu run`'s arguments alone, as clap parses them on vgpu's command line: a service's
+/// replicas are checked with them (`service::validate`).
+#[derive(Debug, clap::Parser)]
+#[command(name = "vgpu")]
+enum RunLine {
+    Run(Box<RunArgs>),
+}
+
+/// Parse `["vgpu", "run", …]` by `vgpu run`'s rules.
+pub fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<RunArgs, clap::Error> {
+    use clap::Parser as _;
+    RunLine::try_parse_from(argv).map(|RunLine::Run(args)| *args)
 }
 
 #[derive(Debug, Clone, Args)]
@@ -258,7 +272,7 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     if !nix::unistd::geteuid().is_root() {
         anyhow::bail!("vgpu run must run as root (through sudo, systemd or cron): it creates cgroups");
     }
-    let shim = vgpu_host::paths::find_shim(ctx)?;
+    let shim = vgpu_host::paths::find_shim(ctx.config.shim_path.as_deref())?;
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
     let Some(nvml) = ctx.nvml()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");

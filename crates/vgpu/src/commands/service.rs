@@ -5,7 +5,7 @@
 
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::commands::run::WorkloadOptions;
@@ -37,7 +37,7 @@ pub enum ServiceCommand {
     /// Define a service: a command kept running as MIN..MAX replicas, each in its own vGPU, scaled by load (run by `vgpu watch` or vgpu-service@NAME.service)
     Create(Box<CreateArgs>),
     /// List services: replicas wanted and running, what they scale on
-    List(crate::cli::JsonArgs),
+    List(crate::args::JsonArgs),
     /// Show a service: its definition, replicas, why it is short, the last scaling decisions with their inputs
     Show(NameArgs),
     /// Remove a service (refused while its replicas run, unless --force: the runner then stops them)
@@ -92,7 +92,7 @@ pub struct CreateArgs {
 #[command(trailing_var_arg = true)]
 pub struct UpdateArgs {
     /// Service name
-    #[arg(add = crate::cli::service_candidates())]
+    #[arg(add = crate::args::service_candidates())]
     pub name: String,
     /// New replica range: MIN-MAX or N
     #[arg(long, value_name = "MIN-MAX|N", help_heading = SCALING)]
@@ -112,7 +112,7 @@ pub struct UpdateArgs {
 #[derive(Debug, Args)]
 pub struct NameArgs {
     /// Service name
-    #[arg(add = crate::cli::service_candidates())]
+    #[arg(add = crate::args::service_candidates())]
     pub name: String,
     /// Print JSON instead of text
     #[arg(long)]
@@ -122,7 +122,7 @@ pub struct NameArgs {
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
     /// Service name
-    #[arg(add = crate::cli::service_candidates())]
+    #[arg(add = crate::args::service_candidates())]
     pub name: String,
     /// Remove it even while replicas run: the runner stops them (SIGTERM, SIGKILL after the grace)
     #[arg(long)]
@@ -135,7 +135,7 @@ pub struct RemoveArgs {
 #[derive(Debug, Args)]
 pub struct ScaleArgs {
     /// Service name
-    #[arg(add = crate::cli::service_candidates())]
+    #[arg(add = crate::args::service_candidates())]
     pub name: String,
     /// Desired replicas, within the service's MIN..MAX (an autoscaled service moves on from there)
     pub replicas: u32,
@@ -254,11 +254,8 @@ fn validate(ctx: &Context, def: &mut ServiceDef) -> Result<()> {
     let argv = ["vgpu".to_string(), "run".to_string()]
         .into_iter()
         .chain(def.option_args(0));
-    let cli = crate::cli::Cli::try_parse_from(argv)
+    let run_args = crate::commands::run::parse_args(argv)
         .map_err(|e| UsageError::new(vgpu_store::error::one_line_clap_error(&e.render().to_string())))?;
-    let crate::cli::Command::Run(run_args) = cli.command else {
-        anyhow::bail!("internal error: `vgpu run` arguments parsed as another command");
-    };
     let request =
         crate::commands::run::validate(ctx, &run_args).map_err(|e| match e
             .downcast_ref::<vgpu_store::error::NotRunnable>()

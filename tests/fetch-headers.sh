@@ -13,7 +13,7 @@
 # when they cannot be fetched (no network, no pip): callers must fail, not skip.
 #
 # Versions are pinned so that everything generated from these headers
-# (shim/abi/src/cuda_procs.rs) is reproducible.
+# (crates/vgpu-abi/src/cuda_procs.rs) is reproducible.
 set -euo pipefail
 
 CUDA_WHEEL="nvidia-cuda-runtime-cu12==12.9.79"

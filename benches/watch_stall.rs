@@ -211,7 +211,7 @@ fn main() {
         let host = workload::Host::new("watch_stall", &config("127.0.0.1:0"));
         // User nobody reads the script from there, and the public copy of the history.
         let _ = std::fs::set_permissions(host.path(""), std::fs::Permissions::from_mode(0o755));
-        std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stall_attacker.py"), host.path("stall_attacker.py")).unwrap_or_else(|e| fail(e));
+        std::fs::copy(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("tests/fixtures/stall_attacker.py"), host.path("stall_attacker.py")).unwrap_or_else(|e| fail(e));
         let mut watch = Watch::start(&host);
         let (ip, port) = (watch.addr.ip().to_string(), watch.addr.port().to_string());
         let lib = |name: &str| -> String { host.path("lib").join(name).display().to_string() };

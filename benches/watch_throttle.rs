@@ -150,7 +150,7 @@ fn main() {
     };
     if let Some(cargo) = std::env::var_os("CARGO") {
         let build = ["build", "--quiet", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload", "--profile", &profile];
-        let status = Command::new(cargo).args(build).current_dir(env!("CARGO_MANIFEST_DIR")).status();
+        let status = Command::new(cargo).args(build).current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).status();
         if !matches!(status, Ok(s) if s.success()) {
             fail(format!("`cargo {}` failed ({status:?})", build.join(" ")));
         }

@@ -179,7 +179,7 @@ fn a_hanging_intensity_source_falls_back_to_the_remembered_reading_and_the_run_s
 fn carbon_apply_without_a_budget_does_nothing_and_succeeds() {
     let sim = Sim::new(&[H100]);
     // The shipped default config: every [carbon] key commented out.
-    let example = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/config.toml")).unwrap();
+    let example = std::fs::read_to_string(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("examples/config.toml")).unwrap();
     let config = sim.write_vgpu_config(&example);
     let out = sim.vgpu(&["--config", config.to_str().unwrap(), "carbon", "apply"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -17,7 +17,7 @@ fn rendered() -> BTreeMap<String, String> {
 #[test]
 fn man_pages_are_in_sync_with_the_cli() {
     let pages = rendered();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("man");
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("man");
     let on_disk = || -> BTreeMap<String, String> {
         std::fs::read_dir(&dir)
             .expect("man/")

@@ -134,7 +134,7 @@ macro_rules! fuzz_tests {
             let targets: Vec<&str> = harness::TARGETS.iter().map(|(name, _)| *name).collect();
             assert_eq!(targets, here);
             for name in here {
-                let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/fuzz_targets").join(format!("{name}.rs"));
+                let file = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("fuzz/fuzz_targets").join(format!("{name}.rs"));
                 assert!(file.is_file(), "{} is missing", file.display());
             }
         }
@@ -303,7 +303,7 @@ fn damaged(which: usize, edit: impl FnOnce(&mut Vec<u8>)) -> (Vec<u8>, Option<vg
 fn seed_corpora() {
     let scratch = tempfile::tempdir().unwrap();
     let root = match std::env::var_os("VGPU_FUZZ_SEEDS") {
-        Some(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus"),
+        Some(_) => Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("fuzz/corpus"),
         None => scratch.path().to_path_buf(),
     };
     for (target, _) in harness::TARGETS {

@@ -118,7 +118,7 @@ fn document(sim: &Sim, args: &[&str]) -> Value {
 }
 
 fn fixture(schema: u32) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/json-schema-v{schema}.txt"))
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(format!("tests/fixtures/json-schema-v{schema}.txt"))
 }
 
 #[test]
@@ -294,7 +294,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
 fn the_readme_documents_the_schema_as_the_man_pages_do() {
     let doc: String = vgpu_json::JSON_SCHEMA_DOC.lines().map(|l| if l.starts_with('#') { format!("#{l}\n") } else { format!("{l}\n") }).collect();
     assert!(doc.starts_with(&format!("## JSON output (schema {SCHEMA})\n")), "docs/json-schema.md names another schema");
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("README.md")).unwrap();
     assert!(readme.contains(&doc), "README.md's \"JSON output\" section differs from docs/json-schema.md: copy it over (headings one level down)");
 }
 

@@ -18,7 +18,7 @@ use clap::ValueEnum;
 use vgpu_carbon::config::SourceKind;
 
 fn read(relative: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(relative);
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -60,7 +60,7 @@ const NOT_COVERED: &[(&str, &str)] = &[
 
 /// The simulated driver's conformance table: (exported name, status) of every cuda.h name.
 fn cuda_h_names() -> Vec<(String, String)> {
-    let readme = read("tests/fakegpu/README.md");
+    let readme = read("crates/fakegpu/README.md");
     let rows: Vec<(String, String)> = readme
         .lines()
         .filter_map(|line| {
@@ -75,7 +75,7 @@ fn cuda_h_names() -> Vec<(String, String)> {
 
 /// Every exported name the shim's `governed!` list declares (twins included).
 fn governed_names() -> BTreeSet<String> {
-    let source = read("shim/src/governed.rs");
+    let source = read("crates/vgpu-shim/src/governed.rs");
     let body = &source[source.find("governed! {").expect("governed.rs has the governed! list")..];
     let mut names = BTreeSet::new();
     for line in body.lines() {
@@ -107,7 +107,7 @@ fn every_device_allocation_of_cuda_h_is_governed_or_documented_as_not_covered() 
     }
     assert!(
         unclassified.is_empty(),
-        "cuda.h functions that may allocate device memory are neither governed (shim/src/governed.rs) \
+        "cuda.h functions that may allocate device memory are neither governed (crates/vgpu-shim/src/governed.rs) \
          nor listed as not covered: {unclassified:?}. Follow ARCHITECTURE.md, \"Adding a CUDA allocation path\""
     );
     // The exemptions stay true: each names a real cuda.h function, none is governed after all.
@@ -116,7 +116,7 @@ fn every_device_allocation_of_cuda_h_is_governed_or_documented_as_not_covered() 
         assert!(in_header.contains(name), "{name} is exempted here but is not a cuda.h function");
         assert!(!governed.contains(*name), "{name} is governed: remove it from the exemptions in this test");
     }
-    let shim_readme = read("shim/README.md");
+    let shim_readme = read("crates/vgpu-shim/README.md");
     let not_covered = &shim_readme[shim_readme.find("## Not covered").expect("shim/README.md has \"## Not covered\"")..];
     for (name, why) in NOT_COVERED {
         assert!(
@@ -130,7 +130,7 @@ fn every_device_allocation_of_cuda_h_is_governed_or_documented_as_not_covered() 
 fn every_governed_allocation_is_simulated_tested_and_documented() {
     let governed = governed_names();
     let status: std::collections::BTreeMap<String, String> = cuda_h_names().into_iter().collect();
-    let shim_readme = read("shim/README.md");
+    let shim_readme = read("crates/vgpu-shim/README.md");
     let governed_paragraph = {
         let start = shim_readme.find("**Governed functions**").expect("shim/README.md lists the governed functions");
         let end = shim_readme[start..].find("\n\n").map_or(shim_readme.len(), |e| start + e);
@@ -138,8 +138,8 @@ fn every_governed_allocation_is_simulated_tested_and_documented() {
     };
     // Every test program the shim's tests build or drive.
     let mut shim_tests = String::new();
-    for dir in ["shim/tests", "shim/tests/c"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    for dir in ["crates/vgpu-shim/tests", "crates/vgpu-shim/tests/c"] {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(dir);
         for entry in std::fs::read_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
             let file = entry.expect("a directory entry").path();
             if file.extension().is_some_and(|x| x == "c" || x == "rs") {

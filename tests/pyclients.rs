@@ -23,7 +23,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// The virtualenv holding the clients (tests/fetch-pyclients.sh; installs once). Fails the
 /// test, with the script's message, when they cannot be had.
 fn venv() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fetch-pyclients.sh");
+    let script = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("tests/fetch-pyclients.sh");
     let out = std::process::Command::new("bash")
         .arg(&script)
         .output()
@@ -47,7 +47,7 @@ fn client(name: &str) -> Vec<String> {
 fn cuda_bindings_client() -> Vec<String> {
     vec![
         venv().join("bin/python").display().to_string(),
-        format!("{}/tests/fixtures/cuda_bindings_alloc.py", env!("CARGO_MANIFEST_DIR")),
+        format!("{}/tests/fixtures/cuda_bindings_alloc.py", concat!(env!("CARGO_MANIFEST_DIR"), "/../..")),
     ]
 }
 
@@ -195,7 +195,7 @@ fn cuda_bindings_allocates_up_to_the_device_bare_and_up_to_the_quota_under_vgpu(
 /// `tests/fixtures/cuda_hold.py`: holds GIB GiB through the driver API, touches READY once
 /// it does, and holds until its stdin closes.
 fn hold_script() -> String {
-    format!("{}/tests/fixtures/cuda_hold.py", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/tests/fixtures/cuda_hold.py", concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
 /// gpustat's one GPU: (memory.used MiB, memory.total MiB, [(pid, gpu_memory_usage MiB)]).

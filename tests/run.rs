@@ -255,7 +255,7 @@ fn partitions_lifecycle() {
 }
 
 fn hold_script() -> String {
-    format!("{}/tests/fixtures/cuda_hold.py", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/tests/fixtures/cuda_hold.py", concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
 #[test]
@@ -330,7 +330,7 @@ fn ctrl_c_on_a_terminal_reaches_the_workload_once() {
         c = count.display()
     );
     let vgpu = env!("CARGO_BIN_EXE_vgpu");
-    let helper = format!("{}/tests/fixtures/ctrl_c.py", env!("CARGO_MANIFEST_DIR"));
+    let helper = format!("{}/tests/fixtures/ctrl_c.py", concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let mut cmd = std::process::Command::new("python3");
     cmd.args([helper.as_str(), vgpu, "--simulate", "run", "--mem", "1G", "--", "sh", "-c", &script]);
     for (k, v) in sim.env() {

@@ -479,7 +479,7 @@ fn a_run_from_a_shell_gets_a_transient_scope_over_dbus() {
 
 /// `CapabilityBoundingSet=` of `systemd/vgpu@.service` as setpriv's `--bounding-set`.
 fn template_bounding_set() -> String {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/vgpu@.service")).expect("systemd/vgpu@.service");
+    let text = std::fs::read_to_string(concat!(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."), "/systemd/vgpu@.service")).expect("systemd/vgpu@.service");
     let caps: Vec<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
@@ -520,7 +520,7 @@ fn the_template_units_capabilities_run_another_users_workload() {
 /// The template unit runs the workload file of its instance, in a subtree delegated to vgpu.
 #[test]
 fn the_template_unit_runs_the_instances_workload_file_delegated() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/vgpu@.service")).expect("systemd/vgpu@.service");
+    let text = std::fs::read_to_string(concat!(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."), "/systemd/vgpu@.service")).expect("systemd/vgpu@.service");
     let values = |key: &str| -> Vec<String> { text.lines().filter_map(|l| l.strip_prefix(&format!("{key}="))).map(str::to_owned).collect() };
     assert_eq!(values("ExecStart"), ["/usr/local/bin/vgpu run --workload %i"]);
     assert_eq!(values("Delegate"), ["yes"]);

@@ -79,7 +79,7 @@ fn a_workload_cannot_raise_its_own_quota() {
     std::fs::set_permissions(sim.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // The simulated driver's own state is the test's, shared by every simulated process.
     std::fs::set_permissions(sim.path("fakegpu-state"), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let alloc = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/alloc.py");
+    let alloc = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("examples/alloc.py");
     // quota_bytes is the 8 bytes after the 64-byte UUID of the first device record.
     let forge = "import os, sys\n\
         for name in ('usage', 'limits'):\n\

@@ -22,7 +22,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 const GPU: &[(&str, &str)] = &[("NVIDIA A100-SXM4-40GB", "40GiB")];
-const UNIT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd");
+const UNIT_DIR: &str = concat!(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."), "/systemd");
 const WATCH_UNIT: &str = "vgpu-watch.service";
 /// How long any one expected line, datagram or exit may take.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -230,7 +230,7 @@ fn documentation_is_the_man_page() {
         let docs: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("Documentation=")).collect();
         assert_eq!(docs, ["man:vgpu(1)"], "{}", path.display());
     }
-    assert!(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/man/vgpu.1")).is_file());
+    assert!(Path::new(concat!(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."), "/man/vgpu.1")).is_file());
 }
 
 /// `systemd-analyze security --offline=true`'s overall exposure (0 best, 10 worst) of each
@@ -631,7 +631,7 @@ fn install(root: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
         }
     }
     let path = format!("{}:{}", fake_bin.display(), std::env::var("PATH").unwrap_or_default());
-    let mut cmd = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/install.sh"));
+    let mut cmd = Command::new(concat!(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."), "/install.sh"));
     cmd.args(["--prefix", root.join("prefix").to_str().unwrap()])
         .args(args)
         .env("PATH", path)

@@ -68,7 +68,7 @@ fn db_path(sim: &Sim) -> PathBuf {
 
 /// The database, read-only (None: there is none).
 fn open(sim: &Sim) -> Connection {
-    vgpu_history::db::open_ro(&sim.path("lib")).expect("open history.db").expect("history.db exists")
+    vgpu_history::reader::open_ro(&sim.path("lib")).expect("open history.db").expect("history.db exists")
 }
 
 fn count(conn: &Connection, sql: &str) -> i64 {

@@ -23,7 +23,7 @@ use serde_json::Value as Json;
 const TWO_A100: &[(&str, &str)] = &[("NVIDIA A100-SXM4-40GB", "40GiB"), ("NVIDIA A100-SXM4-40GB", "40GiB")];
 
 fn hold_script() -> String {
-    format!("{}/tests/fixtures/cuda_hold.py", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/tests/fixtures/cuda_hold.py", concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
 fn command(sim: &Sim, args: &[&str]) -> Command {

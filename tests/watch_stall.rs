@@ -39,7 +39,7 @@ fn config(extra: &str) -> String {
 fn sim() -> Sim {
     let sim = Sim::new(&[H100]);
     std::fs::set_permissions(sim.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stall_attacker.py"), sim.path("stall_attacker.py")).unwrap();
+    std::fs::copy(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("tests/fixtures/stall_attacker.py"), sim.path("stall_attacker.py")).unwrap();
     sim
 }
 
@@ -269,7 +269,7 @@ fn a_user_cannot_open_the_history_and_locks_on_its_public_copy_stall_nothing() {
     // Recorded (root reads the live database), and published again: a new copy beside the
     // locked one, which the watch never opens again.
     wait_for("the bypasser's end in the history", || {
-        let conn = vgpu_history::db::open_ro(&lib).unwrap().unwrap();
+        let conn = vgpu_history::reader::open_ro(&lib).unwrap().unwrap();
         conn.query_row("SELECT count(*) FROM workloads WHERE name = 'bypass-locks' AND ended_ms IS NOT NULL", [], |r| r.get::<_, i64>(0)).unwrap() == 1
     });
     wait_for("a new public copy", || std::fs::metadata(&copy).is_ok_and(|m| m.ino() != locked));
@@ -301,7 +301,7 @@ fn a_database_an_old_install_left_readable_is_made_private_while_a_user_holds_it
     let mut watch = Watch::start_as_service(&sim, &[]);
     bypasser_is_killed(&sim, &mut watch, "bypass-old");
     wait_for("the bypasser's end in the history", || {
-        let Ok(Some(conn)) = vgpu_history::db::open_ro(&lib) else { return false };
+        let Ok(Some(conn)) = vgpu_history::reader::open_ro(&lib) else { return false };
         conn.query_row("SELECT count(*) FROM workloads WHERE name = 'bypass-old' AND ended_ms IS NOT NULL", [], |r| r.get::<_, i64>(0)).is_ok_and(|n| n == 1)
     });
     let meta = std::fs::metadata(&db).unwrap();
@@ -313,7 +313,7 @@ fn a_database_an_old_install_left_readable_is_made_private_while_a_user_holds_it
         }
     }
     // Nothing was lost: the old WAL's row is there.
-    let conn = vgpu_history::db::open_ro(&lib).unwrap().unwrap();
+    let conn = vgpu_history::reader::open_ro(&lib).unwrap().unwrap();
     assert_eq!(conn.query_row("SELECT count(*) FROM workloads WHERE id = 'old'", [], |r| r.get::<_, i64>(0)).unwrap(), 1);
     drop(conn);
     watch.drain();

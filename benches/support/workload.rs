@@ -17,7 +17,7 @@ pub fn build(bench: &str) -> PathBuf {
     let build = ["build", "--release", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload"];
     match std::env::var_os("CARGO") {
         Some(cargo) => {
-            let status = Command::new(cargo).args(build).current_dir(env!("CARGO_MANIFEST_DIR")).stdout(Stdio::null()).status();
+            let status = Command::new(cargo).args(build).current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).stdout(Stdio::null()).status();
             if !matches!(status, Ok(s) if s.success()) {
                 fail(format!("`cargo {}` failed ({status:?})", build.join(" ")));
             }

@@ -21,7 +21,7 @@ pub fn workload_bin() -> &'static Path {
         let mut cmd = Command::new(env!("CARGO"));
         cmd.args(["build", "--quiet", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload", "--profile", &profile])
             .arg("--manifest-path")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+            .arg(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("Cargo.toml"));
         crate::process::run_ok(&mut cmd);
         let bin = dir.join("examples/gpu_workload");
         assert!(bin.is_file(), "{} missing after building it", bin.display());

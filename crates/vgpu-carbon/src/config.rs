@@ -245,16 +245,16 @@ impl CarbonConfig {
     }
 
     /// When the decision log is rotated, defaults filled in and checked.
-    pub fn log_rotation(&self) -> Result<super::log::Rotation, CarbonConfigError> {
-        let max_bytes = self.log_max_bytes.unwrap_or(super::log::DEFAULT_MAX_BYTES);
+    pub fn log_rotation(&self) -> Result<Rotation, CarbonConfigError> {
+        let max_bytes = self.log_max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
         if max_bytes < MIN_LOG_BYTES {
             return Err(bad("log_max_bytes", format!("must be at least {MIN_LOG_BYTES} bytes, got {max_bytes}")));
         }
-        let keep = self.log_keep.unwrap_or(super::log::DEFAULT_KEEP);
+        let keep = self.log_keep.unwrap_or(DEFAULT_KEEP);
         if !(1..=MAX_LOG_KEEP).contains(&keep) {
             return Err(bad("log_keep", format!("must be from 1 to {MAX_LOG_KEEP}, got {keep}")));
         }
-        Ok(super::log::Rotation { max_bytes, keep })
+        Ok(Rotation { max_bytes, keep })
     }
 
     /// The model's tunables, defaults filled in and checked.
@@ -275,6 +275,28 @@ impl CarbonConfig {
             return Err(bad("delta_f_mhz", "must be at least 1 MHz"));
         }
         Ok(model::Tunables { gamma, scaling_efficiency, freq_sensitivity, delta_f_mhz: self.delta_f_mhz })
+    }
+}
+
+/// The decision log's rotation (`[carbon] log_max_bytes`, `log_keep`; the log is `log`).
+/// `[carbon] log_max_bytes` by default.
+pub const DEFAULT_MAX_BYTES: u64 = 16 << 20;
+/// `[carbon] log_keep` by default: old files kept beside the log.
+pub const DEFAULT_KEEP: u32 = 1;
+
+/// When and how the log is rotated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotation {
+    /// The most bytes the log may hold before it is rotated (a single longer line is still
+    /// written, alone in a new file).
+    pub max_bytes: u64,
+    /// How many rotated files are kept (`carbon.jsonl.1` … `.N`), at least 1.
+    pub keep: u32,
+}
+
+impl Default for Rotation {
+    fn default() -> Rotation {
+        Rotation { max_bytes: DEFAULT_MAX_BYTES, keep: DEFAULT_KEEP }
     }
 }
 

@@ -91,26 +91,7 @@ pub struct LogError {
 
 /// The log's mode: anyone may audit it.
 pub const LOG_MODE: u32 = 0o644;
-/// `[carbon] log_max_bytes` by default.
-pub const DEFAULT_MAX_BYTES: u64 = 16 << 20;
-/// `[carbon] log_keep` by default: old files kept beside the log.
-pub const DEFAULT_KEEP: u32 = 1;
-
-/// When and how the log is rotated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rotation {
-    /// The most bytes the log may hold before it is rotated (a single longer line is still
-    /// written, alone in a new file).
-    pub max_bytes: u64,
-    /// How many rotated files are kept (`carbon.jsonl.1` … `.N`), at least 1.
-    pub keep: u32,
-}
-
-impl Default for Rotation {
-    fn default() -> Rotation {
-        Rotation { max_bytes: DEFAULT_MAX_BYTES, keep: DEFAULT_KEEP }
-    }
-}
+pub use crate::config::{Rotation, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 
 /// `carbon.jsonl.N`: the N-th most recent rotated file.
 pub fn rotated_path(path: &Path, n: u32) -> PathBuf {

@@ -40,7 +40,7 @@ enum Leftovers {
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::os::fd::AsRawFd;
 /// use std::os::unix::process::CommandExt;
-/// use vgpu::cgroup::{Cgroup, Layout, Limits};
+/// use vgpu_cgroups::{Cgroup, Layout, Limits};
 ///
 /// let layout = Layout::detect().ok_or("no cgroup filesystem")?;
 /// let cgroup = Cgroup::create(&layout, "w-1234")?;

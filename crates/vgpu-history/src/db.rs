@@ -82,13 +82,6 @@ pub fn open_rw_within(lib_dir: &Path, busy: Duration) -> Result<Connection, Hist
     Ok(conn)
 }
 
-/// Open the history to read, as this caller may: root reads the live database, anyone else
-/// the public copy ([`super::snapshot::open`], no lock taken). `Ok(None)` when there is
-/// none yet.
-pub fn open_ro(lib_dir: &Path) -> Result<Option<Connection>, HistoryError> {
-    Ok(open_reader(lib_dir)?.map(|r| r.conn))
-}
-
 /// Where a reader's rows come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadFrom {
@@ -105,14 +98,6 @@ pub struct Opened {
     /// The file read.
     pub path: PathBuf,
     pub from: ReadFrom,
-}
-
-/// [`open_ro`], saying what was opened.
-pub fn open_reader(lib_dir: &Path) -> Result<Option<Opened>, HistoryError> {
-    if !nix::unistd::geteuid().is_root() {
-        return super::snapshot::open(lib_dir);
-    }
-    Ok(open_live_ro(lib_dir)?.map(|conn| Opened { conn, path: path_in(lib_dir), from: ReadFrom::Live }))
 }
 
 /// Open the live database to read (root); `Ok(None)` when there is none yet.
@@ -351,7 +336,7 @@ mod tests {
         assert_eq!(mode, DB_MODE);
         // Opening again is idempotent; a reader sees the version.
         open_rw(dir.path()).unwrap();
-        let ro = open_ro(dir.path()).unwrap().unwrap();
+        let ro = open_live_ro(dir.path()).unwrap().unwrap();
         let v: i64 = ro.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
         assert_eq!(v, SCHEMA_VERSION);
     }
@@ -399,13 +384,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink("/etc/passwd", path_in(dir.path())).unwrap();
         assert!(matches!(open_rw(dir.path()), Err(HistoryError::Io { .. })));
-        assert!(matches!(open_ro(dir.path()), Err(HistoryError::NotRegular { .. })));
+        assert!(matches!(open_live_ro(dir.path()), Err(HistoryError::NotRegular { .. })));
         std::fs::remove_file(path_in(dir.path())).unwrap();
-        assert!(open_ro(dir.path()).unwrap().is_none());
+        assert!(open_live_ro(dir.path()).unwrap().is_none());
         let conn = open_rw(dir.path()).unwrap();
         conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
         drop(conn);
         assert!(matches!(open_rw(dir.path()), Err(HistoryError::NewerSchema { .. })));
-        assert!(matches!(open_ro(dir.path()), Err(HistoryError::NewerSchema { .. })));
+        assert!(matches!(open_live_ro(dir.path()), Err(HistoryError::NewerSchema { .. })));
     }
 }

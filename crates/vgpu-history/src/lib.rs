@@ -19,6 +19,7 @@ pub const SCHEMA: &str = include_str!("schema.sql");
 pub mod config;
 pub mod db;
 pub mod query;
+pub mod reader;
 pub mod snapshot;
 pub mod spent;
 pub mod store;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension as _};
 
-use super::db::{self, HistoryError, ReadFrom};
+use super::db::{HistoryError, ReadFrom};
 use vgpu_carbon::account;
 use vgpu_carbon::account::Accounting;
 use vgpu_carbon::account::GpuSample;
@@ -45,7 +45,7 @@ impl Reader {
     /// Open the history of `lib_dir` to read, as this caller may ([`db::open_reader`]);
     /// `Ok(None)` when there is none yet.
     pub fn open(lib_dir: &Path) -> Result<Option<Reader>, HistoryError> {
-        Ok(db::open_reader(lib_dir)?.map(|o| Reader { conn: o.conn, path: o.path, from: o.from }))
+        Ok(crate::reader::open_reader(lib_dir)?.map(|o| Reader { conn: o.conn, path: o.path, from: o.from }))
     }
 
     /// The live database, or the public copy and when it was made.
@@ -399,7 +399,7 @@ mod tests {
     #[test]
     fn reads_a_window_and_a_workloads_usage() {
         let dir = tempfile::tempdir().unwrap();
-        let conn = db::open_rw(dir.path()).unwrap();
+        let conn = crate::db::open_rw(dir.path()).unwrap();
         conn.execute_batch(
             "INSERT INTO gpu_samples VALUES (0, 10000, 'GPU-x', 0, 'NVIDIA A100', 3000000, 'counter', NULL, NULL, NULL, NULL);
              INSERT INTO gpu_samples VALUES (10000, 20000, 'GPU-x', 0, 'NVIDIA A100', 1000000, 'counter', NULL, NULL, NULL, NULL);
@@ -440,7 +440,7 @@ mod tests {
         // each: the total is every interval's energy, the workload's share the same as one
         // window's would give (its GPU time is proportional, the split exact).
         let dir = tempfile::tempdir().unwrap();
-        let conn = db::open_rw(dir.path()).unwrap();
+        let conn = crate::db::open_rw(dir.path()).unwrap();
         let step = 7 * 60_000;
         let mut total = 0;
         for k in 0..26i64 {

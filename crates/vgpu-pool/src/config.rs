@@ -99,7 +99,7 @@ impl PoolConfig {
     /// Check every value; parsing does this already, call it for a config built in code.
     pub fn validate(&self) -> Result<(), PoolError> {
         if !(self.block_tflops.is_finite() && (MIN_BLOCK_TFLOPS..=MAX_BLOCK_TFLOPS).contains(&self.block_tflops)) {
-            return Err(PoolError::InvalidBlockTflops { value: self.block_tflops });
+            return Err(PoolError::InvalidBlockTflops { value: self.block_tflops, min: MIN_BLOCK_TFLOPS, max: MAX_BLOCK_TFLOPS });
         }
         for (table, map) in [("tflops", &self.tflops), ("uuid_tflops", &self.uuid_tflops)] {
             for (key, &value) in map {

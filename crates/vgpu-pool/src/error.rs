@@ -2,7 +2,8 @@
 
 use thiserror::Error;
 
-use super::kind::KindFilter;
+use super::kind::{KindFilter, UnknownKind};
+use super::status::AllocState;
 
 /// A running workload that holds blocks a refused request would have needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,8 +37,8 @@ pub enum PoolError {
     #[error("[pool] {key}: must be a positive number of TFLOPS, got {value}")]
     InvalidConfigTflops { key: String, value: f64 },
 
-    #[error("[pool] block_tflops: must be from {min} to {max} TFLOPS, got {value}", min = super::config::MIN_BLOCK_TFLOPS, max = super::config::MAX_BLOCK_TFLOPS)]
-    InvalidBlockTflops { value: f64 },
+    #[error("[pool] block_tflops: must be from {min} to {max} TFLOPS, got {value}", )]
+    InvalidBlockTflops { value: f64, min: f64, max: f64 },
 
     #[error("pool device {0:?} is declared twice in the config: give each [[pool.device]] a distinct name or id")]
     DuplicateDevice(String),
@@ -61,7 +62,7 @@ pub enum PoolError {
     ResizeTooLarge { id: String, name: String, requested: u64, available: u64 },
 
     #[error("{name} ({id}) is {state} in the pool: its blocks can change only while it runs")]
-    NotRunning { id: String, name: String, state: super::state::AllocState },
+    NotRunning { id: String, name: String, state: AllocState },
 
     #[error("workload {0:?} already has an entry in the pool")]
     DuplicateWorkload(String),
@@ -122,6 +123,12 @@ fn no_room(requested: u64, free: u64, holders: &[Holder]) -> String {
         "{requested} blocks requested, {free} free; the other blocks are held by workloads of equal or \
          higher priority: {held_by}; use --wait to queue, or a higher --priority"
     )
+}
+
+impl From<UnknownKind> for PoolError {
+    fn from(e: UnknownKind) -> PoolError {
+        PoolError::UnknownKind { given: e.given, expected: e.expected }
+    }
 }
 
 #[cfg(test)]

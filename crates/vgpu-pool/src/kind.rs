@@ -5,7 +5,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::PoolError;
 
 /// The kind of an accelerator. The order of the variants is the order of the regions in a
 /// node's block numbering (SPEC 1.2): GPUs first, then NPUs, then FPGAs.
@@ -29,6 +28,15 @@ impl DeviceKind {
     }
 }
 
+/// A kind that is none of the known ones (`--kind tpu`); the pool's own error wraps it
+/// (`PoolError::UnknownKind`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown device kind {given:?}: expected {expected}")]
+pub struct UnknownKind {
+    pub given: String,
+    pub expected: &'static str,
+}
+
 impl fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -36,22 +44,22 @@ impl fmt::Display for DeviceKind {
 }
 
 impl FromStr for DeviceKind {
-    type Err = PoolError;
+    type Err = UnknownKind;
 
-    fn from_str(s: &str) -> Result<Self, PoolError> {
+    fn from_str(s: &str) -> Result<Self, UnknownKind> {
         match s.trim().to_ascii_lowercase().as_str() {
             "gpu" => Ok(DeviceKind::Gpu),
             "npu" => Ok(DeviceKind::Npu),
             "fpga" => Ok(DeviceKind::Fpga),
-            _ => Err(PoolError::UnknownKind { given: s.to_string(), expected: "gpu, npu or fpga" }),
+            _ => Err(UnknownKind { given: s.to_string(), expected: "gpu, npu or fpga" }),
         }
     }
 }
 
 impl TryFrom<String> for DeviceKind {
-    type Error = PoolError;
+    type Error = UnknownKind;
 
-    fn try_from(s: String) -> Result<Self, PoolError> {
+    fn try_from(s: String) -> Result<Self, UnknownKind> {
         s.parse()
     }
 }
@@ -86,22 +94,22 @@ impl fmt::Display for KindFilter {
 }
 
 impl FromStr for KindFilter {
-    type Err = PoolError;
+    type Err = UnknownKind;
 
-    fn from_str(s: &str) -> Result<Self, PoolError> {
+    fn from_str(s: &str) -> Result<Self, UnknownKind> {
         if s.trim().eq_ignore_ascii_case("any") {
             return Ok(KindFilter::Any);
         }
         s.parse::<DeviceKind>()
             .map(KindFilter::Only)
-            .map_err(|_| PoolError::UnknownKind { given: s.to_string(), expected: "gpu, npu, fpga or any" })
+            .map_err(|_| UnknownKind { given: s.to_string(), expected: "gpu, npu, fpga or any" })
     }
 }
 
 impl TryFrom<String> for KindFilter {
-    type Error = PoolError;
+    type Error = UnknownKind;
 
-    fn try_from(s: String) -> Result<Self, PoolError> {
+    fn try_from(s: String) -> Result<Self, UnknownKind> {
         s.parse()
     }
 }
@@ -122,7 +130,7 @@ mod tests {
         assert_eq!("any".parse::<KindFilter>().unwrap(), KindFilter::Any);
         assert_eq!("fpga".parse::<KindFilter>().unwrap(), KindFilter::Only(DeviceKind::Fpga));
         let err = "tpu".parse::<KindFilter>().unwrap_err();
-        assert!(matches!(err, PoolError::UnknownKind { .. }));
+        assert!(matches!(err, UnknownKind { .. }));
         assert!(err.to_string().contains("gpu, npu, fpga or any"), "{err}");
         assert!("any".parse::<DeviceKind>().is_err(), "a device has a kind; `any` is only a filter");
     }

@@ -32,6 +32,7 @@ pub mod request;
 pub mod resize;
 pub mod resume;
 pub mod state;
+pub mod status;
 pub mod tflops;
 pub mod view;
 

@@ -6,7 +6,6 @@
 //! it with [`Pool::apply`]. See `README.md` beside this file.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -17,27 +16,7 @@ use super::map::BlockMap;
 use super::priority::Priority;
 use super::request::Request;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AllocState {
-    /// Holds its blocks.
-    Running,
-    /// Preempted: frozen, its blocks given to a higher-priority workload; it gets the same
-    /// number of blocks on the same devices back when it resumes.
-    Suspended,
-    /// Queued (`vgpu run --wait`): holds nothing yet.
-    Waiting,
-}
-
-impl fmt::Display for AllocState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            AllocState::Running => "running",
-            AllocState::Suspended => "suspended",
-            AllocState::Waiting => "waiting",
-        })
-    }
-}
+pub use crate::status::AllocState;
 
 /// Blocks on one device (an index into the inventory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

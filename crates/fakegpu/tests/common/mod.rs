@@ -163,7 +163,7 @@ pub fn field<'a>(stdout: &'a str, key: &str) -> &'a str {
 /// NVIDIA's include directories (cuda.h, nvml.h), fetched by tests/fetch-headers.sh.
 /// Fails the test, with the script's message, when they cannot be had.
 pub fn headers() -> Vec<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fetch-headers.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fetch-headers.sh");
     let out = Command::new("bash")
         .arg(&script)
         .output()

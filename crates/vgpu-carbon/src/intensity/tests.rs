@@ -339,7 +339,7 @@ fn the_mean_over_a_slot_weighs_each_figure_by_its_time() {
 }
 
 fn fixture(name: &str) -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/carbon").join(name);
+    let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/carbon")).join(name);
     std::fs::read_to_string(&path).unwrap()
 }
 

@@ -115,7 +115,7 @@ pub fn forecast(ctx: &Context, now: DateTime<Utc>, until: DateTime<Utc>, current
 pub fn spent_since(ctx: &Context, start: DateTime<Utc>, now: DateTime<Utc>, current_g_per_kwh: f64) -> (f64, SpentFrom, Option<String>) {
     use vgpu_history::db;
     use vgpu_history::spent;
-    let why = match db::open_ro(&ctx.lib_dir) {
+    let why = match vgpu_history::reader::open_ro(&ctx.lib_dir) {
         Ok(Some(conn)) => {
             let path = db::path_in(&ctx.lib_dir);
             match spent::spent(&conn, &path, start.timestamp_millis(), now.timestamp_millis(), current_g_per_kwh) {
@@ -330,7 +330,7 @@ pub fn devices(ctx: &Context, nvml: &Nvml) -> Result<Vec<CarbonGpu>> {
     let config = &ctx.config.carbon;
     let mut devices = apply::read_devices(nvml, config, &tunables(config)?).context("reading the GPUs")?;
     anyhow::ensure!(!devices.is_empty(), "the NVIDIA driver reports no GPUs");
-    match vgpu_history::db::open_ro(&ctx.lib_dir) {
+    match vgpu_history::reader::open_ro(&ctx.lib_dir) {
         Ok(Some(conn)) => use_measured(&conn, config, &mut devices),
         Ok(None) => {}
         Err(e) => tracing::warn!("the measured power models are not used: {e}"),
@@ -406,7 +406,7 @@ pub fn learn_sensitivities(lib_dir: &std::path::Path, devices: &[CarbonGpu]) {
 /// [`workloads`], from the records of `store`. A workload without `--freq-sensitivity`
 /// gets its learned σ (`workload_sensitivity`, by service, then name, then id), if any.
 pub fn workloads_in(store: &Store, devices: &[CarbonGpu]) -> Vec<PlannedWorkload> {
-    let history = match vgpu_history::db::open_ro(&store.lib_dir) {
+    let history = match vgpu_history::reader::open_ro(&store.lib_dir) {
         Ok(conn) => conn,
         Err(e) => {
             tracing::warn!("learned frequency sensitivities are not used: {e}");

@@ -94,9 +94,7 @@ pub fn header_dirs() -> &'static [PathBuf] {
 }
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("shim/ has a parent")
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .to_path_buf()
 }
 

@@ -389,7 +389,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
     let pool = match &args.opts.tflops {
         Some(text) => Some(PoolAsk {
             tflops: vgpu_pool::parse_tflops(text).map_err(pool_error)?,
-            kind: args.opts.kind.as_deref().unwrap_or("any").parse::<KindFilter>().map_err(pool_error)?,
+            kind: args.opts.kind.as_deref().unwrap_or("any").parse::<KindFilter>().map_err(|e| pool_error(e.into()))?,
             wait: crate::commands::wait_limit(args.wait.as_deref())?,
         }),
         None => None,

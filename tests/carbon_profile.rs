@@ -18,8 +18,8 @@ use serde_json::Value;
 const CURVE: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n\
                      power_idle_w = 70\npower_max_w = 700\npower_exponent = 2.5\nclock_sensitivity = 0.6\n";
 /// The locked clocks the simulated driver holds for GPU `uuid` (None: not locked), read from
-/// its shared state file `<FAKEGPU_STATE>/<uuid>.state` (tests/fakegpu/README.md, "Shared
-/// state"; `Layout` in tests/fakegpu/src/state.rs, repr(C): magic u64, version u32, slot
+/// its shared state file `<FAKEGPU_STATE>/<uuid>.state` (crates/fakegpu/README.md, "Shared
+/// state"; `Layout` in crates/fakegpu/src/state.rs, repr(C): magic u64, version u32, slot
 /// count u32, creation time, size, used, peak u64, then the locked minimum and maximum u32 at
 /// bytes 48 and 52). Not through the fakegpu crate: linking its rlib here would rebuild
 /// libfakegpu.so under the other tests' feet.

@@ -1,6 +1,6 @@
 //! The compute governor end to end: `vgpu run --compute P` through the real binary, the
 //! shim and the simulated driver (as root, real cgroups), measured by
-//! `tests/fakegpu/examples/gpu_workload.rs`. Every launch path is held to its share, a
+//! `crates/fakegpu/examples/gpu_workload.rs`. Every launch path is held to its share, a
 //! huge kernel is too, the processes of one vGPU share one budget, `vgpu update` changes
 //! the share live, `ps` shows the measured share, `fair` lends idle GPU time, two strict
 //! tenants split the GPU by their shares, and an unlimited vGPU runs as fast as no shim.

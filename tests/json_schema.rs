@@ -266,7 +266,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     if std::env::var_os("VGPU_BLESS").is_some_and(|v| v == "1") {
         assert!(
             committed.is_none() || gone.is_empty(),
-            "not blessed: fields were renamed, removed or retyped under schema {SCHEMA}:\n  {}\nbump SCHEMA in src/output/schema.rs (and docs/json-schema.md), then bless again",
+            "not blessed: fields were renamed, removed or retyped under schema {SCHEMA}:\n  {}\nbump SCHEMA in crates/vgpu-json/src/lib.rs (and docs/json-schema.md), then bless again",
             gone.join("\n  ")
         );
         std::fs::write(&path, &current).unwrap();
@@ -277,7 +277,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     };
     assert!(
         gone.is_empty(),
-        "JSON fields were renamed, removed or retyped without bumping the schema:\n  {}\nscripts rely on these: bump SCHEMA in src/output/schema.rs, document the change in docs/json-schema.md, and re-bless with VGPU_BLESS=1 (new or changed fields:\n  {})",
+        "JSON fields were renamed, removed or retyped without bumping the schema:\n  {}\nscripts rely on these: bump SCHEMA in crates/vgpu-json/src/lib.rs, document the change in docs/json-schema.md, and re-bless with VGPU_BLESS=1 (new or changed fields:\n  {})",
         gone.join("\n  "),
         added.join("\n  ")
     );

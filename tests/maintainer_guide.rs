@@ -3,7 +3,7 @@
 //!
 //! - Every function of NVIDIA's `cuda.h` that can allocate device memory (the simulated
 //!   driver's conformance table lists every exported name of the header, and
-//!   `tests/fakegpu/tests/generated.rs` keeps that table equal to the pinned header) is
+//!   `crates/fakegpu/tests/generated.rs` keeps that table equal to the pinned header) is
 //!   either governed by the shim or named, with the reason, in the exemptions below, each of
 //!   which the shim's README lists under "Not covered" (or is host memory).
 //! - Every governed allocation function is simulated by the fake driver, called by a shim
@@ -117,11 +117,11 @@ fn every_device_allocation_of_cuda_h_is_governed_or_documented_as_not_covered() 
         assert!(!governed.contains(*name), "{name} is governed: remove it from the exemptions in this test");
     }
     let shim_readme = read("crates/vgpu-shim/README.md");
-    let not_covered = &shim_readme[shim_readme.find("## Not covered").expect("shim/README.md has \"## Not covered\"")..];
+    let not_covered = &shim_readme[shim_readme.find("## Not covered").expect("crates/vgpu-shim/README.md has \"## Not covered\"")..];
     for (name, why) in NOT_COVERED {
         assert!(
             not_covered.contains(base_name(name)),
-            "{name} ({why}) is not governed, and shim/README.md's \"Not covered\" section does not say so"
+            "{name} ({why}) is not governed, and crates/vgpu-shim/README.md's \"Not covered\" section does not say so"
         );
     }
 }
@@ -132,7 +132,7 @@ fn every_governed_allocation_is_simulated_tested_and_documented() {
     let status: std::collections::BTreeMap<String, String> = cuda_h_names().into_iter().collect();
     let shim_readme = read("crates/vgpu-shim/README.md");
     let governed_paragraph = {
-        let start = shim_readme.find("**Governed functions**").expect("shim/README.md lists the governed functions");
+        let start = shim_readme.find("**Governed functions**").expect("crates/vgpu-shim/README.md lists the governed functions");
         let end = shim_readme[start..].find("\n\n").map_or(shim_readme.len(), |e| start + e);
         &shim_readme[start..end]
     };
@@ -162,7 +162,7 @@ fn every_governed_allocation_is_simulated_tested_and_documented() {
         );
         assert!(
             governed_paragraph.contains(base_name(name)),
-            "{name} is governed but shim/README.md's list of governed functions does not name it"
+            "{name} is governed but crates/vgpu-shim/README.md's list of governed functions does not name it"
         );
     }
 }

@@ -165,7 +165,7 @@ fn held_by(sim: &Sim, id: &str, index: u64) -> u64 {
 
 /// The simulated GPU's launches, and the busy time of the kernels that did not fit in its
 /// timeline's ring (its spill spans, ns), read from the driver's shared state file: layout
-/// version 5 of tests/fakegpu/src/state.rs, whose `layout_is_stable` test pins the offsets
+/// version 5 of crates/fakegpu/src/state.rs, whose `layout_is_stable` test pins the offsets
 /// (launches at byte 64, the device's span at 112, 512 slots of 104 bytes from 240 each with
 /// its span at 72; a span's busy time is its fourth u64). Not through the fakegpu crate:
 /// linking its rlib here would rebuild libfakegpu.so under the other tests' feet.
@@ -357,7 +357,7 @@ fn memory_on_a_gpu_outside_the_vgpu_gets_no_allowance() {
 /// Item 8's last point, end to end: four processes of a `--compute 30` workload bypass
 /// the shim and launch kernels as fast as they can without synchronising, until far more
 /// intervals are queued than the simulated timeline's ring holds (2 s of kernels beside
-/// it: `tests/fakegpu/tests/timeline.rs` says why that is past what the old ring could
+/// it: `crates/fakegpu/tests/timeline.rs` says why that is past what the old ring could
 /// keep; about 40 s of storm on a 2-core machine). The old ring was overwritten with future
 /// kernels and NVML said 0 %: the watch then saw nothing. Started now, it must see the GPU
 /// busy and act (it throttles, then kills what throttling cannot hold: queued kernels run

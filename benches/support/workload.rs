@@ -1,4 +1,4 @@
-//! The GPU workload program (`tests/fakegpu/examples/gpu_workload.rs`) with the shim and the
+//! The GPU workload program (`crates/fakegpu/examples/gpu_workload.rs`) with the shim and the
 //! simulated driver, built in release beside the bench's `vgpu`. Include with
 //! `#[path = "support/workload.rs"] mod workload;`.
 

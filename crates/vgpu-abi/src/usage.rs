@@ -1,5 +1,5 @@
 //! The per-vGPU usage file and the protocol every process of the vGPU and every `vgpu`
-//! command follows on it. Layout: [`crate::layout`]. Design and proofs: `shim/README.md`.
+//! command follows on it. Layout: [`crate::layout`]. Design and proofs: `crates/vgpu-shim/README.md`.
 //!
 //! Hot path (no lock, no allocation, no system call but `clock_gettime`):
 //! - [`UsageFile::try_reserve`]: one compare-and-swap loop on the device's `used_bytes`

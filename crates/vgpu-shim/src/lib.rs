@@ -10,7 +10,7 @@
 //! - [`config`] / [`state`]: which vGPU, this process's state file, fork handling.
 //!
 //! Nothing runs at load time: no constructor, no allocation, no driver call. Design notes:
-//! `shim/README.md`.
+//! `crates/vgpu-shim/README.md`.
 
 mod config;
 mod ffi;

@@ -1,7 +1,7 @@
 //! The CLI's side of the compute governor: the `[compute]` config table, the policy names
 //! users type, the GPU board slots the CLI creates, and changing a vGPU's share live.
 //!
-//! The shim enforces the share (`shim/src/governor/compute.rs`); the CLI only writes the
+//! The shim enforces the share (`crates/vgpu-shim/src/governor/compute.rs`); the CLI only writes the
 //! share, the policy and the priority into the vGPU's usage file and creates the vGPU's
 //! slot on the board of every GPU it uses (`<state>/gpus/<uuid>/<vgpu-id>`, owned by the
 //! vGPU's user), through which the vGPUs sharing a GPU see each other. The shim re-reads

@@ -7,13 +7,14 @@
 //! - [`hooks`]: what each governed function does around the driver call.
 //! - [`governor`]: the memory accounting on the vGPU's shared usage file (the protocol
 //!   itself lives in `vgpu_abi::usage`, shared with the `vgpu` CLI).
-//! - [`config`] / [`state`]: which vGPU, this process's state file, fork handling.
+//! - [`config`] / [`state`] / `fork`: which vGPU, this process's state file, fork handling.
 //!
 //! Nothing runs at load time: no constructor, no allocation, no driver call. Design notes:
 //! `shim/README.md`.
 
 mod config;
 mod ffi;
+mod fork;
 mod governed;
 mod governor;
 mod guard;

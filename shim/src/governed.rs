@@ -1,17 +1,33 @@
 //! THE list of governed functions. Each line declares one driver function (or a `|`-joined
-//! pair of twins, e.g. the legacy-stream and per-thread-stream variants, sharing one hook)
-//! and generates its real-driver slot (`crate::real::NAME`), its exported wrapper (which runs
-//! the hook under `crate::guard::guard`) and its row of the table that `dlsym` and
-//! `cuGetProcAddress` consult (`crate::interpose::exports`). See [`governed!`] for the shape.
+//! pair of twins, e.g. the legacy-stream and per-thread-stream variants, sharing one hook):
+//! its C signature, its hook and, for launches, the fast-path predicate.
+//!
+//! The list is data: `governed!` turns it into `governed_functions!(then)`, which hands the
+//! list to the macro `then`. It is expanded twice, from this one text: by `crate::real` into
+//! each function's real-driver slot (`crate::real::NAME`) and signature type
+//! (`crate::real::sig::FIRST`), and by `crate::interpose::exports` (`governed_exports!`) into
+//! each exported wrapper (which runs the hook under `crate::guard::guard`) and its row of the
+//! table that `dlsym` and `cuGetProcAddress` consult. Hook and predicate paths are resolved
+//! where the wrappers are generated (`interpose::exports`, which imports the modules of
+//! `crate::hooks` and `interpose::procaddr`), so this module uses no other.
 //!
 //! Signatures are copied from NVIDIA's `cuda.h` / `nvml.h`.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
-
-use crate::ffi::*;
-use crate::hooks::{arrays, info, init, launch, memory, nvml, pools, vmm};
-use crate::interpose::exports::governed;
-use crate::interpose::procaddr;
+/// Declares THE list: defines `governed_functions!($then)`, which expands to
+/// `$then! { <the list> }`.
+macro_rules! governed {
+    (@define ($d:tt) $($list:tt)*) => {
+        macro_rules! governed_functions {
+            ($d then:ident) => {
+                $d then! { $($list)* }
+            };
+        }
+        pub(crate) use governed_functions;
+    };
+    ($($list:tt)*) => {
+        governed!(@define ($) $($list)*);
+    };
+}
 
 governed! {
     CUDA, CUDA_ERROR_NOT_FOUND => {

@@ -2,8 +2,8 @@
 //! quota, shared by all processes of the vGPU, from inside the CUDA process.
 //!
 //! - [`interpose`]: how calls reach the shim (exports, `dlsym`, `cuGetProcAddress`).
-//! - [`governed`]: the one list of governed functions (generates their exports, real-driver
-//!   slots and the `dlsym`/`cuGetProcAddress` table).
+//! - [`governed`]: THE list of governed functions (expanded into their exports and the
+//!   `dlsym`/`cuGetProcAddress` table by `interpose`, into their real-driver slots by `real`).
 //! - [`hooks`]: what each governed function does around the driver call.
 //! - [`governor`]: the memory accounting on the vGPU's shared usage file (the protocol
 //!   itself lives in `vgpu_abi::usage`, shared with the `vgpu` CLI).

@@ -9,7 +9,7 @@ use crate::governor::arrays::Shape;
 use crate::governor::devices;
 use crate::governor::memory::{self, Admission};
 use crate::guard::Call;
-use crate::governed::sig;
+use crate::real::sig;
 
 /// Admit an array of `bytes` (`None`: a shape the driver refuses; it answers itself).
 fn admit(bytes: Option<u64>) -> Admission {

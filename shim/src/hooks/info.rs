@@ -6,7 +6,7 @@ use crate::ffi::*;
 use crate::governor::devices::{self, Target};
 use crate::governor::memory;
 use crate::guard::Call;
-use crate::governed::sig;
+use crate::real::sig;
 use crate::state::Mode;
 
 pub unsafe fn mem_get_info(

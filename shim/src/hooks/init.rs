@@ -7,7 +7,7 @@ use crate::config;
 use crate::ffi::*;
 use crate::governor::devices;
 use crate::guard::Call;
-use crate::governed::sig;
+use crate::real::sig;
 use crate::state::Mode;
 
 pub unsafe fn init(call: &Call<CuResult>, real: sig::cuInit, flags: c_uint) -> CuResult {

@@ -10,7 +10,7 @@ use crate::config;
 use crate::ffi::*;
 use crate::governor::compute::{self, Work};
 use crate::guard::Call;
-use crate::governed::sig;
+use crate::real::sig;
 
 /// The launch exports' fast path (`fast if launch::unlimited` in `governed.rs`): nothing to
 /// govern now (no vGPU, or no compute limit on any of its devices), so the export calls the

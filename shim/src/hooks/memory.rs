@@ -10,7 +10,7 @@ use crate::governor::memory::{self, Admission, Pending};
 use crate::governor::pools::{self, Location};
 use crate::guard::Call;
 use crate::hooks::driver;
-use crate::governed::sig;
+use crate::real::sig;
 use crate::state::Vgpu;
 
 /// The current context's device.

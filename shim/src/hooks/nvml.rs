@@ -8,7 +8,7 @@ use crate::config;
 use crate::ffi::*;
 use crate::guard::Call;
 use crate::hooks::driver;
-use crate::governed::sig;
+use crate::real::sig;
 use crate::state::{Mode, Vgpu};
 
 /// `(total, used, free)` to report for `device` given the driver's answer, or `None` to

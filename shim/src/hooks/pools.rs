@@ -5,7 +5,7 @@
 use crate::ffi::*;
 use crate::governor::pools::{self, Location};
 use crate::guard::Call;
-use crate::governed::sig;
+use crate::real::sig;
 
 pub unsafe fn create(
     call: &Call<CuResult>,

@@ -10,7 +10,7 @@ use crate::governor::allocations::Kind;
 use crate::governor::devices;
 use crate::governor::memory;
 use crate::guard::Call;
-use crate::governed::sig;
+use crate::real::sig;
 
 /// The location of a `CUmemAllocationProp`: `Some(ordinal)` for device memory.
 ///

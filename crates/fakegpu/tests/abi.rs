@@ -2,13 +2,13 @@
 //! the sizes, field offsets and constant values of NVIDIA's headers: a C program compiled
 //! against cuda.h and nvml.h prints them, and they are compared one by one.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::mem::{offset_of, size_of};
 
 use cudarc::driver::sys as cu;
 use nvml_wrapper_sys::bindings as nv;
+
+use crate::common;
 
 fn rust_side() -> Vec<(&'static str, u64)> {
     let s = |n: usize| n as u64;

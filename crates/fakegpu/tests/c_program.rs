@@ -2,9 +2,7 @@
 //! `-l:libcuda.so.1` runs on the fake through the dynamic linker: init rules, device
 //! queries, allocation, OOM, cuMemGetInfo, error names.
 
-mod common;
-
-use common::{field, run_ok, Fake};
+use crate::common::{field, run_ok, Fake};
 
 const GIB: u64 = 1 << 30;
 

@@ -4,13 +4,11 @@
 //! controller is the `ckpt_ctl` probe (one call per run, found with `cuGetProcAddress_v2`,
 //! plus NVML's view of device 0 after it).
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{field, Fake, Holder};
+use crate::common::{field, Fake, Holder};
 use cudarc::driver::sys::CUresult;
 use fakegpu::state::{CheckpointOp, CheckpointState, DeviceState};
 

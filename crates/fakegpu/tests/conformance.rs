@@ -6,12 +6,10 @@
 //! cudaTypedefs.h gives its ABI; what it calls `absent` is not exported; and the stubs
 //! answer as specified (in a child process, which loads the library with `dlopen`).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 
-use common::Fake;
+use crate::common::{self, Fake};
 use cudarc::driver::sys::{
     CUdriverProcAddressQueryResult as Status, CUdriverProcAddress_flags as Flags, CUresult,
 };
@@ -230,7 +228,7 @@ fn every_header_function_is_found_by_dlsym_and_cu_get_proc_address() {
 
 const CHILD: &str = "FAKEGPU_CONFORMANCE_CHILD";
 
-/// Run `test` (this binary's test of that name) again in a child process with the
+/// Run `test` (this module's test of that name) again in a child process with the
 /// driver's environment, so that its cuInit/nvmlInit are the first of the process.
 fn in_child(test: &str, body: impl FnOnce()) {
     if std::env::var_os(CHILD).is_some() {
@@ -240,7 +238,12 @@ fn in_child(test: &str, body: impl FnOnce()) {
     let fake = Fake::new();
     let out = common::run_ok(
         fake.command(std::env::current_exe().expect("test binary"))
-            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                &common::test_path(module_path!(), test),
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD, &fake.lib_dir),
     );
     assert!(out.contains("1 passed"), "the child ran no test:\n{out}");

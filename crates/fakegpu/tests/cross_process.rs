@@ -4,9 +4,7 @@
 //! config fails cleanly with one line naming the file and key. Clients are the C program
 //! `tests/c/client.c` and probes of `examples/fakegpu_probe.rs`.
 
-mod common;
-
-use common::{field, run_ok, Fake, Holder};
+use crate::common::{self, field, run_ok, Fake, Holder};
 use cudarc::driver::sys::CUresult;
 use nvml_wrapper_sys::bindings as nv;
 

@@ -4,9 +4,7 @@
 //! `examples/fakegpu_probe.rs` of the same names; the parent checks the shared state
 //! afterwards.
 
-mod common;
-
-use common::{run_ok, Fake};
+use crate::common::{run_ok, Fake};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

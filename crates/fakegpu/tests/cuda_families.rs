@@ -4,12 +4,10 @@
 //! attributes, function attributes and occupancy, copies and fills. The parent checks
 //! what other processes see: the shared state and NVML.
 
-mod common;
-
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::{field, run_ok, Fake, Holder};
+use crate::common::{field, run_ok, Fake, Holder};
 
 const GIB: u64 = 1 << 30;
 

@@ -2,12 +2,10 @@
 //! export list is complete. (b) cuGetProcAddress_v2 / cuGetProcAddress hand out the right
 //! function for a base name, version and flags, and report misses like the real driver.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CString};
 
-use common::Fake;
+use crate::common::{self, Fake};
 use cudarc::driver::sys::{
     CUdriverProcAddressQueryResult as Status, CUdriverProcAddress_flags as Flags, CUresult,
 };

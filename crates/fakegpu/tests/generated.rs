@@ -1,7 +1,7 @@
 //! The checked-in tables generated from NVIDIA's headers are what the generator produces
 //! from the headers tests/fetch-headers.sh pins.
 
-mod common;
+use crate::common;
 
 #[test]
 fn generated_tables_are_up_to_date() {

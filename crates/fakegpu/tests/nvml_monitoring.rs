@@ -4,12 +4,10 @@
 //! and a power cap, process lists of every version, and a whole refresh through
 //! nvml-wrapper.
 //!
-//! Each test's client is this test binary itself: the test runs itself (`--exact NAME`) in
-//! a child process with the driver's environment (`Fake::command`) and a marker variable;
-//! there it is the client (`client_NAME`), which loads `libnvidia-ml.so.1` and
-//! `libcuda.so.1` by soname as real clients do.
-
-mod common;
+//! Each test's client is this test binary itself: the test runs itself (`--exact
+//! nvml_monitoring::NAME`) in a child process with the driver's environment
+//! (`Fake::command`) and a marker variable; there it is the client (`client_NAME`), which
+//! loads `libnvidia-ml.so.1` and `libcuda.so.1` by soname as real clients do.
 
 #[path = "../examples/fakegpu_probe/cuda.rs"]
 #[allow(dead_code)]
@@ -18,18 +16,18 @@ mod cuda;
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::time::{Duration, Instant};
 
-use common::{run_ok, Fake};
+use crate::common::{self, run_ok, Fake};
 
 /// Set in the child's environment: there each test is its own client.
 const CHILD: &str = "FAKEGPU_NVML_MONITORING_CHILD";
 
-/// Run the child test `name` against `fake`; its stdout.
+/// Run the child test `name` (of this module) against `fake`; its stdout.
 fn child(fake: &Fake, name: &str) -> String {
     let exe = std::env::current_exe().expect("path of the test binary");
     let mut cmd = fake.command(exe);
     cmd.args([
         "--exact",
-        name,
+        &common::test_path(module_path!(), name),
         "--nocapture",
         "--test-threads=1",
     ])

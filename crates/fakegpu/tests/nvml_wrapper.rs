@@ -3,9 +3,7 @@
 //! power limit, which then shows in the clock and power readings. The client's checks are
 //! the `nvml_wrapper` probe of `examples/fakegpu_probe.rs`; the parent checks what persists.
 
-mod common;
-
-use common::{field, run_ok, Fake};
+use crate::common::{field, run_ok, Fake};
 
 #[test]
 fn nvml_wrapper_reads_and_controls_the_fake() {

@@ -1,8 +1,6 @@
 //! (e) Python ctypes loads both sonames and drives the fake.
 
-mod common;
-
-use common::{field, run_ok, Fake};
+use crate::common::{field, run_ok, Fake};
 use nvml_wrapper_sys::bindings as nv;
 
 #[test]

@@ -3,9 +3,7 @@
 //! The racers are the `grabber` probe of `examples/fakegpu_probe.rs`: each grabs 512 MiB
 //! blocks until OOM and frees them, 50 rounds, and prints how many it held at most.
 
-mod common;
-
-use common::{field, Fake};
+use crate::common::{field, Fake};
 
 const GIB: u64 = 1 << 30;
 

@@ -4,12 +4,10 @@
 //! `examples/fakegpu_probe/timeline.rs`; exact values come from events and from the shared
 //! state's timeline.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 
-use common::{field, run_ok, Fake};
+use crate::common::{self, field, run_ok, Fake};
 use fakegpu::state::Busy;
 
 const KERNELS: &str = "long=30ms,k=1ms";

@@ -1,18 +1,33 @@
 //! THE list of governed functions. Each line declares one driver function (or a `|`-joined
-//! pair of twins, e.g. the legacy-stream and per-thread-stream variants, sharing one hook)
-//! and generates its real-driver slot (`crate::real::NAME`), its exported wrapper (which runs
-//! the hook under `crate::guard::guard`) and its row of the table that `dlsym` and
-//! `cuGetProcAddress` consult (`crate::interpose::exports`). See [`governed!`] for the shape.
+//! pair of twins, e.g. the legacy-stream and per-thread-stream variants, sharing one hook):
+//! its C signature, its hook and, for launches, the fast-path predicate.
+//!
+//! The list is data: `governed!` turns it into `governed_functions!(then)`, which hands the
+//! list to the macro `then`. It is expanded twice, from this one text: by `crate::real` into
+//! each function's real-driver slot (`crate::real::NAME`) and signature type
+//! (`crate::real::sig::FIRST`), and by `crate::interpose::exports` (`governed_exports!`) into
+//! each exported wrapper (which runs the hook under `crate::guard::guard`) and its row of the
+//! table that `dlsym` and `cuGetProcAddress` consult. Hook and predicate paths are resolved
+//! where the wrappers are generated (`interpose::exports`, which imports the modules of
+//! `crate::hooks` and `interpose::procaddr`), so this module uses no other.
 //!
 //! Signatures are copied from NVIDIA's `cuda.h` / `nvml.h`.
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
-
-use crate::ffi::*;
-use crate::hooks::{arrays, info, init, launch, memory, nvml, pools, vmm};
-use crate::governor::compute;
-use crate::interpose::exports::governed;
-use crate::interpose::procaddr;
+/// Declares THE list: defines `governed_functions!($then)`, which expands to
+/// `$then! { <the list> }`.
+macro_rules! governed {
+    (@define ($d:tt) $($list:tt)*) => {
+        macro_rules! governed_functions {
+            ($d then:ident) => {
+                $d then! { $($list)* }
+            };
+        }
+        pub(crate) use governed_functions;
+    };
+    ($($list:tt)*) => {
+        governed!(@define ($) $($list)*);
+    };
+}
 
 governed! {
     CUDA, CUDA_ERROR_NOT_FOUND => {
@@ -59,21 +74,21 @@ governed! {
         fn cuLaunchKernel | cuLaunchKernel_ptsz (
             f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint,
             block_z: c_uint, shared_bytes: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void
-        ) -> CuResult => launch::kernel, fast if compute::unlimited;
+        ) -> CuResult => launch::kernel, fast if launch::unlimited;
         fn cuLaunchKernelEx | cuLaunchKernelEx_ptsz (
             config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void
-        ) -> CuResult => launch::kernel_ex, fast if compute::unlimited;
+        ) -> CuResult => launch::kernel_ex, fast if launch::unlimited;
         fn cuLaunchCooperativeKernel | cuLaunchCooperativeKernel_ptsz (
             f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint,
             block_z: c_uint, shared_bytes: c_uint, stream: CUstream, params: *mut *mut c_void
-        ) -> CuResult => launch::cooperative, fast if compute::unlimited;
+        ) -> CuResult => launch::cooperative, fast if launch::unlimited;
         fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, devices: c_uint, flags: c_uint) -> CuResult
-            => launch::cooperative_multi_device, fast if compute::unlimited;
-        fn cuGraphLaunch | cuGraphLaunch_ptsz (exec: CUgraphExec, stream: CUstream) -> CuResult => launch::graph, fast if compute::unlimited;
-        fn cuLaunch(f: CUfunction) -> CuResult => launch::legacy, fast if compute::unlimited;
-        fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CuResult => launch::legacy_grid, fast if compute::unlimited;
+            => launch::cooperative_multi_device, fast if launch::unlimited;
+        fn cuGraphLaunch | cuGraphLaunch_ptsz (exec: CUgraphExec, stream: CUstream) -> CuResult => launch::graph, fast if launch::unlimited;
+        fn cuLaunch(f: CUfunction) -> CuResult => launch::legacy, fast if launch::unlimited;
+        fn cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int) -> CuResult => launch::legacy_grid, fast if launch::unlimited;
         fn cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream) -> CuResult
-            => launch::legacy_grid_async, fast if compute::unlimited;
+            => launch::legacy_grid_async, fast if launch::unlimited;
     }
     NVML, NVML_ERROR_FUNCTION_NOT_FOUND => {
         fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> NvmlReturn => nvml::memory_info;

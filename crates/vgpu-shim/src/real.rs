@@ -5,12 +5,88 @@
 //! Each function has its own slot: one atomic load and a predictable branch, then an
 //! indirect call. Resolution is lock-free and idempotent (threads racing to resolve store
 //! the same pointer), so no lock exists that a `fork` could leave held.
+//!
+//! The governed functions' slots and their C signatures ([`sig`]) are generated from THE
+//! list (`crate::governed`); the functions the shim only calls are declared here with
+//! `real_functions!`. glibc's own `dlsym`, which every lookup goes through, is [`dlsym`].
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::ffi::*;
-use crate::interpose::dlsym;
+
+/// glibc's `dlsym`, found once with `dlvsym` (never the shim's own exported `dlsym`): for
+/// every lookup of a real function, and the exported `dlsym`'s forward
+/// (`crate::interpose::dlsym`, whose assembly trampoline reads [`dlsym::REAL_DLSYM`]).
+pub mod dlsym {
+    use std::ffi::{c_char, c_void, CStr};
+    use std::sync::atomic::{AtomicPtr, Ordering};
+
+    use crate::log::vgpu_log_once;
+
+    /// glibc's `dlsym`; read by the assembly trampoline, so a plain pointer-sized static.
+    pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+    type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+    #[cfg(target_arch = "x86_64")]
+    const ORIGINAL_VERSION: &CStr = c"GLIBC_2.2.5";
+    #[cfg(target_arch = "aarch64")]
+    const ORIGINAL_VERSION: &CStr = c"GLIBC_2.17";
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    const ORIGINAL_VERSION: &CStr = c"GLIBC_2.0";
+
+    /// glibc's `dlsym`, resolved on first use.
+    #[inline]
+    pub fn real_dlsym() -> Option<DlsymFn> {
+        let mut p = REAL_DLSYM.load(Ordering::Acquire);
+        if p.is_null() {
+            p = resolve_real_dlsym();
+            if p.is_null() {
+                return None;
+            }
+            REAL_DLSYM.store(p, Ordering::Release);
+        }
+        // SAFETY: `p` is glibc's dlsym, whose C signature DlsymFn matches.
+        Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
+    }
+
+    /// Look `name` up in `handle` with glibc's `dlsym` (called from the shim: use only real
+    /// library handles here, never `RTLD_NEXT`).
+    pub fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
+        match real_dlsym() {
+            // SAFETY: a valid handle and a NUL-terminated name, as dlsym requires.
+            Some(f) => unsafe { f(handle, name.as_ptr()) },
+            None => std::ptr::null_mut(),
+        }
+    }
+
+    fn resolve_real_dlsym() -> *mut c_void {
+        // Neither scope contains libvgpu.so, so neither can hand back the shim's own dlsym.
+        // RTLD_NEXT first (it respects another interposer loaded after us); when the shim was
+        // dlopen'ed rather than preloaded, "next" may be empty, so libc's own handle second.
+        // SAFETY: dlopen with RTLD_NOLOAD of a NUL-terminated name only returns an existing handle.
+        let libc_handle = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        for scope in [libc::RTLD_NEXT, libc_handle] {
+            if scope.is_null() {
+                continue;
+            }
+            for version in [c"GLIBC_2.34", ORIGINAL_VERSION] {
+                // SAFETY: dlvsym with a valid scope and NUL-terminated strings; called from this
+                // library, so RTLD_NEXT means the objects after libvgpu.so.
+                let p = unsafe { libc::dlvsym(scope, c"dlsym".as_ptr(), version.as_ptr()) };
+                if !p.is_null() {
+                    return p;
+                }
+            }
+        }
+        vgpu_log_once!(
+            "cannot find glibc's dlsym (dlvsym GLIBC_2.34 / {}); dlsym lookups fail",
+            ORIGINAL_VERSION.to_string_lossy()
+        );
+        std::ptr::null_mut()
+    }
+}
 
 /// A driver library, opened on first use.
 pub struct Library {
@@ -116,8 +192,8 @@ impl Slot {
 }
 
 /// Declares `real::NAME(args)`, one driver function: the real function, or `$missing` when
-/// the driver lacks it. Governed functions get theirs from `governed!` (crate::governed);
-/// [`real_functions!`] below declares the ones the shim only calls.
+/// the driver lacks it. Governed functions get theirs from THE list (`crate::governed`,
+/// expanded below); [`real_functions!`] below declares the ones the shim only calls.
 macro_rules! real_function {
     ($library:ident, $missing:expr; $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty) => {
         // dead_code: real-only functions may be declared ahead of their use (the compute
@@ -142,7 +218,6 @@ macro_rules! real_function {
         }
     };
 }
-pub(crate) use real_function;
 
 /// Declares several real-only driver functions of one library (see [`real_function!`]).
 macro_rules! real_functions {
@@ -151,8 +226,37 @@ macro_rules! real_functions {
     };
 }
 
-/// The governed functions' real ones (declared with their exports in `crate::governed`).
-pub use crate::governed::real::*;
+/// Declares the governed functions' real ones (one [`real_function!`] per name, twins
+/// included) and their C signatures ([`sig`]), from THE list: expanded by
+/// `crate::governed::governed_functions!`. The hooks and fast-path predicates of the list are
+/// the exports' business (`crate::interpose::exports`).
+macro_rules! governed_real_functions {
+    (
+        $( $library:ident, $missing:expr => {
+            $( fn $first:ident $(| $twin:ident)* ( $($args:tt)* ) -> $ret:ty => $hook:path $(, fast if $fast:path)?; )*
+        } )*
+    ) => {
+        $( $(
+            governed_real_functions!(@real $library, $missing; [$first $($twin)*] ($($args)*) -> $ret);
+        )* )*
+
+        /// C signatures of the governed functions, as the hooks receive the real one (one
+        /// type per line of the list, named after its first name).
+        #[allow(non_camel_case_types)]
+        pub mod sig {
+            #[allow(unused_imports)]
+            use super::*;
+            $( $( pub type $first = unsafe fn($($args)*) -> $ret; )* )*
+        }
+    };
+
+    (@real $library:ident, $missing:expr; [$($name:ident)+] $args:tt -> $ret:ty) => {
+        $( real_function!($library, $missing; $name $args -> $ret); )+
+    };
+}
+
+// The governed functions' real ones.
+crate::governed::governed_functions!(governed_real_functions);
 
 // Real-only: functions the shim calls but does not govern.
 real_functions! { CUDA, CUDA_ERROR_NOT_FOUND;

@@ -1,29 +1,85 @@
-//! This process's per-process state file and what a `fork` must do to the shim's state.
+//! This process's place in its vGPU: the [`Mode`] (decided once, by `config`, at the first
+//! governed call), the [`Vgpu`] it enforces, and its per-process state file.
 //!
 //! The per-process file (`procs/<pid>-<start>`) is created at the first reservation, not at
 //! `cuInit`: processes that never allocate (nvidia-smi, a parent that only spawns workers)
-//! leave no record.
-//!
-//! Fork: the child is a new process with its own pid, so it must not update its parent's
-//! record (the mapping is shared) nor free its parent's allocations. A `pthread_atfork`
-//! child handler drops the inherited record and allocation table; the child registers its
-//! own record when it first allocates. The prepare handler takes the allocation-table locks
-//! so that no other thread is half-way through an update when the address space is copied.
+//! leave no record. A forked child drops the inherited record ([`reset_in_child`], called by
+//! the fork handlers in `fork`) and registers its own when it first allocates.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use vgpu_abi::process::ProcessId;
 use vgpu_abi::procfile::ProcFile;
+use vgpu_abi::usage::UsageFile;
 
-use crate::config::Vgpu;
-use crate::governor::{allocations, devices};
-use crate::hooks::pools;
 use crate::log::vgpu_log_once;
+
+/// The vGPU this process is in.
+pub struct Vgpu {
+    pub usage: UsageFile,
+}
+
+pub enum Mode {
+    PassThrough,
+    FailClosed,
+    Enforce(&'static Vgpu),
+}
+
+const UNKNOWN: usize = 0;
+const PASS_THROUGH: usize = 1;
+const FAIL_CLOSED: usize = 2;
+
+/// UNKNOWN, PASS_THROUGH, FAIL_CLOSED, or the address of a leaked `Vgpu`.
+static MODE: AtomicUsize = AtomicUsize::new(UNKNOWN);
+
+/// The mode, or what `decide` decides while there is none yet (`config::mode` passes the
+/// decision, made once, at the first governed call).
+#[inline(always)]
+pub fn decided_or(decide: impl FnOnce() -> Mode) -> Mode {
+    match MODE.load(Ordering::Acquire) {
+        UNKNOWN => decide(),
+        value => decode(value),
+    }
+}
+
+/// The vGPU, once the mode is decided as enforcing (never decides it).
+#[inline]
+pub fn joined() -> Option<&'static Vgpu> {
+    match MODE.load(Ordering::Acquire) {
+        UNKNOWN => None,
+        value => match decode(value) {
+            Mode::Enforce(vgpu) => Some(vgpu),
+            _ => None,
+        },
+    }
+}
+
+/// Set the mode once: `Ok(mode)` if this call set it, `Err(the mode set first)` if another
+/// thread was first (a losing `Enforce`'s `Vgpu` is simply leaked).
+pub fn settle(mode: Mode) -> Result<Mode, Mode> {
+    let value = match mode {
+        Mode::PassThrough => PASS_THROUGH,
+        Mode::FailClosed => FAIL_CLOSED,
+        Mode::Enforce(vgpu) => vgpu as *const Vgpu as usize,
+    };
+    match MODE.compare_exchange(UNKNOWN, value, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Ok(decode(value)),
+        Err(winner) => Err(decode(winner)),
+    }
+}
+
+#[inline]
+fn decode(value: usize) -> Mode {
+    match value {
+        PASS_THROUGH => Mode::PassThrough,
+        FAIL_CLOSED => Mode::FailClosed,
+        // SAFETY: any other value was stored from a leaked, never-freed &'static Vgpu.
+        ptr => Mode::Enforce(unsafe { &*(ptr as *const Vgpu) }),
+    }
+}
 
 static RECORD: AtomicPtr<ProcFile> = AtomicPtr::new(std::ptr::null_mut());
 static REGISTERING: AtomicBool = AtomicBool::new(false);
-static FORK_HANDLERS: Once = Once::new();
 
 /// This process's record, created on first use; `None` if it cannot be created (then the
 /// allocation is refused: an unrecorded reservation could not be reclaimed if we died).
@@ -67,48 +123,8 @@ fn register(vgpu: &Vgpu) -> Option<&'static ProcFile> {
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
-extern "C" {
-    // glibc (libc_nonshared.a).
-    fn pthread_atfork(
-        prepare: Option<unsafe extern "C" fn()>,
-        parent: Option<unsafe extern "C" fn()>,
-        child: Option<unsafe extern "C" fn()>,
-    ) -> libc::c_int;
-}
-
-unsafe extern "C" fn before_fork() {
-    pools::lock();
-    allocations::lock_all();
-}
-
-unsafe extern "C" fn after_fork_in_parent() {
-    // SAFETY: this thread took every lock in before_fork.
-    unsafe {
-        allocations::unlock_all();
-        pools::unlock();
-    }
-}
-
-unsafe extern "C" fn after_fork_in_child() {
-    // SAFETY: the forking thread took every lock in before_fork; it is the only thread here.
-    unsafe {
-        allocations::reset_in_child();
-        pools::unlock();
-    }
-    devices::reset_in_child();
-    crate::governor::compute::reset_in_child();
-    // The parent's record stays mapped (leaked): the child just stops using it.
+/// Fork child: the parent's record stays mapped (leaked): the child just stops using it.
+pub fn reset_in_child() {
     RECORD.store(std::ptr::null_mut(), Ordering::Release);
     REGISTERING.store(false, Ordering::Release);
-}
-
-/// Register the fork handlers (once, when the process joins a vGPU; never at load time).
-pub fn install_fork_handlers() {
-    FORK_HANDLERS.call_once(|| {
-        // SAFETY: the handlers only take/release the shim's spin locks and reset atomics.
-        let rc = unsafe { pthread_atfork(Some(before_fork), Some(after_fork_in_parent), Some(after_fork_in_child)) };
-        if rc != 0 {
-            vgpu_log_once!("pthread_atfork failed ({rc}); a forked child may misattribute GPU memory");
-        }
-    });
 }

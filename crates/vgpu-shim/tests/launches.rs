@@ -5,9 +5,7 @@
 //! simulated driver exactly once each: the driver counts as many kernels with the shim as
 //! without it.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// Every launch symbol the shim governs, and what each C label resolves to per mode.
 const SYMBOLS: [&str; 12] = [

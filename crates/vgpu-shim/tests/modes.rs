@@ -1,9 +1,7 @@
 //! The shim's modes and its manners as a preloaded library: pass-through without a vGPU,
 //! fail-closed with a broken one, `dlsym(RTLD_NEXT)` kept intact for everyone else.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 const QUOTA: u64 = 64 * MIB;
 

@@ -6,12 +6,10 @@
 //! - before the driver: the reservation is given back and the driver is called once;
 //! - after the driver freed: the bytes are given back once.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 
-use common::*;
+use crate::common::*;
 
 const QUOTA: u64 = 64 * MIB;
 const BYTES: u64 = 4 * MIB;

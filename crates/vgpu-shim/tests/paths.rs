@@ -3,9 +3,7 @@
 //! total = quota, inside fits, crossing → CUDA_ERROR_OUT_OF_MEMORY, free makes room, every
 //! allocation path counted exactly, uncounted frees passed through, NVML virtualised.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 const QUOTA: u64 = 64 * MIB;
 

@@ -1,13 +1,11 @@
 //! One quota shared by many threads and processes: no interleaving crosses it, dead
 //! processes (SIGKILL included) give back what they held, survivors' holdings are exact.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Start a worker: random allocations for `ms`, then it holds until its stdin closes.
 fn spawn_worker(

@@ -148,8 +148,17 @@ impl Fake {
 
 #[path = "../../../../tests/support/process.rs"]
 mod process;
-#[allow(unused_imports)] // not every test binary uses both
 pub use process::{assert_success, run_ok};
+
+/// The name the test harness gives test `test` of the module at `module_path` (pass
+/// `module_path!()`): `cuda_api::cu_init` for `cu_init` in `fake::cuda_api`. For a test that
+/// runs itself in a child process (`--exact`).
+pub fn test_path(module_path: &str, test: &str) -> String {
+    let (_crate, module) = module_path
+        .split_once("::")
+        .expect("a module of the test crate");
+    format!("{module}::{test}")
+}
 
 /// `key=value` lines a child printed.
 pub fn field<'a>(stdout: &'a str, key: &str) -> &'a str {

@@ -46,12 +46,11 @@ use vgpu_abi::compute::{self as arith, Competitor, Policy, PPM};
 use vgpu_abi::layout::{now_mono_ns, MAX_DEVICES};
 
 use super::devices::{self, Target};
-use crate::config::{self, Mode, Vgpu};
 use crate::ffi::*;
 use crate::log::vgpu_log_once;
 use crate::real;
 use crate::spinlock::SpinLock;
-use crate::state;
+use crate::state::{self, Mode, Vgpu};
 
 /// What a launch queues, for the governor's estimate of its GPU time.
 #[derive(Debug, Clone, Copy)]
@@ -114,30 +113,33 @@ const RISE_EVERY_NS: u64 = 100_000_000;
 /// Events kept for reuse per context.
 const EVENT_POOL: usize = 2 * MAX_IN_FLIGHT;
 
-/// Govern one launch of `work` into `stream`; `call` performs the driver call (exactly once).
+/// Govern one launch of `work` into `stream` in `mode` (the hook's `config::mode()`); `call`
+/// performs the driver call (exactly once).
 #[inline(always)]
-pub fn launch(stream: CUstream, work: Work, call: impl FnOnce() -> CuResult) -> CuResult {
-    match config::mode() {
+pub fn launch(mode: Mode, stream: CUstream, work: Work, call: impl FnOnce() -> CuResult) -> CuResult {
+    match mode {
         Mode::Enforce(vgpu) if any_limited(vgpu) => launch_limited(vgpu, &[(stream, work)], call),
         _ => call(),
     }
 }
 
 /// Govern a launch that queues work into several streams at once
-/// (`cuLaunchCooperativeKernelMultiDevice`); `call` performs the driver call exactly once.
+/// (`cuLaunchCooperativeKernelMultiDevice`) in `mode`; `call` performs the driver call exactly
+/// once.
 #[inline(always)]
-pub fn launch_many(items: &[(CUstream, Work)], call: impl FnOnce() -> CuResult) -> CuResult {
-    match config::mode() {
+pub fn launch_many(mode: Mode, items: &[(CUstream, Work)], call: impl FnOnce() -> CuResult) -> CuResult {
+    match mode {
         Mode::Enforce(vgpu) if any_limited(vgpu) => launch_limited(vgpu, items, call),
         _ => call(),
     }
 }
 
-/// Nothing to govern for a launch now: no vGPU, or no compute limit on any of its devices.
-/// The launch exports check this before anything else (`fast if` in `governed.rs`).
+/// Nothing to govern for a launch now in `mode`: no vGPU, or no compute limit on any of its
+/// devices. The launch exports check this before anything else (`fast if` in `governed.rs`,
+/// through `hooks::launch::unlimited`).
 #[inline(always)]
-pub fn unlimited() -> bool {
-    match config::mode() {
+pub fn unlimited(mode: Mode) -> bool {
+    match mode {
         Mode::Enforce(vgpu) => !any_limited(vgpu),
         _ => true,
     }

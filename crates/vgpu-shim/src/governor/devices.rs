@@ -5,9 +5,9 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 
-use crate::config::Vgpu;
 use crate::ffi::*;
 use crate::real;
+use crate::state::Vgpu;
 
 const MAX_VISIBLE: usize = 64;
 /// Table value of a visible device that is not part of the vGPU.

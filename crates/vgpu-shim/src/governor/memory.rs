@@ -14,11 +14,10 @@ use vgpu_abi::procfile::ProcFile;
 
 use super::allocations::{self, Counted, Kind};
 use super::devices::Target;
-use crate::config::{self, Mode, Vgpu};
 use crate::ffi::*;
 use crate::guard::Call;
 use crate::log::vgpu_log_once;
-use crate::state;
+use crate::state::{self, Mode, Vgpu};
 
 /// The decision on one allocation.
 pub enum Admission {
@@ -40,11 +39,15 @@ pub struct Reservation {
     bytes: u64,
 }
 
-/// Decide on an allocation of `bytes` on the device `target` finds (`Ok(None)`: not device
-/// memory, e.g. a host-located cuMemCreate).
+/// Decide on an allocation of `bytes` in `mode` (the hook's `config::mode()`) on the device
+/// `target` finds (`Ok(None)`: not device memory, e.g. a host-located cuMemCreate).
 #[inline]
-pub fn admit(bytes: u64, target: impl FnOnce(&'static Vgpu) -> Result<Option<Target>, CuResult>) -> Admission {
-    match config::mode() {
+pub fn admit(
+    mode: Mode,
+    bytes: u64,
+    target: impl FnOnce(&'static Vgpu) -> Result<Option<Target>, CuResult>,
+) -> Admission {
+    match mode {
         Mode::PassThrough => Admission::PassThrough,
         Mode::FailClosed => Admission::Refuse(CUDA_ERROR_OUT_OF_MEMORY),
         // Zero bytes: the driver answers (CUDA_ERROR_INVALID_VALUE); nothing to count.
@@ -246,7 +249,8 @@ impl Drop for Removed<'_> {
 }
 
 fn give_back(counted: Counted) {
-    if let Mode::Enforce(vgpu) = config::mode() {
+    // Something was counted, so the mode was decided (as enforcing) before.
+    if let Some(vgpu) = state::joined() {
         if let Some(record) = state::record(vgpu) {
             vgpu.usage.release(record, counted.device, counted.bytes);
         }

@@ -29,10 +29,10 @@ use std::time::Duration;
 use vgpu_abi::compute::PPM;
 use vgpu_abi::layout::{now_mono_ns, now_unix_ns, MAX_DEVICES};
 
-use crate::config::Vgpu;
 use crate::ffi::*;
 use crate::log::vgpu_log_once;
 use crate::real;
+use crate::state::Vgpu;
 
 /// Bounds of the correction factor (ppm).
 pub const MIN_PPM: u64 = PPM / 2;

@@ -2,18 +2,19 @@
 
 use std::ffi::c_uint;
 
+use crate::config;
 use crate::ffi::*;
-use crate::governed::sig;
 use crate::governor::allocations::Kind;
 use crate::governor::arrays::Shape;
 use crate::governor::devices;
 use crate::governor::memory::{self, Admission};
 use crate::guard::Call;
+use crate::real::sig;
 
 /// Admit an array of `bytes` (`None`: a shape the driver refuses; it answers itself).
 fn admit(bytes: Option<u64>) -> Admission {
     match bytes {
-        Some(bytes) => memory::admit(bytes, |vgpu| devices::current(vgpu).map(Some)),
+        Some(bytes) => memory::admit(config::mode(), bytes, |vgpu| devices::current(vgpu).map(Some)),
         None => Admission::PassThrough,
     }
 }

@@ -1,12 +1,13 @@
 //! What a workload is told about memory: the quota as total, the quota's unused part as
 //! free (never more than the device really has free, never below zero).
 
-use crate::config::{self, Mode};
+use crate::config;
 use crate::ffi::*;
-use crate::governed::sig;
 use crate::governor::devices::{self, Target};
 use crate::governor::memory;
 use crate::guard::Call;
+use crate::real::sig;
+use crate::state::Mode;
 
 pub unsafe fn mem_get_info(
     call: &Call<CuResult>,

@@ -3,11 +3,12 @@
 
 use std::ffi::c_uint;
 
-use crate::config::{self, Mode};
+use crate::config;
 use crate::ffi::*;
-use crate::governed::sig;
 use crate::governor::devices;
 use crate::guard::Call;
+use crate::real::sig;
+use crate::state::Mode;
 
 pub unsafe fn init(call: &Call<CuResult>, real: sig::cuInit, flags: c_uint) -> CuResult {
     // SAFETY: the real function with the program's arguments.

@@ -6,10 +6,19 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+use crate::config;
 use crate::ffi::*;
-use crate::governed::sig;
 use crate::governor::compute::{self, Work};
 use crate::guard::Call;
+use crate::real::sig;
+
+/// The launch exports' fast path (`fast if launch::unlimited` in `governed.rs`): nothing to
+/// govern now (no vGPU, or no compute limit on any of its devices), so the export calls the
+/// driver straight away. Decides the mode on a process's first governed call.
+#[inline(always)]
+pub fn unlimited() -> bool {
+    compute::unlimited(config::mode())
+}
 
 /// A kernel grid of `function`.
 #[inline(always)]
@@ -52,7 +61,7 @@ pub unsafe fn kernel(
     extra: *mut *mut c_void,
 ) -> CuResult {
     let work = kernel_work(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
-    compute::launch(stream, work, || {
+    compute::launch(config::mode(), stream, work, || {
         call.driver(|| {
             // SAFETY: the real function with the program's arguments.
             unsafe {
@@ -98,7 +107,7 @@ pub unsafe fn kernel_ex(
         [c.gridDimX, c.gridDimY, c.gridDimZ],
         [c.blockDimX, c.blockDimY, c.blockDimZ],
     );
-    compute::launch(c.hStream, work, driver)
+    compute::launch(config::mode(), c.hStream, work, driver)
 }
 
 /// `cuLaunchCooperativeKernel(_ptsz)`.
@@ -119,7 +128,7 @@ pub unsafe fn cooperative(
     params: *mut *mut c_void,
 ) -> CuResult {
     let work = cooperative_work(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
-    compute::launch(stream, work, || {
+    compute::launch(config::mode(), stream, work, || {
         call.driver(|| {
             // SAFETY: the real function with the program's arguments.
             unsafe {
@@ -181,10 +190,10 @@ pub unsafe fn cooperative_multi_device(
         for (slot, p) in items.iter_mut().zip(params) {
             *slot = item(p);
         }
-        compute::launch_many(&items[..n], driver)
+        compute::launch_many(config::mode(), &items[..n], driver)
     } else {
         let items: Vec<_> = params.iter().map(item).collect();
-        compute::launch_many(&items, driver)
+        compute::launch_many(config::mode(), &items, driver)
     }
 }
 
@@ -192,7 +201,7 @@ pub unsafe fn cooperative_multi_device(
 #[inline(always)]
 pub unsafe fn graph(call: &Call<CuResult>, real: sig::cuGraphLaunch, exec: CUgraphExec, stream: CUstream) -> CuResult {
     // SAFETY: the real function with the program's arguments.
-    compute::launch(stream, Work::Graph { exec }, || {
+    compute::launch(config::mode(), stream, Work::Graph { exec }, || {
         call.driver(|| unsafe { real(exec, stream) })
     })
 }
@@ -210,7 +219,7 @@ fn legacy_shape(width: c_int, height: c_int) -> [c_uint; 3] {
 pub unsafe fn legacy(call: &Call<CuResult>, real: sig::cuLaunch, f: CUfunction) -> CuResult {
     let work = kernel_work(f, [1, 1, 1], UNKNOWN_BLOCK);
     // SAFETY: the real function with the program's argument.
-    compute::launch(std::ptr::null_mut(), work, || call.driver(|| unsafe { real(f) }))
+    compute::launch(config::mode(), std::ptr::null_mut(), work, || call.driver(|| unsafe { real(f) }))
 }
 
 /// `cuLaunchGrid`: into the NULL stream.
@@ -223,7 +232,7 @@ pub unsafe fn legacy_grid(
 ) -> CuResult {
     let work = kernel_work(f, legacy_shape(grid_width, grid_height), UNKNOWN_BLOCK);
     // SAFETY: the real function with the program's arguments.
-    compute::launch(std::ptr::null_mut(), work, || {
+    compute::launch(config::mode(), std::ptr::null_mut(), work, || {
         call.driver(|| unsafe { real(f, grid_width, grid_height) })
     })
 }
@@ -239,7 +248,7 @@ pub unsafe fn legacy_grid_async(
 ) -> CuResult {
     let work = kernel_work(f, legacy_shape(grid_width, grid_height), UNKNOWN_BLOCK);
     // SAFETY: the real function with the program's arguments.
-    compute::launch(stream, work, || {
+    compute::launch(config::mode(), stream, work, || {
         call.driver(|| unsafe { real(f, grid_width, grid_height, stream) })
     })
 }

@@ -2,16 +2,19 @@
 
 use std::ffi::c_uint;
 
+use crate::config;
 use crate::ffi::*;
-use crate::governed::sig;
 use crate::governor::allocations::Kind;
 use crate::governor::devices::{self, Target};
 use crate::governor::memory::{self, Admission, Pending};
+use crate::governor::pools::{self, Location};
 use crate::guard::Call;
 use crate::hooks::driver;
+use crate::real::sig;
+use crate::state::Vgpu;
 
 /// The current context's device.
-fn current(vgpu: &crate::config::Vgpu) -> Result<Option<Target>, CuResult> {
+fn current(vgpu: &Vgpu) -> Result<Option<Target>, CuResult> {
     devices::current(vgpu).map(Some)
 }
 
@@ -30,7 +33,7 @@ unsafe fn written(dptr: *const CUdeviceptr) -> u64 {
 pub unsafe fn alloc(call: &Call<CuResult>, real: sig::cuMemAlloc_v2, dptr: *mut CUdeviceptr, bytes: usize) -> CuResult {
     memory::allocate(
         call,
-        memory::admit(bytes as u64, current),
+        memory::admit(config::mode(), bytes as u64, current),
         Kind::DevicePtr,
         // SAFETY: the real function with the program's arguments.
         || unsafe { real(dptr, bytes) },
@@ -49,7 +52,7 @@ pub unsafe fn alloc_managed(
 ) -> CuResult {
     memory::allocate(
         call,
-        memory::admit(bytes as u64, current),
+        memory::admit(config::mode(), bytes as u64, current),
         Kind::DevicePtr,
         // SAFETY: the real function with the program's arguments.
         || unsafe { real(dptr, bytes, flags) },
@@ -79,7 +82,7 @@ pub unsafe fn alloc_pitch(
     let Some(guess) = guess else {
         return call.driver(driver);
     };
-    match memory::admit(guess, current) {
+    match memory::admit(config::mode(), guess, current) {
         Admission::PassThrough => call.driver(driver),
         Admission::Refuse(rc) => rc,
         Admission::Reserved(reservation) => {
@@ -124,7 +127,7 @@ pub unsafe fn alloc_async(
 ) -> CuResult {
     memory::allocate(
         call,
-        memory::admit(bytes as u64, current),
+        memory::admit(config::mode(), bytes as u64, current),
         Kind::DevicePtr,
         // SAFETY: the real function with the program's arguments.
         || unsafe { real(dptr, bytes, stream) },
@@ -135,10 +138,10 @@ pub unsafe fn alloc_async(
 
 /// The pool's device: recorded when the pool was created through the shim; other pools
 /// (the devices' default pools) are taken to be the current device's.
-fn pool_target(vgpu: &crate::config::Vgpu, pool: CUmemoryPool) -> Result<Option<Target>, CuResult> {
-    match super::pools::location(pool as u64) {
-        Some(super::pools::Location::Host) => Ok(None),
-        Some(super::pools::Location::Device(ordinal)) => Ok(devices::of_ordinal(vgpu, ordinal)),
+fn pool_target(vgpu: &Vgpu, pool: CUmemoryPool) -> Result<Option<Target>, CuResult> {
+    match pools::location(pool as u64) {
+        Some(Location::Host) => Ok(None),
+        Some(Location::Device(ordinal)) => Ok(devices::of_ordinal(vgpu, ordinal)),
         None => current(vgpu),
     }
 }
@@ -153,7 +156,7 @@ pub unsafe fn alloc_from_pool_async(
 ) -> CuResult {
     memory::allocate(
         call,
-        memory::admit(bytes as u64, |v| pool_target(v, pool)),
+        memory::admit(config::mode(), bytes as u64, |v| pool_target(v, pool)),
         Kind::DevicePtr,
         // SAFETY: the real function with the program's arguments.
         || unsafe { real(dptr, bytes, pool, stream) },

@@ -1,8 +1,9 @@
 //! What each governed function does around its driver call. The exports themselves are
-//! generated from the list in `crate::governed`: each runs its hook under
-//! [`crate::guard::guard`], handing it a [`crate::guard::Call`] (through which the hook calls
-//! the driver, exactly once) and the real function. The hooks' safety contract is the CUDA
-//! driver / NVML API's own.
+//! generated from the list in `crate::governed` (by `crate::interpose::exports`): each runs
+//! its hook under [`crate::guard::guard`], handing it a [`crate::guard::Call`] (through which
+//! the hook calls the driver, exactly once) and the real function (of type
+//! `crate::real::sig::FIRST`). The hooks decide the mode (`crate::config::mode`) and hand it
+//! to the governor. The hooks' safety contract is the CUDA driver / NVML API's own.
 #![allow(clippy::missing_safety_doc)]
 
 pub mod arrays;

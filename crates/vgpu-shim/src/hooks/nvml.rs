@@ -4,11 +4,12 @@
 
 use std::ffi::{c_char, c_uint, CStr};
 
-use crate::config::{self, Mode, Vgpu};
+use crate::config;
 use crate::ffi::*;
-use crate::governed::sig;
 use crate::guard::Call;
 use crate::hooks::driver;
+use crate::real::sig;
+use crate::state::{Mode, Vgpu};
 
 /// `(total, used, free)` to report for `device` given the driver's answer, or `None` to
 /// leave the answer as it is. Devices outside the vGPU (and every device when the shim

@@ -1,26 +1,11 @@
-//! Memory pools created through the shim, with their location: allocations from a
-//! host-located pool are not device memory.
-
-use std::collections::HashMap;
+//! Memory pools created through the shim: their location is remembered
+//! ([`crate::governor::pools`]), since allocations from a host-located pool are not device
+//! memory.
 
 use crate::ffi::*;
-use crate::governed::sig;
+use crate::governor::pools::{self, Location};
 use crate::guard::Call;
-use crate::spinlock::SpinLock;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Location {
-    /// A device pool, by device ordinal.
-    Device(i32),
-    Host,
-}
-
-static POOLS: SpinLock<Option<HashMap<u64, Location>>> = SpinLock::new(None);
-
-/// Where `pool` lives, if it was created through the shim.
-pub fn location(pool: u64) -> Option<Location> {
-    POOLS.lock().as_ref()?.get(&pool).copied()
-}
+use crate::real::sig;
 
 pub unsafe fn create(
     call: &Call<CuResult>,
@@ -45,7 +30,7 @@ pub unsafe fn create(
         } else {
             Location::Host
         };
-        POOLS.lock().get_or_insert_with(HashMap::new).insert(handle, location);
+        pools::insert(handle, location);
     }
     rc
 }
@@ -54,24 +39,7 @@ pub unsafe fn destroy(call: &Call<CuResult>, real: sig::cuMemPoolDestroy, pool: 
     // SAFETY: the real function with the program's arguments.
     let rc = call.driver(|| unsafe { real(pool) });
     if rc == CUDA_SUCCESS {
-        if let Some(map) = POOLS.lock().as_mut() {
-            map.remove(&(pool as u64));
-        }
+        pools::remove(pool as u64);
     }
     rc
-}
-
-/// Fork prepare.
-pub fn lock() {
-    POOLS.acquire();
-}
-
-/// Fork parent/child: release what [`lock`] took. The pools stay known in the child too;
-/// the child cannot use its parent's pools anyway.
-///
-/// # Safety
-/// Only after [`lock`] in this thread.
-pub unsafe fn unlock() {
-    // SAFETY: taken by this thread in lock(); no guard exists.
-    unsafe { POOLS.force_unlock() };
 }

@@ -4,12 +4,13 @@
 
 use std::ffi::c_int;
 
+use crate::config;
 use crate::ffi::*;
-use crate::governed::sig;
 use crate::governor::allocations::Kind;
 use crate::governor::devices;
 use crate::governor::memory;
 use crate::guard::Call;
+use crate::real::sig;
 
 /// The location of a `CUmemAllocationProp`: `Some(ordinal)` for device memory.
 ///
@@ -39,7 +40,7 @@ pub unsafe fn create(
 ) -> CuResult {
     // SAFETY: `prop` comes from the program; the driver API requires it readable.
     let ordinal = unsafe { device_ordinal(prop) };
-    let admission = memory::admit(bytes as u64, |vgpu| match ordinal {
+    let admission = memory::admit(config::mode(), bytes as u64, |vgpu| match ordinal {
         None => Ok(None),
         // An ordinal the driver does not know: let it answer.
         Some(o) => Ok(devices::of_ordinal(vgpu, o)),

@@ -18,72 +18,9 @@
 //! version glibc 2.34+ defines and then the architecture's original one.
 
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use super::exports;
-use crate::log::vgpu_log_once;
-
-/// glibc's `dlsym`; read by the assembly trampoline, so a plain pointer-sized static.
-static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-
-#[cfg(target_arch = "x86_64")]
-const ORIGINAL_VERSION: &CStr = c"GLIBC_2.2.5";
-#[cfg(target_arch = "aarch64")]
-const ORIGINAL_VERSION: &CStr = c"GLIBC_2.17";
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-const ORIGINAL_VERSION: &CStr = c"GLIBC_2.0";
-
-/// glibc's `dlsym`, resolved on first use.
-pub fn real_dlsym() -> Option<DlsymFn> {
-    let mut p = REAL_DLSYM.load(Ordering::Acquire);
-    if p.is_null() {
-        p = resolve_real_dlsym();
-        if p.is_null() {
-            return None;
-        }
-        REAL_DLSYM.store(p, Ordering::Release);
-    }
-    // SAFETY: `p` is glibc's dlsym, whose C signature DlsymFn matches.
-    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
-}
-
-/// Look `name` up in `handle` with glibc's `dlsym` (called from the shim: use only real
-/// library handles here, never `RTLD_NEXT`).
-pub fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
-    match real_dlsym() {
-        // SAFETY: a valid handle and a NUL-terminated name, as dlsym requires.
-        Some(f) => unsafe { f(handle, name.as_ptr()) },
-        None => std::ptr::null_mut(),
-    }
-}
-
-fn resolve_real_dlsym() -> *mut c_void {
-    // Neither scope contains libvgpu.so, so neither can hand back the shim's own dlsym.
-    // RTLD_NEXT first (it respects another interposer loaded after us); when the shim was
-    // dlopen'ed rather than preloaded, "next" may be empty, so libc's own handle second.
-    // SAFETY: dlopen with RTLD_NOLOAD of a NUL-terminated name only returns an existing handle.
-    let libc_handle = unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    for scope in [libc::RTLD_NEXT, libc_handle] {
-        if scope.is_null() {
-            continue;
-        }
-        for version in [c"GLIBC_2.34", ORIGINAL_VERSION] {
-            // SAFETY: dlvsym with a valid scope and NUL-terminated strings; called from this
-            // library, so RTLD_NEXT means the objects after libvgpu.so.
-            let p = unsafe { libc::dlvsym(scope, c"dlsym".as_ptr(), version.as_ptr()) };
-            if !p.is_null() {
-                return p;
-            }
-        }
-    }
-    vgpu_log_once!(
-        "cannot find glibc's dlsym (dlvsym GLIBC_2.34 / {}); dlsym lookups fail",
-        ORIGINAL_VERSION.to_string_lossy()
-    );
-    std::ptr::null_mut()
-}
+use crate::real::dlsym::{lookup, real_dlsym, REAL_DLSYM};
 
 /// Called by the trampoline: the shim's wrapper if `name` is a governed function that
 /// `handle` really provides, else NULL ("forward to glibc unchanged"). Never panics out.

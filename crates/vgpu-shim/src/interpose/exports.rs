@@ -1,12 +1,16 @@
 //! The table of governed functions: exported symbol name → the shim's wrapper. `dlsym` and
 //! `cuGetProcAddress` hand these out; everything else reaches the driver untouched.
 //!
-//! The table is not written by hand: [`governed!`] makes it from the one list in
-//! `crate::governed`, together with each function's real-driver slot and its export, so a
-//! wrapper cannot exist without its row (or a row without its wrapper).
+//! The table is not written by hand: `governed_exports!` makes it from THE list in
+//! `crate::governed`, together with each function's export, so a wrapper cannot exist
+//! without its row (or a row without its wrapper). The same list gives each function its
+//! real-driver slot and signature type in `crate::real`.
 
-use std::ffi::c_void;
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
+use super::procaddr;
+use crate::ffi::*;
+use crate::hooks::{arrays, info, init, launch, memory, nvml, pools, vmm};
 use crate::real::Library;
 
 /// One governed function.
@@ -22,57 +26,37 @@ pub struct Export {
 // SAFETY: the table is immutable; the pointers are addresses of functions of this library.
 unsafe impl Sync for Export {}
 
-pub use crate::governed::EXPORTS;
-use crate::governed::ORDER;
-
-/// Declares every governed function of one or more driver libraries, each once:
+/// Exports every governed function of THE list (`crate::governed`, handed over by
+/// `governed_functions!`), each once. The list's shape:
 ///
 /// ```text
-/// governed! {
 ///     CUDA, CUDA_ERROR_NOT_FOUND => {
 ///         fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CuResult => memory::alloc;
 ///         fn cuMemAllocAsync | cuMemAllocAsync_ptsz (dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CuResult => memory::alloc_async;
+///         fn cuLaunch(f: CUfunction) -> CuResult => launch::legacy, fast if launch::unlimited;
 ///     }
-/// }
 /// ```
 ///
 /// For every name (a `|`-separated twin shares the line, its signature and its hook) this
 /// generates
-/// - `real::NAME(args)`: the real driver function, resolved lazily in its own slot
-///   (`$missing` when the driver lacks it), re-exported as `crate::real::NAME`;
-/// - `sig::FIRST`: the C signature as an `unsafe fn` pointer type;
 /// - the `#[no_mangle] pub unsafe extern "C" fn NAME(args)` export, whose body is
-///   `guard("NAME", |call| HOOK(call, real::NAME, args…), || real::NAME(args…))`;
+///   `guard("NAME", |call| HOOK(call, real::NAME, args…), || real::NAME(args…))` (with
+///   `real::NAME`, the real driver function in its own lazily resolved slot, and
+///   `real::sig::FIRST`, the C signature as an `unsafe fn` pointer type, both generated from
+///   the same list in `crate::real`);
 /// - its row of `EXPORTS` (`NAMES` in declaration order; `ORDER` sorts it at compile time,
 ///   and compilation fails on a name declared twice).
 ///
 /// A hook is `unsafe fn(call: &Call<R>, real: sig::FIRST, args…) -> R` and reaches the driver
 /// only as `call.driver(|| real(…))`, exactly once.
-macro_rules! governed {
+macro_rules! governed_exports {
     (
         $( $library:ident, $missing:expr => {
             $( fn $first:ident $(| $twin:ident)* ( $($args:tt)* ) -> $ret:ty => $hook:path $(, fast if $fast:path)?; )*
         } )*
     ) => {
-        /// The real driver functions of the governed symbols (re-exported by `crate::real`).
-        pub mod real {
-            #[allow(unused_imports)]
-            use super::*;
-            $( $(
-                governed!(@real $library, $missing; [$first $($twin)*] ($($args)*) -> $ret);
-            )* )*
-        }
-
-        /// C signatures of the governed functions, as the hooks receive the real one.
-        #[allow(non_camel_case_types)]
-        pub mod sig {
-            #[allow(unused_imports)]
-            use super::*;
-            $( $( pub type $first = unsafe fn($($args)*) -> $ret; )* )*
-        }
-
         $( $(
-            governed!(@export $first [$first $($twin)*] ($($args)*) -> $ret => $hook, [$($fast)?]);
+            governed_exports!(@export $first [$first $($twin)*] ($($args)*) -> $ret => $hook, [$($fast)?]);
         )* )*
 
         /// Every governed symbol, in declaration order.
@@ -95,15 +79,11 @@ macro_rules! governed {
         pub static ORDER: [u16; NAMES.len()] = $crate::interpose::exports::sorted_order(NAMES);
     };
 
-    (@real $library:ident, $missing:expr; [$($name:ident)+] $args:tt -> $ret:ty) => {
-        $( $crate::real::real_function!($library, $missing; $name $args -> $ret); )+
-    };
-
     (@export $first:ident [$($name:ident)+] $args:tt -> $ret:ty => $hook:path, []) => {
-        $( governed!(@one $first $name $args -> $ret => $hook, $crate::interpose::exports::never); )+
+        $( governed_exports!(@one $first $name $args -> $ret => $hook, $crate::interpose::exports::never); )+
     };
     (@export $first:ident [$($name:ident)+] $args:tt -> $ret:ty => $hook:path, [$fast:path]) => {
-        $( governed!(@one $first $name $args -> $ret => $hook, $fast); )+
+        $( governed_exports!(@one $first $name $args -> $ret => $hook, $fast); )+
     };
 
     (@one $first:ident $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty => $hook:path, $fast:path) => {
@@ -115,7 +95,7 @@ macro_rules! governed {
             // and (the governed path being a function of its own) no big stack frame.
             if $fast() {
                 // SAFETY: the real function of this symbol, with the program's arguments.
-                return unsafe { real::$name($($arg),*) };
+                return unsafe { $crate::real::$name($($arg),*) };
             }
             #[inline(never)]
             #[allow(non_snake_case, clippy::too_many_arguments)]
@@ -125,11 +105,11 @@ macro_rules! governed {
                     |call| {
                         // SAFETY: the hook gets the program's arguments under the driver API's
                         // contract, and the real function of this very symbol.
-                        unsafe { $hook(call, real::$name as sig::$first, $($arg),*) }
+                        unsafe { $hook(call, $crate::real::$name as $crate::real::sig::$first, $($arg),*) }
                     },
                     || {
                         // SAFETY: the real function of this symbol, with the program's arguments.
-                        unsafe { real::$name($($arg),*) }
+                        unsafe { $crate::real::$name($($arg),*) }
                     },
                 )
             }
@@ -138,7 +118,9 @@ macro_rules! governed {
         }
     };
 }
-pub(crate) use governed;
+
+// THE list's exports and table.
+crate::governed::governed_functions!(governed_exports);
 
 /// The fast-path predicate of a governed function without one: never.
 #[inline(always)]
@@ -202,7 +184,6 @@ pub fn find(name: &[u8]) -> Option<&'static Export> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::governed::NAMES;
     use vgpu_abi::cuda_procs::by_symbol;
 
     #[test]

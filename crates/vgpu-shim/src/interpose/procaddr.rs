@@ -17,10 +17,9 @@ use vgpu_abi::cuda_procs::{resolve, Resolution};
 
 use super::exports;
 use crate::ffi::*;
-use crate::governed::sig;
 use crate::guard::Call;
 use crate::log::vgpu_log_once;
-use crate::real;
+use crate::real::{self, sig};
 
 /// Replace the driver's answer `*pfn` by the shim's wrapper where the shim governs it.
 ///

@@ -9,17 +9,13 @@
 //! root (real cgroups, `setpriv`).
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 use common::{wait_for, Sim};
-use workload::workload_bin;
+use common::workload::workload_bin;
 
 const GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 const NOBODY: u32 = 65534;

@@ -6,14 +6,10 @@
 //! `--simulate`) and the zone with `TZ=UTC`, so that the day starts at 00:00Z.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::process::Child;
 
-use common::Sim;
+use common::{workload, Sim};
 use serde_json::Value;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");

@@ -8,17 +8,13 @@
 //! maximum.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use common::{wait_for, Sim};
 use serde_json::Value;
-use workload::workload_bin;
+use common::workload::workload_bin;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 

@@ -5,14 +5,10 @@
 //! without `--force`, and SIGTERM restores the clocks too.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::process::{Command, Stdio};
 
-use common::{wait_for, Sim};
+use common::{wait_for, workload, Sim};
 use serde_json::Value;
 
 const CURVE: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n\

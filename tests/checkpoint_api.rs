@@ -3,15 +3,11 @@
 //! whether the driver has the API (an older one has not).
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{artefact, wait_for, Sim};
+use common::{artefact, wait_for, workload, Sim};
 use vgpu::gpu::checkpoint::{Checkpointer, ProcessState};
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");

@@ -10,15 +10,11 @@
 //! the machine affects both alike; tolerances are wide (correctness, not precision).
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::process::{Child, Command, Stdio};
 
-use common::{wait_for, Sim};
-use workload::workload_bin;
+use common::{process, wait_for, Sim};
+use common::workload::workload_bin;
 
 const GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 

@@ -10,19 +10,15 @@
 //! `VGPU_BLESS=1 cargo test --test json_schema`.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
-use common::{wait_for, Sim};
+use common::{wait_for, workload, Sim};
 use serde_json::Value;
 use vgpu::output::schema::SCHEMA;
-use workload::workload_bin;
+use common::workload::workload_bin;
 
 /// Every subcommand (`partition list`, `carbon plan` …) that has a `--json` flag, from the
 /// clap definition.

@@ -7,15 +7,11 @@
 //! or settling, its compute share following live.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::path::PathBuf;
 use std::process::Child;
 
-use common::{wait_for, Sim};
+use common::{wait_for, workload, Sim};
 use vgpu_abi::usage::UsageFile;
 
 const GIB: u64 = 1 << 30;

@@ -8,17 +8,11 @@
 //! `vgpu ps`; the rounds are 200 ms and the services' windows and cooldowns a second or two.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/watch.rs"]
-mod watch;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::path::PathBuf;
 
-use common::{wait_for, Sim};
-use watch::Watch;
+use common::{wait_for, watch, workload, Sim};
+use common::watch::Watch;
 
 /// Short rounds; no metrics endpoint.
 const FAST: &str = "[watch]\ninterval = \"200ms\"\nlisten = \"\"\n";

@@ -3,17 +3,13 @@
 //! recovery when vgpu is killed half-way.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::{wait_for, Sim};
+use common::{wait_for, workload, Sim};
 
 const GIB: u64 = 1 << 30;
 

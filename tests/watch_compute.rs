@@ -15,12 +15,6 @@
 //! workloads of CPU on a small machine and change what they measure).
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/watch.rs"]
-mod watch;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -29,8 +23,8 @@ use std::sync::Mutex;
 use common::{wait_for, Sim};
 use serde_json::Value;
 use vgpu::cgroup::{Cgroup, FreezerState, Layout};
-use watch::Watch;
-use workload::workload_bin;
+use common::watch::Watch;
+use common::workload::workload_bin;
 
 const TWO_GPUS: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB"), ("NVIDIA H100-sim", "80GiB")];
 const KERNEL_MS: f64 = 2.0;

@@ -14,12 +14,6 @@
 //! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/watch.rs"]
-mod watch;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -29,8 +23,8 @@ use std::sync::Mutex;
 
 use common::Sim;
 use rusqlite::Connection;
-use watch::Watch;
-use workload::workload_bin;
+use common::watch::Watch;
+use common::workload::workload_bin;
 
 const ONE_GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 

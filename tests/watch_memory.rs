@@ -6,20 +6,14 @@
 //! interval without any other command. Needs root (cgroups) and the simulated driver.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/watch.rs"]
-mod watch;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{wait_for, Sim};
-use watch::Watch;
+use common::{wait_for, workload, Sim};
+use common::watch::Watch;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 

@@ -19,12 +19,6 @@
 //! the workloads' files.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/watch.rs"]
-mod watch;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::io::Read;
 use std::path::Path;
@@ -32,10 +26,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{wait_for, Sim};
+use common::{wait_for, workload, Sim};
 use serde_json::Value;
 use vgpu::cgroup::{Cgroup, FreezerState, Layout};
-use watch::Watch;
+use common::watch::Watch;
 
 /// Fast rounds; the context allowance left at its default ("auto": measured).
 const FAST: &str = "[watch]\ninterval = \"200ms\"\ngrace = \"200ms\"\ncompute_window = \"1s\"\nlisten = \"\"\n";

@@ -8,12 +8,6 @@
 //! driver.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/watch.rs"]
-mod watch;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -23,8 +17,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
-use common::{wait_for, Sim};
-use watch::Watch;
+use common::{wait_for, workload, Sim};
+use common::watch::Watch;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 

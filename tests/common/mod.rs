@@ -3,8 +3,18 @@
 //!
 //!     let sim = Sim::new(&[("NVIDIA A100-SXM4-40GB", "40GiB")]);
 //!     let out = sim.vgpu(&["devices", "--json"]).assert().success();
+//!
+//! Its submodules: [`process`] (running a command to completion), [`watch`] (a `vgpu watch`
+//! in the background, its log read line by line) and [`workload`] (the GPU workload
+//! program, built on first use).
 
 #![allow(dead_code)]
+
+// Also included by shim/ and tests/fakegpu/ test harnesses, by this path: it stays there.
+#[path = "../support/process.rs"]
+pub mod process;
+pub mod watch;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 

@@ -1,8 +1,5 @@
 //! A `vgpu watch` running in the background of a test, its stderr read line by line so that
-//! tests synchronise on what it logs. Include with `#[path = "support/watch.rs"] mod watch;`
-//! beside `mod common;`.
-
-#![allow(dead_code)]
+//! tests synchronise on what it logs (`use crate::common::watch::Watch;`).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};

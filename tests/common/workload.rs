@@ -1,7 +1,6 @@
 //! `tests/fakegpu/examples/gpu_workload.rs`, built once per test binary in the test's own
 //! profile (with the shim and the driver, which `cargo test` does not build for this
-//! package's tests). Include with `#[path = "support/workload.rs"] mod workload;` beside
-//! `mod common;` and `mod process;`.
+//! package's tests).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,7 +21,7 @@ pub fn workload_bin() -> &'static Path {
         cmd.args(["build", "--quiet", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload", "--profile", &profile])
             .arg("--manifest-path")
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-        crate::process::run_ok(&mut cmd);
+        super::process::run_ok(&mut cmd);
         let bin = dir.join("examples/gpu_workload");
         assert!(bin.is_file(), "{} missing after building it", bin.display());
         bin
@@ -33,7 +32,6 @@ pub fn workload_bin() -> &'static Path {
 /// through vgpu's link directory (`run/simulate`, which `vgpu devices` makes), no shim.
 /// Returns once it holds its memory (its `--ready` file, named after `tag`). The caller
 /// kills it.
-#[allow(dead_code)] // not every test that includes this module starts one
 pub fn unmanaged(sim: &crate::common::Sim, tag: &str, alloc_mib: u32) -> std::process::Child {
     let ready = sim.path(&format!("{tag}.ready"));
     let child = Command::new(workload_bin())

@@ -4,13 +4,11 @@
 //! bounded, `[policy] max_mem` caps their GPU memory, and they act only on their own
 //! workloads. A sudo caller is `SUDO_UID`/`SUDO_GID`/`SUDO_USER` of `nobody`.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{files_below, wait_for, Sim};
+use crate::common::{files_below, wait_for, Sim};
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
 const SECRET: &str = "TOP-SECRET-b7e1";

@@ -2,9 +2,7 @@
 //! `--env` cannot switch the shim off, and sudo rights to `vgpu run` are not rights to run as
 //! someone else.
 
-mod common;
-
-use common::{files_below, Sim};
+use crate::common::{files_below, Sim};
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
 

@@ -1,12 +1,10 @@
 //! The compute pool end to end: `vgpu run --tflops`, `vgpu pool`, preemption with the real
 //! cgroup freezer, compaction exactly as in the design document.
 
-mod common;
-
 use std::process::Child;
 use std::time::Duration;
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 use predicates::prelude::*;
 use serde_json::Value;
 

@@ -2,13 +2,11 @@
 //! state store's owners and modes, whatever the umask. Runs as root; the attacker is
 //! `nobody` (uid 65534) through `setpriv`.
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
 const GIB: u64 = 1 << 30;

@@ -2,12 +2,10 @@
 //! a terminating signal ends a suspended workload, an OOM kill is explained, and every bad
 //! value — on the command line or in the config, for every command — is one line and exit 2.
 
-mod common;
-
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{files_below, wait_for, Sim};
+use crate::common::{files_below, wait_for, Sim};
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
 

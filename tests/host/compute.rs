@@ -9,12 +9,10 @@
 //! simulated GPU of its own (each `Sim` is a separate driver state), so that the load of
 //! the machine affects both alike; tolerances are wide (correctness, not precision).
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 
-use common::{process, wait_for, Sim};
-use common::workload::workload_bin;
+use crate::common::{process, wait_for, Sim};
+use crate::common::workload::workload_bin;
 
 const GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 

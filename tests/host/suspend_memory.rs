@@ -2,14 +2,12 @@
 //! driver): `vgpu suspend`/`resume`, pool preemption, the fallback to the freezer, and
 //! recovery when vgpu is killed half-way.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::{wait_for, workload, Sim};
+use crate::common::{wait_for, workload, Sim};
 
 const GIB: u64 = 1 << 30;
 

@@ -1,9 +1,7 @@
 //! `vgpu devices`, `vgpu doctor`, config handling and exit codes, through the real binary
 //! and the simulated driver.
 
-mod common;
-
-use common::{files_below, Sim};
+use crate::common::{files_below, Sim};
 use predicates::prelude::*;
 
 const TWO_GPUS: &[(&str, &str)] = &[("NVIDIA A100-SXM4-40GB", "40GiB"), ("NVIDIA L4", "24GiB")];

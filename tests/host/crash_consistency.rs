@@ -3,13 +3,11 @@
 //! nothing the next command does not repair. Runs as root on the host's real cgroups (like
 //! tests/run.rs); the freezer state is read from the cgroup filesystem itself.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 use serde_json::Value;
 use vgpu::cgroup::{Controller, Layout, Mode};
 

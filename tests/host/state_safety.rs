@@ -3,15 +3,13 @@
 //! tests/tenant_isolation.rs) hangs no root command and is never followed; the store lock is never
 //! waited for forever and names its holder. Runs as root (like tests/run.rs).
 
-mod common;
-
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];
 const GUARD: Duration = Duration::from_secs(60);

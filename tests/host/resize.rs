@@ -6,12 +6,10 @@
 //! the limits file; and `vgpu update --tflops` resizes a pool workload's blocks, preempting
 //! or settling, its compute share following live.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Child;
 
-use common::{wait_for, workload, Sim};
+use crate::common::{self, wait_for, workload, Sim};
 use vgpu_abi::usage::UsageFile;
 
 const GIB: u64 = 1 << 30;

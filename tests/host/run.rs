@@ -1,12 +1,10 @@
 //! `vgpu run`, `ps`, `suspend|resume|kill` and partitions, end to end: real cgroups (this
 //! machine's hierarchy, as root), the simulated driver, the real binary.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{files_below, wait_for, Sim};
+use crate::common::{files_below, wait_for, Sim};
 use predicates::prelude::*;
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];

@@ -8,14 +8,12 @@
 //! tenant and a nobody tenant oversubscribing the GPU are served in priority order. Runs as
 //! root (real cgroups, `setpriv`).
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-use common::{wait_for, Sim};
-use common::workload::workload_bin;
+use crate::common::{wait_for, Sim};
+use crate::common::workload::workload_bin;
 
 const GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 const NOBODY: u32 = 65534;

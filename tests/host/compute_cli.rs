@@ -4,12 +4,10 @@
 //! update` and `vgpu partition update` change a running vGPU's share live, and `vgpu ps`
 //! shows the target and the measured share.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Child;
 
-use common::Sim;
+use crate::common::Sim;
 use predicates::prelude::*;
 use vgpu_abi::compute::Policy;
 use vgpu_abi::process::{start_time, ProcessId};

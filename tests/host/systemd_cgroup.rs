@@ -8,13 +8,11 @@
 //! for `/proc/self/cgroup`) and `VGPU_CGROUP_MANAGER=delegated` (what `Delegate=yes` makes
 //! vgpu detect). Needs root, as tests/cgroup_real.rs does; never skips.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 use vgpu::cgroup::{Controller, Layout, Mode};
 
 /// A cgroup directory standing in for a systemd unit's, in every hierarchy vgpu uses;

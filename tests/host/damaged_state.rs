@@ -3,12 +3,10 @@
 //! removes it (only once no process is left in its cgroup), orphaned vGPUs are still
 //! cleaned up around it, and a damaged `pool.json` blocks only pool operations.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 use serde_json::Value;
 
 const TWO_GPUS: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB"), ("NVIDIA A16-sim", "16GiB")];

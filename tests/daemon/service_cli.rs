@@ -3,9 +3,7 @@
 //! written when refused), stored in `<lib>/services/NAME.toml`, and shown with what the
 //! runner records in `NAME.state.json`.
 
-mod common;
-
-use common::{files_below, Sim};
+use crate::common::{files_below, Sim};
 use serde_json::Value;
 
 const GPU16: &[(&str, &str)] = &[("NVIDIA A16-sim", "16GiB")];

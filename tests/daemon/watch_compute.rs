@@ -14,17 +14,15 @@
 //! a time (each keeps a simulated GPU busy for seconds; together they would starve the
 //! workloads of CPU on a small machine and change what they measure).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 use serde_json::Value;
 use vgpu::cgroup::{Cgroup, FreezerState, Layout};
-use common::watch::Watch;
-use common::workload::workload_bin;
+use crate::common::watch::Watch;
+use crate::common::workload::workload_bin;
 
 const TWO_GPUS: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB"), ("NVIDIA H100-sim", "80GiB")];
 const KERNEL_MS: f64 = 2.0;

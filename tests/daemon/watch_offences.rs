@@ -18,18 +18,16 @@
 //! (cgroups) and the simulated driver; each test synchronises on the watch's log lines and
 //! the workloads' files.
 
-mod common;
-
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{wait_for, workload, Sim};
+use crate::common::{wait_for, workload, Sim};
 use serde_json::Value;
 use vgpu::cgroup::{Cgroup, FreezerState, Layout};
-use common::watch::Watch;
+use crate::common::watch::Watch;
 
 /// Fast rounds; the context allowance left at its default ("auto": measured).
 const FAST: &str = "[watch]\ninterval = \"200ms\"\ngrace = \"200ms\"\ncompute_window = \"1s\"\nlisten = \"\"\n";

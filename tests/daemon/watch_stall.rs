@@ -7,8 +7,6 @@
 //! published whatever locks the attacker takes. Needs root (cgroups) and the simulated
 //! driver.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -17,8 +15,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
-use common::{wait_for, workload, Sim};
-use common::watch::Watch;
+use crate::common::{wait_for, workload, Sim};
+use crate::common::watch::Watch;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 

@@ -7,8 +7,6 @@
 //! it does not start it; without NVML it still reconciles. Runs as root (real cgroups, `setpriv`); every wait is for a
 //! line, a datagram or an exit, never a guessed delay.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
@@ -17,7 +15,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use common::{artefact_dir, wait_for, Sim};
+use crate::common::{self, artefact_dir, wait_for, Sim};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 

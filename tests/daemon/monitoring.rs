@@ -4,8 +4,6 @@
 //! is `nobody` (uid 65534) through `setpriv`. The store lock is held by the test process
 //! itself while the listings run, so a listing that waited for it would never return.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -17,7 +15,7 @@ use std::time::Instant;
 use nix::fcntl::{Flock, FlockArg};
 use serde_json::Value;
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 
 const A100: &[(&str, &str)] = &[("NVIDIA A100-SXM4-40GB", "40GiB")];
 const GIB: u64 = 1 << 30;

@@ -5,8 +5,6 @@
 //! `/metrics` answers; `listen = ""` listens nowhere; a port in use stops the start with one
 //! line; SIGHUP moves the endpoint and the textfile; the memory audit's kills are counted.
 
-mod common;
-
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -16,7 +14,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 use prometheus_parse::{Sample, Scrape, Value};
 use serde_json::Value as Json;
 

@@ -13,18 +13,16 @@
 //! Synchronisation: the watch's `ready` and `round N done` lines, its warnings, and `vgpu
 //! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
 
-mod common;
-
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
-use common::Sim;
+use crate::common::{self, Sim};
 use rusqlite::Connection;
-use common::watch::Watch;
-use common::workload::workload_bin;
+use crate::common::watch::Watch;
+use crate::common::workload::workload_bin;
 
 const ONE_GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 

@@ -7,12 +7,10 @@
 //! Each test synchronises on the watch's log lines (its decisions, starts, exits) and on
 //! `vgpu ps`; the rounds are 200 ms and the services' windows and cooldowns a second or two.
 
-mod common;
-
 use std::path::PathBuf;
 
-use common::{wait_for, watch, workload, Sim};
-use common::watch::Watch;
+use crate::common::{wait_for, watch, workload, Sim};
+use crate::common::watch::Watch;
 
 /// Short rounds; no metrics endpoint.
 const FAST: &str = "[watch]\ninterval = \"200ms\"\nlisten = \"\"\n";

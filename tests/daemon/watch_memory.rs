@@ -5,15 +5,13 @@
 //! reported (and killed under `unmanaged = "kill"`); a dead supervisor is cleaned up within an
 //! interval without any other command. Needs root (cgroups) and the simulated driver.
 
-mod common;
-
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{wait_for, workload, Sim};
-use common::watch::Watch;
+use crate::common::{wait_for, workload, Sim};
+use crate::common::watch::Watch;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 

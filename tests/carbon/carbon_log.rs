@@ -2,13 +2,11 @@
 //! `carbon.jsonl.1` (… `.log_keep`), whole lines only, and a rotation killed half-way loses
 //! no more than the history it was rotating out.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 
-use common::Sim;
+use crate::common::Sim;
 use serde_json::Value;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");

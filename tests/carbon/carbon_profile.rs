@@ -4,11 +4,9 @@
 //! names the measured model after a profile and "default" before, a busy GPU is refused
 //! without `--force`, and SIGTERM restores the clocks too.
 
-mod common;
-
 use std::process::{Command, Stdio};
 
-use common::{wait_for, workload, Sim};
+use crate::common::{wait_for, workload, Sim};
 use serde_json::Value;
 
 const CURVE: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n\

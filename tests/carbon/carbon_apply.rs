@@ -5,15 +5,13 @@
 //! A busy GPU needs a CUDA client: the test binary re-runs itself as one (`busy_client`),
 //! loading the simulated `libcuda.so.1` and queueing two minutes of kernels on GPU 0.
 
-mod common;
-
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use common::Sim;
+use crate::common::Sim;
 use serde_json::Value;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
@@ -105,7 +103,8 @@ impl Busy {
         let lib = sim.path("run/simulate/libcuda.so.1");
         assert!(lib.exists(), "{} missing", lib.display());
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["busy_client", "--exact", "--nocapture", "--test-threads=1"])
+            // Its name in the harness (tests/carbon.rs): module path, then the function.
+            .args(["carbon_apply::busy_client", "--exact", "--nocapture", "--test-threads=1"])
             .envs(sim.env())
             .env(BUSY_ENV, &lib)
             .stdin(Stdio::piped())

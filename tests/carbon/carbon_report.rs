@@ -13,13 +13,11 @@
 //!
 //! Total 7000 J (0.001944 kWh, 0.7 g): w1 2500 J, w2 500 J, idle 3000 J, unattributed 1000 J.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::Sim;
+use crate::common::Sim;
 use rusqlite::Connection;
 use serde_json::Value;
 

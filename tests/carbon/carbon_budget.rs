@@ -5,11 +5,9 @@
 //! keys are usage errors. The time is fixed with `VGPU_NOW` (honoured only under
 //! `--simulate`) and the zone with `TZ=UTC`, so that the day starts at 00:00Z.
 
-mod common;
-
 use std::process::Child;
 
-use common::{workload, Sim};
+use crate::common::{workload, Sim};
 use serde_json::Value;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");

@@ -2,8 +2,6 @@
 //! response bodies (tests/fixtures/carbon), including errors, a timeout, a 500, malformed
 //! JSON and a null `actual`; the remembered reading and the fallback.
 
-mod common;
-
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{files_below, Sim};
+use crate::common::{files_below, Sim};
 
 fn fixture(name: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/carbon").join(name);

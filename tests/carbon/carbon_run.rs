@@ -1,9 +1,7 @@
 //! Stage 1 of the carbon planner at `vgpu run --gpus MIN-MAX`: the workload starts with
 //! the GPU count the budget allows, in CUDA_VISIBLE_DEVICES and VGPU_NUM_GPUS.
 
-mod common;
-
-use common::Sim;
+use crate::common::Sim;
 use predicates::prelude::*;
 
 const FOUR_H100: &[(&str, &str)] = &[

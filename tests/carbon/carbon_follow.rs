@@ -7,14 +7,12 @@
 //! while a `gpu_workload` keeps it busy: the simulated driver runs kernels at the locked
 //! maximum.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 use serde_json::Value;
-use common::workload::workload_bin;
+use crate::common::workload::workload_bin;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 

@@ -4,13 +4,11 @@
 //! nothing outside PREFIX" and "uninstall removes exactly what it installed" are checked on
 //! the file system.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{artefact, artefact_dir, Sim};
+use crate::common::{artefact, artefact_dir, Sim};
 use tempfile::TempDir;
 
 fn script() -> PathBuf {

@@ -6,14 +6,12 @@
 //! exits normally. gpustat also reports, inside and outside, the memory a vGPU's process
 //! holds, and lists that process.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
 use assert_cmd::Command;
-use common::{artefact, Sim};
+use crate::common::{self, artefact, Sim};
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 const GIB: u64 = 1 << 30;

@@ -6,7 +6,8 @@
 //! one) and must answer with its typed error or a value it would accept again, never a
 //! panic. Long runs: `cargo +nightly fuzz run TARGET` (README, "Fuzzing").
 
-#[path = "../fuzz/src/lib.rs"]
+// Relative to tests/cli/: this file is a module loaded by #[path] (tests/cli.rs).
+#[path = "../../fuzz/src/lib.rs"]
 #[allow(dead_code)]
 mod harness;
 
@@ -294,7 +295,7 @@ fn damaged(which: usize, edit: impl FnOnce(&mut Vec<u8>)) -> (Vec<u8>, Option<vg
 
 /// The seeds as files, one directory per target: where `cargo fuzz run` starts from. Into a
 /// temporary directory (checking every target has seeds), or, with
-/// `VGPU_FUZZ_SEEDS=1 cargo test --test fuzz_parsers seed_corpora`, into `fuzz/corpus/`.
+/// `VGPU_FUZZ_SEEDS=1 cargo test --test cli fuzz_parsers::seed_corpora`, into `fuzz/corpus/`.
 #[test]
 fn seed_corpora() {
     let scratch = tempfile::tempdir().unwrap();

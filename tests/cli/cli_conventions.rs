@@ -2,9 +2,7 @@
 //! `--gpu`, each validated with an error that names the culprit; and refusals that give the
 //! real reason (a host with too few GPUs, GPUs held by named workloads).
 
-mod common;
-
-use common::{files_below, Sim};
+use crate::common::{files_below, Sim};
 use predicates::prelude::*;
 
 const THREE: &[(&str, &str)] = &[("NVIDIA A100-SXM4-40GB", "40GiB"), ("NVIDIA A100-SXM4-40GB", "40GiB"), ("NVIDIA A100-SXM4-40GB", "40GiB")];

@@ -3,7 +3,7 @@
 
 use vgpu::config::Config;
 
-const SHIPPED: &str = include_str!("../examples/config.toml");
+const SHIPPED: &str = include_str!("../../examples/config.toml");
 
 #[test]
 fn shipped_config_parses_as_is() {

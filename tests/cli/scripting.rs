@@ -2,13 +2,11 @@
 //! govern every message, several IDs for `kill`/`suspend`/`resume` (all found before any is
 //! touched), and every documented exit status (`vgpu::error::EXIT_STATUS_DOC`) happens.
 
-mod common;
-
 use std::io::Read as _;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
 
-use common::{wait_for, Sim};
+use crate::common::{wait_for, Sim};
 use predicates::prelude::*;
 
 /// One GPU and a pool with a 10-block NPU.

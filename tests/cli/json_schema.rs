@@ -7,18 +7,16 @@
 //! one scenario under the simulated driver: a partition with a workload in it, a workload
 //! with its own slice, a pool workload preempted by another, a process in no vGPU, a
 //! damaged record for `doctor --repair`, the carbon commands. Re-bless with
-//! `VGPU_BLESS=1 cargo test --test json_schema`.
-
-mod common;
+//! `VGPU_BLESS=1 cargo test --test cli json_schema::`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
-use common::{wait_for, workload, Sim};
+use crate::common::{wait_for, workload, Sim};
 use serde_json::Value;
 use vgpu::output::schema::SCHEMA;
-use common::workload::workload_bin;
+use crate::common::workload::workload_bin;
 
 /// Every subcommand (`partition list`, `carbon plan` …) that has a `--json` flag, from the
 /// clap definition.
@@ -269,7 +267,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
         return;
     }
     let Some(_) = committed else {
-        panic!("{} is missing: bless it with VGPU_BLESS=1 cargo test --test json_schema", path.display());
+        panic!("{} is missing: bless it with VGPU_BLESS=1 cargo test --test cli json_schema::", path.display());
     };
     assert!(
         gone.is_empty(),

@@ -38,6 +38,10 @@ pub fn artefact(file: &str) -> PathBuf {
     path
 }
 
+/// One simulation: its temporary directory holds the simulated driver's config and state
+/// and vgpu's config, state and lib directories. Dropping it (when the test ends, passed or
+/// failed) kills every process it started and thaws its frozen workloads, then removes the
+/// directory: see its `Drop`.
 pub struct Sim {
     pub dir: TempDir,
 }
@@ -201,6 +205,92 @@ impl Sim {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("spawn vgpu")
+    }
+}
+
+/// The kill guard. Every process a test starts in this simulation carries its directory in
+/// its environment (`Sim::env`'s paths all point into it, and vgpu passes them on to the
+/// workloads it runs), whoever started it: the test, a `vgpu run`, a watch. Each of them is
+/// SIGKILLed here, the test process itself excepted, and then every workload cgroup that
+/// this simulation's state records is thawed if frozen (a task frozen by the v1 freezer
+/// dies only once thawed), in a few rounds for what was forked meanwhile. It runs before
+/// the fields are dropped, so before the `TempDir` is removed. Nothing here may panic (it
+/// also runs while a failed test unwinds): what cannot be read has gone, or is not ours.
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let dir = self.dir.path().as_os_str().as_encoded_bytes().to_vec();
+        for round in 0..5 {
+            let pids = processes_carrying(&dir);
+            for &pid in &pids {
+                // SAFETY: kill(2) with a pid and a signal number, no memory involved.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            thaw_workloads(&self.path("run/workloads"));
+            if pids.is_empty() || round == 4 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// The processes (other than this one) whose environment holds the path `dir` (followed by
+/// `/`, `:` or the end of a value).
+fn processes_carrying(dir: &[u8]) -> Vec<libc::pid_t> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Gone meanwhile, a zombie (empty) or not readable: not one to kill.
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let holds = environ.windows(dir.len()).enumerate().any(|(at, w)| {
+            w == dir && matches!(environ.get(at + dir.len()), None | Some(b'/' | b':' | 0))
+        });
+        if holds {
+            if let Ok(pid) = libc::pid_t::try_from(pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// Thaw the frozen cgroup of every workload recorded in `workloads` (a state directory's
+/// `workloads/`), where its record says it lives.
+fn thaw_workloads(workloads: &Path) {
+    use vgpu::cgroup::{Cgroup, CgroupHome, FreezerState, Layout};
+    let Ok(entries) = std::fs::read_dir(workloads) else {
+        return;
+    };
+    let Some(layout) = Layout::detect() else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read(entry.path()) else {
+            continue;
+        };
+        let Ok(record) = serde_json::from_slice::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let Some(name) = record["cgroup"].as_str() else {
+            continue;
+        };
+        let home: CgroupHome = serde_json::from_value(record["cgroup_home"].clone()).unwrap_or_default();
+        if let Ok(cgroup) = Cgroup::open_at(&layout, &home, name) {
+            if cgroup.state().is_ok_and(|s| s != FreezerState::Thawed) {
+                let _ = cgroup.thaw();
+            }
+        }
     }
 }
 

@@ -143,7 +143,10 @@ fn a_held_store_lock_fails_in_time_naming_its_holder() {
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one line: {stderr}");
     assert!(lines[0].contains(&format!("pid {}", std::process::id())), "{stderr}");
-    assert!(lines[0].contains("state_safety"), "names the holder's command: {stderr}");
+    // The holder's command is this test executable (tests/host.rs, named host-HASH).
+    let exe = std::env::current_exe().expect("the test executable");
+    let exe = exe.file_name().expect("a file name").to_string_lossy();
+    assert!(lines[0].contains(&*exe), "names the holder's command: {stderr}");
     drop(held);
     let out = vgpu_guarded(&sim, &["ps"], &[("VGPU_LOCK_TIMEOUT_MS", "500")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -247,7 +247,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
     covered.extend(["service create", "service list", "service show", "service scale", "service update", "service remove"].map(String::from));
 
     let missing: Vec<String> = json_commands().into_iter().filter(|c| !covered.contains(c)).collect();
-    assert!(missing.is_empty(), "these subcommands have --json but tests/json_schema.rs does not run them: {missing:?}");
+    assert!(missing.is_empty(), "these subcommands have --json but tests/cli/json_schema.rs does not run them: {missing:?}");
 
     golden.sort();
     let current = golden.join("\n") + "\n";

@@ -1,4 +1,4 @@
-//! The scripting contract besides the JSON fields (`tests/json_schema.rs`): `-q` and `-v`
+//! The scripting contract besides the JSON fields (`tests/cli/json_schema.rs`): `-q` and `-v`
 //! govern every message, several IDs for `kill`/`suspend`/`resume` (all found before any is
 //! touched), and every documented exit status (`vgpu::error::EXIT_STATUS_DOC`) happens.
 

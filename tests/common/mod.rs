@@ -95,7 +95,7 @@ impl Sim {
         ];
         env.push(("VGPU_CONFIG".to_string(), self.path("vgpu.toml")));
         // Workload cgroups under each hierarchy's vgpu/, as in CI, also on a machine where
-        // systemd is PID 1 (whose `auto` would ask it for a scope): tests/systemd_cgroup.rs
+        // systemd is PID 1 (whose `auto` would ask it for a scope): tests/host/systemd_cgroup.rs
         // overrides it to test the other managers.
         env.push(("VGPU_CGROUP_MANAGER".to_string(), "cgroupfs".into()));
         env

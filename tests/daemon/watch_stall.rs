@@ -20,7 +20,7 @@ use crate::common::watch::Watch;
 
 const H100: (&str, &str) = ("NVIDIA H100 80GB HBM3", "80GiB");
 
-/// Short rounds and a small context allowance (as tests/watch_memory.rs), an endpoint on a
+/// Short rounds and a small context allowance (as tests/daemon/watch_memory.rs), an endpoint on a
 /// free port, plus `extra` (more `[watch]` keys, then other tables).
 fn config(extra: &str) -> String {
     format!("[watch]\ninterval = \"200ms\"\ngrace = \"200ms\"\nkill_after = \"3s\"\ncontext_allowance = \"64MiB\"\nlisten = \"127.0.0.1:0\"\n{extra}")

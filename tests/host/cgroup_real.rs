@@ -18,9 +18,9 @@ use vgpu::cgroup::{Cgroup, CgroupError, CgroupSpec, Controller, FreezerState, La
 fn host() -> Layout {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "tests/cgroup_real.rs must run as root (CI does): it creates cgroups under /sys/fs/cgroup"
+        "tests/host/cgroup_real.rs must run as root (CI does): it creates cgroups under /sys/fs/cgroup"
     );
-    Layout::detect().expect("tests/cgroup_real.rs: no cgroup filesystem is mounted (see /proc/self/mountinfo)")
+    Layout::detect().expect("tests/host/cgroup_real.rs: no cgroup filesystem is mounted (see /proc/self/mountinfo)")
 }
 
 fn unique_name(tag: &str) -> String {

@@ -1,7 +1,7 @@
 //! Crash consistency (issue #10, items 4 and 6): a command SIGKILLed at an exact step of a
 //! multi-step change (the `VGPU_TEST_STOP_AT` stop points, src/stop_point.rs) leaves
 //! nothing the next command does not repair. Runs as root on the host's real cgroups (like
-//! tests/run.rs); the freezer state is read from the cgroup filesystem itself.
+//! tests/host/run.rs); the freezer state is read from the cgroup filesystem itself.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;

@@ -221,7 +221,7 @@ fn a_victim_whose_cgroup_is_gone_is_a_failed_freeze() {
 #[test]
 fn a_preemption_that_cannot_serve_the_memory_freezes_nobody() {
     // A driver without the checkpoint API (older than 570): a frozen victim keeps its
-    // memory (with it, see tests/suspend_memory.rs).
+    // memory (with it, see tests/host/suspend_memory.rs).
     let sim = Sim::with_config("checkpoint = false\n\n[[device]]\nname = \"NVIDIA L4\"\nmemory = \"24GiB\"\n");
     sim.write_vgpu_config("[pool.tflops]\n\"NVIDIA L4\" = 10\n");
     let (mut low, read) = counting(&sim, &["--tflops", "8", "--priority", "1"]);

@@ -179,7 +179,7 @@ fn privileges_drop_to_the_sudo_user() {
     assert_eq!(text.lines().next().unwrap(), nobody.uid.to_string());
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(&out_file).unwrap().uid(), nobody.uid.as_raw());
-    // Through sudo, --user may name only the caller (tests/run_policy.rs has the rest).
+    // Through sudo, --user may name only the caller (tests/host/run_policy.rs has the rest).
     sim.vgpu(&["run", "--user", "root", "--mem", "1G", "--", "sh", "-c", "test $(id -u) = 0"])
         .env("SUDO_UID", nobody.uid.to_string())
         .assert()
@@ -302,7 +302,7 @@ fn a_damaged_state_file_is_named_and_blocks_only_admission() {
     std::fs::write(sim.path("run/workloads/deadbeef.json"), b"{ this is not json").unwrap();
     sim.vgpu(&["ps"]).assert().success().stderr(predicate::str::contains("deadbeef.json").and(predicate::str::contains("damaged")));
     // Its reservation is unknown: memory admission is refused until `vgpu doctor --repair`
-    // removes it (tests/damaged_state.rs); everything else works.
+    // removes it (tests/host/damaged_state.rs); everything else works.
     sim.vgpu(&["run", "--mem", "1G", "--", "true"])
         .assert()
         .code(1)

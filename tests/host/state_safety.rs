@@ -1,7 +1,7 @@
 //! The state directory against a hostile tenant: a FIFO or symlink a workload's user puts in
 //! its own vGPU's `procs/` (the one directory of the store it may write; no other user can:
-//! tests/tenant_isolation.rs) hangs no root command and is never followed; the store lock is never
-//! waited for forever and names its holder. Runs as root (like tests/run.rs).
+//! tests/host/tenant_isolation.rs) hangs no root command and is never followed; the store lock is never
+//! waited for forever and names its holder. Runs as root (like tests/host/run.rs).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -136,7 +136,7 @@ fn a_held_store_lock_fails_in_time_naming_its_holder() {
     std::fs::write(&lock_path, format!("{}\n", std::process::id())).unwrap();
 
     // A command that changes the state waits for the lock (a listing such as `ps` does not
-    // wait: it reads the state as it is, tests/monitoring.rs).
+    // wait: it reads the state as it is, tests/daemon/monitoring.rs).
     let out = vgpu_guarded(&sim, &["partition", "remove", "nothing"], &[("VGPU_LOCK_TIMEOUT_MS", "500")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

@@ -6,7 +6,7 @@
 //! No systemd runs here (nor in CI), so the "unit" is a cgroup directory this test makes in
 //! every hierarchy vgpu uses, handed to vgpu with `VGPU_CGROUP_SELF` (the test-only stand-in
 //! for `/proc/self/cgroup`) and `VGPU_CGROUP_MANAGER=delegated` (what `Delegate=yes` makes
-//! vgpu detect). Needs root, as tests/cgroup_real.rs does; never skips.
+//! vgpu detect). Needs root, as tests/host/cgroup_real.rs does; never skips.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,7 +24,7 @@ struct FakeUnit {
 
 impl FakeUnit {
     fn new() -> FakeUnit {
-        assert!(nix::unistd::geteuid().is_root(), "tests/systemd_cgroup.rs must run as root (CI does): it creates cgroups");
+        assert!(nix::unistd::geteuid().is_root(), "tests/host/systemd_cgroup.rs must run as root (CI does): it creates cgroups");
         let layout = Layout::detect().expect("no cgroup filesystem is mounted");
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let rel = format!("/vgpu-test-unit-{}-{nanos}.service", std::process::id());
@@ -397,7 +397,7 @@ impl Drop for Slice {
 
 #[test]
 fn a_run_from_a_shell_gets_a_transient_scope_over_dbus() {
-    assert!(nix::unistd::geteuid().is_root(), "tests/systemd_cgroup.rs must run as root (CI does): it creates cgroups");
+    assert!(nix::unistd::geteuid().is_root(), "tests/host/systemd_cgroup.rs must run as root (CI does): it creates cgroups");
     let layout = Layout::detect().expect("no cgroup filesystem is mounted");
     let mut mounts: Vec<PathBuf> = match layout.mode {
         Mode::V2 => layout.unified.iter().cloned().collect(),

@@ -16,7 +16,9 @@ pub mod process;
 pub mod watch;
 pub mod workload;
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use assert_cmd::Command;
 use tempfile::TempDir;
@@ -41,9 +43,11 @@ pub fn artefact(file: &str) -> PathBuf {
 /// One simulation: its temporary directory holds the simulated driver's config and state
 /// and vgpu's config, state and lib directories. Dropping it (when the test ends, passed or
 /// failed) kills every process it started and thaws its frozen workloads, then removes the
-/// directory: see its `Drop`.
+/// directory: see its `Drop`. While a test has one, no [`serial`] test runs.
 pub struct Sim {
     pub dir: TempDir,
+    /// Whether this Sim counts in its thread's share of [`ALONE`].
+    shared: bool,
 }
 
 impl Sim {
@@ -71,7 +75,7 @@ impl Sim {
         for sub in ["fakegpu-state", "run", "lib"] {
             std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
         }
-        Sim { dir }
+        Sim { dir, shared: share() }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -231,7 +235,79 @@ impl Drop for Sim {
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        if self.shared {
+            unshare();
+        }
     }
+}
+
+/// Held exclusively by a [`serial`] test, shared by every other test while it has a [`Sim`].
+static ALONE: RwLock<()> = RwLock::new(());
+
+/// This thread's hold on [`ALONE`]: none, shared for its N live Sims, or exclusive.
+enum Hold {
+    None,
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>, usize),
+    Alone,
+}
+
+thread_local! {
+    static HOLD: RefCell<Hold> = const { RefCell::new(Hold::None) };
+}
+
+/// One test at a time, alone in its test executable: no other test that has a [`Sim`] runs
+/// meanwhile. For tests that measure time or rates or keep simulated GPUs busy (they used
+/// to be one at a time within their file, and each file was an executable of its own, run
+/// alone). Take it first thing in the test (`let _serial = serial();`), before any Sim.
+pub fn serial() -> Serial {
+    HOLD.with(|h| {
+        assert!(matches!(*h.borrow(), Hold::None), "serial() is taken first in a test, before any Sim");
+    });
+    let guard = ALONE.write().unwrap_or_else(PoisonError::into_inner);
+    HOLD.with(|h| *h.borrow_mut() = Hold::Alone);
+    Serial(guard)
+}
+
+/// What [`serial`] returns: the test is alone until it is dropped.
+pub struct Serial(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        HOLD.with(|h| *h.borrow_mut() = Hold::None);
+    }
+}
+
+/// A new Sim's share of [`ALONE`]: the thread's first Sim waits for any serial test to end;
+/// further ones only count. `false` when the thread runs a serial test (or holds nothing).
+fn share() -> bool {
+    HOLD.with(|h| {
+        let mut hold = h.borrow_mut();
+        match &mut *hold {
+            Hold::Alone => false,
+            Hold::Shared(_, n) => {
+                *n += 1;
+                true
+            }
+            Hold::None => {
+                *hold = Hold::Shared(ALONE.read().unwrap_or_else(PoisonError::into_inner), 1);
+                true
+            }
+        }
+    })
+}
+
+/// A Sim's share given back; the thread's last one releases [`ALONE`].
+fn unshare() {
+    // Not while the thread is being torn down (its hold goes with it then).
+    let _ = HOLD.try_with(|h| {
+        let mut hold = h.borrow_mut();
+        if let Hold::Shared(_, n) = &mut *hold {
+            *n -= 1;
+            if *n == 0 {
+                *hold = Hold::None;
+            }
+        }
+    });
 }
 
 /// The processes (other than this one) whose environment holds the path `dir` (followed by

@@ -16,9 +16,8 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 
-use crate::common::{wait_for, Sim};
+use crate::common::{serial, wait_for, Sim};
 use serde_json::Value;
 use vgpu::cgroup::{Cgroup, FreezerState, Layout};
 use crate::common::watch::Watch;
@@ -28,12 +27,7 @@ const TWO_GPUS: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB"), ("NVIDIA H100-
 const KERNEL_MS: f64 = 2.0;
 const WINDOW_MS: f64 = 500.0;
 
-/// One test at a time (see the module's documentation).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// One test at a time, alone in the harness: `serial()` (see the module's documentation).
 
 /// Short rounds and window; the metrics in a textfile (no endpoint).
 fn config(sim: &Sim, policy: &str) -> String {

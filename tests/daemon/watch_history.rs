@@ -17,20 +17,13 @@ use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
-use crate::common::{self, Sim};
+use crate::common::{self, serial, Sim};
 use rusqlite::Connection;
 use crate::common::watch::Watch;
 use crate::common::workload::workload_bin;
 
 const ONE_GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A watch of 200 ms rounds writing a row per round (`[history] interval = "0s"`, unless
 /// `extra`'s `[history]` sets its own), plus `extra`.

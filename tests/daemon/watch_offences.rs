@@ -21,10 +21,9 @@
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{wait_for, workload, Sim};
+use crate::common::{serial, wait_for, workload, Sim};
 use serde_json::Value;
 use vgpu::cgroup::{Cgroup, FreezerState, Layout};
 use crate::common::watch::Watch;
@@ -32,13 +31,8 @@ use crate::common::watch::Watch;
 /// Fast rounds; the context allowance left at its default ("auto": measured).
 const FAST: &str = "[watch]\ninterval = \"200ms\"\ngrace = \"200ms\"\ncompute_window = \"1s\"\nlisten = \"\"\n";
 
-/// One test at a time: several of them keep simulated GPUs busy or hold gigabytes, and
-/// they measure what the watch does in time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// One test at a time, alone in the harness (`serial()`): several of them keep simulated
+// GPUs busy or hold gigabytes, and they measure what the watch does in time.
 
 fn bin() -> String {
     workload::workload_bin().display().to_string()

@@ -12,18 +12,14 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-use crate::common::{wait_for, Sim};
+use crate::common::{serial, wait_for, Sim};
 use crate::common::workload::workload_bin;
 
 const GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 const NOBODY: u32 = 65534;
 
-/// The tests of this file one at a time: rates are compared, and each runs two workloads.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
+// The tests of this file one at a time, alone in the harness (`serial()`): rates are
+// compared, and each runs two workloads.
 
 /// `vgpu --simulate run --name NAME VGPU_ARGS… -- gpu_workload sync SECONDS` in the
 /// background, fair at 30 %, its output collected.

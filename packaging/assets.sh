@@ -6,7 +6,7 @@
 #
 #   packaging/assets.sh VGPU_BINARY [OUTDIR]
 #
-# packaging/deb.sh runs it; tests/install.rs checks its output against [package.metadata.deb].
+# packaging/deb.sh runs it; tests/cli/install.rs checks its output against [package.metadata.deb].
 set -euo pipefail
 
 [ $# -ge 1 ] && [ $# -le 2 ] || { echo "usage: packaging/assets.sh VGPU_BINARY [OUTDIR]" >&2; exit 2; }

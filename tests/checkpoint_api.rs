@@ -1,17 +1,19 @@
 //! vgpu's use of the CUDA checkpoint API (`vgpu_gpu::checkpoint`), against the simulated
 //! driver's: a workload's device memory leaves the GPU and comes back; `vgpu doctor` says
 //! whether the driver has the API (an older one has not).
+//!
+//! A test executable of its own, not a module of a harness: one of its tests loads the
+//! driver into the test process and sets the process environment to its simulation's
+//! (FAKEGPU_CONFIG, VGPU_STATE_DIR, …). In a shared executable every process another test
+//! starts would inherit those paths, and that simulation's kill guard (`Sim`'s `Drop`)
+//! would take them for its own.
 
 mod common;
-#[path = "support/process.rs"]
-mod process;
-#[path = "support/workload.rs"]
-mod workload;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{artefact, wait_for, Sim};
+use common::{artefact, wait_for, workload, Sim};
 use vgpu_gpu::checkpoint::Checkpointer;
 use vgpu_gpu::checkpoint::ProcessState;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real third-party GPU clients of tests/pyclients.rs from PyPI (idempotent).
+# Install the real third-party GPU clients of tests/cli/pyclients.rs from PyPI (idempotent).
 #
 # Unmodified programs that talk to NVML or the CUDA driver API directly, installed into a
 # virtualenv at $CARGO_TARGET_DIR/pyclients (default: target/pyclients at the repository

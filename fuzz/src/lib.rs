@@ -1,7 +1,7 @@
 //! What every fuzz target checks, one function per parser of outside input.
 //!
 //! Shared by the libFuzzer targets (`fuzz/fuzz_targets/*.rs`, long runs with
-//! `cargo +nightly fuzz run TARGET`) and by the test suite (`tests/fuzz_parsers.rs`, short
+//! `cargo +nightly fuzz run TARGET`) and by the test suite (`tests/cli/fuzz_parsers.rs`, short
 //! proptest runs, which includes this file as a module). Each function takes arbitrary bytes
 //! and panics only when the code under test misbehaves: it panicked itself, accepted what
 //! it must refuse, or gave back something it would not accept again.

@@ -3,10 +3,22 @@
 //!
 //!     let sim = Sim::new(&[("NVIDIA A100-SXM4-40GB", "40GiB")]);
 //!     let out = sim.vgpu(&["devices", "--json"]).assert().success();
+//!
+//! Its submodules: [`process`] (running a command to completion), [`watch`] (a `vgpu watch`
+//! in the background, its log read line by line) and [`workload`] (the GPU workload
+//! program, built on first use).
 
 #![allow(dead_code)]
 
+// Also included by shim/ and tests/fakegpu/ test harnesses, by this path: it stays there.
+#[path = "../support/process.rs"]
+pub mod process;
+pub mod watch;
+pub mod workload;
+
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use assert_cmd::Command;
 use tempfile::TempDir;
@@ -28,8 +40,14 @@ pub fn artefact(file: &str) -> PathBuf {
     path
 }
 
+/// One simulation: its temporary directory holds the simulated driver's config and state
+/// and vgpu's config, state and lib directories. Dropping it (when the test ends, passed or
+/// failed) kills every process it started and thaws its frozen workloads, then removes the
+/// directory: see its `Drop`. While a test has one, no [`serial`] test runs.
 pub struct Sim {
     pub dir: TempDir,
+    /// Whether this Sim counts in its thread's share of [`ALONE`].
+    shared: bool,
 }
 
 impl Sim {
@@ -57,7 +75,7 @@ impl Sim {
         for sub in ["fakegpu-state", "run", "lib"] {
             std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
         }
-        Sim { dir }
+        Sim { dir, shared: share() }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -81,7 +99,7 @@ impl Sim {
         ];
         env.push(("VGPU_CONFIG".to_string(), self.path("vgpu.toml")));
         // Workload cgroups under each hierarchy's vgpu/, as in CI, also on a machine where
-        // systemd is PID 1 (whose `auto` would ask it for a scope): tests/systemd_cgroup.rs
+        // systemd is PID 1 (whose `auto` would ask it for a scope): tests/host/systemd_cgroup.rs
         // overrides it to test the other managers.
         env.push(("VGPU_CGROUP_MANAGER".to_string(), "cgroupfs".into()));
         env
@@ -191,6 +209,167 @@ impl Sim {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("spawn vgpu")
+    }
+}
+
+/// The kill guard. Every process a test starts in this simulation carries its directory in
+/// its environment (`Sim::env`'s paths all point into it, and vgpu passes them on to the
+/// workloads it runs), whoever started it: the test, a `vgpu run`, a watch. Each of them is
+/// SIGKILLed here, the test process itself excepted, and then every workload cgroup that
+/// this simulation's state records is thawed if frozen (a task frozen by the v1 freezer
+/// dies only once thawed), in a few rounds for what was forked meanwhile. It runs before
+/// the fields are dropped, so before the `TempDir` is removed. Nothing here may panic (it
+/// also runs while a failed test unwinds): what cannot be read has gone, or is not ours.
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let dir = self.dir.path().as_os_str().as_encoded_bytes().to_vec();
+        for round in 0..5 {
+            let pids = processes_carrying(&dir);
+            for &pid in &pids {
+                // SAFETY: kill(2) with a pid and a signal number, no memory involved.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            thaw_workloads(&self.path("run/workloads"));
+            if pids.is_empty() || round == 4 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if self.shared {
+            unshare();
+        }
+    }
+}
+
+/// Held exclusively by a [`serial`] test, shared by every other test while it has a [`Sim`].
+static ALONE: RwLock<()> = RwLock::new(());
+
+/// This thread's hold on [`ALONE`]: none, shared for its N live Sims, or exclusive.
+enum Hold {
+    None,
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>, usize),
+    Alone,
+}
+
+thread_local! {
+    static HOLD: RefCell<Hold> = const { RefCell::new(Hold::None) };
+}
+
+/// One test at a time, alone in its test executable: no other test that has a [`Sim`] runs
+/// meanwhile. For tests that measure time or rates or keep simulated GPUs busy (they used
+/// to be one at a time within their file, and each file was an executable of its own, run
+/// alone). Take it first thing in the test (`let _serial = serial();`), before any Sim.
+pub fn serial() -> Serial {
+    HOLD.with(|h| {
+        assert!(matches!(*h.borrow(), Hold::None), "serial() is taken first in a test, before any Sim");
+    });
+    let guard = ALONE.write().unwrap_or_else(PoisonError::into_inner);
+    HOLD.with(|h| *h.borrow_mut() = Hold::Alone);
+    Serial(guard)
+}
+
+/// What [`serial`] returns: the test is alone until it is dropped.
+pub struct Serial(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        HOLD.with(|h| *h.borrow_mut() = Hold::None);
+    }
+}
+
+/// A new Sim's share of [`ALONE`]: the thread's first Sim waits for any serial test to end;
+/// further ones only count. `false` when the thread runs a serial test (or holds nothing).
+fn share() -> bool {
+    HOLD.with(|h| {
+        let mut hold = h.borrow_mut();
+        match &mut *hold {
+            Hold::Alone => false,
+            Hold::Shared(_, n) => {
+                *n += 1;
+                true
+            }
+            Hold::None => {
+                *hold = Hold::Shared(ALONE.read().unwrap_or_else(PoisonError::into_inner), 1);
+                true
+            }
+        }
+    })
+}
+
+/// A Sim's share given back; the thread's last one releases [`ALONE`].
+fn unshare() {
+    // Not while the thread is being torn down (its hold goes with it then).
+    let _ = HOLD.try_with(|h| {
+        let mut hold = h.borrow_mut();
+        if let Hold::Shared(_, n) = &mut *hold {
+            *n -= 1;
+            if *n == 0 {
+                *hold = Hold::None;
+            }
+        }
+    });
+}
+
+/// The processes (other than this one) whose environment holds the path `dir` (followed by
+/// `/`, `:` or the end of a value).
+fn processes_carrying(dir: &[u8]) -> Vec<libc::pid_t> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Gone meanwhile, a zombie (empty) or not readable: not one to kill.
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let holds = environ.windows(dir.len()).enumerate().any(|(at, w)| {
+            w == dir && matches!(environ.get(at + dir.len()), None | Some(b'/' | b':' | 0))
+        });
+        if holds {
+            if let Ok(pid) = libc::pid_t::try_from(pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// Thaw the frozen cgroup of every workload recorded in `workloads` (a state directory's
+/// `workloads/`), where its record says it lives.
+fn thaw_workloads(workloads: &Path) {
+    use vgpu_cgroups::Cgroup;
+    use vgpu_cgroups::CgroupHome;
+    use vgpu_cgroups::FreezerState;
+    use vgpu_cgroups::Layout;
+    let Ok(entries) = std::fs::read_dir(workloads) else {
+        return;
+    };
+    let Some(layout) = Layout::detect() else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read(entry.path()) else {
+            continue;
+        };
+        let Ok(record) = serde_json::from_slice::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let Some(name) = record["cgroup"].as_str() else {
+            continue;
+        };
+        let home: CgroupHome = serde_json::from_value(record["cgroup_home"].clone()).unwrap_or_default();
+        if let Ok(cgroup) = Cgroup::open_at(&layout, &home, name) {
+            if cgroup.state().is_ok_and(|s| s != FreezerState::Thawed) {
+                let _ = cgroup.thaw();
+            }
+        }
     }
 }
 

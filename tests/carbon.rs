@@ -1,0 +1,28 @@
+//! The carbon side of vgpu, end to end: intensity sources, `vgpu carbon plan/apply/reset`
+//! through the simulated driver's clocks, daily and monthly budgets, clocks that follow the
+//! work, `carbon profile`, `carbon report` on a history database, the decision log, and
+//! `vgpu run --gpus MIN-MAX`. They run the real `vgpu` binary against the simulated driver
+//! (`common::Sim`).
+//!
+//! One test executable (ripgrep's layout): each file of tests/carbon/ is a module here, so
+//! a change to vgpu links one binary, not one per file. One file's tests:
+//! `cargo test --test carbon carbon_budget::`.
+
+mod common;
+
+#[path = "carbon/carbon_intensity.rs"]
+mod carbon_intensity;
+#[path = "carbon/carbon_apply.rs"]
+mod carbon_apply;
+#[path = "carbon/carbon_budget.rs"]
+mod carbon_budget;
+#[path = "carbon/carbon_follow.rs"]
+mod carbon_follow;
+#[path = "carbon/carbon_profile.rs"]
+mod carbon_profile;
+#[path = "carbon/carbon_report.rs"]
+mod carbon_report;
+#[path = "carbon/carbon_log.rs"]
+mod carbon_log;
+#[path = "carbon/carbon_run.rs"]
+mod carbon_run;

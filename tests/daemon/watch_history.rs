@@ -1,0 +1,433 @@
+//! `vgpu watch` records the history (history.db) end to end: the real binary, the shim and
+//! the simulated driver, as root with real cgroups. Each GPU's energy adds up exactly to its
+//! counter's delta across rounds and across a restart; a workload's GPU time is the shim's
+//! ledger, within each interval; a watch killed inside a round's transaction leaves a sound
+//! database without that round; a full disk is one clear warning, enforcement goes on, and
+//! recording resumes when space is back; retention deletes old rows only; `enabled = false`
+//! records nothing; a link in place of history.db is refused, never followed; `[history]
+//! interval` adds rounds up into longer rows; `vgpu carbon apply` records its intensity and
+//! decision; a workload ends with `vgpu run`'s exit status, or as reconcile found it; a
+//! write lock held elsewhere is one warning and delays nothing recorded; a damaged file is
+//! one warning, left as it is, and a new database records once it is moved aside.
+//!
+//! Synchronisation: the watch's `ready` and `round N done` lines, its warnings, and `vgpu
+//! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
+
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::common::{self, serial, Sim};
+use rusqlite::Connection;
+use crate::common::watch::Watch;
+use crate::common::workload::workload_bin;
+
+const ONE_GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
+
+/// A watch of 200 ms rounds writing a row per round (`[history] interval = "0s"`, unless
+/// `extra`'s `[history]` sets its own), plus `extra`.
+fn config(extra: &str) -> String {
+    let extra = if !extra.contains("[history]") {
+        format!("{extra}[history]\ninterval = \"0s\"\n")
+    } else if !extra.contains("interval") {
+        extra.replace("[history]\n", "[history]\ninterval = \"0s\"\n")
+    } else {
+        extra.to_string()
+    };
+    format!("[watch]\ninterval = \"200ms\"\nlisten = \"\"\n{extra}")
+}
+
+/// The first line with `needle` the watch logged, or the next one (the history thread
+/// reports at the round after it tried, which may come before or after `ready`).
+fn said_or_wait(watch: &mut Watch, needle: &str) -> String {
+    match watch.log.iter().find(|l| l.contains(needle)).cloned() {
+        Some(line) => line,
+        None => watch.wait_line(needle, |l| l.contains(needle)),
+    }
+}
+
+fn db_path(sim: &Sim) -> PathBuf {
+    sim.path("lib/history.db")
+}
+
+/// The database, read-only (None: there is none).
+fn open(sim: &Sim) -> Connection {
+    vgpu_history::reader::open_ro(&sim.path("lib")).expect("open history.db").expect("history.db exists")
+}
+
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+fn integrity(conn: &Connection) -> String {
+    conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap()
+}
+
+/// One GPU's rows: (t0, t1, energy, source, counter).
+fn gpu_rows(conn: &Connection) -> Vec<(i64, i64, i64, String, Option<i64>)> {
+    let mut stmt = conn.prepare("SELECT t0_ms, t1_ms, energy_mj, energy_source, energy_counter_mj FROM gpu_samples ORDER BY t1_ms").unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))).unwrap().map(Result::unwrap).collect()
+}
+
+/// The rows follow each other without gap or overlap, each is the counter's delta since the
+/// previous reading, and their sum is the counter's delta from the first reading to the last.
+fn assert_energy_adds_up(rows: &[(i64, i64, i64, String, Option<i64>)]) {
+    assert!(rows.len() >= 2, "{rows:?}");
+    for pair in rows.windows(2) {
+        let ((_, t1, _, _, c1), (t0, _, e, _, c2)) = (&pair[0], &pair[1]);
+        assert_eq!(t1, t0, "contiguous intervals: {pair:?}");
+        assert_eq!(Some(*e), c2.zip(*c1).map(|(b, a)| b - a), "energy = counter delta: {pair:?}");
+    }
+    assert!(rows.iter().all(|r| r.3 == "counter" && r.2 >= 0), "{rows:?}");
+    let first_reading = rows[0].4.unwrap() - rows[0].2;
+    let total: i64 = rows.iter().map(|r| r.2).sum();
+    assert_eq!(total, rows.last().unwrap().4.unwrap() - first_reading);
+    // Sane: at least the simulated H100's idle power (70 W) all along, W × ms = mJ.
+    let span = rows.last().unwrap().1 - rows[0].0;
+    assert!(total >= 70 * span * 99 / 100, "{total} mJ in {span} ms is below idle power");
+}
+
+#[test]
+fn energy_adds_up_across_rounds_and_a_restart_and_workload_time_is_the_ledger() {
+    let _serial = serial();
+    let w = workload_bin().to_str().unwrap().to_string();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    let mut watch = Watch::start(&sim, &[]);
+    let out = sim
+        .vgpu(&["run", "--name", "hist", "--gpu", "0", "--mem", "1G", "--compute", "50", "--", &w, "sync", "2", "--kernel-us", "2000"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "vgpu run: {}", String::from_utf8_lossy(&out.stderr));
+    // Rounds after its end (the lines logged meanwhile read first) record that it ended.
+    watch.drain();
+    watch.wait_rounds(3);
+    assert!(watch.stop().success());
+
+    let conn = open(&sim);
+    assert_eq!(integrity(&conn), "ok");
+    let first = gpu_rows(&conn);
+    assert!(first.len() >= 10, "2 s at 200 ms rounds: {first:?}");
+    assert_energy_adds_up(&first);
+    let (id, ended, outcome): (String, Option<i64>, Option<String>) =
+        conn.query_row("SELECT id, ended_ms, outcome FROM workloads WHERE name = 'hist'", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap();
+    assert!(ended.is_some(), "its end is recorded");
+    assert_eq!(outcome.as_deref(), Some("exit 0"), "vgpu run says how it ended");
+    let mut stmt = conn.prepare("SELECT t1_ms - t0_ms, busy_ms, source FROM workload_gpu_time WHERE workload_id = ?1").unwrap();
+    let times: Vec<(i64, i64, String)> = stmt.query_map([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    assert!(!times.is_empty(), "GPU time recorded");
+    assert!(times.iter().all(|(dt, busy, _)| *busy > 0 && busy <= dt), "{times:?}");
+    assert!(times.iter().any(|t| t.2 == "ledger"), "the shim's ledger counted: {times:?}");
+    let busy: i64 = times.iter().map(|t| t.1).sum();
+    eprintln!("{} GPU rows, {} mJ; workload {id}: {busy} ms of GPU time in {} rows", first.len(), first.iter().map(|r| r.2).sum::<i64>(), times.len());
+    // At --compute 50 for 2 s: about 1 s, never more than the 2 s it ran.
+    assert!(busy <= 2_500, "{busy} ms");
+    // vgpu run said what it used, from what the watch recorded while it ran.
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains(&format!("workload hist ({id}) used ")), "the end-of-workload line: {said}");
+
+    // `vgpu carbon report` over what this watch recorded: the TOTAL is the GPU's measured
+    // energy, exactly; the workload's row carries its recorded GPU time and some energy.
+    let recorded: i64 = first.iter().map(|r| r.2).sum();
+    let report = sim.json(&["carbon", "report", "--json", "--since", "1h"]);
+    assert_eq!(report["total_energy_mj"].as_i64(), Some(recorded), "{report}");
+    let rows = report["rows"].as_array().unwrap();
+    let parts: i64 = rows.iter().map(|r| r["energy_mj"].as_i64().unwrap()).sum();
+    assert_eq!(parts, recorded, "the rows add up to the total: {report}");
+    let mine = rows.iter().find(|r| r["key"] == id.as_str()).unwrap_or_else(|| panic!("a row for {id}: {report}"));
+    assert_eq!(mine["gpu_time_ms"].as_i64(), Some(busy), "{mine}");
+    assert!(mine["energy_mj"].as_i64().unwrap() > 0, "{mine}");
+    assert!(rows.iter().any(|r| r["kind"] == "idle" && r["energy_mj"].as_i64().unwrap() > 0), "idle energy apart: {report}");
+    drop(stmt);
+    drop(conn);
+
+    // Root's alone, mode 0600 (and so are its -wal and -shm, when there); the public copy
+    // the watch made for everybody else is 0644.
+    for suffix in ["", "-wal", "-shm"] {
+        if let Ok(meta) = std::fs::metadata(sim.path(&format!("lib/history.db{suffix}"))) {
+            assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o600), "history.db{suffix}");
+        }
+    }
+    let meta = std::fs::metadata(sim.path("lib/history-snapshot.db")).unwrap();
+    assert_eq!((meta.uid(), meta.permissions().mode() & 0o7777), (0, 0o644));
+
+    // A restarted watch continues from the last reading: no energy lost in between.
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(2);
+    assert!(watch.stop().success());
+    let all = gpu_rows(&open(&sim));
+    assert!(all.len() > first.len());
+    assert_energy_adds_up(&all);
+}
+
+#[test]
+fn a_watch_killed_inside_a_round_leaves_a_sound_database_without_that_round() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(2);
+    assert!(watch.stop().success());
+    let before = gpu_rows(&open(&sim));
+    assert!(!before.is_empty());
+
+    // Its first round writes the GPU row bridging the gap, then dies before committing.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "watch"]).env_remove("VGPU_SIMULATE").env("VGPU_TEST_STOP_AT", "history:mid-tick");
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    let status = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{status:?}");
+
+    let conn = open(&sim);
+    assert_eq!(integrity(&conn), "ok");
+    assert_eq!(gpu_rows(&conn), before, "the half-written round is not there");
+    drop(conn);
+
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(1);
+    assert!(watch.stop().success());
+    let after = gpu_rows(&open(&sim));
+    assert!(after.len() > before.len(), "the next round records");
+    assert_energy_adds_up(&after);
+}
+
+/// A tmpfs mounted on a directory, unmounted when dropped.
+struct Mount(PathBuf);
+
+impl Mount {
+    fn tmpfs(dir: &Path, size: &str) -> Mount {
+        let out = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"]).arg(dir).output().expect("run mount");
+        // No skip: CI runs as root, where this must work.
+        assert!(out.status.success(), "cannot mount a tmpfs on {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        Mount(dir.to_path_buf())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fill the file system of `path` (a file there grows until ENOSPC).
+fn fill(path: &Path) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 64 << 10];
+    loop {
+        match f.write(&block) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    // The last partial blocks.
+    while f.write(&[0u8; 512]).is_ok_and(|n| n > 0) {}
+}
+
+#[test]
+fn a_full_disk_is_one_clear_warning_enforcement_goes_on_and_recording_resumes() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    let prom = sim.path("vgpu.prom");
+    sim.write_vgpu_config(&config(&format!("textfile = \"{}\"\n", prom.display())));
+    let _mount = Mount::tmpfs(&sim.path("lib"), "16m");
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(2);
+    let filler = sim.path("lib/filler");
+    fill(&filler);
+    let warning = watch.wait_line("the disk-full warning", |l| l.contains("history: cannot record"));
+    assert!(warning.contains("history.db: disk full"), "{warning}");
+    // Rounds go on, and the warning is not repeated; the metrics count the failures.
+    watch.wait_rounds(3);
+    let counted = |l: &str| l.starts_with("vgpu_history_write_failures_total{kind=\"disk-full\"} ") && !l.ends_with(" 0");
+    common::wait_for("the metrics to count the failures", || std::fs::read_to_string(&prom).is_ok_and(|t| t.lines().any(counted)));
+    assert_eq!(watch.log.iter().filter(|l| l.contains("warning: history: cannot record")).count(), 1, "{:#?}", watch.log);
+    let conn = open(&sim);
+    assert_eq!(integrity(&conn), "ok");
+    let during = gpu_rows(&conn).len();
+    drop(conn);
+    std::fs::remove_file(&filler).unwrap();
+    watch.wait_line("recording to resume", |l| l.contains("history: recording again"));
+    watch.wait_rounds(2);
+    assert!(watch.stop().success());
+    let conn = open(&sim);
+    assert_eq!(integrity(&conn), "ok");
+    let rows = gpu_rows(&conn);
+    assert!(rows.len() > during, "recording resumed");
+    // The round that could not be written is covered by the next: no energy lost.
+    assert_energy_adds_up(&rows);
+}
+
+#[test]
+fn retention_deletes_old_rows_only_and_disabled_records_nothing() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config("[history]\nenabled = false\n"));
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(3);
+    assert!(watch.stop().success());
+    assert!(!db_path(&sim).exists(), "enabled = false: no database");
+
+    // Rows 40 days and 1 day old, kept 30 days.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let day = 86_400_000;
+    {
+        let mut h = vgpu_history::History::open(&sim.path("lib")).unwrap();
+        for (age, id) in [(40, "old"), (1, "new")] {
+            let t1 = now - age * day;
+            let gpu = vgpu_history::tick::GpuRow {
+                t0_ms: t1 - 1000,
+                t1_ms: t1,
+                gpu_uuid: format!("GPU-{id}"),
+                gpu_index: 9,
+                gpu_name: "x".into(),
+                energy_mj: 1,
+                energy_source: vgpu_history::tick::EnergySource::Counter,
+                busy_ms: None,
+                sm_clock_mhz: None,
+                power_w: None,
+                energy_counter_mj: None,
+            };
+            let work = vgpu_history::tick::WorkloadRow {
+                t0_ms: t1 - 1000,
+                t1_ms: t1,
+                workload_id: id.into(),
+                gpu_uuid: format!("GPU-{id}"),
+                busy_ms: 1,
+                source: vgpu_history::tick::TimeSource::Nvml,
+            };
+            h.record_tick(&vgpu_history::tick::Tick { gpus: vec![gpu], workloads: vec![work] }).unwrap();
+        }
+    }
+    sim.write_vgpu_config(&config("[history]\nkeep = \"30d\"\n"));
+    // Retention runs when the history thread first opens the database, before the stop
+    // (which waits for that thread) returns.
+    let watch = Watch::start(&sim, &[]);
+    assert!(watch.stop().success());
+    let conn = open(&sim);
+    assert_eq!(count(&conn, "SELECT count(*) FROM gpu_samples WHERE gpu_uuid = 'GPU-old'"), 0);
+    assert_eq!(count(&conn, "SELECT count(*) FROM workload_gpu_time WHERE workload_id = 'old'"), 0);
+    assert_eq!(count(&conn, "SELECT count(*) FROM gpu_samples WHERE gpu_uuid = 'GPU-new'"), 1);
+    assert_eq!(count(&conn, "SELECT count(*) FROM workload_gpu_time WHERE workload_id = 'new'"), 1);
+}
+
+#[test]
+fn a_link_in_place_of_the_database_is_refused_not_followed() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    let target = sim.path("elsewhere.db");
+    std::fs::write(&target, b"precious").unwrap();
+    std::os::unix::fs::symlink(&target, db_path(&sim)).unwrap();
+    let mut watch = Watch::start(&sim, &[]);
+    // Said at a round once the history thread has tried.
+    let warning = said_or_wait(&mut watch, "warning: history: cannot record");
+    assert!(warning.contains("history.db: a symbolic link: refused, never followed"), "{warning}");
+    watch.wait_rounds(2);
+    assert!(watch.stop().success());
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+    assert!(!sim.path("elsewhere.db-wal").exists());
+    assert!(std::fs::symlink_metadata(db_path(&sim)).unwrap().file_type().is_symlink());
+}
+
+#[test]
+fn carbon_apply_records_the_intensity_it_used_and_its_decision() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config("[carbon]\nsource = \"static\"\nvalue = 250\nbudget_g_per_hour = 500\n");
+    for args in [&["carbon", "apply", "--json"][..], &["carbon", "apply", "--json", "--intensity", "300"]] {
+        let out = sim.vgpu(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let conn = open(&sim);
+    let mut stmt = conn.prepare("SELECT action, intensity, json_extract(record, '$.intensity') FROM decisions ORDER BY ts_ms").unwrap();
+    let decisions: Vec<(String, f64, f64)> = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    assert_eq!(decisions, [("apply".to_string(), 250.0, 250.0), ("apply".to_string(), 300.0, 300.0)]);
+    // The source's reading is recorded; an --intensity override is not a reading of the grid.
+    let mut stmt = conn.prepare("SELECT kind, g_per_kwh, source FROM intensity").unwrap();
+    let readings: Vec<(String, f64, String)> = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    assert_eq!(readings.len(), 1, "{readings:?}");
+    assert_eq!((readings[0].0.as_str(), readings[0].1), ("reading", 250.0), "{readings:?}");
+}
+
+#[test]
+fn a_history_interval_adds_rounds_up_and_the_stop_writes_the_rest() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config("[history]\ninterval = \"1s\"\n"));
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(13);
+    assert!(watch.stop().success());
+    let rows = gpu_rows(&open(&sim));
+    assert!(rows.len() >= 2, "{rows:?}");
+    // 200 ms rounds, a row per second at least; the last, written at the stop, may be shorter.
+    assert!(rows[..rows.len() - 1].iter().all(|r| r.1 - r.0 >= 1000), "{rows:?}");
+    assert!(rows.len() <= 4, "13 rounds of 200 ms in rows of 1 s: {rows:?}");
+    assert_energy_adds_up(&rows);
+}
+
+#[test]
+fn a_workload_whose_supervisor_died_is_recorded_ended_by_the_watch() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    let mut watch = Watch::start(&sim, &[]);
+    let mut supervisor = sim.spawn_running("orphan", &["--mem", "1G"], "exec sleep 3600");
+    // Seen by a round after it runs.
+    watch.drain();
+    watch.wait_rounds(2);
+    supervisor.kill().unwrap();
+    supervisor.wait().unwrap();
+    watch.wait_line("reconcile to clean it up", |l| l.contains("cleaned up workload orphan"));
+    watch.wait_rounds(1);
+    assert!(watch.stop().success());
+    let (ended, outcome): (Option<i64>, Option<String>) =
+        open(&sim).query_row("SELECT ended_ms, outcome FROM workloads WHERE name = 'orphan'", [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+    assert!(ended.is_some());
+    let outcome = outcome.unwrap_or_default();
+    assert!(outcome.starts_with("supervisor (pid ") && outcome.ends_with(") died"), "{outcome}");
+}
+
+#[test]
+fn a_database_locked_elsewhere_is_one_warning_and_nothing_is_lost() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(1);
+    // An admin's sqlite3 holding the write lock.
+    let other = Connection::open(db_path(&sim)).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let warning = watch.wait_line("the busy warning", |l| l.contains("warning: history: cannot record"));
+    assert!(warning.contains("history.db: busy"), "{warning}");
+    watch.wait_rounds(3);
+    other.execute_batch("COMMIT").unwrap();
+    drop(other);
+    watch.wait_line("recording to resume", |l| l.contains("history: recording again"));
+    watch.wait_rounds(1);
+    assert!(watch.stop().success());
+    assert_energy_adds_up(&gpu_rows(&open(&sim)));
+}
+
+#[test]
+fn a_damaged_database_is_one_warning_and_moved_aside_a_new_one_records() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    std::fs::write(db_path(&sim), vec![0xA5u8; 8192]).unwrap();
+    std::fs::set_permissions(db_path(&sim), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut watch = Watch::start(&sim, &[]);
+    let warning = said_or_wait(&mut watch, "warning: history: cannot record");
+    assert!(warning.contains("history.db: damaged: ") && warning.contains("move it aside"), "{warning}");
+    watch.wait_rounds(2);
+    assert_eq!(std::fs::read(db_path(&sim)).unwrap(), vec![0xA5u8; 8192], "left as it was");
+    std::fs::rename(db_path(&sim), sim.path("lib/history.db.damaged")).unwrap();
+    watch.wait_line("recording to resume", |l| l.contains("history: recording again"));
+    watch.wait_rounds(2);
+    assert!(watch.stop().success());
+    assert!(!gpu_rows(&open(&sim)).is_empty());
+}

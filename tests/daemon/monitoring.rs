@@ -124,10 +124,21 @@ impl Drop for Killed {
     }
 }
 
-/// Hold the store lock as a writer does (an exclusive `flock` on `<state>/lock`).
+/// Hold the store lock as a writer does (an exclusive `flock` on `<state>/lock`). A command
+/// of this test (a workload's `vgpu run` tidying up, a reconcile) may hold it for a moment:
+/// retried until it is free, for at most 10 s.
 fn hold_lock(sim: &Sim) -> Flock<File> {
-    let file = File::options().read(true).write(true).open(sim.path("run/lock")).expect("open the store lock");
-    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| e).expect("take the store lock")
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let file = File::options().read(true).write(true).open(sim.path("run/lock")).expect("open the store lock");
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return lock,
+            Err((_, nix::errno::Errno::EAGAIN)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            Err((_, e)) => panic!("take the store lock: {e}"),
+        }
+    }
 }
 
 /// Everything below `dir`: each path's type, mode, owner and, for a file, its bytes.

@@ -48,29 +48,3 @@ pub fn best_effort<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig,
         Err(e) => tracing::warn!("history: cannot record {what}: {e}"),
     }
 }
-
-#[cfg(test)]
-mod tests {
-    const DOC: &str = include_str!("../../../docs/history.md");
-
-    /// The ```sql blocks of docs/history.md.
-    fn sql_blocks() -> Vec<&'static str> {
-        DOC.split("```sql\n").skip(1).map(|b| b.split("```").next().unwrap_or_default()).collect()
-    }
-
-    #[test]
-    fn the_doc_carries_the_schema_verbatim_and_its_queries_run() {
-        let blocks = sql_blocks();
-        assert_eq!(blocks.last().map(|b| b.trim_end()), Some(super::SCHEMA.trim_end()), "docs/history.md's last sql block must be schema.sql verbatim");
-        let dir = tempfile::tempdir().unwrap();
-        let conn = super::db::open_rw(dir.path()).unwrap();
-        assert!(blocks.len() >= 5, "{}", blocks.len());
-        for block in &blocks[..blocks.len() - 1] {
-            for query in block.split(';').map(str::trim).filter(|q| !q.is_empty()) {
-                let mut stmt = conn.prepare(query).unwrap_or_else(|e| panic!("{query}: {e}"));
-                stmt.query([]).unwrap_or_else(|e| panic!("{query}: {e}")).next().unwrap();
-            }
-        }
-    }
-}
-

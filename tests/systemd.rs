@@ -19,3 +19,5 @@ mod installed;
 
 #[path = "systemd/harness.rs"]
 mod harness;
+#[path = "systemd/watch_unit.rs"]
+mod watch_unit;

@@ -21,3 +21,5 @@ mod installed;
 mod harness;
 #[path = "systemd/watch_unit.rs"]
 mod watch_unit;
+#[path = "systemd/workload_unit.rs"]
+mod workload_unit;

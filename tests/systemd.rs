@@ -23,3 +23,5 @@ mod harness;
 mod watch_unit;
 #[path = "systemd/workload_unit.rs"]
 mod workload_unit;
+#[path = "systemd/scope.rs"]
+mod scope;

@@ -25,3 +25,5 @@ mod watch_unit;
 mod workload_unit;
 #[path = "systemd/scope.rs"]
 mod scope;
+#[path = "systemd/unified.rs"]
+mod unified;

@@ -295,7 +295,23 @@ impl Container {
     }
 
     pub fn shell_cmd(&self, script: &str) -> Command {
-        self.nsenter(&["systemd-run", "--quiet", "--pipe", "--wait", "--collect", "--service-type=exec", "-E", "TERM=dumb", "--", "bash", "-c", script])
+        let script = unexpanded(script);
+        self.nsenter(&["systemd-run", "--quiet", "--pipe", "--wait", "--collect", "--service-type=exec", "-E", "TERM=dumb", "--", "bash", "-c", &script])
+    }
+
+    /// Starts `args` in the background as the transient service `unit` (gone once it ends),
+    /// with `properties` (`-p` values, e.g. `StandardError=file:/run/x.err`), as a user's
+    /// shell starts a job; returns once it has started.
+    pub fn service(&self, unit: &str, properties: &[&str], args: &[&str]) -> Result<(), String> {
+        let unit = format!("--unit={unit}");
+        let mut all = vec!["systemd-run", "--quiet", "--collect", "--service-type=exec", unit.as_str()];
+        for p in properties {
+            all.extend_from_slice(&["-p", p]);
+        }
+        all.push("--");
+        let args: Vec<String> = args.iter().map(|a| unexpanded(a)).collect();
+        all.extend(args.iter().map(String::as_str));
+        self.output(&all).map(|_| ())
     }
 
     /// A path inside the container, as the host reaches it (through its init's root).
@@ -400,6 +416,12 @@ impl Drop for Container {
             eprintln!("container {}: teardown left {}", self.name, left.join("; "));
         }
     }
+}
+
+/// `arg` as systemd-run passes it on: systemd expands `$VAR` (and `$$`) in a unit's
+/// command line, so `$` is doubled.
+fn unexpanded(arg: &str) -> String {
+    arg.replace('$', "$$")
 }
 
 /// Runs `cmd`, failing with its output unless it succeeded.

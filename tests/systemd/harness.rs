@@ -50,8 +50,7 @@ fn boots_on_the_unified_tree() {
 fn teardown_leaves_nothing(tree: Tree) {
     let host = Installed::new(tree, "");
     host.systemctl(&["start", "vgpu-watch.service"]);
-    let out = host.ct.nsenter(&["systemd-run", "--quiet", "--unit=held", "--service-type=exec", "--", "/opt/vgpu/bin/vgpu", "run", "--name", "held", "--", "sleep", "600"]).output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    host.ct.service("held", &[], &["/opt/vgpu/bin/vgpu", "run", "--name", "held", "--", "sleep", "600"]).unwrap();
     host.wait_for("the workload to run", || host.records().iter().any(|r| r["state"] == "running" && r["pid"].is_u64()));
     let out = host.vgpu(&["suspend", "held"]);
     assert!(out.status.success(), "vgpu suspend: {}", text(&out));

@@ -10,16 +10,8 @@ use crate::installed::{Installed, VGPU};
 fn a_shells_run_gets_a_scope(tree: Tree) {
     let host = Installed::new(tree, "");
     // The shell: a transient service of the container's, its output kept in files.
-    let out = host
-        .ct
-        .nsenter(&[
-            "systemd-run", "--quiet", "--unit=shell", "--collect", "--service-type=exec",
-            "-p", "StandardOutput=file:/run/shell.out", "-p", "StandardError=file:/run/shell.err",
-            "--", VGPU, "run", "--name", "from-shell", "--", "sleep", "600",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", crate::installed::text(&out));
+    let files = ["StandardOutput=file:/run/shell.out", "StandardError=file:/run/shell.err"];
+    host.ct.service("shell", &files, &[VGPU, "run", "--name", "from-shell", "--", "sleep", "600"]).unwrap();
     host.wait_for("the workload to run", || host.records().iter().any(|r| r["state"] == "running" && r["pid"].is_u64()));
     let record = host.records().into_iter().next().unwrap();
     let id = record["id"].as_str().unwrap().to_string();

@@ -67,8 +67,7 @@ fn the_watch_unit(tree: Tree) {
 
     // (c) A `vgpu run` killed with SIGKILL leaves its workload behind: the watch's reconcile
     // tears it down (record, vGPU, cgroup) without any other command.
-    let out = host.ct.nsenter(&["systemd-run", "--quiet", "--unit=orphan", "--collect", "--service-type=exec", "--", VGPU, "run", "--name", "orphan", "--", "sleep", "600"]).output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    host.ct.service("orphan", &[], &[VGPU, "run", "--name", "orphan", "--", "sleep", "600"]).unwrap();
     host.wait_for("the orphan to run", || host.records().iter().any(|r| r["name"] == "orphan" && r["state"] == "running"));
     let record = host.records().into_iter().find(|r| r["name"] == "orphan").unwrap();
     let supervisor = record["supervisor"]["pid"].as_u64().unwrap().to_string();
@@ -78,12 +77,8 @@ fn the_watch_unit(tree: Tree) {
 
     // (d) A workload over its compute share (the shim bypassed) is throttled: frozen and
     // thawed by the watch in its sandbox.
-    let out = host
-        .ct
-        .nsenter(&["systemd-run", "--quiet", "--unit=hot", "--collect", "--service-type=exec", "--", VGPU, "run", "--name", "hot", "--mem", "1G", "--compute", "30", "--", "env", "-u", "LD_PRELOAD", &gpu_workload, "sync", "600", "--kernel-us", "2000", "--window-ms", "500"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    let hot = [VGPU, "run", "--name", "hot", "--mem", "1G", "--compute", "30", "--", "env", "-u", "LD_PRELOAD", &gpu_workload, "sync", "600", "--kernel-us", "2000", "--window-ms", "500"];
+    host.ct.service("hot", &[], &hot).unwrap();
     host.wait_for("the watch to throttle hot", || host.journal("vgpu-watch.service").contains("throttling workload hot ("));
 
     // The watchdog: no restart and the same process over three times WatchdogSec.

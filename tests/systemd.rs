@@ -27,3 +27,5 @@ mod workload_unit;
 mod scope;
 #[path = "systemd/unified.rs"]
 mod unified;
+#[path = "systemd/service_unit.rs"]
+mod service_unit;

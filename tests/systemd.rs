@@ -29,3 +29,5 @@ mod scope;
 mod unified;
 #[path = "systemd/service_unit.rs"]
 mod service_unit;
+#[path = "systemd/carbon_timer.rs"]
+mod carbon_timer;

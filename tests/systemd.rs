@@ -31,3 +31,5 @@ mod unified;
 mod service_unit;
 #[path = "systemd/carbon_timer.rs"]
 mod carbon_timer;
+#[path = "systemd/uninstall.rs"]
+mod uninstall;

@@ -23,7 +23,8 @@
 # from where they went, vgpu-watch.service is enabled and (re)started on the new binary.
 #
 # Every file and directory it creates is listed in PREFIX/lib/vgpu/install-manifest.txt.
-# --uninstall stops and disables the units listed there, removes the files listed (a file
+# --uninstall stops and disables the units listed there (and the instances of a template
+# such as vgpu@.service), removes the files listed (a file
 # changed since, such as an edited config, is kept and named), the simulated driver's
 # links into PREFIX under the state directory, then the directories it created if empty.
 # Safe to run again.

@@ -66,14 +66,18 @@ fn the_watch_unit(tree: Tree) {
     host.wait_for("the history database", || std::fs::metadata(host.ct.path("/var/lib/vgpu/history.db")).is_ok_and(|m| m.len() > 0));
 
     // (c) A `vgpu run` killed with SIGKILL leaves its workload behind: the watch's reconcile
-    // tears it down (record, vGPU, cgroup) without any other command.
-    host.ct.service("orphan", &[], &[VGPU, "run", "--name", "orphan", "--", "sleep", "600"]).unwrap();
+    // tears it down (record, vGPU, cgroup) and settles the pool (its blocks given back)
+    // without any other command.
+    host.ct.service("orphan", &[], &[VGPU, "run", "--name", "orphan", "--tflops", "10", "--", "sleep", "600"]).unwrap();
     host.wait_for("the orphan to run", || host.records().iter().any(|r| r["name"] == "orphan" && r["state"] == "running"));
+    assert_eq!(free_blocks(&host).0 + 10, free_blocks(&host).1, "the orphan holds 10 blocks");
     let record = host.records().into_iter().find(|r| r["name"] == "orphan").unwrap();
     let supervisor = record["supervisor"]["pid"].as_u64().unwrap().to_string();
     host.ct.output(&["kill", "-KILL", &supervisor]).unwrap();
     host.wait_for("the watch to tear the orphan down", || host.records().is_empty() && host.vgpu_dirs().is_empty());
     assert!(host.ct.output(&["pgrep", "-x", "sleep"]).is_err(), "the orphan's sleep was killed");
+    let (free, total) = free_blocks(&host);
+    assert_eq!(free, total, "the orphan's pool blocks were given back");
 
     // (d) A workload over its compute share (the shim bypassed) is throttled: frozen and
     // thawed by the watch in its sandbox.
@@ -111,6 +115,16 @@ fn the_watch_unit(tree: Tree) {
     assert!(!stat.contains(") Z "), "{stat}");
     host.systemctl(&["stop", "hot.service"]);
     host.wait_for("hot to be gone", || host.records().is_empty());
+}
+
+/// The pool's (free, total) blocks, `vgpu pool --json`.
+fn free_blocks(host: &Installed) -> (u64, u64) {
+    let out = host.vgpu(&["pool", "--json"]);
+    assert!(out.status.success(), "vgpu pool: {}", text(&out));
+    let pool: serde_json::Value = serde_json::from_slice(&out.stdout).expect("vgpu pool --json");
+    let devices = pool["devices"].as_array().expect("the pool's devices");
+    let sum = |key: &str| devices.iter().filter_map(|d| d[key].as_u64()).sum::<u64>();
+    (sum("free_blocks"), sum("blocks"))
 }
 
 /// Whether the cgroup of process `pid` (in the container) is frozen: v1 `freezer.state`,

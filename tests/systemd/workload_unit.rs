@@ -93,3 +93,22 @@ fn the_workload_unit_on_the_hybrid_tree() {
 fn the_workload_unit_on_the_unified_tree() {
     the_workload_unit(Tree::Unified);
 }
+
+/// The OOM explanation under a real systemd, where a memory controller is delegated (the
+/// hybrid tree: the unified tree here has none, tests/systemd/unified.rs): a workload file's
+/// `memory` limit is written in the unit's subtree, the kernel's OOM killer ends the
+/// workload there, and vgpu run says so in the unit's journal.
+#[test]
+fn an_oom_killed_workload_unit_is_explained_on_the_hybrid_tree() {
+    let host = Installed::new(Tree::Hybrid, "");
+    host.write("/etc/vgpu/workloads/hungry.toml", "memory = \"32M\"\ncommand = [\"python3\", \"-c\", \"x = bytearray(256 << 20)\"]\n");
+    host.systemctl(&["start", "vgpu@hungry.service"]);
+    host.wait_for("the unit to end", || !matches!(host.show("vgpu@hungry.service", "ActiveState").as_str(), "active" | "activating"));
+    let journal = host.journal("vgpu@hungry.service");
+    assert!(
+        journal.contains("the kernel's OOM killer killed 1 process(es) of hungry (") && journal.contains("it reached its host memory limit (--memory 32 MiB)"),
+        "{journal}"
+    );
+    assert_eq!(host.show("vgpu@hungry.service", "ExecMainStatus"), "137", "{journal}");
+    assert!(host.records().is_empty() && host.vgpu_dirs().is_empty());
+}

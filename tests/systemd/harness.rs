@@ -8,6 +8,16 @@ use std::path::PathBuf;
 use crate::container::{Container, Tree};
 use crate::installed::{text, Installed};
 
+#[test]
+fn hierarchies_match_their_mounts() {
+    use crate::container::same_hierarchy;
+    assert!(same_hierarchy("", ""));
+    assert!(same_hierarchy("cpu,cpuacct", "rw,cpu,cpuacct"));
+    assert!(same_hierarchy("name=systemd", "rw,xattr,name=systemd"));
+    assert!(!same_hierarchy("memory", "rw,cpu,cpuacct"));
+    assert!(!same_hierarchy("", "rw,memory"));
+}
+
 fn boots_with_its_layout(tree: Tree) {
     let ct = Container::boot(tree, &[]).unwrap_or_else(|e| panic!("the {} container did not boot: {e}", tree.name()));
     // PID 1 is systemd, and a shell's command runs in a unit of its tree.

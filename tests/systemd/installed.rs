@@ -35,7 +35,6 @@ pub struct Installed {
     pub ct: Container,
     /// What install.sh printed.
     pub install_output: String,
-    pub install_time: Duration,
 }
 
 impl Installed {
@@ -57,7 +56,6 @@ impl Installed {
             binds.push(artefacts.clone());
         }
         let ct = Container::boot(tree, &binds).unwrap_or_else(|e| panic!("the {} container did not boot: {e}", tree.name()));
-        let started = Instant::now();
         let script = format!(
             "VGPU_INSTALL_FROM={} {}/install.sh --no-build --prefix {PREFIX} --systemd-dir /etc/systemd/system --etc-dir /etc/vgpu {}",
             artefacts.display(),
@@ -67,7 +65,7 @@ impl Installed {
         let out = ct.shell(&script);
         let install_output = text(&out);
         assert!(out.status.success(), "install.sh in the container: {}\n{install_output}", out.status);
-        Installed { ct, install_output, install_time: started.elapsed() }
+        Installed { ct, install_output }
     }
 
     /// `/etc/vgpu/config.toml`: the simulated driver and `extra`.

@@ -12,7 +12,7 @@ use crate::installed::{checkout, text, Installed, PREFIX};
 /// Units loaded by systemd whose name starts with `vgpu` and that are not inactive.
 fn live_units(host: &Installed) -> Vec<String> {
     let out = host.systemctl(&["list-units", "--all", "--plain", "--no-legend", "vgpu*"]);
-    out.lines().filter(|l| !l.split_whitespace().nth(2).is_some_and(|active| active == "inactive")).map(str::to_string).collect()
+    out.lines().filter(|l| l.split_whitespace().nth(2).is_none_or(|active| active != "inactive")).map(str::to_string).collect()
 }
 
 fn install_then_uninstall(tree: Tree) {

@@ -106,7 +106,7 @@ pub fn wait_relaying_signals(child: &mut Child, after_terminating: impl Fn(i32, 
     let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)?;
     let handle = signals.handle();
     let relay = std::thread::spawn(move || {
-        for origin in signals.forever() {
+        let act = |origin: signal_hook::low_level::siginfo::Origin| {
             let from_terminal = matches!(origin.cause, Cause::Kernel);
             if !from_terminal || origin.signal == SIGHUP {
                 tracing::debug!("relaying signal {} to the workload", origin.signal);
@@ -117,6 +117,16 @@ pub fn wait_relaying_signals(child: &mut Child, after_terminating: impl Fn(i32, 
                 let sender = if from_terminal { None } else { origin.process.map(|p| p.pid) };
                 after_terminating(origin.signal, sender);
             }
+        };
+        for origin in signals.forever() {
+            act(origin);
+        }
+        // Closed once the workload ended; a signal that came with its end is still here:
+        // systemd stopping a scope signals vgpu run and the workload at once, and the
+        // workload may die first (the iterator drops what is pending once closed, and vgpu
+        // run then said nothing of the stop, one run in a few under a real systemd).
+        for origin in signals.pending() {
+            act(origin);
         }
     });
     let status = child.wait();

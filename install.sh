@@ -23,7 +23,8 @@
 # from where they went, vgpu-watch.service is enabled and (re)started on the new binary.
 #
 # Every file and directory it creates is listed in PREFIX/lib/vgpu/install-manifest.txt.
-# --uninstall stops and disables the units listed there, removes the files listed (a file
+# --uninstall stops and disables the units listed there (and the instances of a template
+# such as vgpu@.service), removes the files listed (a file
 # changed since, such as an edited config, is kept and named), the simulated driver's
 # links into PREFIX under the state directory, then the directories it created if empty.
 # Safe to run again.
@@ -227,7 +228,18 @@ if [ "$uninstall" = 1 ]; then
       continue
     fi
     if systemd_manages "$(dirname "$path")"; then
-      systemctl disable --now "$(basename "$path")" >/dev/null 2>&1 || true
+      unit=$(basename "$path")
+      case "$unit" in
+        *@.*)
+          # A template (vgpu@.service): `systemctl disable --now vgpu@.service` stops none
+          # of its instances (vgpu@llm.service), which ran on without their binary (seen
+          # under a real systemd: tests/systemd/uninstall.rs); they are stopped and disabled
+          # by name first.
+          mapfile -t instances < <(systemctl list-units --all --plain --no-legend "${unit%%@*}@*.${unit##*.}" 2>/dev/null | awk '{print $1}')
+          if [ ${#instances[@]} -gt 0 ]; then systemctl disable --now "${instances[@]}" >/dev/null 2>&1 || true; fi
+          ;;
+      esac
+      systemctl disable --now "$unit" >/dev/null 2>&1 || true
       reload=1
     fi
     rm -f "$path"

@@ -11,7 +11,7 @@ use nix::unistd::Pid;
 
 use super::error::{CgroupError, Result};
 use super::fs;
-use super::layout::{Layout, Mode};
+use super::layout::{Controller, Layout, Mode};
 use super::manager::{CgroupSpec, FreezerState, Limits, Manager, Stats};
 use super::v1::V1Cgroup;
 use super::v2::V2Cgroup;
@@ -176,6 +176,22 @@ impl Cgroup {
     /// controller needed is checked before anything is written.
     pub fn apply(&self, limits: &Limits) -> Result<()> {
         self.imp.apply(limits)
+    }
+
+    /// `limits` less those this cgroup cannot enforce, and the controllers they needed: a
+    /// cgroup v2 tree whose root offers no memory, cpu or pids controller (a host that binds
+    /// them to v1, a container), a v1 host without a pids hierarchy. The caller says so
+    /// once and goes on with the rest, rather than failing or writing nothing.
+    pub fn enforceable(&self, limits: &Limits) -> Result<(Limits, Vec<Controller>)> {
+        let mut enforceable = *limits;
+        let mut missing = Vec::new();
+        for controller in limits.needs() {
+            if !self.imp.has(controller)? {
+                enforceable = enforceable.without(controller);
+                missing.push(controller);
+            }
+        }
+        Ok((enforceable, missing))
     }
 
     /// Moves process `pid` (its whole thread group) into the cgroup, in every hierarchy.
@@ -438,6 +454,30 @@ mod tests {
         }
         assert_eq!(cgroup.kill(Signal::SIGTERM).unwrap(), 0);
         assert_eq!(cgroup.kill(Signal::SIGKILL).unwrap(), 0);
+    }
+
+    #[test]
+    fn limits_a_cgroup_cannot_enforce_are_set_apart() {
+        // v2: the tree offers cpu only (as a container's on a host that binds memory and
+        // pids to v1 offers none).
+        let fake = FakeV2::new(&["cpu"]);
+        let cgroup = Cgroup::create(&fake.layout(), "job1").unwrap();
+        fake.kernel_populate("vgpu/job1");
+        stdfs::write(fake.root().join("vgpu/job1/cgroup.controllers"), "cpu\n").unwrap();
+        let limits = Limits { cpus: Some(1.0), memory: Some(64 << 20), pids: Some(10) };
+        let (enforceable, missing) = cgroup.enforceable(&limits).unwrap();
+        assert_eq!(missing, vec![Controller::Memory, Controller::Pids]);
+        assert_eq!(enforceable, Limits { cpus: Some(1.0), memory: None, pids: None });
+        cgroup.apply(&enforceable).unwrap();
+        assert_eq!(fake.read("vgpu/job1/cpu.max"), "100000 100000");
+        // v1: no pids hierarchy.
+        let fake = FakeV1::new(&["cpu,cpuacct", "memory", "freezer"]);
+        let cgroup = Cgroup::create(&fake.layout(), "job2").unwrap();
+        let (enforceable, missing) = cgroup.enforceable(&limits).unwrap();
+        assert_eq!(missing, vec![Controller::Pids]);
+        assert_eq!(enforceable, Limits { cpus: Some(1.0), memory: Some(64 << 20), pids: None });
+        // Nothing missing: the limits as given.
+        assert_eq!(cgroup.enforceable(&Limits::default()).unwrap(), (Limits::default(), Vec::new()));
     }
 
     #[test]

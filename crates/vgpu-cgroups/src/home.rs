@@ -339,13 +339,20 @@ fn tracking_mount(layout: &Layout) -> Option<PathBuf> {
 }
 
 /// systemd (≥ 251) marks a delegated unit's cgroup with the extended attribute
-/// `trusted.delegate` set to `1`. Only that one, on a cgroup root owns, counts: a user may
-/// set `user.delegate` on a cgroup of their own (systemd ≥ 252 sets both, and a user's
-/// systemd sets it in their subtree), and root's vgpu started through sudo from there must
-/// not take that user's cgroup as its home.
+/// `trusted.delegate` set to `1`, and (≥ 252) `user.delegate` too. Reading a `trusted.*`
+/// attribute takes CAP_SYS_ADMIN, which vgpu's own units do not keep (vgpu@.service,
+/// vgpu-service@.service): under a real systemd, vgpu in its delegated unit saw no mark,
+/// took the unit for a shell and moved itself out into a scope of its own
+/// (tests/systemd/workload_unit.rs). systemd sets `user.delegate` for exactly such readers.
+/// Either mark counts, on a cgroup root owns that no one else may write: setting a
+/// `user.*` attribute takes write permission on the directory, so on such a cgroup only
+/// root (systemd) can have set it. A user may set `user.delegate` on a cgroup of their own
+/// (a subtree systemd delegated to them is chowned to them), and root's vgpu started
+/// through sudo from there must not take that user's cgroup as its home.
 fn is_delegated(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == 0) && xattr_is_one(dir, "trusted.delegate")
+    let roots_alone = std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0);
+    roots_alone && (xattr_is_one(dir, "trusted.delegate") || xattr_is_one(dir, "user.delegate"))
 }
 
 fn xattr_is_one(path: &Path, name: &str) -> bool {
@@ -463,18 +470,27 @@ mod tests {
     }
 
     #[test]
-    fn only_systemds_mark_on_roots_cgroup_means_delegated() {
+    fn only_a_mark_on_a_cgroup_root_alone_writes_means_delegated() {
+        use std::os::unix::fs::PermissionsExt;
         assert!(nix::unistd::geteuid().is_root(), "this test must run as root (CI does): it sets trusted.* attributes");
-        // A user may set user.delegate on a cgroup of theirs: it does not count.
-        let by_user = tempfile::tempdir().unwrap();
-        set_xattr(by_user.path(), "user.delegate");
-        assert!(!is_delegated(by_user.path()));
-        let by_systemd = tempfile::tempdir().unwrap();
-        set_xattr(by_systemd.path(), "trusted.delegate");
-        assert!(is_delegated(by_systemd.path()));
-        // ... and not on a cgroup root does not own.
-        std::os::unix::fs::chown(by_systemd.path(), Some(60_001), None).unwrap();
-        assert!(!is_delegated(by_systemd.path()));
+        let unmarked = tempfile::tempdir().unwrap();
+        assert!(!is_delegated(unmarked.path()));
+        // systemd's marks: trusted.delegate (root reads it with CAP_SYS_ADMIN), user.delegate
+        // (which vgpu reads in its units, without CAP_SYS_ADMIN).
+        for mark in ["trusted.delegate", "user.delegate"] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            set_xattr(dir.path(), mark);
+            assert!(is_delegated(dir.path()), "{mark}");
+            // Not on a cgroup root does not own: a user's own subtree, where they set what
+            // they like.
+            std::os::unix::fs::chown(dir.path(), Some(60_001), None).unwrap();
+            assert!(!is_delegated(dir.path()), "{mark} on a user's cgroup");
+            // Nor on one another may write (who could set user.delegate there).
+            std::os::unix::fs::chown(dir.path(), Some(0), None).unwrap();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o775)).unwrap();
+            assert!(!is_delegated(dir.path()), "{mark} on a group-writable cgroup");
+        }
     }
 
     #[test]

@@ -39,6 +39,23 @@ impl Limits {
         self.cpus.is_none() && self.memory.is_none() && self.pids.is_none()
     }
 
+    /// The controller each limit given needs, with the limit.
+    pub fn needs(&self) -> impl Iterator<Item = Controller> {
+        [self.cpus.map(|_| Controller::Cpu), self.memory.map(|_| Controller::Memory), self.pids.map(|_| Controller::Pids)].into_iter().flatten()
+    }
+
+    /// These limits without the one `controller` enforces.
+    pub fn without(&self, controller: Controller) -> Limits {
+        let mut limits = *self;
+        match controller {
+            Controller::Cpu => limits.cpus = None,
+            Controller::Memory => limits.memory = None,
+            Controller::Pids => limits.pids = None,
+            Controller::Freezer | Controller::Cpuacct => {}
+        }
+        limits
+    }
+
     /// Checks every value and turns it into what the kernel files take, so that a bad
     /// limit is refused before anything is written.
     pub(crate) fn resolve(&self) -> Result<Resolved> {
@@ -138,6 +155,10 @@ pub(crate) trait Manager: fmt::Debug + Send + Sync {
     /// Writes the limits. Checks first that every controller they need is there, so a
     /// missing controller changes nothing.
     fn apply(&self, limits: &Limits) -> Result<()>;
+
+    /// Whether the cgroup has `controller` (v1: a directory in its hierarchy; v2: listed in
+    /// its `cgroup.controllers`).
+    fn has(&self, controller: Controller) -> Result<bool>;
 
     /// Stops every process and waits until the kernel reports them stopped.
     fn freeze(&self, timeout: Duration) -> Result<()>;

@@ -108,6 +108,10 @@ impl Manager for V1Cgroup {
         unique(self.dirs.values().cloned())
     }
 
+    fn has(&self, controller: Controller) -> Result<bool> {
+        Ok(self.dirs.contains_key(&controller))
+    }
+
     fn apply(&self, limits: &Limits) -> Result<()> {
         let limits = limits.resolve()?;
         for controller in limits.controllers() {

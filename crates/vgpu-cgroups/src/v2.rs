@@ -100,6 +100,10 @@ impl Manager for V2Cgroup {
         vec![self.dir.clone()]
     }
 
+    fn has(&self, controller: Controller) -> Result<bool> {
+        Ok(words(&fs::read(&self.file("cgroup.controllers"))?).iter().any(|c| c == controller.name()))
+    }
+
     fn apply(&self, limits: &Limits) -> Result<()> {
         let limits = limits.resolve()?;
         let available = words(&fs::read(&self.file("cgroup.controllers"))?);

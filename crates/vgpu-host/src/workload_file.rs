@@ -169,7 +169,24 @@ pub fn load(arg: &str, caller: Caller) -> Result<Options, WorkloadFileError> {
     let dir = std::env::var_os(ENV_DIR).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
     let path = resolve_in(arg, &dir)?;
     let text = read_checked(&path, &dir, caller)?;
-    parse(&text, &path)
+    let mut options = parse(&text, &path)?;
+    if options.name.is_none() {
+        options.name = default_name(&path);
+    }
+    Ok(options)
+}
+
+/// A workload file without `name` names its workload after itself: `vgpu@llm.service`'s
+/// workload (`/etc/vgpu/workloads/llm.toml`) is `llm` in `vgpu ps`, as the admin knows it,
+/// not `python3-<id>` after its command (the first run under a real systemd showed it as
+/// `sleep-<id>`). `None` when the file's name is not a plain one (the command's then).
+fn default_name(path: &Path) -> Option<String> {
+    let stem = path.file_stem()?.to_str()?;
+    let plain = !stem.is_empty()
+        && stem.len() <= 128
+        && stem.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && stem.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    plain.then(|| stem.to_string())
 }
 
 /// The file's text, read under the rules of the module comment.
@@ -453,6 +470,14 @@ mod tests {
         };
         assert!(unreadable(&hidden, alice) && unreadable(&closed.join("none.toml"), alice));
         assert_eq!(message(&hidden), message(&closed.join("none.toml")));
+    }
+
+    #[test]
+    fn a_file_without_a_name_names_its_workload() {
+        assert_eq!(default_name(Path::new("/etc/vgpu/workloads/llm.toml")).as_deref(), Some("llm"));
+        assert_eq!(default_name(Path::new("./jobs/train-7b.v2.toml")).as_deref(), Some("train-7b.v2"));
+        assert_eq!(default_name(Path::new("/tmp/a b.toml")), None);
+        assert_eq!(default_name(Path::new("/tmp/.toml")), None);
     }
 
     #[test]

@@ -97,14 +97,16 @@ pub fn spawn(launch: Launch) -> io::Result<Child> {
 /// (by `kill`, systemd, cron) are relayed.
 ///
 /// After every [`TERMINATING`] signal (relayed, or delivered by the terminal directly),
-/// `after_terminating` runs on the relay thread: `vgpu run` thaws a suspended workload there,
-/// since a frozen process acts on a signal only once it runs again.
-pub fn wait_relaying_signals(child: &mut Child, after_terminating: impl Fn(i32) + Send + 'static) -> io::Result<ExitStatus> {
+/// `after_terminating(signal, sender)` runs on the relay thread, `sender` the pid of the
+/// process that sent a relayed one (`None`: the terminal's): `vgpu run` says who asked the
+/// workload to end, and thaws a suspended workload there, since a frozen process acts on a
+/// signal only once it runs again.
+pub fn wait_relaying_signals(child: &mut Child, after_terminating: impl Fn(i32, Option<i32>) + Send + 'static) -> io::Result<ExitStatus> {
     let pidfd = pidfd_open(child.id())?;
     let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)?;
     let handle = signals.handle();
     let relay = std::thread::spawn(move || {
-        for origin in signals.forever() {
+        let act = |origin: signal_hook::low_level::siginfo::Origin| {
             let from_terminal = matches!(origin.cause, Cause::Kernel);
             if !from_terminal || origin.signal == SIGHUP {
                 tracing::debug!("relaying signal {} to the workload", origin.signal);
@@ -112,8 +114,19 @@ pub fn wait_relaying_signals(child: &mut Child, after_terminating: impl Fn(i32) 
                 let _ = pidfd_send_signal(&pidfd, origin.signal);
             }
             if TERMINATING.contains(&origin.signal) {
-                after_terminating(origin.signal);
+                let sender = if from_terminal { None } else { origin.process.map(|p| p.pid) };
+                after_terminating(origin.signal, sender);
             }
+        };
+        for origin in signals.forever() {
+            act(origin);
+        }
+        // Closed once the workload ended; a signal that came with its end is still here:
+        // systemd stopping a scope signals vgpu run and the workload at once, and the
+        // workload may die first (the iterator drops what is pending once closed, and vgpu
+        // run then said nothing of the stop, one run in a few under a real systemd).
+        for origin in signals.pending() {
+            act(origin);
         }
     });
     let status = child.wait();

@@ -151,6 +151,29 @@ pub(super) fn check_memory_among(store: &Store, devices: &[AdmissionGpu], worklo
     Ok(())
 }
 
+/// What `vgpu run` says, once, of a host limit its cgroup cannot enforce (no such
+/// controller there): the workload runs without it, rather than being refused (the limit
+/// cannot be had on this host at all) or run as if it were enforced. Seen first on a real
+/// cgroup v2 tree without controllers, where `--memory` failed the run.
+fn unenforceable(limits: &Limits, controller: vgpu_cgroups::Controller, mode: vgpu_cgroups::Mode, cgroup: &Cgroup, w: &Workload) -> String {
+    let option = match controller {
+        vgpu_cgroups::Controller::Cpu => format!("--cpus {}", limits.cpus.unwrap_or_default()),
+        vgpu_cgroups::Controller::Memory => format!("--memory {}", vgpu_abi::size::format_size(limits.memory.unwrap_or_default())),
+        vgpu_cgroups::Controller::Pids => format!("--pids {}", limits.pids.unwrap_or_default()),
+        other => other.name().to_string(),
+    };
+    let at = cgroup.paths().first().map(|p| format!(" at {}", p.display())).unwrap_or_default();
+    format!(
+        "{option} is not enforced: this host's cgroups have no {controller} controller{at} ({}); {} ({}) runs without that limit",
+        match mode {
+            vgpu_cgroups::Mode::V2 => "not in cgroup.controllers: enable it in the root's cgroup.subtree_control, or the kernel binds it to a v1 hierarchy",
+            _ => "no v1 hierarchy of it is mounted",
+        },
+        w.name,
+        w.id
+    )
+}
+
 /// Create the vGPU, the cgroup and the record, in the order reconcile relies on: the start
 /// intent first (if this process dies before the record exists, reconcile removes the
 /// cgroup: `recovery.rs`), the record last.
@@ -167,7 +190,11 @@ fn create(store: &Store, layout: &Layout, tx: &mut Admission, workload: &Workloa
     let layout = layout.within(&workload.cgroup_home).context("the workload's cgroup home")?;
     let cgroup = Cgroup::create(&layout, &workload.cgroup).context("creating the workload's cgroup")?;
     tx.made_cgroup(&cgroup);
-    cgroup.apply(limits).context("setting cgroup limits")?;
+    let (enforceable, missing) = cgroup.enforceable(limits).context("reading the cgroup's controllers")?;
+    for controller in missing {
+        tracing::warn!("{}", unenforceable(limits, controller, layout.mode, &cgroup, workload));
+    }
+    cgroup.apply(&enforceable).context("setting cgroup limits")?;
     vgpu_store::stop_point::stop_point("run:cgroup-created");
     store.write_workload(workload)?;
     tx.wrote_record();

@@ -57,14 +57,35 @@ pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, req
 /// suspended workload first, so that it can act on them).
 pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitStatus> {
     let wake = {
-        let (store, id, name, cgroup) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone());
-        move |signal: i32| match crate::lifecycle::wake_to_terminate(&store, &id, &cgroup) {
-            Ok(true) => crate::notice!("{name} ({id}) was suspended: resumed so that it acts on signal {signal}"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!("cannot resume suspended {name} ({id}) to deliver signal {signal}: {e:#}"),
+        let (store, id, name, cgroup, unit) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone(), w.cgroup_home.unit.clone());
+        move |signal: i32, sender: Option<i32>| {
+            if let Some(sender) = sender {
+                crate::notice!("{}", relayed(signal, sender, unit.as_deref(), &name, &id));
+            }
+            match crate::lifecycle::wake_to_terminate(&store, &id, &cgroup) {
+                Ok(true) => crate::notice!("{name} ({id}) was suspended: resumed so that it acts on signal {signal}"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!("cannot resume suspended {name} ({id}) to deliver signal {signal}: {e:#}"),
+            }
         }
     };
     vgpu_store::supervise::wait_relaying_signals(child, wake).context("waiting for the workload")
+}
+
+/// What `vgpu run` says when another process asks its workload to end: who, and that the
+/// signal went on to the workload. From systemd (pid 1) to a workload in a unit's cgroup,
+/// the unit is named: that is `systemctl stop` (or `kill`) of it, which under a real
+/// systemd otherwise ended a workload with no word from vgpu.
+fn relayed(signal: i32, sender: i32, unit: Option<&str>, name: &str, id: &str) -> String {
+    let signal = nix::sys::signal::Signal::try_from(signal).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("signal {signal}"));
+    match (sender, unit) {
+        (1, Some(unit)) => format!("systemd sent {signal} to {unit} (systemctl stop or kill): relayed to {name} ({id})"),
+        (1, None) => format!("{signal} from systemd (pid 1): relayed to {name} ({id})"),
+        _ => {
+            let comm = std::fs::read_to_string(format!("/proc/{sender}/comm")).map(|c| format!(" ({})", c.trim())).unwrap_or_default();
+            format!("{signal} from pid {sender}{comm}: relayed to {name} ({id})")
+        }
+    }
 }
 
 /// Record in the history that the workload ended, and how (best effort: a failure is a
@@ -95,4 +116,19 @@ pub fn finish(ctx: &Context, store: &Store, layout: &Layout, w: &Workload) -> Re
     drop(lock);
     crate::carbon::follow::replan_now(ctx, store, &crate::carbon::follow::Change::ended(&[&w.id])).log();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_relayed_signal_names_who_sent_it() {
+        assert_eq!(
+            super::relayed(15, 1, Some("vgpu-1a2b3c4d.scope"), "train", "1a2b3c4d"),
+            "systemd sent SIGTERM to vgpu-1a2b3c4d.scope (systemctl stop or kill): relayed to train (1a2b3c4d)"
+        );
+        assert_eq!(super::relayed(2, 1, None, "train", "1a2b3c4d"), "SIGINT from systemd (pid 1): relayed to train (1a2b3c4d)");
+        let me = std::process::id() as i32;
+        let said = super::relayed(1, me, None, "train", "1a2b3c4d");
+        assert!(said.starts_with(&format!("SIGHUP from pid {me} (")) && said.ends_with("): relayed to train (1a2b3c4d)"), "{said}");
+    }
 }

@@ -247,14 +247,24 @@ fn check_cgroups(checks: &mut Vec<Check>) {
         match layout.mount_of(controller).filter(|_| layout.has(controller)) {
             Some(mount) if writable(mount) => checks.push(Check::ok(name, format!("usable at {}", mount.display()))),
             Some(mount) => checks.push(Check::fail(name, format!("{} is not writable", mount.display()), "run as root")),
-            None => checks.push(Check::fail(
-                name,
-                "controller not available",
-                match layout.mode {
+            None => {
+                let fix = match layout.mode {
                     vgpu_cgroups::Mode::V2 => "enable it in the root's cgroup.subtree_control (or the kernel command line)",
                     _ => "mount its v1 hierarchy under /sys/fs/cgroup",
-                },
-            )),
+                };
+                // Without the freezer nothing can be suspended; without the others only
+                // their limit is lost: vgpu run says so and runs the workload without it.
+                let option = match controller {
+                    Controller::Cpu => Some("--cpus"),
+                    Controller::Memory => Some("--memory"),
+                    Controller::Pids => Some("--pids"),
+                    Controller::Freezer | Controller::Cpuacct => None,
+                };
+                checks.push(match option {
+                    Some(option) => Check::warn(name, format!("controller not available: {option} cannot be enforced (vgpu run says so and runs without it)"), fix),
+                    None => Check::fail(name, "controller not available", fix),
+                });
+            }
         }
     }
 }

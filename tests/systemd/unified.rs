@@ -92,8 +92,12 @@ fn a_v2_tree_without_controllers() {
     let out = host.vgpu(&["run", "--name", "twice", "--mem", "1G", "--", "sh", "-c", &format!("{escape}; {escape}; sleep 600")]);
     assert_eq!(out.status.code(), Some(137), "{}\n{}", text(&out), host.journal("vgpu-watch.service"));
     assert!(started.elapsed() < Duration::from_secs(300), "the sleep was killed");
+    // The journal may take a moment to show the watch's last lines.
+    host.wait_for("the watch's journal to say it ended twice", || {
+        let journal = host.journal("vgpu-watch.service");
+        journal.contains("ended workload twice (") && journal.contains("process(es) of workload twice (")
+    });
     let journal = host.journal("vgpu-watch.service");
-    assert!(journal.contains("ended workload twice (") && journal.contains("process(es) of workload twice ("), "{journal}");
     assert!(!journal.contains("cannot kill every process"), "{journal}");
     host.wait_for("twice's teardown", || host.records().is_empty() && host.vgpu_dirs().is_empty());
 }

@@ -20,7 +20,8 @@
 //!   (issue 28).
 //!
 //! The simulated host and the vGPU live on a tmpfs (`/dev/shm`) where there is one, as
-//! `/run/vgpu` does on a real host (`VGPU_BENCH_DIR=DIR` puts them elsewhere). Every figure is the best of several alternating
+//! `/run/vgpu` does on a real host (`VGPU_BENCH_DIR=DIR` puts them elsewhere;
+//! `VGPU_BENCH_SHIM=FILE` preloads another build of `libvgpu.so`, e.g. an older one). Every figure is the best of several alternating
 //! repetitions (bare, shimmed, bare, …), so drift on the machine hits both sides alike.
 //! Prints a table; asserts nothing but that the programs ran (and that nothing escaped).
 
@@ -108,7 +109,7 @@ fn main() {
             .map(|_| field_f64(&run_ok(bench.bare(&program).arg("init")), "init_us"))
             .collect();
         let shim: Vec<f64> = (0..10)
-            .map(|_| field_f64(&run_ok(bench.shimmed(&program).arg("init")), "init_us"))
+            .map(|_| field_f64(&run_ok(shimmed(&bench, &program).arg("init")), "init_us"))
             .collect();
         (median(bare), median(shim))
     });
@@ -121,15 +122,15 @@ fn main() {
     let first = median_pair(&bench, &program, "first", "first_alloc_us");
     row("first cuMemAlloc of a process, µs (median)", first, "µs");
 
-    let twenty = best_of(REPS, || {
-        let t = Instant::now();
-        parallel(&bench, &program, 20, false, &["first"]);
-        let bare = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        parallel(&bench, &program, 20, true, &["first"]);
-        (bare, t.elapsed().as_secs_f64() * 1e3)
+    // Wall time is what a job waits; the processes' CPU time (user + system, from
+    // RUSAGE_CHILDREN) is the work added, less at the mercy of the machine's other load.
+    let twenty = best_of(2 * REPS, || {
+        let (wall, cpu) = timed(|| parallel(&bench, &program, 20, false, &["first"]));
+        let (shim_wall, shim_cpu) = timed(|| parallel(&bench, &program, 20, true, &["first"]));
+        ((wall, cpu), (shim_wall, shim_cpu))
     });
-    row("20 processes: start + first alloc, ms wall", twenty, "ms");
+    row("20 processes: start + first alloc, ms wall", (twenty.0 .0, twenty.1 .0), "ms");
+    row("20 processes: start + first alloc, ms CPU", (twenty.0 .1, twenty.1 .1), "ms");
 
     let hundred = best_of(3, || {
         let t = Instant::now();
@@ -159,7 +160,7 @@ fn main() {
         added8 / added1.max(1.0)
     );
     println!(
-        "refusal: {:.2}× a bare refusal alone ({:.1} µs; HAMi-core {HAMI_REFUSAL_US} µs in issue 28), {:.2}× with 8 processes (wall; {:.2}× in CPU time) (goal ≤ 1.2×)",
+        "refusal: {:.2}× a bare refusal alone ({:.2} µs; HAMi-core {HAMI_REFUSAL_US} µs in issue 28), {:.2}× with 8 processes (wall; {:.2}× in CPU time) (goal ≤ 1.2×)",
         refusal1.1 / refusal1.0,
         refusal1.1,
         refusal8.1 .0 / refusal8.0 .0,
@@ -186,9 +187,10 @@ fn main() {
         primary.1 - primary.0
     );
     println!(
-        "first allocation (joins the vGPU's state files): {:+.1} µs per process (goal ≤ 20 µs; HAMi-core {HAMI_FIRST_ALLOC_US} µs in all in issue 28); 20 together: {:.2}× bare (goal ≤ 1.15×); 100 together: {:+.0} ms in total",
+        "first allocation (joins the vGPU's state files): {:+.1} µs per process (goal ≤ 20 µs; HAMi-core {HAMI_FIRST_ALLOC_US} µs in all in issue 28); 20 together: {:.2}× bare in wall time, {:.2}× in CPU time (goal ≤ 1.15×); 100 together: {:+.0} ms in total",
         first.1 - first.0,
-        twenty.1 / twenty.0,
+        twenty.1 .0 / twenty.0 .0,
+        twenty.1 .1 / twenty.0 .1,
         hundred_alloc.1 - hundred_alloc.0
     );
     assert_eq!(escaped, 0, "an allocation escaped the quota in the race");
@@ -209,9 +211,22 @@ fn bench_parent() -> PathBuf {
     }
 }
 
+/// `program` in the bench's vGPU with the shim preloaded: the one just built, or the one
+/// `VGPU_BENCH_SHIM` names (to measure another build, e.g. an older one, against the same
+/// bench).
+fn shimmed(bench: &Bench, program: &Path) -> std::process::Command {
+    let mut cmd = bench.shimmed(program);
+    if let Some(shim) = std::env::var_os("VGPU_BENCH_SHIM") {
+        cmd.env("LD_PRELOAD", shim);
+    }
+    cmd
+}
+
 fn row(label: &str, (direct, shimmed): (f64, f64), unit: &str) {
+    // Two decimals for small figures (a refusal the shim answers alone is tens of ns).
+    let p = if direct.abs().max(shimmed.abs()) < 10.0 { 2 } else { 1 };
     println!(
-        "{label:<48} {direct:>9.1} {unit:<2} {shimmed:>9.1} {unit:<2} {:>+9.1} {unit:<2} {:>7.2}×",
+        "{label:<48} {direct:>9.p$} {unit:<2} {shimmed:>9.p$} {unit:<2} {:>+9.p$} {unit:<2} {:>7.2}×",
         shimmed - direct,
         shimmed / direct
     );
@@ -254,7 +269,7 @@ impl Best for (f64, f64) {
 fn best_pair(bench: &Bench, program: &Path, args: &[&str], key: &str) -> (f64, f64) {
     best_of(REPS, || {
         let bare = field_f64(&run_ok(bench.bare(program).args(args)), key);
-        let shim = field_f64(&run_ok(bench.shimmed(program).args(args)), key);
+        let shim = field_f64(&run_ok(shimmed(bench, program).args(args)), key);
         (bare, shim)
     })
 }
@@ -263,17 +278,33 @@ fn best_pair(bench: &Bench, program: &Path, args: &[&str], key: &str) -> (f64, f
 fn median_pair(bench: &Bench, program: &Path, mode: &str, key: &str) -> (f64, f64) {
     best_of(REPS, || {
         let bare: Vec<f64> = (0..10).map(|_| field_f64(&run_ok(bench.bare(program).arg(mode)), key)).collect();
-        let shim: Vec<f64> = (0..10).map(|_| field_f64(&run_ok(bench.shimmed(program).arg(mode)), key)).collect();
+        let shim: Vec<f64> = (0..10).map(|_| field_f64(&run_ok(shimmed(bench, program).arg(mode)), key)).collect();
         (median(bare), median(shim))
     })
 }
 
+/// Run `f`; the wall time it took and the CPU time (user + system) of the child processes
+/// it waited for, both in ms.
+fn timed<T>(f: impl FnOnce() -> T) -> (f64, f64) {
+    let children_cpu = || {
+        // SAFETY: rusage is plain integers: all-zero is a valid value.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid, writable rusage.
+        unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+        let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+        ms(usage.ru_utime) + ms(usage.ru_stime)
+    };
+    let (cpu, t) = (children_cpu(), Instant::now());
+    f();
+    (t.elapsed().as_secs_f64() * 1e3, children_cpu() - cpu)
+}
+
 /// Start `n` copies at once; wait for all; their outputs.
-fn parallel(bench: &Bench, program: &Path, n: usize, shimmed: bool, args: &[&str]) -> Vec<String> {
+fn parallel(bench: &Bench, program: &Path, n: usize, with_shim: bool, args: &[&str]) -> Vec<String> {
     let children: Vec<_> = (0..n)
         .map(|_| {
-            let mut cmd = if shimmed {
-                bench.shimmed(program)
+            let mut cmd = if with_shim {
+                shimmed(bench, program)
             } else {
                 bench.bare(program)
             };
@@ -286,17 +317,17 @@ fn parallel(bench: &Bench, program: &Path, n: usize, shimmed: bool, args: &[&str
 /// Start `n` copies that each say "ready" and wait for a line on stdin; once all are ready,
 /// let them go together; once all have printed their figures, close their stdin (they
 /// exit); their figures.
-fn together(bench: &Bench, program: &Path, n: usize, shimmed: bool, args: &[&str]) -> Vec<String> {
+fn together(bench: &Bench, program: &Path, n: usize, with_shim: bool, args: &[&str]) -> Vec<String> {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    together_args(bench, program, n, shimmed, &|_| args.clone())
+    together_args(bench, program, n, with_shim, &|_| args.clone())
 }
 
 /// [`together`], process `i` with arguments `args(i)`.
-fn together_args(bench: &Bench, program: &Path, n: usize, shimmed: bool, args: &dyn Fn(usize) -> Vec<String>) -> Vec<String> {
+fn together_args(bench: &Bench, program: &Path, n: usize, with_shim: bool, args: &dyn Fn(usize) -> Vec<String>) -> Vec<String> {
     let mut children: Vec<(Child, BufReader<std::process::ChildStdout>)> = (0..n)
         .map(|i| {
-            let mut cmd = if shimmed {
-                bench.shimmed(program)
+            let mut cmd = if with_shim {
+                shimmed(bench, program)
             } else {
                 bench.bare(program)
             };

@@ -14,7 +14,23 @@ use crate::layout::{
 use crate::mapping::SharedMapping;
 use crate::process::ProcessId;
 use crate::error::LayoutError;
-use crate::usage::RegisterStep;
+
+/// The steps of a process's registration (`UsageFile::register_observed`): its file's, here,
+/// and then the vGPU's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterStep {
+    /// The file is created, empty (under its record's name, or under a temporary name when
+    /// it replaces a file of that name).
+    Opened,
+    /// Its bytes are written (not yet renamed, if it has a temporary name).
+    Written,
+    /// Published under its record's name, whole; not yet counted in `registrations`.
+    Published,
+    /// A reclaim is under way: waiting for it to end before reserving anything.
+    WaitingForReclaim,
+    /// Counted: reservations may begin.
+    Ready,
+}
 
 /// A mapped per-process file.
 pub struct ProcFile {

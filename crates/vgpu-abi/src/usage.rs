@@ -31,6 +31,7 @@ use crate::layout::{
 use crate::mapping::SharedMapping;
 use crate::process::ProcessId;
 use crate::procfile::{self, ProcFile};
+pub use crate::procfile::RegisterStep;
 use crate::vgpu_lock::VgpuLock;
 
 mod peers;
@@ -119,22 +120,6 @@ pub struct ReclaimReport {
 pub struct OverQuota {
     pub quota_bytes: u64,
     pub used_bytes: u64,
-}
-
-/// The steps of [`UsageFile::register_observed`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RegisterStep {
-    /// The file is created, empty (under its record's name, or under a temporary name when
-    /// it replaces a file of that name).
-    Opened,
-    /// Its bytes are written (not yet renamed, if it has a temporary name).
-    Written,
-    /// Published under its record's name, whole; not yet counted in `registrations`.
-    Published,
-    /// A reclaim is under way: waiting for it to end before reserving anything.
-    WaitingForReclaim,
-    /// Counted: reservations may begin.
-    Ready,
 }
 
 /// Where [`UsageFile::reconcile_observed`] calls its observer.

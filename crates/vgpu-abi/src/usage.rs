@@ -35,7 +35,7 @@ pub use crate::procfile::RegisterStep;
 use crate::vgpu_lock::VgpuLock;
 
 mod peers;
-pub use peers::{Peers, MAX_PEERS};
+pub use peers::{Peers, MAX_LISTING_AGE, MAX_PEERS};
 use peers::Listing;
 
 /// How long slow paths wait for the vGPU lock before giving up.

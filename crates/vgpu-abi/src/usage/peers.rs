@@ -22,22 +22,35 @@
 //! of this fails, the caller reclaims for real (and gets a fresh `Peers`). A usage file
 //! whose `registrations` is 0 (made by an older vgpu, whose shims do not count themselves)
 //! never gets a usable `Peers`: every refusal reclaims first, as before.
+//!
+//! The pidfds are descriptors of the caller's process (close-on-exec; a fork child closes
+//! its copies). A program that closes descriptors it did not open and reuses their numbers
+//! could make `poll` answer for another file; to bound what such a mix-up (or anything this
+//! reasoning missed) could hide, a listing is trusted for at most [`MAX_LISTING_AGE`]: after
+//! that a refusal reclaims and lists afresh, at most about once a second.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::UsageFile;
+use crate::layout::now_mono_ns;
 use crate::process::ProcessId;
 
 /// Most other processes watched; a vGPU with more is reclaimed before every refusal.
 pub const MAX_PEERS: usize = 64;
+
+/// How long a listing is trusted.
+pub const MAX_LISTING_AGE: Duration = Duration::from_secs(1);
 
 /// The other live processes of a vGPU as a reclaim listed them (see the module's text).
 #[derive(Debug, Default)]
 pub struct Peers {
     /// The vGPU's `registrations` when `procs/` was listed; 0: no usable listing.
     listed_at: u64,
+    /// When (`CLOCK_MONOTONIC`, ns) the listing began.
+    pub(super) listed_mono_ns: u64,
     /// A pidfd of every other live process listed.
     fds: Vec<OwnedFd>,
 }
@@ -47,6 +60,7 @@ impl Peers {
     pub const fn new() -> Peers {
         Peers {
             listed_at: 0,
+            listed_mono_ns: 0,
             fds: Vec::new(),
         }
     }
@@ -83,6 +97,7 @@ impl Listing {
         Listing {
             peers: Peers {
                 listed_at: at,
+                listed_mono_ns: now_mono_ns(),
                 fds: Vec::new(),
             },
             // SAFETY: getpid has no preconditions and cannot fail.
@@ -132,10 +147,11 @@ impl Listing {
 impl UsageFile {
     /// Whether a reclaim now could give nothing back (see `Peers`): `true` only when that
     /// is certain; `false` whenever it cannot be told without reclaiming. No lock, no
-    /// allocation; one `poll` of the watched pidfds.
+    /// allocation; a clock read and one `poll` of the watched pidfds.
     pub fn nothing_to_reclaim(&self, peers: &Peers) -> bool {
         let header = self.header();
         if peers.listed_at == 0
+            || now_mono_ns().saturating_sub(peers.listed_mono_ns) >= MAX_LISTING_AGE.as_nanos() as u64
             || header.registrations.load(Ordering::SeqCst) != peers.listed_at
             || header.needs_reconcile.load(Ordering::SeqCst) != 0
             || header.reclaimer.load(Ordering::SeqCst) != 0

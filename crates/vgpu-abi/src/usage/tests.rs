@@ -576,6 +576,12 @@ fn nothing_to_reclaim_holds_only_while_a_reclaim_could_give_nothing_back() {
     assert_eq!((report.processes, report.bytes), (1, 10), "the late one was a ghost");
     assert!(v.usage.nothing_to_reclaim(&peers));
 
+    // A listing is trusted for a second at most.
+    let mut stale = v.usage.reclaim_dead_quick_listing().1;
+    assert!(v.usage.nothing_to_reclaim(&stale));
+    stale.listed_mono_ns -= MAX_LISTING_AGE.as_nanos() as u64;
+    assert!(!v.usage.nothing_to_reclaim(&stale), "too old");
+
     // The peer dies, and is not even reaped: a zombie holds no GPU memory.
     peer.kill_leaving_a_zombie();
     assert!(!v.usage.nothing_to_reclaim(&peers), "a listed process exited");

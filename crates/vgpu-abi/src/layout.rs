@@ -24,7 +24,8 @@
 //!
 //! Changing a field's meaning, offset or size requires bumping [`LAYOUT_VERSION`]. The
 //! `reserved` words are zero today; giving one a meaning later that zero already describes
-//! (e.g. "no compute tokens consumed") keeps the version.
+//! (e.g. "no compute tokens consumed") keeps the version, as `UsageHeader::registrations`
+//! did (0: "registrations are not counted", which is what the files of older vgpus say).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -83,7 +84,12 @@ pub struct UsageHeader {
     /// Non-zero when a total may be over-counted (a process died in the middle of an update,
     /// a reclaimer died, a damaged process file was removed). Cleared by a reconcile.
     pub needs_reconcile: AtomicU64,
-    pub reserved: [u64; 1],
+    /// 1 + the number of per-process files published so far: a process adds 1 after
+    /// publishing its file and before its first reservation, so a process that listed
+    /// `procs/` when this read `n` knows, while it still reads `n`, that every process
+    /// holding bytes is one it listed (`crate::usage::Peers`). 0: not counted (a file made
+    /// by a vgpu older than this field, whose shims do not count): nobody relies on it.
+    pub registrations: AtomicU64,
 }
 
 /// One device of the vGPU: 192 bytes. The `limits` file and the `usage` file hold the same

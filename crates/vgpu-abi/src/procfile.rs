@@ -2,9 +2,9 @@
 //! vGPU that reserved memory. The owner maps its file read-write and updates it with atomics
 //! (no lock); everyone else maps it read-only. See [`crate::layout::ProcHeader`].
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -14,6 +14,23 @@ use crate::layout::{
 use crate::mapping::SharedMapping;
 use crate::process::ProcessId;
 use crate::error::LayoutError;
+
+/// The steps of a process's registration (`UsageFile::register_observed`): its file's, here,
+/// and then the vGPU's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterStep {
+    /// The file is created, empty (under its record's name, or under a temporary name when
+    /// it replaces a file of that name).
+    Opened,
+    /// Its bytes are written (not yet renamed, if it has a temporary name).
+    Written,
+    /// Published under its record's name, whole; not yet counted in `registrations`.
+    Published,
+    /// A reclaim is under way: waiting for it to end before reserving anything.
+    WaitingForReclaim,
+    /// Counted: reservations may begin.
+    Ready,
+}
 
 /// A mapped per-process file.
 pub struct ProcFile {
@@ -46,59 +63,57 @@ pub(crate) fn parse_temp_name(name: &str) -> Option<ProcessId> {
 }
 
 impl ProcFile {
-    /// Create and publish the file of process `id` in `procs_dir` (write a temporary, then
-    /// rename, so readers never see a half-written file). The caller holds the vGPU lock.
-    pub(crate) fn create(procs_dir: &Path, id: ProcessId, device_count: usize) -> io::Result<ProcFile> {
+    /// Create and publish the file of process `id` in `procs_dir`, calling `observe` at each
+    /// step (a test stop point).
+    ///
+    /// The bytes go into the new, empty file with one `pwrite`, so a reader sees either an
+    /// empty file (a record still being made: too short, skipped as damaged, and holding
+    /// nothing, since its process reserves only once this returns) or the whole record. If
+    /// a file of that name exists (this process before an `exec`, or something put there),
+    /// a fresh one replaces it: written under a temporary name, then renamed over it.
+    pub(crate) fn create(
+        procs_dir: &Path,
+        id: ProcessId,
+        device_count: usize,
+        observe: &mut dyn FnMut(RegisterStep),
+    ) -> io::Result<ProcFile> {
         let name = file_name(id);
-        let tmp = procs_dir.join(format!(".{name}.tmp"));
         let path = procs_dir.join(&name);
-        // procs/ is writable by every user: whatever is at the temporary name (a leftover of
-        // ours, or a symlink or FIFO someone put there to make us write through it) is
-        // unlinked, and the file is created fresh, never through a link.
-        let _ = std::fs::remove_file(&tmp);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        // The umask may have removed read bits others need to audit the file.
-        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        let len = proc_file_size(device_count);
-        file.set_len(len as u64)?;
-        let map = SharedMapping::new(&file, len, true)?;
-        {
-            // SAFETY: the file is fresh and unpublished (temporary name), so this is the only
-            // reference to the mapping.
-            let bytes = unsafe { map.bytes_mut() };
-            bytes.fill(0);
-            let now = now_unix_ns();
-            let header = ProcHeader {
-                magic: PROC_MAGIC,
-                version: LAYOUT_VERSION,
-                device_count: device_count as u32,
-                pid: id.pid,
-                _pad: 0,
-                start_time: id.start_time,
-                ops_begun: 0.into(),
-                ops_ended: 0.into(),
-                last_update_unix_ns: now.into(),
-                created_unix_ns: now,
-            };
-            // SAFETY: ProcHeader is repr(C) plain data; the buffer holds at least its size.
-            let raw = unsafe {
-                std::slice::from_raw_parts(
-                    (&header as *const ProcHeader).cast::<u8>(),
-                    std::mem::size_of::<ProcHeader>(),
-                )
-            };
-            bytes[..raw.len()].copy_from_slice(raw);
-        }
-        if let Err(e) = std::fs::rename(&tmp, &path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+        let bytes = initial_bytes(id, device_count);
+        let file = match create_new(&path) {
+            Ok(file) => {
+                observe(RegisterStep::Opened);
+                if let Err(e) = fill(&file, &bytes) {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(e);
+                }
+                observe(RegisterStep::Written);
+                file
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // procs/ is writable by the tenant's processes: whatever is at the temporary
+                // name (a leftover of ours, or a symlink or FIFO put there to make us write
+                // through it) is unlinked, and the file is created fresh, never through a link.
+                let tmp = procs_dir.join(format!(".{name}.tmp"));
+                let file = match create_new(&tmp) {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        let _ = std::fs::remove_file(&tmp);
+                        create_new(&tmp)?
+                    }
+                    other => other?,
+                };
+                observe(RegisterStep::Opened);
+                let written = fill(&file, &bytes);
+                observe(RegisterStep::Written);
+                if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
+                file
+            }
+            Err(e) => return Err(e),
+        };
+        let map = SharedMapping::new(&file, bytes.len(), true)?;
         Ok(ProcFile {
             path,
             map,
@@ -231,6 +246,49 @@ impl ProcFile {
     }
 }
 
+/// A new file at `path` (never through a link; fails if anything is there), 0644 whatever
+/// the umask (others of the vGPU read it to audit and reconcile).
+fn create_new(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    Ok(file)
+}
+
+/// Write a new record's `bytes` into its empty `file` in one piece.
+fn fill(file: &File, bytes: &[u8]) -> io::Result<()> {
+    file.write_all_at(bytes, 0)
+}
+
+/// A fresh record of `id`: the header, then zeroed device records.
+fn initial_bytes(id: ProcessId, device_count: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; proc_file_size(device_count)];
+    let now = now_unix_ns();
+    let header = ProcHeader {
+        magic: PROC_MAGIC,
+        version: LAYOUT_VERSION,
+        device_count: device_count as u32,
+        pid: id.pid,
+        _pad: 0,
+        start_time: id.start_time,
+        ops_begun: 0.into(),
+        ops_ended: 0.into(),
+        last_update_unix_ns: now.into(),
+        created_unix_ns: now,
+    };
+    // SAFETY: ProcHeader is repr(C) plain data; viewing it as bytes is sound.
+    let raw = unsafe {
+        std::slice::from_raw_parts((&header as *const ProcHeader).cast::<u8>(), std::mem::size_of::<ProcHeader>())
+    };
+    bytes[..raw.len()].copy_from_slice(raw);
+    bytes
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -304,7 +362,9 @@ pub(crate) mod tests {
         let id = ProcessId::current().unwrap();
         let tmp = dir.path().join(format!(".{}.tmp", file_name(id)));
         std::os::unix::fs::symlink(&victim, &tmp).unwrap();
-        let file = ProcFile::create(dir.path(), id, 1).unwrap();
+        // The record's name is taken too, so the temporary is used.
+        std::fs::write(dir.path().join(file_name(id)), b"old").unwrap();
+        let file = ProcFile::create(dir.path(), id, 1, &mut |_| {}).unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
         assert_eq!(file.id(), id);
         assert!(std::fs::symlink_metadata(file.path()).unwrap().file_type().is_file());

@@ -11,9 +11,11 @@
 //! Both are bracketed by the process's `ops_begun`/`ops_ended` counters, so anyone can tell
 //! whether a process (alive or dead) was in the middle of an update.
 //!
-//! Slow path (under the vGPU lock, [`crate::vgpu_lock`]): registering a process's file,
-//! [`UsageFile::reclaim_dead`] (give back what dead processes held) and reconcile (recompute
-//! a total from the live records when a death left it uncertain).
+//! Slow path (under the vGPU lock, [`crate::vgpu_lock`]): [`UsageFile::reclaim_dead`] (give
+//! back what dead processes held) and reconcile (recompute a total from the live records
+//! when a death left it uncertain). Registering a process's file takes no lock unless a
+//! reclaim is under way ([`UsageFile::register`]); a refusal asks [`Peers`] first whether a
+//! reclaim could help at all ([`UsageFile::nothing_to_reclaim`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -29,10 +31,19 @@ use crate::layout::{
 use crate::mapping::SharedMapping;
 use crate::process::ProcessId;
 use crate::procfile::{self, ProcFile};
+pub use crate::procfile::RegisterStep;
 use crate::vgpu_lock::VgpuLock;
+
+mod peers;
+pub use peers::{Peers, MAX_LISTING_AGE, MAX_PEERS};
+use peers::Listing;
 
 /// How long slow paths wait for the vGPU lock before giving up.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+/// The lock wait and the reconcile attempts of a reclaim at a hot moment (the shim, before
+/// refusing an allocation).
+const QUICK_LOCK_TIMEOUT: Duration = Duration::from_millis(50);
+const QUICK_RECONCILE_ATTEMPTS: usize = 3;
 /// A damaged per-process file of a live process is left alone; one whose owner is gone (or
 /// unknown) is removed once it is older than this (it may be a file being created).
 const DAMAGED_GRACE: Duration = Duration::from_secs(10);
@@ -109,6 +120,16 @@ pub struct ReclaimReport {
 pub struct OverQuota {
     pub quota_bytes: u64,
     pub used_bytes: u64,
+}
+
+/// Where [`UsageFile::reconcile_observed`] calls its observer.
+#[cfg_attr(not(test), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReconcileStep {
+    /// The records are listed (and opened); the totals not yet read.
+    Listed,
+    /// Record `i`'s bytes are read (after the totals).
+    RecordRead(usize),
 }
 
 /// Who may write a vGPU's shared counters (its `usage` file and `procs/`): the workload's
@@ -487,11 +508,46 @@ impl UsageFile {
         out
     }
 
-    /// Create the per-process file of `id` (under the vGPU lock, so a concurrent reconcile
-    /// sees either no file or a complete one, and no reservation before it).
+    /// Create and publish the per-process file of `id`, then count it in `registrations`;
+    /// reservations may begin once this returns. No lock, unless a reclaim is under way.
+    ///
+    /// A reconcile must see every record that holds bytes when it reads the totals. A
+    /// reclaim sets `reclaimer` before it lists `procs/` (and reads the records it finds);
+    /// this makes its file whole under its record's name (`ProcFile::create`), then — after
+    /// a full barrier (the count's read-modify-write, or a fence) — reads `reclaimer`.
+    /// Either the reclaim lists and reads after the file was whole, and counts it, or this
+    /// read comes after the reclaim's store and sees it set, and then this waits for the
+    /// vGPU lock (the reclaim's end) before returning: no reservation of this process falls
+    /// inside a reconcile that does not count it. (A `reclaimer` left set by a dead
+    /// reclaimer costs one uncontended lock.)
     pub fn register(&self, id: ProcessId) -> io::Result<ProcFile> {
-        let _lock = VgpuLock::acquire(&self.path, LOCK_TIMEOUT)?;
-        ProcFile::create(&self.procs_dir, id, self.device_count)
+        self.register_observed(id, &mut |_| {})
+    }
+
+    /// [`UsageFile::register`], calling `observe` at each step (tests stop or kill the
+    /// process there, or interleave a reclaim).
+    pub fn register_observed(&self, id: ProcessId, observe: &mut dyn FnMut(RegisterStep)) -> io::Result<ProcFile> {
+        let file = ProcFile::create(&self.procs_dir, id, self.device_count, observe)?;
+        observe(RegisterStep::Published);
+        let header = self.header();
+        // 0 (a file of an older vgpu) stays 0: its other processes do not count themselves.
+        if header.registrations.load(Ordering::SeqCst) != 0 {
+            header.registrations.fetch_add(1, Ordering::SeqCst);
+        } else {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        if header.reclaimer.load(Ordering::SeqCst) != 0 {
+            observe(RegisterStep::WaitingForReclaim);
+            if let Err(e) = VgpuLock::acquire(&self.path, LOCK_TIMEOUT) {
+                // A reclaim that does not end (a frozen holder) may have listed the records
+                // without this one: no reservation may be made. Unpublish; a later call
+                // registers again.
+                let _ = std::fs::remove_file(file.path());
+                return Err(e);
+            }
+        }
+        observe(RegisterStep::Ready);
+        Ok(file)
     }
 
     /// Reserve `bytes` on device `dev` for `proc` (this process's own, writable file): one
@@ -571,10 +627,21 @@ impl UsageFile {
     /// few times, without sleeping. Whatever it leaves is over-counted, never under-counted,
     /// and the next full reclaim finishes it.
     pub fn reclaim_dead_quick(&self) -> ReclaimReport {
-        self.reclaim(Duration::from_millis(50), 3)
+        self.reclaim(QUICK_LOCK_TIMEOUT, QUICK_RECONCILE_ATTEMPTS)
     }
 
     fn reclaim(&self, lock_timeout: Duration, reconcile_attempts: usize) -> ReclaimReport {
+        self.reclaim_with(lock_timeout, reconcile_attempts, None)
+    }
+
+    /// A reclaim that also lists the live processes (see [`Peers`]).
+    fn reclaim_listing(&self, lock_timeout: Duration, reconcile_attempts: usize) -> (ReclaimReport, Peers) {
+        let mut peers = Peers::new();
+        let report = self.reclaim_with(lock_timeout, reconcile_attempts, Some(&mut peers));
+        (report, peers)
+    }
+
+    fn reclaim_with(&self, lock_timeout: Duration, reconcile_attempts: usize, peers: Option<&mut Peers>) -> ReclaimReport {
         let mut report = ReclaimReport::default();
         let _lock = match VgpuLock::acquire(&self.path, lock_timeout) {
             Ok(lock) => lock,
@@ -594,24 +661,31 @@ impl UsageFile {
         if previous_died {
             header.needs_reconcile.store(1, Ordering::SeqCst);
         }
-        self.reclaim_records(!previous_died, &mut report);
+        let mut listing = peers.is_some().then(|| Listing::start(self));
+        self.reclaim_records(!previous_died, &mut report, listing.as_mut());
         if header.needs_reconcile.load(Ordering::SeqCst) != 0 {
             report.reconciled = self.reconcile(&mut report, reconcile_attempts);
             report.reconcile_pending = !report.reconciled;
         }
         header.reclaimer.store(0, Ordering::SeqCst);
+        if let (Some(peers), Some(listing)) = (peers, listing) {
+            *peers = listing.finish();
+        }
         report
     }
 
     /// Under the lock: remove the records of dead processes, giving their bytes back if
-    /// `give_back`.
-    fn reclaim_records(&self, give_back: bool, report: &mut ReclaimReport) {
+    /// `give_back`; the live ones go into `listing`, if one is being made.
+    fn reclaim_records(&self, give_back: bool, report: &mut ReclaimReport, mut listing: Option<&mut Listing>) {
         let header = self.header();
         let entries = match std::fs::read_dir(&self.procs_dir) {
             Ok(entries) => entries,
             Err(e) => {
                 if e.kind() != io::ErrorKind::NotFound {
                     report.errors.push(format!("{}: {e}", self.procs_dir.display()));
+                    if let Some(listing) = listing {
+                        listing.dead_left_behind();
+                    }
                 }
                 return;
             }
@@ -638,9 +712,20 @@ impl UsageFile {
                     continue;
                 }
             }
-            if id.is_alive() {
+            let alive = match listing.as_mut() {
+                Some(listing) => listing.is_alive(id),
+                None => id.is_alive(),
+            };
+            if alive {
                 continue;
             }
+            // Whatever keeps this dead process's file from being removed below may be acted
+            // on by a later reclaim: the listing cannot promise there is nothing to reclaim.
+            let mut left_behind = || {
+                if let Some(listing) = listing.as_mut() {
+                    listing.dead_left_behind();
+                }
+            };
             let file = match ProcFile::open(&path) {
                 Ok(f) if f.id() == id && f.device_count() == self.device_count => f,
                 // Replaced between the listing and the open.
@@ -656,8 +741,12 @@ impl UsageFile {
                             "{}: damaged per-process file of a dead process removed",
                             path.display()
                         ));
-                        let _ = std::fs::remove_file(&path);
+                        if std::fs::remove_file(&path).is_err() {
+                            left_behind();
+                        }
                         header.needs_reconcile.store(1, Ordering::SeqCst);
+                    } else {
+                        left_behind();
                     }
                     continue;
                 }
@@ -678,6 +767,7 @@ impl UsageFile {
                         "{}: cannot remove the record of a dead process: {e}",
                         path.display()
                     ));
+                    left_behind();
                     continue;
                 }
             }
@@ -699,10 +789,12 @@ impl UsageFile {
     /// Under the lock: set each total to the sum of the live records, at a moment when no
     /// process is in the middle of an update. Returns whether it got such a moment.
     ///
-    /// Registration also happens under the lock, so the set of records is fixed here. Pass
-    /// one reads every record's update counters (all quiescent), then the totals, then the
-    /// per-process bytes, then the counters again: equal counters prove that no update ran
-    /// in between, so the totals read equal the sum read unless a past death leaked bytes.
+    /// The records that can hold bytes are fixed here: a record made whole before the
+    /// reclaim began is listed, and a process whose record was not waits for the reclaim's
+    /// end before its first reservation ([`UsageFile::register`]). Pass one reads every
+    /// record's update counters (all quiescent), then the totals, then the per-process
+    /// bytes, then the counters again: equal counters prove that no update ran in between,
+    /// so the totals read equal the sum read unless a past death leaked bytes.
     /// The compare-and-swap from the total read to the sum then only succeeds if no update
     /// changed the total since; updates that changed it and changed it back (an ABA) left the
     /// records' sum changed by the same net amount, zero, so the sum is still right.
@@ -710,13 +802,13 @@ impl UsageFile {
         self.reconcile_observed(report, attempts, &mut |_| {})
     }
 
-    /// [`Self::reconcile`], calling `after_record(i)` once record `i`'s bytes are read (tests
-    /// interleave updates there).
+    /// [`Self::reconcile`], calling `observe` once the records are listed and once each
+    /// record's bytes are read (tests interleave updates and registrations there).
     fn reconcile_observed(
         &self,
         report: &mut ReclaimReport,
         attempts: usize,
-        after_record: &mut dyn FnMut(usize),
+        observe: &mut dyn FnMut(ReconcileStep),
     ) -> bool {
         for attempt in 0..attempts {
             if attempt > 0 && attempts > 3 {
@@ -728,6 +820,7 @@ impl UsageFile {
                 .filter_map(|(id, path)| ProcFile::open(&path).ok().filter(|f| f.id() == id))
                 .filter(|f| f.device_count() == self.device_count)
                 .collect();
+            observe(ReconcileStep::Listed);
             let Some(before) = records
                 .iter()
                 .map(ProcFile::quiescent_ops)
@@ -741,7 +834,7 @@ impl UsageFile {
                 for (dev, sum) in sums.iter_mut().enumerate() {
                     *sum = sum.saturating_add(file.device(dev).used_bytes.load(Ordering::SeqCst));
                 }
-                after_record(i);
+                observe(ReconcileStep::RecordRead(i));
             }
             let after = records
                 .iter()
@@ -819,7 +912,8 @@ fn layout_bytes(magic: [u8; 8], created_unix_ns: u64, devices: &[DeviceQuota], l
         created_unix_ns,
         reclaimer: AtomicU64::new(0),
         needs_reconcile: AtomicU64::new(0),
-        reserved: [0],
+        // The usage file counts its registrations (see the field); `limits` has none.
+        registrations: AtomicU64::new(if limits { 0 } else { 1 }),
     };
     put(&mut bytes, 0, &header);
     for (i, dev) in devices.iter().enumerate() {

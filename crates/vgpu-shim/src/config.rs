@@ -29,6 +29,7 @@ pub fn mode() -> Mode {
 #[cold]
 fn decide() -> Mode {
     crate::guard::test_panic::configure();
+    state::test_stop::configure();
     let mode = match std::env::var_os(VGPU_DIR_ENV) {
         None => Mode::PassThrough,
         Some(dir) if dir.is_empty() => Mode::PassThrough,
@@ -48,6 +49,7 @@ fn decide() -> Mode {
         Ok(mode) => {
             if let Mode::Enforce(_) = mode {
                 crate::fork::install_handlers();
+                state::identify();
             }
             mode
         }

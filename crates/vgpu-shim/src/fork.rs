@@ -2,15 +2,16 @@
 //!
 //! The child is a new process with its own pid, so it must not update its parent's record
 //! (the mapping is shared) nor free its parent's allocations. A `pthread_atfork` child
-//! handler drops the inherited record and allocation table; the child registers its own
-//! record when it first allocates. The prepare handler takes the allocation-table locks so
+//! handler drops the inherited record, allocation table and listing of the vGPU's other
+//! processes (closing its copies of their pidfds); the child registers its own record when
+//! it first allocates. The prepare handler takes the allocation-table and listing locks so
 //! that no other thread is half-way through an update when the address space is copied.
 //!
 //! The handlers are installed once, when the process joins a vGPU (`config`).
 
 use std::sync::Once;
 
-use crate::governor::{allocations, compute, devices, pools};
+use crate::governor::{allocations, compute, devices, memory, pools};
 use crate::log::vgpu_log_once;
 use crate::state;
 
@@ -28,11 +29,13 @@ extern "C" {
 unsafe extern "C" fn before_fork() {
     pools::lock();
     allocations::lock_all();
+    memory::lock_peers();
 }
 
 unsafe extern "C" fn after_fork_in_parent() {
     // SAFETY: this thread took every lock in before_fork.
     unsafe {
+        memory::unlock_peers();
         allocations::unlock_all();
         pools::unlock();
     }
@@ -41,6 +44,7 @@ unsafe extern "C" fn after_fork_in_parent() {
 unsafe extern "C" fn after_fork_in_child() {
     // SAFETY: the forking thread took every lock in before_fork; it is the only thread here.
     unsafe {
+        memory::reset_peers_in_child();
         allocations::reset_in_child();
         pools::unlock();
     }

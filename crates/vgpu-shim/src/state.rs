@@ -3,10 +3,12 @@
 //!
 //! The per-process file (`procs/<pid>-<start>`) is created at the first reservation, not at
 //! `cuInit`: processes that never allocate (nvidia-smi, a parent that only spawns workers)
-//! leave no record. A forked child drops the inherited record ([`reset_in_child`], called by
-//! the fork handlers in `fork`) and registers its own when it first allocates.
+//! leave no record. Only the process's identity (its start time, from `/proc`) is read when
+//! it joins the vGPU ([`identify`]). A forked child drops the inherited record and identity
+//! ([`reset_in_child`], called by the fork handlers in `fork`) and registers its own when it
+//! first allocates.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use vgpu_abi::process::ProcessId;
 use vgpu_abi::procfile::ProcFile;
@@ -78,6 +80,32 @@ fn decode(value: usize) -> Mode {
     }
 }
 
+/// This process's pid and start time, read when it joined the vGPU; pid 0: not read.
+static ME_PID: AtomicU32 = AtomicU32::new(0);
+static ME_START: AtomicU64 = AtomicU64::new(0);
+
+/// Read this process's identity now (`config`, when the process joins a vGPU), so that its
+/// first allocation does not have to.
+pub fn identify() {
+    if let Some(id) = ProcessId::current() {
+        ME_START.store(id.start_time, Ordering::Relaxed);
+        ME_PID.store(id.pid, Ordering::Release);
+    }
+}
+
+/// This process's identity: the one read when it joined, if it is still this process's.
+fn identity() -> Option<ProcessId> {
+    let pid = ME_PID.load(Ordering::Acquire);
+    // SAFETY: getpid has no preconditions and cannot fail.
+    if pid != 0 && pid == unsafe { libc::getpid() } as u32 {
+        return Some(ProcessId {
+            pid,
+            start_time: ME_START.load(Ordering::Relaxed),
+        });
+    }
+    ProcessId::current()
+}
+
 static RECORD: AtomicPtr<ProcFile> = AtomicPtr::new(std::ptr::null_mut());
 static REGISTERING: AtomicBool = AtomicBool::new(false);
 
@@ -104,9 +132,9 @@ fn register(vgpu: &Vgpu) -> Option<&'static ProcFile> {
     }
     let mut p = RECORD.load(Ordering::Acquire);
     if p.is_null() {
-        let created = ProcessId::current()
+        let created = identity()
             .ok_or_else(|| std::io::Error::other("cannot read this process's start time from /proc"))
-            .and_then(|id| vgpu.usage.register(id));
+            .and_then(|id| vgpu.usage.register_observed(id, &mut test_stop::at));
         match created {
             Ok(file) => {
                 p = Box::into_raw(Box::new(file));
@@ -127,4 +155,54 @@ fn register(vgpu: &Vgpu) -> Option<&'static ProcFile> {
 pub fn reset_in_child() {
     RECORD.store(std::ptr::null_mut(), Ordering::Release);
     REGISTERING.store(false, Ordering::Release);
+    ME_PID.store(0, Ordering::Release);
+}
+
+/// `VGPU_SHIM_TEST_STOP=register:<step>` (`opened`, `written`, `counted`) makes the
+/// process stop itself (SIGSTOP) at that step of its registration, so that the tests can
+/// kill it exactly there. Read once with the rest of the configuration (the first governed
+/// call); without it, each step is one relaxed load.
+pub mod test_stop {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    use vgpu_abi::usage::RegisterStep;
+
+    pub const ENV: &str = "VGPU_SHIM_TEST_STOP";
+
+    const NONE: u8 = 0;
+    static STEP: AtomicU8 = AtomicU8::new(NONE);
+
+    fn code(step: RegisterStep) -> u8 {
+        match step {
+            RegisterStep::Opened => 1,
+            RegisterStep::Written => 2,
+            RegisterStep::Published => 3,
+            RegisterStep::WaitingForReclaim => 4,
+            RegisterStep::Ready => 5,
+        }
+    }
+
+    /// Read the variable (called once, by `config`).
+    #[cold]
+    pub fn configure() {
+        let Some(value) = std::env::var_os(ENV) else {
+            return;
+        };
+        let step = match value.to_str() {
+            Some("register:opened") => RegisterStep::Opened,
+            Some("register:written") => RegisterStep::Written,
+            Some("register:counted") => RegisterStep::Ready,
+            _ => return,
+        };
+        STEP.store(code(step), Ordering::Relaxed);
+    }
+
+    /// Stop here if the tests asked for it.
+    pub fn at(step: RegisterStep) {
+        if STEP.load(Ordering::Relaxed) == code(step) {
+            // SAFETY: raise has no memory preconditions; SIGSTOP stops the whole process
+            // until a SIGCONT (or the test's SIGKILL).
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+    }
 }

@@ -8,6 +8,8 @@
 //! - `panics`: injected panics never call the driver twice nor miscount.
 //! - `modes`: pass-through, fail-closed, nothing at load time, `RTLD_NEXT`, devices by UUID.
 //! - `sharing`: threads, a forked child and killed processes sharing one quota.
+//! - `reclaim`: refusals never caused by dead processes (killed, zombies, registered late);
+//!   processes killed at each step of their registration.
 //!
 //! Every test runs its programs in child processes: nothing here loads the shim or the
 //! driver into the test process, so the modules share one executable.
@@ -18,4 +20,5 @@ mod launches;
 mod modes;
 mod panics;
 mod paths;
+mod reclaim;
 mod sharing;

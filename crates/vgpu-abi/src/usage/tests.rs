@@ -462,8 +462,8 @@ fn reconcile_is_not_fooled_by_updates_between_its_reads() {
     let (first, second) = if first == a.id() { (&a, &b) } else { (&b, &a) };
     let mut interfered = false;
     let mut report = ReclaimReport::default();
-    let ok = v.usage.reconcile_observed(&mut report, RECONCILE_ATTEMPTS, &mut |i| {
-        if i == 0 && !interfered {
+    let ok = v.usage.reconcile_observed(&mut report, RECONCILE_ATTEMPTS, &mut |step| {
+        if step == ReconcileStep::RecordRead(0) && !interfered {
             interfered = true;
             v.usage.try_reserve(first, 0, 500).unwrap();
             v.usage.release(second, 0, 500);
@@ -509,4 +509,213 @@ fn the_quota_and_shares_come_from_the_limits_file_only() {
     assert_eq!(u32::from_ne_bytes(limits[64 + 88..64 + 92].try_into().unwrap()), 40);
     let counters = std::fs::read(&path).unwrap();
     assert_eq!(u64::from_ne_bytes(counters[64 + 72..64 + 80].try_into().unwrap()), GIB, "used_bytes is counted in usage");
+}
+
+/// A `sleep` child: a real process of its own, killed (and reaped) when dropped.
+struct Sleeper(std::process::Child);
+
+impl Sleeper {
+    fn start() -> Sleeper {
+        Sleeper(std::process::Command::new("sleep").arg("60").spawn().unwrap())
+    }
+
+    fn id(&self) -> ProcessId {
+        let pid = self.0.id();
+        ProcessId {
+            pid,
+            start_time: crate::process::start_time(pid).unwrap(),
+        }
+    }
+
+    /// SIGKILL; wait until it is dead but leave it unreaped (a zombie).
+    fn kill_leaving_a_zombie(&mut self) {
+        self.0.kill().unwrap();
+        // SAFETY: a zeroed siginfo_t is valid; WNOWAIT leaves our child unreaped.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a valid siginfo pointer.
+        let rc = unsafe { libc::waitid(libc::P_PID, self.0.id(), &mut info, libc::WEXITED | libc::WNOWAIT) };
+        assert_eq!(rc, 0);
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn nothing_to_reclaim_holds_only_while_a_reclaim_could_give_nothing_back() {
+    let v = vgpu(&[GIB]);
+    let mine = v.usage.register(me()).unwrap();
+    v.usage.try_reserve(&mine, 0, 100).unwrap();
+    let mut peer = Sleeper::start();
+    let theirs = v.usage.register(peer.id()).unwrap();
+    v.usage.try_reserve(&theirs, 0, 1000).unwrap();
+    assert!(!v.usage.nothing_to_reclaim(&Peers::new()), "nothing listed yet");
+
+    let (report, peers) = v.usage.reclaim_dead_quick_listing();
+    assert_eq!(report, ReclaimReport::default());
+    assert!(peers.is_usable());
+    assert_eq!(peers.watched(), 1, "the other process; not this one");
+    assert!(v.usage.nothing_to_reclaim(&peers));
+
+    // Anything a reclaim could act on makes it false.
+    v.usage.request_reconcile();
+    assert!(!v.usage.nothing_to_reclaim(&peers), "a reconcile is pending");
+    v.usage.header().needs_reconcile.store(0, Ordering::SeqCst);
+    v.usage.header().reclaimer.store(12345, Ordering::SeqCst);
+    assert!(!v.usage.nothing_to_reclaim(&peers), "a reclaim is under way or was cut short");
+    v.usage.header().reclaimer.store(0, Ordering::SeqCst);
+    assert!(v.usage.nothing_to_reclaim(&peers));
+    let late = v.usage.register(ghost(7)).unwrap();
+    v.usage.try_reserve(&late, 0, 10).unwrap();
+    assert!(!v.usage.nothing_to_reclaim(&peers), "a process registered since the listing");
+    let (report, peers) = v.usage.reclaim_dead_quick_listing();
+    assert_eq!((report.processes, report.bytes), (1, 10), "the late one was a ghost");
+    assert!(v.usage.nothing_to_reclaim(&peers));
+
+    // A listing is trusted for a second at most.
+    let mut stale = v.usage.reclaim_dead_quick_listing().1;
+    assert!(v.usage.nothing_to_reclaim(&stale));
+    stale.listed_mono_ns -= MAX_LISTING_AGE.as_nanos() as u64;
+    assert!(!v.usage.nothing_to_reclaim(&stale), "too old");
+
+    // The peer dies, and is not even reaped: a zombie holds no GPU memory.
+    peer.kill_leaving_a_zombie();
+    assert!(!v.usage.nothing_to_reclaim(&peers), "a listed process exited");
+    let (report, peers) = v.usage.reclaim_dead_quick_listing();
+    assert_eq!((report.processes, report.bytes), (1, 1000));
+    assert_eq!(v.usage.used_bytes(0), 100);
+    assert_eq!(peers.watched(), 0);
+    assert!(v.usage.nothing_to_reclaim(&peers));
+}
+
+#[test]
+fn a_listing_that_leaves_a_dead_process_behind_is_not_usable() {
+    let v = vgpu(&[GIB]);
+    let _mine = v.usage.register(me()).unwrap();
+    // A dead process's damaged file, too fresh to remove (it might be being written).
+    let path = v.usage.procs_dir().join(procfile::file_name(ghost(4)));
+    std::fs::write(&path, b"").unwrap();
+    let (_, peers) = v.usage.reclaim_dead_quick_listing();
+    assert!(path.exists());
+    assert!(!peers.is_usable(), "a later reclaim will remove it and reconcile");
+    assert!(!v.usage.nothing_to_reclaim(&peers));
+    std::fs::remove_file(&path).unwrap();
+    let (_, peers) = v.usage.reclaim_dead_quick_listing();
+    assert!(v.usage.nothing_to_reclaim(&peers));
+}
+
+#[test]
+fn a_usage_file_of_an_older_vgpu_is_always_reclaimed_before_a_refusal() {
+    let v = vgpu(&[GIB]);
+    // Made by a vgpu before `registrations`: its shims do not count themselves.
+    v.usage.header().registrations.store(0, Ordering::SeqCst);
+    let _mine = v.usage.register(me()).unwrap();
+    assert_eq!(v.usage.header().registrations.load(Ordering::SeqCst), 0, "0 stays 0");
+    let (_, peers) = v.usage.reclaim_dead_quick_listing();
+    assert!(!peers.is_usable());
+    assert!(!v.usage.nothing_to_reclaim(&peers));
+}
+
+#[test]
+fn register_publishes_whole_counts_itself_and_takes_no_lock() {
+    let v = vgpu(&[GIB]);
+    assert_eq!(v.usage.header().registrations.load(Ordering::SeqCst), 1, "a fresh usage file counts");
+    // The vGPU lock held elsewhere (say by `vgpu`'s reconcile of another part) does not
+    // delay a registration when no reclaim is under way.
+    let _held = VgpuLock::acquire(v.usage.path(), LOCK_TIMEOUT).unwrap();
+    let mut steps = Vec::new();
+    let file = v.usage.register_observed(me(), &mut |step| steps.push(step)).unwrap();
+    assert_eq!(
+        steps,
+        [RegisterStep::Opened, RegisterStep::Written, RegisterStep::Published, RegisterStep::Ready]
+    );
+    assert_eq!(v.usage.header().registrations.load(Ordering::SeqCst), 2);
+    assert_eq!(ProcFile::open(file.path()).unwrap().id(), me());
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(file.path()).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o644, "others of the vGPU read it");
+}
+
+#[test]
+fn register_waits_for_a_reclaim_under_way_and_gives_up_on_one_that_never_ends() {
+    let v = Arc::new(vgpu(&[GIB]));
+    let held = VgpuLock::acquire(v.usage.path(), LOCK_TIMEOUT).unwrap();
+    v.usage.header().reclaimer.store(u64::from(std::process::id()), Ordering::SeqCst);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let registrant = {
+        let v = v.clone();
+        std::thread::spawn(move || {
+            let file = v.usage.register_observed(ghost(20), &mut |step| tx.send(step).unwrap())?;
+            v.usage.try_reserve(&file, 0, 4096).unwrap();
+            Ok::<ProcFile, io::Error>(file)
+        })
+    };
+    let steps: Vec<RegisterStep> = rx.iter().take(4).collect();
+    assert_eq!(
+        steps,
+        [RegisterStep::Opened, RegisterStep::Written, RegisterStep::Published, RegisterStep::WaitingForReclaim],
+        "published, then waits: the reclaim may have listed the records without it"
+    );
+    assert_eq!(v.usage.used_bytes(0), 0, "nothing reserved while the reclaim runs");
+    v.usage.header().reclaimer.store(0, Ordering::SeqCst);
+    drop(held);
+    assert_eq!(rx.recv().unwrap(), RegisterStep::Ready);
+    let file = registrant.join().unwrap().unwrap();
+    assert_eq!(v.usage.used_bytes(0), 4096);
+
+    // A reclaim that never ends (its holder frozen): the registration gives up, unpublished.
+    let _frozen = VgpuLock::acquire(v.usage.path(), LOCK_TIMEOUT).unwrap();
+    v.usage.header().reclaimer.store(u64::from(std::process::id()), Ordering::SeqCst);
+    let Err(err) = v.usage.register(ghost(21)) else {
+        panic!("registered while a reclaim held the lock")
+    };
+    assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+    assert!(!v.usage.procs_dir().join(procfile::file_name(ghost(21))).exists());
+    assert!(file.path().exists());
+}
+
+#[test]
+fn a_reconcile_never_misses_a_process_that_registers_during_it() {
+    // After a reconcile listed the records, a process publishes its record and reserves
+    // before the reconcile reads the totals: the reconcile's sum lacks those bytes and its
+    // compare-and-swap would take them off the total (an escape). The registrant sees the
+    // reclaim under way and waits for its end before reserving.
+    let v = Arc::new(vgpu(&[GIB]));
+    let live = v.usage.register(ghost(30)).unwrap();
+    v.usage.try_reserve(&live, 0, 1000).unwrap();
+    v.usage.record(0).used_bytes.fetch_add(77, Ordering::SeqCst); // a leak to reconcile
+    // What reclaim does around its reconcile: the lock, `reclaimer` set.
+    let lock = VgpuLock::acquire(v.usage.path(), LOCK_TIMEOUT).unwrap();
+    v.usage.header().reclaimer.store(u64::from(std::process::id()), Ordering::SeqCst);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut registrant = None;
+    let mut report = ReclaimReport::default();
+    let ok = v.usage.reconcile_observed(&mut report, RECONCILE_ATTEMPTS, &mut |step| {
+        if step != ReconcileStep::Listed || registrant.is_some() {
+            return;
+        }
+        let (v, tx) = (v.clone(), tx.clone());
+        registrant = Some(std::thread::spawn(move || {
+            let file = v.usage.register_observed(ghost(31), &mut |step| tx.send(Some(step)).unwrap())?;
+            v.usage.try_reserve(&file, 0, 500).unwrap();
+            tx.send(None).unwrap(); // reserved
+            Ok::<ProcFile, io::Error>(file)
+        }));
+        // Until it either waits for this reclaim or has reserved.
+        for step in rx.iter() {
+            if matches!(step, Some(RegisterStep::WaitingForReclaim) | None) {
+                break;
+            }
+        }
+    });
+    assert!(ok, "{report:?}");
+    v.usage.header().reclaimer.store(0, Ordering::SeqCst);
+    drop(lock);
+    let late = registrant.unwrap().join().unwrap().unwrap();
+    let held = live.device(0).used_bytes.load(Ordering::SeqCst) + late.device(0).used_bytes.load(Ordering::SeqCst);
+    assert_eq!(held, 1500);
+    assert_eq!(v.usage.used_bytes(0), held, "the total is exactly what the records hold");
 }

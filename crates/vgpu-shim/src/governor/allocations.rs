@@ -5,7 +5,9 @@
 //! shard is a [`SpinLock`], which the fork handlers can hold across `fork` and release in
 //! both processes.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
 use crate::spinlock::SpinLock;
 
@@ -32,7 +34,11 @@ pub struct Counted {
 
 const SHARDS: usize = 16;
 
-type Shard = SpinLock<Option<HashMap<(Kind, u64), Counted>>>;
+/// SipHash with fixed keys: the keys are handles the driver hands out, which the program
+/// cannot choose, and fixed keys spare each allocating thread a `getrandom` call.
+type Table = HashMap<(Kind, u64), Counted, BuildHasherDefault<DefaultHasher>>;
+
+type Shard = SpinLock<Option<Table>>;
 
 static TABLE: [Shard; SHARDS] = [const { SpinLock::new(None) }; SHARDS];
 
@@ -45,7 +51,7 @@ fn shard(handle: u64) -> &'static Shard {
 /// Remember a counted allocation.
 pub fn insert(kind: Kind, handle: u64, counted: Counted) {
     let mut shard = shard(handle).lock();
-    shard.get_or_insert_with(HashMap::new).insert((kind, handle), counted);
+    shard.get_or_insert_with(Table::default).insert((kind, handle), counted);
 }
 
 /// Forget an allocation, returning what it counted (`None`: never counted here).

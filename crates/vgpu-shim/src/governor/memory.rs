@@ -4,20 +4,31 @@
 //! for the vGPU than the counter says, and the counter never passes the quota.
 //!
 //! An allocation that does not fit is refused with CUDA_ERROR_OUT_OF_MEMORY without
-//! calling the driver, after one attempt to give back what dead processes of the vGPU
-//! still hold on the counter.
+//! calling the driver, once nothing dead processes of the vGPU still hold on the counter
+//! could make it fit: if the process's [`Peers`] cannot show that a reclaim would give
+//! nothing back (a watched process exited, a process registered since, a reconcile is
+//! pending…), it reclaims (under the vGPU lock, listing the live processes afresh) and
+//! tries once more. In the steady state a refusal is a failed compare-and-swap, a few
+//! atomic loads and one `poll`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_abi::layout::now_unix_ns;
 use vgpu_abi::procfile::ProcFile;
+use vgpu_abi::usage::{Peers, ReclaimReport};
 
 use super::allocations::{self, Counted, Kind};
 use super::devices::Target;
 use crate::ffi::*;
 use crate::guard::Call;
 use crate::log::vgpu_log_once;
+use crate::spinlock::SpinLock;
 use crate::state::{self, Mode, Vgpu};
+
+/// The other live processes of this process's vGPU as its last reclaim listed them: lets a
+/// refusal skip the reclaim when none could help. Held across `fork` by the fork handlers;
+/// a child forgets it.
+static PEERS: SpinLock<Peers> = SpinLock::new(Peers::new());
 
 /// The decision on one allocation.
 pub enum Admission {
@@ -80,7 +91,10 @@ fn reserve(vgpu: &'static Vgpu, record: &'static ProcFile, device: usize, bytes:
         });
     }
     // Before refusing: what dead processes still hold may be what is missing.
-    let report = vgpu.usage.reclaim_dead_quick();
+    if !reclaim_could_help(vgpu) {
+        return None;
+    }
+    let report = reclaim(vgpu);
     if (report.processes > 0 || report.reconciled) && vgpu.usage.try_reserve(record, device, bytes).is_ok() {
         return Some(Reservation {
             vgpu,
@@ -257,10 +271,52 @@ fn give_back(counted: Counted) {
     }
 }
 
+/// Whether a reclaim now could give anything back (`false` only when that is certain).
+fn reclaim_could_help(vgpu: &Vgpu) -> bool {
+    !vgpu.usage.nothing_to_reclaim(&PEERS.lock())
+}
+
+/// Reclaim dead processes' bytes and keep the fresh listing of the live ones.
+fn reclaim(vgpu: &Vgpu) -> ReclaimReport {
+    let (report, peers) = vgpu.usage.reclaim_dead_quick_listing();
+    let old = std::mem::replace(&mut *PEERS.lock(), peers);
+    // Closed outside the lock.
+    drop(old);
+    report
+}
+
+/// Fork prepare: hold the listing so the child's copy is whole.
+pub fn lock_peers() {
+    PEERS.acquire();
+}
+
+/// Fork parent: release what [`lock_peers`] took.
+///
+/// # Safety
+/// Only after [`lock_peers`] in this thread.
+pub unsafe fn unlock_peers() {
+    // SAFETY: taken by this thread in lock_peers(); no guard exists.
+    unsafe { PEERS.force_unlock() };
+}
+
+/// Fork child: the listing is the parent's (and the child is one of its peers): close the
+/// child's copies of the descriptors and forget it, freeing nothing.
+///
+/// # Safety
+/// Only after [`lock_peers`] in the forking thread, in the child.
+pub unsafe fn reset_peers_in_child() {
+    // SAFETY: this (only) thread holds the lock since lock_peers(); no guard exists.
+    unsafe {
+        PEERS.get_locked().forget();
+        PEERS.force_unlock();
+    }
+}
+
 static LAST_INFO_RECLAIM_NS: AtomicU64 = AtomicU64::new(0);
 
 /// For memory-info queries: give back dead processes' bytes now and then (at most once a
-/// second per process), so "free" does not stay low after a worker died.
+/// second per process, and only if a reclaim could help), so "free" does not stay low after
+/// a worker died.
 pub fn reclaim_for_info(vgpu: &Vgpu) {
     let now = now_unix_ns();
     let last = LAST_INFO_RECLAIM_NS.load(Ordering::Relaxed);
@@ -270,8 +326,9 @@ pub fn reclaim_for_info(vgpu: &Vgpu) {
     if LAST_INFO_RECLAIM_NS
         .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
         .is_ok()
+        && reclaim_could_help(vgpu)
     {
-        let _ = vgpu.usage.reclaim_dead_quick();
+        let _ = reclaim(vgpu);
     }
 }
 

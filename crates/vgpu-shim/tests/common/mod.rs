@@ -113,8 +113,14 @@ impl Bench {
     /// Simulated devices of `device_memory` bytes each (one per quota), no context overhead,
     /// and one vGPU with these quotas.
     pub fn new(device_memory: u64, quotas: &[u64]) -> Bench {
+        Bench::new_in(&std::env::temp_dir(), device_memory, quotas)
+    }
+
+    /// [`Bench::new`] in a temporary directory below `parent` (the benchmark puts it on a
+    /// tmpfs, as `/run/vgpu` is on a real host).
+    pub fn new_in(parent: &Path, device_memory: u64, quotas: &[u64]) -> Bench {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().expect("temporary directory");
+        let dir = tempfile::tempdir_in(parent).expect("temporary directory");
         let lib_dir = dir.path().join("lib");
         std::fs::create_dir(&lib_dir).unwrap();
         shim_library(); // builds the driver too

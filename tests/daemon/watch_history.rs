@@ -8,13 +8,16 @@
 //! interval` adds rounds up into longer rows; `vgpu carbon apply` records its intensity and
 //! decision; a workload ends with `vgpu run`'s exit status, or as reconcile found it; a
 //! write lock held elsewhere is one warning and delays nothing recorded; a damaged file is
-//! one warning, left as it is, and a new database records once it is moved aside.
+//! one warning, left as it is, and a new database records once it is moved aside; a history
+//! of schema version 1 is migrated in place and rolled up hour by hour (killed in the middle
+//! of either: a sound database, nothing lost, the next watch finishes), and `vgpu carbon
+//! report` says the same of it, byte for byte, from its rows and through its rollups.
 //!
 //! Synchronisation: the watch's `ready` and `round N done` lines, its warnings, and `vgpu
 //! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
 
 use std::io::Write as _;
-use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -430,4 +433,135 @@ fn a_damaged_database_is_one_warning_and_moved_aside_a_new_one_records() {
     watch.wait_rounds(2);
     assert!(watch.stop().success());
     assert!(!gpu_rows(&open(&sim)).is_empty());
+}
+
+/// A history of 3 days as vgpu 0.1 made it (schema version 1, verbatim: its
+/// `schema/v1.sql`), ending a week ago at midnight (UTC): two GPUs with a measured power
+/// model, a row a minute each, two workloads, a reading an hour. Returns the window.
+fn history_of_version_1(lib: &Path) -> (i64, i64) {
+    const H: i64 = 3_600_000;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let until = (now - 7 * 24 * H) / (24 * H) * (24 * H);
+    let since = until - 3 * 24 * H;
+    std::fs::create_dir_all(lib).unwrap();
+    let path = lib.join("history.db");
+    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).unwrap();
+    let mut conn = Connection::open(&path).unwrap();
+    conn.execute_batch(&format!("PRAGMA journal_mode = WAL; BEGIN; {} PRAGMA user_version = 1; COMMIT;", include_str!("../../crates/vgpu-history/src/schema/v1.sql")))
+        .unwrap();
+    let tx = conn.transaction().unwrap();
+    let mut t = since;
+    let mut k = 0i64;
+    while t < until {
+        for (g, gpu) in ["GPU-old-0", "GPU-old-1"].iter().enumerate() {
+            let busy = (k * 7 + g as i64 * 13) % 60_000;
+            tx.execute(
+                "INSERT INTO gpu_samples VALUES (?1, ?2, ?3, ?4, 'NVIDIA A100', ?5, 'counter', ?6, 1410, 200.5, NULL)",
+                rusqlite::params![t, t + 60_000, gpu, g as i64, 3_000_000 + 11 * busy + k % 997, busy],
+            )
+            .unwrap();
+            if busy > 10_000 {
+                let workload = if g == 0 { "old-train" } else { "old-eval" };
+                tx.execute("INSERT INTO workload_gpu_time VALUES (?1, ?2, ?3, ?4, ?5, 'ledger')", rusqlite::params![t, t + 60_000, workload, gpu, busy - 10_000]).unwrap();
+            }
+        }
+        if t % H == 0 {
+            tx.execute("INSERT INTO intensity VALUES (?1 + 420000, 'reading', ?2, 'test', ?1)", rusqlite::params![t, 150.0 + (k % 37) as f64 * 7.25]).unwrap();
+        }
+        t += 60_000;
+        k += 1;
+    }
+    tx.execute_batch(&format!(
+        "INSERT INTO workloads VALUES ('old-train', 'train', 0, 'root', NULL, 'python train.py', 'GPU-old-0', {since}, {until}, 'exit 0');
+         INSERT INTO workloads VALUES ('old-eval', 'eval', 0, 'root', NULL, 'python eval.py', 'GPU-old-1', {since}, {until}, 'exit 0');
+         INSERT INTO power_models VALUES ('GPU-old-0', 'NVIDIA A100', 0, 1410, 45.5, 400, 2, 1, 0, '[]');
+         INSERT INTO power_models VALUES ('GPU-old-1', 'NVIDIA A100', 0, 1410, 48.25, 400, 2, 1, 0, '[]');"
+    ))
+    .unwrap();
+    tx.commit().unwrap();
+    (since, until)
+}
+
+/// The rows of version 1's tables up to `until`, as text (what the watch adds later is not).
+fn old_rows(conn: &Connection, until: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    for (table, time) in [("gpu_samples", "t1_ms"), ("workload_gpu_time", "t1_ms"), ("intensity", "ts_ms"), ("workloads", "started_ms"), ("power_models", "measured_ms")] {
+        let mut st = conn.prepare(&format!("SELECT * FROM {table} WHERE {time} <= ?1 ORDER BY 1, 2, 3")).unwrap();
+        let n = st.column_count();
+        let mut rows = st.query([until]).unwrap();
+        while let Some(r) = rows.next().unwrap() {
+            out.push(format!("{table}: {:?}", (0..n).map(|i| format!("{:?}", r.get_ref(i).unwrap())).collect::<Vec<_>>()));
+        }
+    }
+    out
+}
+
+fn user_version(conn: &Connection) -> i64 {
+    conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap()
+}
+
+/// `vgpu --simulate watch` killed at `stop_at` (a `VGPU_TEST_STOP_AT` point).
+fn watch_killed_at(sim: &Sim, stop_at: &str) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "watch"]).env_remove("VGPU_SIMULATE").env("VGPU_TEST_STOP_AT", stop_at);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    let status = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "killed at {stop_at}: {status:?}");
+}
+
+#[test]
+fn a_version_1_history_is_migrated_and_rolled_up_by_the_watch_killed_anywhere_and_reports_the_same() {
+    let _serial = serial();
+    let sim = Sim::new(ONE_GPU);
+    sim.write_vgpu_config(&config(""));
+    let lib = sim.path("lib");
+    let (since, until) = history_of_version_1(&lib);
+    let rfc3339 = |ms: i64| chrono::DateTime::from_timestamp_millis(ms).unwrap().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let report = || {
+        let out = sim.vgpu(&["carbon", "report", "--json", "--since", &rfc3339(since + 1234), "--until", &rfc3339(until - 5000)]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let conn = open(&sim);
+    let rows = old_rows(&conn, until);
+    drop(conn);
+    // This vgpu reads version 1 as it is (from the rows).
+    let from_rows = report();
+    assert!(from_rows.contains("old-train"), "{from_rows}");
+
+    // Killed inside the migration's transaction: version 1, whole.
+    watch_killed_at(&sim, "history:mid-migration");
+    let conn = open(&sim);
+    assert_eq!((user_version(&conn), integrity(&conn)), (1, "ok".to_string()));
+    assert_eq!(count(&conn, "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'rollup%'"), 0);
+    assert_eq!(old_rows(&conn, until), rows);
+    drop(conn);
+    assert_eq!(report(), from_rows);
+
+    // Killed inside the first batch of rollups: migrated, none made.
+    watch_killed_at(&sim, "history:mid-rollup");
+    let conn = open(&sim);
+    assert_eq!((user_version(&conn), integrity(&conn)), (vgpu_history::SCHEMA_VERSION, "ok".to_string()));
+    assert_eq!(count(&conn, "SELECT count(*) FROM rollups"), 0);
+    assert_eq!(old_rows(&conn, until), rows);
+    drop(conn);
+    assert_eq!(report(), from_rows);
+
+    // The next watch makes them all, and says so.
+    let mut watch = Watch::start(&sim, &[]);
+    let said = said_or_wait(&mut watch, "history: rollups up to date");
+    assert!(watch.stop().success());
+    let conn = open(&sim);
+    assert_eq!(integrity(&conn), "ok");
+    let made = |span: i64| count(&conn, &format!("SELECT count(*) FROM rollups WHERE span_ms = {span} AND start_ms >= {since} AND start_ms < {until}"));
+    assert_eq!((made(3_600_000), made(86_400_000)), (72, 3), "every hour and day of the 3 days: {said}");
+    let gpus = count(&conn, &format!("SELECT count(*) FROM rollup_gpus WHERE start_ms >= {since} AND start_ms < {until} AND idle_source = 'measured'"));
+    assert_eq!(gpus, 2 * (72 + 3));
+    assert_eq!(old_rows(&conn, until), rows, "no row of version 1 lost or changed");
+    drop(conn);
+    // Read through the rollups (a day's, the hours' of the ragged days, the ends' rows):
+    // the same report, byte for byte.
+    assert_eq!(report(), from_rows);
 }

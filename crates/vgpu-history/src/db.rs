@@ -307,14 +307,31 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), HistoryError> {
 }
 
 /// Bring an older (or new, empty) database to [`SCHEMA_VERSION`]; refuse a newer one.
+///
+/// One transaction: every `CREATE … IF NOT EXISTS` of [`SCHEMA`] (a database of version 1
+/// gains the rollup tables, their triggers and the `workloads_ended` index; its tables and
+/// rows stay as they are), then the version. Killed before the commit, the database is the
+/// old one, whole (the WAL drops what was not committed), and the next open starts again.
+/// No rollup is made here: `vgpu watch` makes them afterwards, in bounded batches
+/// ([`crate::History::roll_up`]); until then readers account those hours from their rows,
+/// to the same figures.
 fn migrate(conn: &Connection, path: &Path) -> Result<(), HistoryError> {
     let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(HistoryError::sqlite(path))?;
     if found > SCHEMA_VERSION {
         return Err(HistoryError::NewerSchema { path: path.to_path_buf(), found });
     }
     if found < SCHEMA_VERSION {
-        let sql = format!("BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;");
-        conn.execute_batch(&sql).map_err(HistoryError::sqlite(path))?;
+        conn.execute_batch("BEGIN IMMEDIATE").map_err(HistoryError::sqlite(path))?;
+        if let Err(e) = conn.execute_batch(SCHEMA) {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(HistoryError::Sqlite { path: path.to_path_buf(), source: e });
+        }
+        // A test kills the migration here: the database must stay the old one, whole.
+        vgpu_store::stop_point::stop_point("history:mid-migration");
+        if let Err(e) = conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")) {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(HistoryError::Sqlite { path: path.to_path_buf(), source: e });
+        }
     }
     Ok(())
 }
@@ -330,7 +347,7 @@ mod tests {
         let tables: i64 = conn
             .query_row("SELECT count(*) FROM sqlite_schema WHERE type = 'table'", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(tables, 7);
+        assert_eq!(tables, 10);
         drop(conn);
         let mode = std::fs::metadata(path_in(dir.path())).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, DB_MODE);

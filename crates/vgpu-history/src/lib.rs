@@ -11,7 +11,7 @@
 pub const DB_FILE: &str = "history.db";
 
 /// The schema this build writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Every table and index, `CREATE … IF NOT EXISTS`.
 pub const SCHEMA: &str = include_str!("schema.sql");
@@ -20,12 +20,21 @@ pub mod config;
 pub mod db;
 pub mod query;
 pub mod reader;
+pub mod rollup;
+#[cfg(test)]
+mod rollup_tests;
+pub(crate) mod source;
 pub mod snapshot;
 pub mod spent;
 pub mod store;
 pub mod tick;
 
-pub use store::{History, WriteError};
+pub use store::{History, RollUp, WriteError};
+
+/// Now, in milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
 
 /// How long a command's best-effort record may take in all (its open, every lock wait,
 /// every statement's).

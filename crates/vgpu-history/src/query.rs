@@ -1,5 +1,6 @@
 //! Reading the history for `vgpu carbon report`, `vgpu ps -a` and the line `vgpu run` prints
-//! when a workload ends: a window's rows, in [`vgpu_carbon::account`]'s terms.
+//! when a workload ends: a window's accounting ([`vgpu_carbon::account`]), read through the
+//! rollups of its whole days and hours ([`crate::rollup`]) and the rows of the rest.
 //!
 //! Root reads history.db itself; anyone else reads its public copy, which `vgpu watch`
 //! refreshes at most once a minute and takes no lock to read ([`super::snapshot`]);
@@ -8,49 +9,49 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rusqlite::{params, Connection, OptionalExtension as _};
+use rusqlite::{params, Connection};
 
 use super::db::{HistoryError, ReadFrom};
+use crate::rollup;
+use crate::source::Source;
+pub use crate::rollup::Served;
+pub use crate::source::{IdleDefaults, IdlePowers, MAX_INTERVAL_MS};
 use vgpu_carbon::account;
 use vgpu_carbon::account::Accounting;
-use vgpu_carbon::account::GpuSample;
-use vgpu_carbon::account::GpuTime;
-use vgpu_carbon::account::History;
-use vgpu_carbon::account::IdlePower;
-use vgpu_carbon::account::IdleSource;
-use vgpu_carbon::account::IntensityPoint;
 use vgpu_carbon::account::Window;
 use vgpu_carbon::account::WorkloadInfo;
-
-/// How much of the window is read and accounted at a time: 4 hours, 14 400 rows per GPU at
-/// the watch's default interval of a second.
-pub const CHUNK_MS: i64 = 4 * 3_600_000;
-
-/// The longest interval (a `gpu_samples` or `workload_gpu_time` row) the accounting reads:
-/// a chunk's rows are looked for by their end (the `t1_ms` indexes) up to this far past
-/// the chunk, so that reading stays proportional to the window. `vgpu watch` writes a row
-/// per tick (its interval is at most an hour) and bridges gaps of at most minutes; a
-/// longer row, which only a hand-made history has, is left out of the accounting.
-pub const MAX_INTERVAL_MS: i64 = 2 * 3_600_000;
-
 
 /// The history, opened to read.
 pub struct Reader {
     conn: Connection,
     path: PathBuf,
     from: ReadFrom,
+    rollups: bool,
 }
 
 impl Reader {
     /// Open the history of `lib_dir` to read, as this caller may ([`db::open_reader`]);
     /// `Ok(None)` when there is none yet.
     pub fn open(lib_dir: &Path) -> Result<Option<Reader>, HistoryError> {
-        Ok(crate::reader::open_reader(lib_dir)?.map(|o| Reader { conn: o.conn, path: o.path, from: o.from }))
+        Ok(crate::reader::open_reader(lib_dir)?.map(|o| {
+            let rollups = rollup::present(&o.conn);
+            Reader { conn: o.conn, path: o.path, from: o.from, rollups }
+        }))
     }
 
     /// The live database, or the public copy and when it was made.
     pub fn from(&self) -> ReadFrom {
         self.from
+    }
+
+    /// Read every piece from its rows (`false`), as a history without rollups is read: the
+    /// same accounting, to the bit, only slower (tests and benchmarks compare the two).
+    pub fn use_rollups(&mut self, on: bool) {
+        self.rollups = on && rollup::present(&self.conn);
+    }
+
+    fn source(&self) -> Source<'_> {
+        Source { conn: &self.conn, path: &self.path, rollups: self.rollups }
     }
 
     fn err(&self) -> impl FnOnce(rusqlite::Error) -> HistoryError + '_ {
@@ -60,131 +61,19 @@ impl Reader {
     /// The accounting of `window` ([`account::account`]), of the GPUs the workload `gpus_of`
     /// used when given. Idle power per GPU: its measured model (`power_models`), else
     /// `idle` ([`IdleDefaults`]), else its lowest average power over an interval of the
-    /// window. Read and accounted [`CHUNK_MS`] at a time, so that memory stays bounded
-    /// whatever the window (the watch records a row per GPU per second by default); an
-    /// interval across a chunk's edge is clipped pro rata on both sides, which loses no
-    /// millijoule (see the accounting's clipping rule).
+    /// window. The window is accounted on the grid of days and hours ([`rollup`]): each
+    /// hour piece on its own, the hours of a day merged in time order, the days merged in
+    /// time order; whole days and hours from their rollups where they match, the rest from
+    /// the rows. Memory stays bounded whatever the window. An interval across an hour's edge
+    /// is clipped pro rata on both sides, which loses no millijoule (see the accounting's
+    /// clipping rule).
     pub fn accounting(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<Accounting, HistoryError> {
-        let intensity = self.intensity(window)?;
-        let idle_w = self.idle_w(window, idle, gpus_of)?;
-        let mut total = Accounting { window, gpus: BTreeMap::new(), emissions_known: !intensity.is_empty(), notes: Vec::new() };
-        let mut since = window.since_ms;
-        while since < window.until_ms {
-            let until = since.saturating_add(CHUNK_MS).min(window.until_ms);
-            let chunk = Window { since_ms: since, until_ms: until };
-            let (samples, gpu_time) = self.rows(chunk, gpus_of)?;
-            if !samples.is_empty() {
-                let history = History { samples, gpu_time, intensity: intensity.clone(), idle_w: idle_w.clone() };
-                total.merge(account::account(&history, chunk));
-            }
-            since = until;
-        }
-        Ok(total)
+        Ok(self.source().accounting(window, idle, gpus_of)?.0)
     }
 
-    /// The samples and GPU-time rows overlapping `window` (with `gpus_of`: on the GPUs that
-    /// workload used, every workload's rows there, whose shares decide its share).
-    fn rows(&self, window: Window, gpus_of: Option<&str>) -> Result<(Vec<GpuSample>, Vec<GpuTime>), HistoryError> {
-        let only = if gpus_of.is_some() {
-            " AND gpu_uuid IN (SELECT DISTINCT gpu_uuid FROM workload_gpu_time WHERE workload_id = ?3)"
-        } else {
-            ""
-        };
-        let with = params![window.since_ms, window.until_ms, gpus_of.unwrap_or_default()];
-        let with: &[&dyn rusqlite::ToSql] = if gpus_of.is_some() { with } else { &with[..2] };
-        let mut st = self
-            .conn
-            .prepare_cached(&format!("SELECT t0_ms, t1_ms, gpu_uuid, gpu_index, gpu_name, energy_mj, busy_ms FROM gpu_samples WHERE t1_ms > ?1 AND t1_ms < ?2 + {MAX_INTERVAL_MS} AND t0_ms < ?2 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}{only}"))
-            .map_err(self.err())?;
-        let samples = st
-            .query_map(with, |r| {
-                Ok(GpuSample {
-                    t0_ms: r.get(0)?,
-                    t1_ms: r.get(1)?,
-                    gpu_uuid: r.get(2)?,
-                    gpu_index: r.get(3)?,
-                    gpu_name: r.get(4)?,
-                    energy_mj: non_negative(r.get(5)?),
-                    busy_ms: r.get::<_, Option<i64>>(6)?.map(non_negative),
-                })
-            })
-            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-            .map_err(self.err())?;
-        if samples.is_empty() {
-            return Ok((samples, Vec::new()));
-        }
-        let mut st = self
-            .conn
-            .prepare_cached(&format!("SELECT t0_ms, t1_ms, workload_id, gpu_uuid, busy_ms FROM workload_gpu_time WHERE t1_ms > ?1 AND t1_ms < ?2 + {MAX_INTERVAL_MS} AND t0_ms < ?2 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}{only}"))
-            .map_err(self.err())?;
-        let gpu_time = st
-            .query_map(with, |r| {
-                Ok(GpuTime { t0_ms: r.get(0)?, t1_ms: r.get(1)?, workload_id: r.get(2)?, gpu_uuid: r.get(3)?, busy_ms: non_negative(r.get(4)?) })
-            })
-            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-            .map_err(self.err())?;
-        Ok((samples, gpu_time))
-    }
-
-    /// The intensity figures for `window`: the one in force at `since` (the latest at or
-    /// before it) and every later one before `until`; of a reading and a fallback at the same
-    /// time, the reading comes last and wins. None of those: the first figure there is (in
-    /// force before it).
-    fn intensity(&self, window: Window) -> Result<Vec<IntensityPoint>, HistoryError> {
-        let point = |r: &rusqlite::Row<'_>| Ok(IntensityPoint { ts_ms: r.get(0)?, g_per_kwh: r.get(1)? });
-        let found = intensity_in_force(&self.conn, &self.path, window)?;
-        if !found.is_empty() {
-            return Ok(found);
-        }
-        let mut st = self
-            .conn
-            .prepare("SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') ORDER BY ts_ms, kind DESC LIMIT 1")
-            .map_err(self.err())?;
-        st.query_map([], point).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())
-    }
-
-    /// The idle power of every GPU with samples in `window` (see [`Reader::accounting`]).
-    fn idle_w(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<BTreeMap<String, IdlePower>, HistoryError> {
-        // Every GPU there is (few; the primary key's prefix), then which have rows here.
-        let mut st = self.conn.prepare("SELECT DISTINCT gpu_uuid FROM gpu_samples").map_err(self.err())?;
-        let mut gpus: Vec<String> = st.query_map([], |r| r.get(0)).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
-        let in_window = format!(
-            "gpu_uuid = ?1 AND t1_ms > ?2 AND t1_ms < ?3 + {MAX_INTERVAL_MS} AND t0_ms < ?3 AND t1_ms - t0_ms <= {MAX_INTERVAL_MS}"
-        );
-        let mut any = self.conn.prepare(&format!("SELECT 1 FROM gpu_samples WHERE {in_window} LIMIT 1")).map_err(self.err())?;
-        let mut kept = Vec::new();
-        for uuid in gpus {
-            if any.exists(params![uuid, window.since_ms, window.until_ms]).map_err(self.err())? {
-                kept.push(uuid);
-            }
-        }
-        gpus = kept;
-        if let Some(id) = gpus_of {
-            let mut st = self.conn.prepare("SELECT DISTINCT gpu_uuid FROM workload_gpu_time WHERE workload_id = ?1").map_err(self.err())?;
-            let used: Vec<String> = st.query_map([id], |r| r.get(0)).and_then(Iterator::collect::<Result<Vec<_>, _>>).map_err(self.err())?;
-            gpus.retain(|g| used.contains(g));
-        }
-        let mut st = self.conn.prepare("SELECT idle_w FROM power_models WHERE gpu_uuid = ?1").map_err(self.err())?;
-        let mut lowest = self
-            .conn
-            .prepare(&format!("SELECT min(CAST(energy_mj AS REAL) / (t1_ms - t0_ms)) FROM gpu_samples WHERE {in_window}"))
-            .map_err(self.err())?;
-        let mut out = BTreeMap::new();
-        for uuid in gpus {
-            let measured: Option<f64> = st.query_row([&uuid], |r| r.get(0)).optional().map_err(self.err())?;
-            let found = match measured {
-                Some(watts) => IdlePower { watts, source: IdleSource::Measured },
-                None => match idle.of(&uuid) {
-                    Some(found) => found,
-                    None => {
-                        let watts: Option<f64> = lowest.query_row(params![uuid, window.since_ms, window.until_ms], |r| r.get(0)).map_err(self.err())?;
-                        IdlePower { watts: watts.filter(|w| w.is_finite()).unwrap_or(0.0), source: IdleSource::LowestObserved }
-                    }
-                },
-            };
-            out.insert(uuid, found);
-        }
-        Ok(out)
+    /// [`Reader::accounting`], with how its pieces were read.
+    pub fn accounting_served(&self, window: Window, idle: &IdleDefaults<'_>, gpus_of: Option<&str>) -> Result<(Accounting, Served), HistoryError> {
+        self.source().accounting(window, idle, gpus_of)
     }
 
     /// What the history knows of the workloads `ids`.
@@ -227,9 +116,10 @@ impl Reader {
             .map_err(self.err())?;
         // One accounting over the union of their lives (each is attributed nothing outside
         // its own GPU-time rows): read once however many there are.
+        let src = self.source();
         let mut spans = Vec::new();
         for row in &rows {
-            spans.push(self.span(&row.id)?);
+            spans.push(src.span(&row.id)?);
         }
         let since = spans.iter().filter_map(|s| s.map(|s| s.0)).min();
         let until = spans.iter().filter_map(|s| s.map(|s| s.1)).max();
@@ -263,20 +153,11 @@ impl Reader {
     /// the accounting of the GPUs it used, from its first GPU-time row to its last.
     fn used_by(&self, row: EndedRow, idle: &IdleDefaults<'_>) -> Result<Ended, HistoryError> {
         // Outside its GPU-time rows nothing is its; on other GPUs neither.
-        let accounting = match self.span(&row.id)? {
+        let accounting = match self.source().span(&row.id)? {
             Some((since_ms, until_ms)) => Some(self.accounting(Window { since_ms, until_ms }, idle, Some(&row.id))?),
             None => None,
         };
         Ok(used_in(row, accounting.as_ref()))
-    }
-
-    /// From the start of the workload `id`'s first GPU-time row to the end of its last.
-    fn span(&self, id: &str) -> Result<Option<(i64, i64)>, HistoryError> {
-        let (first, last): (Option<i64>, Option<i64>) = self
-            .conn
-            .query_row("SELECT min(t0_ms), max(t1_ms) FROM workload_gpu_time WHERE workload_id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .map_err(self.err())?;
-        Ok(first.zip(last))
     }
 }
 
@@ -314,34 +195,6 @@ fn used_in(row: EndedRow, accounting: Option<&Accounting>) -> Ended {
     ended
 }
 
-/// A GPU's idle power where it has no measured model: the planner's model, configured
-/// (`[carbon] power_idle_w`, or 15 % of `power_max_w`), else from the driver's power limits
-/// (asked once, and only when a GPU needs it).
-pub struct IdleDefaults<'a> {
-    configured_w: Option<f64>,
-    driver: std::cell::OnceCell<BTreeMap<String, f64>>,
-    load: Box<dyn Fn() -> BTreeMap<String, f64> + 'a>,
-}
-
-impl<'a> IdleDefaults<'a> {
-    pub fn new(configured_w: Option<f64>, load: impl Fn() -> BTreeMap<String, f64> + 'a) -> Self {
-        IdleDefaults { configured_w, driver: std::cell::OnceCell::new(), load: Box::new(load) }
-    }
-
-    /// Neither configured nor from a driver: measured models, else the lowest observed.
-    pub fn none() -> IdleDefaults<'static> {
-        IdleDefaults::new(None, BTreeMap::new)
-    }
-
-    fn of(&self, uuid: &str) -> Option<IdlePower> {
-        if let Some(watts) = self.configured_w {
-            return Some(IdlePower { watts, source: IdleSource::Configured });
-        }
-        let watts = *self.driver.get_or_init(&self.load).get(uuid)?;
-        Some(IdlePower { watts, source: IdleSource::PowerLimit })
-    }
-}
-
 struct EndedRow {
     id: String,
     name: Option<String>,
@@ -370,31 +223,10 @@ pub struct Ended {
     pub g_co2: Option<f64>,
 }
 
-fn non_negative(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
-/// The intensity figures (readings and fallbacks) of `window`: the one in force at `since`
-/// (the latest at or before it) and every later one before `until`; of a reading and a
-/// fallback at the same time, the reading comes last and wins (as [`account::Steps`] reads
-/// them). Empty when none is at or before `until`.
-pub(crate) fn intensity_in_force(conn: &Connection, path: &Path, window: Window) -> Result<Vec<IntensityPoint>, HistoryError> {
-    let point = |r: &rusqlite::Row<'_>| Ok(IntensityPoint { ts_ms: r.get(0)?, g_per_kwh: r.get(1)? });
-    let mut st = conn
-        .prepare_cached(
-            "SELECT ts_ms, g_per_kwh FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms < ?2
-             AND ts_ms >= coalesce((SELECT max(ts_ms) FROM intensity WHERE kind IN ('reading', 'fallback') AND ts_ms <= ?1), ?1)
-             ORDER BY ts_ms, kind",
-        )
-        .map_err(HistoryError::sqlite(path))?;
-    st.query_map(params![window.since_ms, window.until_ms], point)
-        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-        .map_err(HistoryError::sqlite(path))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vgpu_carbon::account::{IdlePower, IdleSource};
 
     #[test]
     fn reads_a_window_and_a_workloads_usage() {
@@ -413,10 +245,10 @@ mod tests {
         .unwrap();
         let reader = Reader::open(dir.path()).unwrap().unwrap();
         let window = Window { since_ms: 5000, until_ms: 20_000 };
-        let intensity = reader.intensity(window).unwrap();
+        let intensity = reader.source().intensity(window).unwrap();
         assert_eq!(intensity.iter().map(|p| p.g_per_kwh).collect::<Vec<_>>(), [100.0, 200.0, 400.0]);
         let idle = IdleDefaults::new(Some(50.0), || panic!("configured"));
-        assert_eq!(reader.idle_w(window, &idle, None).unwrap()["GPU-x"], IdlePower { watts: 100.0, source: IdleSource::Measured });
+        assert_eq!(reader.source().idle_w(window, &idle, None).unwrap()["GPU-x"], IdlePower { watts: 100.0, source: IdleSource::Measured });
         // From 5 s: half the first interval (1500 J, idle 500 J, w1 1000 J at 200 g/kWh),
         // the second (1000 J idle, at 400 g/kWh from 15 s on, its midpoint).
         let a = reader.accounting(window, &idle, None).unwrap();

@@ -1,6 +1,8 @@
 -- vgpu's history database (`<lib_dir>/history.db`, default /var/lib/vgpu/history.db),
--- schema version 1 (`PRAGMA user_version`). The one definition of the layout: vgpu creates
+-- schema version 2 (`PRAGMA user_version`). The one definition of the layout: vgpu creates
 -- the database from this text, and docs/history.md explains it for admins using sqlite3.
+-- Version 1 had neither the rollup tables and their triggers nor workloads_ended: vgpu adds
+-- them when it opens one (its rows stay as they are).
 --
 -- Conventions:
 --   * times are INTEGER milliseconds since the Unix epoch (UTC): `*_ms`;
@@ -12,8 +14,9 @@
 --   * GPUs are named by UUID (`GPU-…`, stable across reboots), with the NVML index of the
 --     time as well.
 -- Retention (`[history] keep`, default 90 days) deletes rows of the time-series tables
--- (gpu_samples, workload_gpu_time, intensity, decisions) older than the horizon, and
--- workloads that ended before it. power_models and workload_sensitivity are kept.
+-- (gpu_samples, workload_gpu_time, intensity, decisions) older than the horizon, the
+-- rollups of the hours and days before it, and workloads that ended before it. power_models
+-- and workload_sensitivity are kept.
 
 -- One row per GPU per `vgpu watch` tick: what the GPU did since the previous tick.
 CREATE TABLE IF NOT EXISTS gpu_samples (
@@ -73,6 +76,8 @@ CREATE TABLE IF NOT EXISTS workloads (
     outcome    TEXT
 );
 
+CREATE INDEX IF NOT EXISTS workloads_ended ON workloads (ended_ms);
+
 -- Every grid carbon-intensity figure vgpu used or was given. kind 'reading': the source's
 -- figure for ts_ms (a remembered one is recorded again only if it is new); 'fallback': the
 -- configured fallback used for lack of a reading; 'forecast': a future figure for ts_ms
@@ -125,3 +130,162 @@ CREATE TABLE IF NOT EXISTS workload_sensitivity (
     samples    INTEGER NOT NULL,
     updated_ms INTEGER NOT NULL
 );
+
+-- Rollups: the accounting `vgpu carbon report` makes of each whole hour and each whole day
+-- of the Unix epoch (UTC), [start_ms, start_ms + span_ms), kept so that reports and `vgpu ps
+-- -a` read a few rows per GPU-day instead of the rows of the day. A cache that is exact:
+-- `vgpu watch` makes the rollup of an hour from its rows, and of a day from its hours', once
+-- it is over; a row of gpu_samples or workload_gpu_time inserted, changed or deleted drops
+-- the rollups of every hour and day it overlaps (the triggers below, in the same
+-- transaction); a reader uses one only where the intensity figures in force over its span
+-- and each GPU's idle power are the ones it would use, and reads the rows of every other
+-- hour. Summing these tables yourself, take one span_ms (the days hold the sums of their
+-- hours).
+CREATE TABLE IF NOT EXISTS rollups (
+    span_ms   INTEGER NOT NULL CHECK (span_ms IN (3600000, 86400000)),
+    -- A multiple of span_ms.
+    start_ms  INTEGER NOT NULL,
+    -- The intensity figures in force over the span, as the accounting used them: 'none'
+    -- (none known: emissions unknown), or the figure at start_ms followed by
+    -- ' @TS_MS FIGURE' for each time in the span a new one starts.
+    intensity TEXT    NOT NULL,
+    made_ms   INTEGER NOT NULL,
+    PRIMARY KEY (span_ms, start_ms)
+) WITHOUT ROWID;
+
+-- Each GPU with rows in the span: its energy in it (every interval clipped to it pro rata)
+-- and the idle power the accounting took.
+CREATE TABLE IF NOT EXISTS rollup_gpus (
+    span_ms     INTEGER NOT NULL,
+    start_ms    INTEGER NOT NULL,
+    gpu_uuid    TEXT    NOT NULL,
+    -- The index and name of the span's last interval.
+    gpu_index   INTEGER NOT NULL,
+    gpu_name    TEXT,
+    energy_mj   INTEGER NOT NULL CHECK (energy_mj >= 0),
+    idle_w      REAL    NOT NULL,
+    idle_source TEXT    NOT NULL CHECK (idle_source IN ('measured', 'configured', 'power_limit', 'lowest_observed')),
+    -- What the accounting said of the GPU (no power model), or NULL.
+    note        TEXT,
+    PRIMARY KEY (span_ms, start_ms, gpu_uuid)
+) WITHOUT ROWID;
+
+-- Who the GPU's energy in the span went to: each workload, idle and unattributed, with the
+-- GPU time (ms) and grams of CO2 as the accounting summed them (NULL: no intensity known).
+-- Per GPU and span, the parts' energy_mj add up to its rollup_gpus.energy_mj.
+CREATE TABLE IF NOT EXISTS rollup_parts (
+    span_ms     INTEGER NOT NULL,
+    start_ms    INTEGER NOT NULL,
+    gpu_uuid    TEXT    NOT NULL,
+    party       TEXT    NOT NULL CHECK (party IN ('workload', 'idle', 'unattributed')),
+    -- The workload; '' for idle and unattributed.
+    workload_id TEXT    NOT NULL,
+    energy_mj   INTEGER NOT NULL CHECK (energy_mj >= 0),
+    gpu_time_ms REAL    NOT NULL,
+    g_co2       REAL,
+    PRIMARY KEY (span_ms, start_ms, gpu_uuid, party, workload_id)
+) WITHOUT ROWID;
+
+-- A row of gpu_samples or workload_gpu_time that comes, changes or goes drops the rollups of
+-- the hours and days it overlaps ([t0_ms, t1_ms) meets [start_ms, start_ms + span_ms)).
+CREATE TRIGGER IF NOT EXISTS gpu_samples_insert_drops_rollups AFTER INSERT ON gpu_samples
+WHEN EXISTS (SELECT 1 FROM rollups
+             WHERE (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+                OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms))
+BEGIN
+    DELETE FROM rollup_parts
+    WHERE (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+    DELETE FROM rollup_gpus
+    WHERE (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+    DELETE FROM rollups
+    WHERE (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+END;
+
+CREATE TRIGGER IF NOT EXISTS gpu_samples_delete_drops_rollups AFTER DELETE ON gpu_samples
+WHEN EXISTS (SELECT 1 FROM rollups
+             WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+                OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms))
+BEGIN
+    DELETE FROM rollup_parts
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms);
+    DELETE FROM rollup_gpus
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms);
+    DELETE FROM rollups
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms);
+END;
+
+CREATE TRIGGER IF NOT EXISTS gpu_samples_update_drops_rollups AFTER UPDATE ON gpu_samples
+BEGIN
+    DELETE FROM rollup_parts
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+    DELETE FROM rollup_gpus
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+    DELETE FROM rollups
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+END;
+
+CREATE TRIGGER IF NOT EXISTS workload_gpu_time_insert_drops_rollups AFTER INSERT ON workload_gpu_time
+WHEN EXISTS (SELECT 1 FROM rollups
+             WHERE (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+                OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms))
+BEGIN
+    DELETE FROM rollup_parts
+    WHERE (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+    DELETE FROM rollup_gpus
+    WHERE (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+    DELETE FROM rollups
+    WHERE (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+END;
+
+CREATE TRIGGER IF NOT EXISTS workload_gpu_time_delete_drops_rollups AFTER DELETE ON workload_gpu_time
+WHEN EXISTS (SELECT 1 FROM rollups
+             WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+                OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms))
+BEGIN
+    DELETE FROM rollup_parts
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms);
+    DELETE FROM rollup_gpus
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms);
+    DELETE FROM rollups
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms);
+END;
+
+CREATE TRIGGER IF NOT EXISTS workload_gpu_time_update_drops_rollups AFTER UPDATE ON workload_gpu_time
+BEGIN
+    DELETE FROM rollup_parts
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+    DELETE FROM rollup_gpus
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+    DELETE FROM rollups
+    WHERE (span_ms = 3600000 AND start_ms > OLD.t0_ms - 3600000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > OLD.t0_ms - 86400000 AND start_ms < OLD.t1_ms)
+       OR (span_ms = 3600000 AND start_ms > NEW.t0_ms - 3600000 AND start_ms < NEW.t1_ms)
+       OR (span_ms = 86400000 AND start_ms > NEW.t0_ms - 86400000 AND start_ms < NEW.t1_ms);
+END;

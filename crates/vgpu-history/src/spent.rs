@@ -46,7 +46,7 @@ pub fn spent(conn: &Connection, path: &Path, from_ms: i64, to_ms: i64, default_g
     let err = HistoryError::sqlite;
     // The intensity in force at from_ms, and every change after it (as the report reads it).
     let window = Window { since_ms: from_ms, until_ms: to_ms };
-    let steps = Steps::new(super::query::intensity_in_force(conn, path, window)?);
+    let steps = Steps::new(super::source::intensity_in_force(conn, path, window)?);
     let mut out = Spent::default();
     let mut query = conn
         .prepare("SELECT t0_ms, t1_ms, energy_mj FROM gpu_samples WHERE t1_ms > ?1 AND t0_ms < ?2")

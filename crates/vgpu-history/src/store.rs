@@ -13,6 +13,8 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension as _};
 use thiserror::Error;
 
 use super::db::{self, HistoryError};
+use super::source::{IdleDefaults, Source, RAW_BATCH};
+use super::rollup;
 use super::tick::{LastGpu, Tick};
 
 /// Why a history write failed.
@@ -130,6 +132,19 @@ impl IntensityKind {
 pub struct Pruned {
     pub rows: usize,
 }
+
+/// What one [`History::roll_up`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RollUp {
+    /// Hours and days rolled up.
+    pub made: usize,
+    /// Hours and days still due (the next pass's).
+    pub left: usize,
+}
+
+/// The longest a transaction of [`History::roll_up`] holds the write lock (then it commits
+/// and takes it again): well below the 2 s a command's record may wait for it.
+pub const ROLLUP_TX: Duration = Duration::from_millis(200);
 
 /// history.db, open for writing.
 pub struct History {
@@ -342,13 +357,22 @@ impl History {
     }
 
     /// Delete what is older than `keep` before `now_ms`: time-series rows that ended before
-    /// the horizon and workloads that ended before it. Power models and sensitivities stay.
+    /// the horizon and workloads that ended before it, and the rollups of the hours that
+    /// ended by then (first, so that the triggers find none to drop). Power models and
+    /// sensitivities stay.
     pub fn prune(&mut self, now_ms: u64, keep: Duration) -> Result<Pruned, WriteError> {
         self.bound()?;
         let horizon = ms(now_ms.saturating_sub(keep.as_millis().min(u128::from(u64::MAX)) as u64));
         let path = self.path.clone();
         let err = |e| WriteError::from_sqlite(&path, e);
         let tx = self.conn.transaction().map_err(err)?;
+        for sql in [
+            "DELETE FROM rollup_parts WHERE start_ms + span_ms <= ?1",
+            "DELETE FROM rollup_gpus WHERE start_ms + span_ms <= ?1",
+            "DELETE FROM rollups WHERE start_ms + span_ms <= ?1",
+        ] {
+            tx.execute(sql, params![horizon]).map_err(err)?;
+        }
         let mut rows = 0;
         for sql in [
             "DELETE FROM gpu_samples WHERE t1_ms < ?1",
@@ -361,6 +385,60 @@ impl History {
         }
         tx.commit().map_err(err)?;
         Ok(Pruned { rows })
+    }
+
+    /// Make the rollups that are due ([`rollup`]): those of the hours and days that are over
+    /// and have none, and with `check` also those that no longer match the intensity figures
+    /// or a GPU's idle power (`idle`: as `vgpu carbon report` resolves it on this host), the
+    /// hours first, the newest first, for at most `budget` (past it, the hours or the day in
+    /// hand are finished). Each batch of at most [`ROLLUP_TX`] is one transaction: killed at
+    /// any point, the database keeps the rollups of the batches committed, and a span
+    /// without one is read from what is below it. Returns what was made and what is left for
+    /// the next pass.
+    pub fn roll_up(&mut self, idle: &IdleDefaults<'_>, check: bool, budget: Duration) -> Result<RollUp, WriteError> {
+        self.roll_up_at(idle, check, budget, ms(crate::now_ms()))
+    }
+
+    /// [`History::roll_up`] as if it were `now_ms`.
+    pub(crate) fn roll_up_at(&mut self, idle: &IdleDefaults<'_>, check: bool, budget: Duration, now_ms: i64) -> Result<RollUp, WriteError> {
+        self.bound()?;
+        let started = Instant::now();
+        let path = self.path.clone();
+        let open = |e| WriteError::from_open(e);
+        let due = rollup::due(&Source { conn: &self.conn, path: &path, rollups: false }, idle, check, now_ms).map_err(open)?;
+        // The hours first (a day is made from its hours'), then the days.
+        let todo: Vec<(i64, i64)> = due.hours.iter().map(|&h| (rollup::HOUR_MS, h)).chain(due.days.iter().map(|&d| (rollup::DAY_MS, d))).collect();
+        let mut made = 0;
+        let mut done = 0;
+        while done < todo.len() && (done == 0 || started.elapsed() < budget) {
+            self.bound()?;
+            let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(|e| WriteError::from_sqlite(&path, e))?;
+            let batch = Instant::now();
+            let now = ms(crate::now_ms());
+            let src = Source { conn: &tx, path: &path, rollups: false };
+            while let Some(&(span, start)) = todo.get(done) {
+                if span == rollup::DAY_MS {
+                    made += usize::from(rollup::build_day(&src, idle, start, now).map_err(open)?);
+                    done += 1;
+                } else {
+                    // A run of consecutive hours (the list is the newest first), read at once.
+                    let mut run = vec![start];
+                    while run.len() < RAW_BATCH && todo.get(done + run.len()) == Some(&(span, run[run.len() - 1] - span)) {
+                        run.push(run[run.len() - 1] - span);
+                    }
+                    run.reverse();
+                    made += rollup::build_hours(&src, idle, &run, now).map_err(open)?;
+                    done += run.len();
+                }
+                if batch.elapsed() >= ROLLUP_TX || started.elapsed() >= budget {
+                    break;
+                }
+            }
+            // A test kills the writer here: the batch in hand must not survive, nor harm.
+            vgpu_store::stop_point::stop_point("history:mid-rollup");
+            tx.commit().map_err(|e| WriteError::from_sqlite(&path, e))?;
+        }
+        Ok(RollUp { made, left: todo.len() - done })
     }
 
     /// `PRAGMA integrity_check`'s answer ("ok" when sound).

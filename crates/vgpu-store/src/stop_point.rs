@@ -50,6 +50,11 @@ pub const STOP_POINTS: &[&str] = &[
     // vgpu watch recording a round in history.db: its GPU rows are written, its workload
     // rows are not, nothing is committed.
     "history:mid-tick",
+    // Migrating history.db to this vgpu's schema: the new tables, triggers and index are
+    // created, the schema version is not set yet, nothing is committed.
+    "history:mid-migration",
+    // vgpu watch making hourly rollups: a batch of hours is written, not committed.
+    "history:mid-rollup",
 ];
 
 /// Die here, by SIGKILL, when `VGPU_TEST_STOP_AT` names this step.

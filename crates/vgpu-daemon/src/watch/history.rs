@@ -14,6 +14,9 @@
 //! A history failure (full disk, a lock held too long, a damaged file, a link in place of
 //! the database) is said once per kind of failure, and again when recording resumes.
 //! With `[history] interval` the rounds are added up the same way until it has passed.
+//! The idle powers reports take on this host (the config's, the driver's power limits) are
+//! handed over too ([`Recorder::idle_powers`]): the thread makes the rollups with
+//! them.
 //! At the stop, what is pending is handed over and the thread given [`FLUSH_WAIT`] to
 //! write it.
 
@@ -27,6 +30,7 @@ use std::time::{Duration, Instant};
 use super::Event;
 use vgpu_gpu::snapshot::Snapshot;
 use vgpu_history::config::HistoryConfig;
+use vgpu_history::query::IdlePowers;
 use vgpu_history::store::WorkloadInfo;
 use vgpu_history::tick;
 use vgpu_history::tick::Ledger;
@@ -115,6 +119,12 @@ impl Recorder {
         }
     }
 
+    /// The idle powers reports take on this host, for the rollups the history thread makes
+    /// (handed over with the next batch).
+    pub fn idle_powers(&mut self, idle: IdlePowers) {
+        self.pending.idle = Some(idle);
+    }
+
     /// Record one round. `snapshot`: the GPUs now (None: NVML unavailable, only workloads
     /// are recorded); `ended`: workloads this round's reconcile tore down, with how.
     /// Returns the kinds of failure the history thread reported since the last round.
@@ -191,7 +201,7 @@ impl Recorder {
                         events.push(Event::info("history: recording again"));
                     }
                 }
-                Reply::Pruned(message) => events.push(Event::info(message)),
+                Reply::Pruned(message) | Reply::Info(message) => events.push(Event::info(message)),
                 Reply::Stopped => {}
             }
         }
@@ -205,7 +215,7 @@ impl Recorder {
         let batch = if tick_due {
             self.pending_since = None;
             std::mem::take(&mut self.pending)
-        } else if self.pending.upserts.is_empty() && self.pending.ends.is_empty() {
+        } else if self.pending.upserts.is_empty() && self.pending.ends.is_empty() && self.pending.idle.is_none() {
             return;
         } else {
             Batch {
@@ -213,6 +223,7 @@ impl Recorder {
                 ends: std::mem::take(&mut self.pending.ends),
                 live: self.pending.live.clone(),
                 config: self.pending.config.take(),
+                idle: self.pending.idle.take(),
                 ..Batch::default()
             }
         };

@@ -133,6 +133,8 @@ impl Watch {
             history: history::Recorder::new(ctx_lib_dir, ctx_history, interval),
             ended: HashMap::new(),
         };
+        // The config's idle power now; the driver's too once NVML is open.
+        watch.history.idle_powers(vgpu_host::carbon::report::idle_powers(&watch.ctx.config.carbon, None));
         watch.open_nvml();
         Ok(watch)
     }
@@ -143,6 +145,7 @@ impl Watch {
         let problem = match self.ctx.nvml() {
             Ok(Some(nvml)) => {
                 self.measure_contexts(&nvml);
+                self.history.idle_powers(vgpu_host::carbon::report::idle_powers(&self.ctx.config.carbon, Some(&nvml)));
                 self.nvml = Some(nvml);
                 self.last_us = 0;
                 if self.gpu_problem.take().is_some() {
@@ -225,6 +228,7 @@ impl Watch {
         vgpu_host::suspension::configure(&self.ctx);
         self.services.reload(&self.ctx);
         self.history.reload(self.ctx.config.history.clone(), self.interval());
+        self.history.idle_powers(vgpu_host::carbon::report::idle_powers(&self.ctx.config.carbon, self.nvml.as_ref()));
         if self.nvml.is_none() {
             self.open_nvml();
             events.append(&mut self.pending);

@@ -19,6 +19,7 @@ use crate::context::Context;
 use vgpu_history::db::HistoryError;
 use vgpu_history::db::ReadFrom;
 use vgpu_history::query::IdleDefaults;
+use vgpu_history::query::IdlePowers;
 use vgpu_history::query::Reader;
 
 /// The window when none is given: the last 24 hours.
@@ -85,15 +86,19 @@ pub fn configured_idle_w(config: &vgpu_carbon::config::CarbonConfig) -> Option<f
 /// default power limit (else its enforced one), as `carbon::apply::read_devices` models it.
 /// Empty without a driver.
 pub fn driver_idle_w(ctx: &Context) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    let nvml = match ctx.nvml_read_only() {
-        Ok(Some(nvml)) => nvml,
-        Ok(None) => return out,
+    match ctx.nvml_read_only() {
+        Ok(Some(nvml)) => driver_idle_w_of(&nvml),
+        Ok(None) => BTreeMap::new(),
         Err(e) => {
             tracing::debug!("no power limits from the driver: {e:#}");
-            return out;
+            BTreeMap::new()
         }
-    };
+    }
+}
+
+/// [`driver_idle_w`] through an NVML already open (`vgpu watch`'s).
+pub fn driver_idle_w_of(nvml: &vgpu_gpu::Nvml) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
     for index in 0..nvml.count().unwrap_or(0) {
         let Ok(device) = nvml.device(index) else { continue };
         let Ok(uuid) = device.uuid() else { continue };
@@ -108,6 +113,12 @@ pub fn driver_idle_w(ctx: &Context) -> BTreeMap<String, f64> {
 /// the config's, else the driver's power limits (see [`IdleDefaults`]).
 pub fn idle_defaults(ctx: &Context) -> IdleDefaults<'_> {
     IdleDefaults::new(configured_idle_w(&ctx.config.carbon), move || driver_idle_w(ctx))
+}
+
+/// [`idle_defaults`] as values, read now through `nvml` (`vgpu watch`'s, which hands them to
+/// its history thread: the hourly rollups are made with the idle powers reports take).
+pub fn idle_powers(config: &vgpu_carbon::config::CarbonConfig, nvml: Option<&vgpu_gpu::Nvml>) -> IdlePowers {
+    IdlePowers { configured_w: configured_idle_w(config), driver_w: nvml.map(driver_idle_w_of).unwrap_or_default() }
 }
 
 /// The report of `window` from the history in `lib_dir`; `Ok(None)`: no history yet.

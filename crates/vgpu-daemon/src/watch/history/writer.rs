@@ -1,6 +1,7 @@
 //! The history thread of `vgpu watch`: writes what the rounds hand it ([`Batch`]es, through
-//! a bounded queue), keeps and merges what it could not write, runs retention, publishes the
-//! public copy ([`snapshot`]) and says what happened ([`Reply`]). Its only waits are
+//! a bounded queue), keeps and merges what it could not write, runs retention, makes the
+//! rollups of hours and days ([`vgpu_history::rollup`]), publishes the public copy ([`snapshot`]) and
+//! says what happened ([`Reply`]). Its only waits are
 //! SQLite's, each bounded by [`vgpu_history::db::BUSY_TIMEOUT`], and the queue's
 //! ([`RETRY`]); it never holds anything the enforcement loop needs.
 
@@ -10,6 +11,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use vgpu_history::config::HistoryConfig;
+use vgpu_history::query::IdlePowers;
 use vgpu_history::snapshot;
 use vgpu_history::snapshot::Cadence;
 use vgpu_history::store::WorkloadInfo;
@@ -24,6 +26,19 @@ pub const RETRY: Duration = Duration::from_secs(1);
 /// How often retention runs (and once at start).
 pub const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
+/// How often the rollups are brought up to date (once at start, then again at once
+/// while some are left).
+pub const ROLLUP_EVERY: Duration = Duration::from_secs(60);
+
+/// How often they are also checked against the intensity figures and the idle powers
+/// (a reading recorded late, a new power model, another config).
+pub const ROLLUP_CHECK_EVERY: Duration = Duration::from_secs(600);
+
+/// The longest one pass of rollups takes (its transactions hold the write lock at most
+/// [`vgpu_history::store::ROLLUP_TX`] each); a history of 90 days made by an older vgpu is
+/// rolled up a pass per second.
+pub const ROLLUP_BUDGET: Duration = Duration::from_millis(500);
+
 /// What rounds hand over: their rows, the workloads that appeared and ended.
 #[derive(Debug, Clone, Default)]
 pub struct Batch {
@@ -36,6 +51,8 @@ pub struct Batch {
     pub live: Option<Vec<String>>,
     /// A new `[history]` (SIGHUP).
     pub config: Option<HistoryConfig>,
+    /// The idle powers reports take on this host (at the start, when NVML opens, SIGHUP).
+    pub idle: Option<IdlePowers>,
 }
 
 impl Batch {
@@ -56,6 +73,9 @@ impl Batch {
         if later.config.is_some() {
             self.config = later.config;
         }
+        if later.idle.is_some() {
+            self.idle = later.idle;
+        }
     }
 
     /// Nothing to write.
@@ -75,6 +95,8 @@ pub enum Reply {
     Recorded,
     /// Retention deleted rows (the log line).
     Pruned(String),
+    /// Something to say at info level (the log line).
+    Info(String),
     /// The queue was closed and everything written (or given up): the thread ends.
     Stopped,
 }
@@ -90,6 +112,22 @@ struct Writer {
     last_prune: Option<Instant>,
     cadence: Cadence,
     failing: bool,
+    rollups: Rollups,
+}
+
+/// The state of the rollups ([`Writer::roll_up`]).
+#[derive(Default)]
+struct Rollups {
+    /// None until the rounds say (none is made before: they would be made again).
+    idle: Option<IdlePowers>,
+    last: Option<Instant>,
+    last_check: Option<Instant>,
+    /// Passes in a row that left hours for the next, since when, and what they made.
+    behind: Option<(Instant, usize)>,
+    /// Whether a series of passes finished since the start (said at info level).
+    said: bool,
+    /// A pass failed (said once until one succeeds).
+    failing: bool,
 }
 
 /// The thread's body: until the queue is closed, then what is left, then [`Reply::Stopped`].
@@ -104,6 +142,7 @@ pub fn run(lib_dir: PathBuf, config: HistoryConfig, rx: Receiver<Batch>, replies
         last_prune: None,
         cadence: Cadence::default(),
         failing: false,
+        rollups: Rollups::default(),
     };
     // Open at once: the previous watch's readings before the first round needs them.
     w.write(&replies);
@@ -117,6 +156,7 @@ pub fn run(lib_dir: PathBuf, config: HistoryConfig, rx: Receiver<Batch>, replies
             w.pending.absorb(batch);
         }
         w.write(&replies);
+        w.roll_up(&replies);
         w.publish(&replies);
     }
     w.write(&replies);
@@ -130,6 +170,13 @@ impl Writer {
                 self.last_prune = None;
             }
             self.config = config;
+        }
+        if let Some(idle) = self.pending.idle.take() {
+            if self.rollups.idle.as_ref() != Some(&idle) {
+                // Rollups made with other idle powers are made again.
+                self.rollups.last_check = None;
+                self.rollups.idle = Some(idle);
+            }
         }
         let had = !self.pending.is_empty();
         let ended = !self.pending.ends.is_empty();
@@ -202,6 +249,50 @@ impl Writer {
         let live = self.pending.live.take();
         self.pending = Batch { live, ..Batch::default() };
         Ok(())
+    }
+
+    /// Bring the rollups up to date when it is due ([`ROLLUP_EVERY`], or at once
+    /// while a history is rolled up a pass at a time), for at most [`ROLLUP_BUDGET`]. A
+    /// failure changes nothing readers see (they read the rows of an hour without its
+    /// rollup): it is said once, and the next pass tries again.
+    fn roll_up(&mut self, replies: &Sender<Reply>) {
+        let now = Instant::now();
+        let r = &mut self.rollups;
+        let Some(db) = self.db.as_mut().filter(|_| !self.failing) else { return };
+        let Some(idle) = &r.idle else { return };
+        if r.behind.is_none() && r.last.is_some_and(|at| now.duration_since(at) < ROLLUP_EVERY) {
+            return;
+        }
+        let check = r.last_check.is_none_or(|at| now.duration_since(at) >= ROLLUP_CHECK_EVERY);
+        r.last = Some(now);
+        match db.roll_up(&idle.defaults(), check, ROLLUP_BUDGET) {
+            Ok(pass) => {
+                if check {
+                    r.last_check = Some(now);
+                }
+                if r.failing {
+                    r.failing = false;
+                    let _ = replies.send(Reply::Info("history: rollups are made again".into()));
+                }
+                let (since, made) = r.behind.take().unwrap_or((now, 0));
+                let made = made + pass.made;
+                if pass.left > 0 {
+                    r.behind = Some((since, made));
+                } else if made > 0 && (!r.said || now > since) {
+                    r.said = true;
+                    let took = humantime::format_duration(Duration::from_millis(since.elapsed().as_millis() as u64));
+                    let _ = replies.send(Reply::Info(format!("history: rollups up to date ({made} hours and days rolled up in {took})")));
+                }
+            }
+            Err(e) => {
+                r.behind = None;
+                if !r.failing {
+                    r.failing = true;
+                    let message = format!("history: cannot make the rollups: {e}; reports read those hours' rows, the next pass tries again");
+                    let _ = replies.send(Reply::Failed { kind: "rollup", message });
+                }
+            }
+        }
     }
 
     /// Refresh the public copy when it is due.

@@ -35,9 +35,6 @@ pub const SHIM_ENV: &[(&str, ShimVar)] = &[
     // The shim's panic-injection test hook: a panic before the driver call falls back to the
     // unguarded driver call, so it must never reach a workload.
     ("VGPU_SHIM_TEST_PANIC", ShimVar::Owned),
-    // The shim's stop-point test hook (a process stops itself between the steps of joining
-    // its vGPU): a test's, never a workload's.
-    ("VGPU_SHIM_TEST_STOP", ShimVar::Owned),
 ];
 
 /// How vgpu guards variable `key`, if it is one of [`SHIM_ENV`].

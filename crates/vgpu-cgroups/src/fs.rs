@@ -98,7 +98,17 @@ pub(crate) fn procs_recursive(dir: &Path, into: &mut Vec<i32>) -> Result<()> {
 }
 
 /// Sub-cgroups of `dir`; none when `dir` is gone.
+///
+/// A directory's link count is 2 plus its subdirectories, on cgroupfs (kernfs) as on the
+/// usual filesystems: 2 says there is none without listing it (a cgroup lists dozens of
+/// control files). Any other count — a filesystem that does not keep it reports 1 — lists it.
 fn child_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
+    match fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() && meta.nlink() == 2 => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        _ => {}
+    }
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

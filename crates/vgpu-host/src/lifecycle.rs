@@ -4,6 +4,7 @@
 //! Every `vgpu` command that reads or changes workloads calls [`reconcile_store`] first, under
 //! the store lock.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
@@ -27,6 +28,10 @@ pub struct Reconciled {
     pub damaged: Vec<StateError>,
     /// What it did and could not do, in order.
     pub notes: Vec<Note>,
+    /// The workload records as reconcile left them, read under the store lock (those it
+    /// cleaned up are gone, those it changed as changed): the caller, still holding the
+    /// lock, acts on these instead of reading every record again.
+    pub workloads: Vec<Workload>,
 }
 
 pub use crate::recovery::Note;
@@ -47,20 +52,54 @@ pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
     found
 }
 
+/// [`reconcile_store`] for an admission (`vgpu run`): everything but giving back the device
+/// memory of dead processes in every vGPU (each vGPU's usage file locked and its processes
+/// looked at), which an admission never reads: it counts quotas, not usage. Whoever reads
+/// usage gives that memory back first: the shim before it refuses an allocation, `vgpu ps`
+/// and the other commands through [`reconcile_store`], `vgpu watch` every interval.
+pub fn reconcile_for_admission(store: &Store, lock: &StoreLock) -> Reconciled {
+    let found = reconcile(store, lock, Sweep::AllButUsage);
+    found.notes.iter().for_each(say);
+    found
+}
+
 /// Clean up after dead supervisors and dead processes; what was done is in the notes (the
 /// workload files are gone afterwards). Call with the store lock held.
 pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
-    let (workloads, damaged) = store.workloads();
+    reconcile(store, lock, Sweep::All)
+}
+
+/// What a reconcile looks at besides the workload records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sweep {
+    All,
+    /// All but the dead processes of every vGPU ([`reconcile_for_admission`]).
+    AllButUsage,
+}
+
+/// The records are read once, and each live workload costs a look at its supervisor and
+/// one freezer file; they are read again only after a step that may have rewritten some
+/// (a teardown, the pool, a half-done change, an alignment).
+fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep) -> Reconciled {
+    let (records, damaged) = store.workloads();
     let mut out = Reconciled { damaged, ..Reconciled::default() };
     let layout = Layout::detect();
-    for w in workloads {
+    let mut alive: HashSet<String> = HashSet::new();
+    let mut remaining = Vec::with_capacity(records.len());
+    let mut changed = false;
+    for w in records {
         if w.supervisor_alive() {
+            alive.insert(w.id.clone());
+            remaining.push(w);
             continue;
         }
         // Only a workload of the pool touches its state: a damaged pool.json blocks pool
         // operations, not the clean-up of the others.
         let in_pool = w.pool_blocks.is_some() || w.state == vgpu_store::state::WorkloadState::Waiting;
         let released = |()| if in_pool { crate::pool_effects::release(store, lock, &w.id) } else { Ok(()) };
+        // Released blocks may go to other workloads (their records rewritten); a teardown
+        // that failed may have removed part of what it had.
+        changed = true;
         match teardown(store, &w, layout.as_ref()).and_then(released) {
             Ok(()) => {
                 out.notes.push(Note::did(format!("cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid)));
@@ -69,22 +108,37 @@ pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
             Err(e) => out.notes.push(Note::warn(format!("cannot clean up workload {} ({}): {e:#}", w.name, w.id))),
         }
     }
+    let reread = |changed: &mut bool, out: &mut Reconciled, remaining: &mut Vec<Workload>| {
+        if std::mem::take(changed) {
+            (*remaining, out.damaged) = store.workloads();
+        }
+    };
     if !out.cleaned.is_empty() {
         // Clocks follow the work: the dead supervisors' GPUs are re-planned without them.
         let ended: Vec<&str> = out.cleaned.iter().map(|w| w.id.as_str()).collect();
         let replanned = crate::carbon::follow::after_reconcile(store, lock, &ended);
         out.notes.extend(replanned.warnings.into_iter().map(Note::warn));
     }
-    if let Err(e) = crate::pool_effects::release_orphans(store, lock) {
-        out.notes.push(Note::warn(format!("cannot tidy the compute pool: {e:#}")));
+    reread(&mut changed, &mut out, &mut remaining);
+    match crate::pool_effects::release_orphans(store, lock, &remaining, !out.damaged.is_empty()) {
+        Ok(released) => changed |= released,
+        Err(e) => {
+            changed = true;
+            out.notes.push(Note::warn(format!("cannot tidy the compute pool: {e:#}")));
+        }
     }
     // Changes a killed command left half-done, then whatever else is frozen or left over.
-    crate::recovery::half_done(store, lock, layout.as_ref(), &mut out.notes);
-    crate::recovery::align_all(store, layout.as_ref(), &mut out.notes);
-    crate::recovery::remove_stray_cgroups(store, layout.as_ref());
+    changed |= crate::recovery::half_done(store, lock, layout.as_ref(), &mut out.notes);
+    reread(&mut changed, &mut out, &mut remaining);
+    changed |= crate::recovery::align_among(store, layout.as_ref(), &remaining, &|w: &Workload| alive.contains(&w.id), &mut out.notes);
+    reread(&mut changed, &mut out, &mut remaining);
+    crate::recovery::remove_stray_cgroups_among(store, layout.as_ref(), &remaining, !out.damaged.is_empty());
     crate::recovery::remove_dead_temp_files(store);
-    remove_orphan_vgpus(store);
-    reclaim_dead_processes(store);
+    remove_orphan_vgpus(store, &remaining, &out.damaged);
+    if sweep == Sweep::All {
+        reclaim_dead_processes(store);
+    }
+    out.workloads = remaining;
     out
 }
 
@@ -124,19 +178,20 @@ pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
 /// killed between creating the vGPU and recording the workload. A damaged record may own
 /// the vGPU named like itself (vgpu names a workload's record and own vGPU after its id):
 /// that one is kept. When the records cannot be listed at all, every vGPU is kept. Board
-/// slots whose vGPU directory is gone are removed first.
-fn remove_orphan_vgpus(store: &Store) {
+/// slots whose vGPU directory is gone are removed first. `workloads` and `damaged` are the
+/// store's records as the caller read them under the lock.
+fn remove_orphan_vgpus(store: &Store, workloads: &[Workload], damaged: &[StateError]) {
     vgpu_abi::board::remove_orphan_slots(&store.state_dir, &store.vgpus_dir());
-    let (workloads, damaged) = store.workloads();
-    let damaged = vgpu_store::state::damaged::damaged_records(&damaged);
+    let damaged = vgpu_store::state::damaged::damaged_records(damaged);
     if damaged.iter().any(|d| d.path == store.workloads_dir()) {
         return;
     }
     let partitions = Partitions::load(&store.partitions_path()).unwrap_or_default();
     let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
+    let owners: HashSet<&str> = workloads.iter().map(|w| w.vgpu.as_str()).collect();
     for entry in entries.flatten() {
         let Some(name) = vgpu_dir_name(&entry) else { continue };
-        let owned = workloads.iter().any(|w| w.vgpu == name)
+        let owned = owners.contains(name.as_str())
             || partitions.partitions.iter().any(|p| p.vgpu_id() == name)
             || damaged.iter().any(|d| d.id.as_deref() == Some(name.as_str()));
         if !owned {

@@ -164,8 +164,7 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
         .map(|d| ComputePolicy::from_abi(d.policy))
         .unwrap_or(w.compute_policy);
     let pids: Vec<u32> = layout
-        .and_then(|l| Cgroup::open_at(l, &w.cgroup_home, &w.cgroup).ok())
-        .and_then(|c| c.pids().ok())
+        .and_then(|l| Cgroup::pids_at(l, &w.cgroup_home, &w.cgroup).ok())
         .map(|p| p.into_iter().map(|p| p as u32).collect())
         .unwrap_or_default();
     let processes = all.then(|| {

@@ -45,9 +45,11 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
         Access::ReadOnly(_) => None,
     };
     drop(access);
-    let (workloads, damaged) = store.workloads();
-    // After a reconcile, its own list (it saw the same files, under the lock).
-    let damaged = reconciled.map(|r| r.damaged).unwrap_or(damaged);
+    // After a reconcile, the records as it left them (read under the lock); else as they are.
+    let (workloads, damaged) = match reconciled {
+        Some(r) => (r.workloads, r.damaged),
+        None => store.workloads(),
+    };
     let layout = Layout::detect();
     let mut rows: Vec<Row> = workloads.iter().map(|w| row(store, layout.as_ref(), w, options.processes)).collect();
     suspended_by(store, &mut rows, &workloads);

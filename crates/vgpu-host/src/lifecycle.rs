@@ -5,7 +5,6 @@
 //! the store lock.
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use vgpu_abi::usage::UsageFile;
@@ -81,8 +80,10 @@ enum Sweep {
 /// one freezer file; they are read again only after a step that may have rewritten some
 /// (a teardown, the pool, a half-done change, an alignment).
 fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep) -> Reconciled {
+    let mut notes = Vec::new();
+    after_a_reboot(store, lock, &mut notes);
     let (records, damaged) = store.workloads();
-    let mut out = Reconciled { damaged, ..Reconciled::default() };
+    let mut out = Reconciled { damaged, notes, ..Reconciled::default() };
     let layout = Layout::detect();
     let mut alive: HashSet<String> = HashSet::new();
     let mut remaining = Vec::with_capacity(records.len());
@@ -142,6 +143,28 @@ fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep) -> Reconciled {
     out
 }
 
+/// The store's boot mark (`vgpu_store::state::boot`): the first reconcile of a boot in a
+/// store last reconciled in another repairs what a crash of the machine may have cut short
+/// ([`crate::repair::after_reboot`]), then marks it as this boot's.
+fn after_a_reboot(store: &Store, lock: &StoreLock, notes: &mut Vec<Note>) {
+    use vgpu_store::state::boot::Mark;
+    let this = match store.boot_mark() {
+        Ok(Mark::ThisBoot) => return,
+        Ok(Mark::Unmarked(this)) => this,
+        Ok(Mark::Earlier(this)) => {
+            crate::repair::after_reboot(store, lock, notes);
+            this
+        }
+        Err(e) => {
+            notes.push(Note::warn(format!("cannot tell which boot this is: {e}")));
+            return;
+        }
+    };
+    if let Err(e) = store.set_boot_mark(&this) {
+        notes.push(Note::warn(format!("cannot mark the store as this boot's: {e}")));
+    }
+}
+
 /// Stop and remove everything a workload holds: its processes, cgroup, own vGPU, record.
 pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<()> {
     if let Some(layout) = layout {
@@ -158,20 +181,10 @@ pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<
     vgpu_store::stop_point::stop_point("exit:cgroup-removed");
     if w.partition.is_none() {
         anyhow::ensure!(vgpu_store::state::is_plain_name(&w.vgpu), "workload {}: vGPU {:?} is not a plain name", w.id, w.vgpu);
-        remove_dir(&store.vgpu_dir(&w.vgpu))?;
+        store.remove_vgpu(&w.vgpu).with_context(|| format!("removing the vGPU of {}", w.id))?;
     }
     store.remove_workload(&w.id)?;
     Ok(())
-}
-
-pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
-    // Its slots on the GPUs' boards go first: the others stop counting it at once.
-    vgpu_abi::board::release_vgpu(dir);
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("removing {}", dir.display())),
-    }
 }
 
 /// vGPU directories that belong to no workload and no partition: left by a `vgpu run`

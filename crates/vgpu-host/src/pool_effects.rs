@@ -56,7 +56,7 @@ pub fn read(store: &Store) -> Result<Option<Pool>, StateError> {
 }
 
 pub fn save(store: &Store, pool: &Pool) -> Result<()> {
-    atomic::write_json(&store.state_dir.join(POOL_FILE), pool)?;
+    atomic::write_json_as(&store.state_dir.join(POOL_FILE), pool, atomic::Durability::Runtime)?;
     Ok(())
 }
 

@@ -308,8 +308,9 @@ impl Workload {
         serde_json::from_value(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })
     }
 
+    /// Write the record (runtime state: not synced, see [`atomic`]).
     pub fn write(&self, path: &Path) -> Result<(), StateError> {
-        atomic::write_json(path, self)
+        atomic::write_json_as(path, self, atomic::Durability::Runtime)
     }
 
     /// Record it suspended, for `reason`, with its memory where `memory` says.

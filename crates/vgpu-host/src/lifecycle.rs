@@ -5,6 +5,7 @@
 //! the store lock.
 
 use std::collections::HashSet;
+use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use vgpu_abi::usage::UsageFile;
@@ -31,6 +32,8 @@ pub struct Reconciled {
     /// cleaned up are gone, those it changed as changed): the caller, still holding the
     /// lock, acts on these instead of reading every record again.
     pub workloads: Vec<Workload>,
+    /// The ids of those whose supervisor it found alive.
+    pub alive: HashSet<String>,
 }
 
 pub use crate::recovery::Note;
@@ -51,13 +54,14 @@ pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
     found
 }
 
-/// [`reconcile_store`] for an admission (`vgpu run`): everything but giving back the device
-/// memory of dead processes in every vGPU (each vGPU's usage file locked and its processes
-/// looked at), which an admission never reads: it counts quotas, not usage. Whoever reads
-/// usage gives that memory back first: the shim before it refuses an allocation, `vgpu ps`
-/// and the other commands through [`reconcile_store`], `vgpu watch` every interval.
-pub fn reconcile_for_admission(store: &Store, lock: &StoreLock) -> Reconciled {
-    let found = reconcile(store, lock, Sweep::AllButUsage);
+/// [`reconcile_store`] but for giving back the device memory of dead processes in every
+/// vGPU (each vGPU's usage file locked and its processes looked at), for a caller that reads
+/// no usage — an admission (`vgpu run`) counts quotas — or gives it back in each vGPU as it
+/// reads it (`vgpu ps`, [`reclaim_dead_processes_but`] for the rest). Whoever reads usage gives
+/// that memory back first: the shim before it refuses an allocation, the listings, the other
+/// commands through [`reconcile_store`], `vgpu watch` every interval.
+pub fn reconcile_but_usage(store: &Store, lock: &StoreLock) -> Reconciled {
+    let found = reconcile(store, lock, Sweep::NotUsage);
     found.notes.iter().for_each(say);
     found
 }
@@ -72,8 +76,8 @@ pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sweep {
     All,
-    /// All but the dead processes of every vGPU ([`reconcile_for_admission`]).
-    AllButUsage,
+    /// All but the dead processes of every vGPU ([`reconcile_but_usage`]).
+    NotUsage,
 }
 
 /// The records are read once, and each live workload costs a look at its supervisor and
@@ -140,6 +144,7 @@ fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep) -> Reconciled {
         reclaim_dead_processes(store);
     }
     out.workloads = remaining;
+    out.alive = alive;
     out
 }
 
@@ -216,9 +221,14 @@ fn remove_orphan_vgpus(store: &Store, workloads: &[Workload], damaged: &[StateEr
 
 /// Give back the device memory of processes that died (SIGKILL included) in every vGPU.
 fn reclaim_dead_processes(store: &Store) {
+    reclaim_dead_processes_but(store, &HashSet::new());
+}
+
+/// [`reclaim_dead_processes`] in every vGPU but those in `done` (given back already).
+pub fn reclaim_dead_processes_but(store: &Store, done: &HashSet<String>) {
     let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
     for entry in entries.flatten() {
-        if let Some(name) = vgpu_dir_name(&entry) {
+        if let Some(name) = vgpu_dir_name(&entry).filter(|name| !done.contains(name)) {
             reclaim_vgpu(store, &name);
         }
     }
@@ -253,17 +263,21 @@ pub fn reclaim_vgpu(store: &Store, vgpu: &str) {
     }
     let path = store.vgpu_dir(vgpu).join(vgpu_abi::layout::USAGE_FILE);
     match UsageFile::open(&path) {
-        Ok(usage) => {
-            let report = usage.reclaim_dead();
-            if report.processes > 0 {
-                tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
-            }
-            for line in &report.errors {
-                tracing::warn!("{line}");
-            }
-        }
+        Ok(usage) => reclaim_in(&path, &usage),
         Err(e @ vgpu_abi::usage::LayoutError::NotRegular { .. }) => tracing::warn!("{e}"),
         Err(_) => {}
+    }
+}
+
+/// Give back the device memory of the dead processes of the vGPU whose usage file, at
+/// `path`, the caller opened.
+pub fn reclaim_in(path: &Path, usage: &UsageFile) {
+    let report = usage.reclaim_dead();
+    if report.processes > 0 {
+        tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
+    }
+    for line in &report.errors {
+        tracing::warn!("{line}");
     }
 }
 

@@ -31,9 +31,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// tmpfs's `f_type` (statfs(2)).
-const TMPFS_MAGIC: i64 = 0x0102_1994;
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rounds: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(20);
@@ -195,7 +192,7 @@ fn which(program: &str) -> Option<PathBuf> {
 }
 
 fn is_tmpfs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == TMPFS_MAGIC)
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
 }
 
 /// The history database held open as `vgpu watch`'s history thread holds it (its writer

@@ -130,7 +130,7 @@ fn ps_gives_back_the_memory_of_a_killed_process_before_it_lists() {
         ready.display(),
         sim.path("cuda.pid").display()
     );
-    let _holder = sim.spawn(&["run", "--mem", "4G", "--name", "holder", "--", "sh", "-c", &script]);
+    let mut holder = sim.spawn(&["run", "--mem", "4G", "--name", "holder", "--", "sh", "-c", &script]);
     wait_for("the process to allocate 1 GiB", || ready.exists());
     let used = |sim: &Sim| sim.row("holder")["gpus"][0]["memory_used_bytes"].as_u64();
     let cuda: i32 = std::fs::read_to_string(sim.path("cuda.pid")).unwrap().trim().parse().unwrap();
@@ -141,6 +141,8 @@ fn ps_gives_back_the_memory_of_a_killed_process_before_it_lists() {
     // GiB until a reconcile gives it back: this listing's.
     assert_eq!(sim.row("holder")["state"], "running");
     assert_eq!(used(&sim), Some(0));
+    sim.vgpu(&["kill", "holder"]).assert().success();
+    holder.wait().unwrap();
 }
 
 #[test]

@@ -3,7 +3,10 @@
 //! costs (`identity::as_user`: a thread that switches its own credentials), once per
 //! `vgpu run`. Needs root (cgroups, the switch).
 //!
-//!     cargo build --release --workspace && cargo bench --bench run_overhead [-- ROUNDS] [--running 0,100,1000]
+//!     cargo build --release --workspace && cargo bench --bench run_overhead [-- ROUNDS] [--running 0,100,1000] [--vgpu PATH]
+//!
+//! `--vgpu PATH` measures another build of `vgpu` (e.g. a copy of an earlier commit's
+//! `target/release/`, with its `libvgpu.so` and `libfakegpu.so` beside it) the same way.
 //!
 //! In one run, for each place of the state directory — on a tmpfs (`/dev/shm`, as `/run`
 //! is on real hosts) and on a disk (under cargo's target directory) — and for each number
@@ -31,9 +34,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The `vgpu` measured: this build's, or `--vgpu PATH`.
+static VGPU: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+fn vgpu_bin() -> &'static Path {
+    VGPU.get().map(PathBuf::as_path).unwrap_or(Path::new(env!("CARGO_BIN_EXE_vgpu")))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let rounds: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(20);
+    // ROUNDS: the first number that is not the value of an option.
+    let rounds: usize = args
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i == 0 || !matches!(args[i - 1].as_str(), "--running" | "--vgpu"))
+        .find_map(|(_, a)| a.parse().ok())
+        .unwrap_or(20);
     let running: Vec<usize> = match args.iter().position(|a| a == "--running") {
         Some(i) => args
             .get(i + 1)
@@ -44,7 +60,14 @@ fn main() {
     if !nix::unistd::geteuid().is_root() {
         fail("needs root (vgpu run creates cgroups)");
     }
-    let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
+    let vgpu = match args.iter().position(|a| a == "--vgpu") {
+        Some(i) => PathBuf::from(args.get(i + 1).unwrap_or_else(|| fail("--vgpu needs the path of a vgpu binary"))),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_vgpu")),
+    };
+    if !vgpu.is_file() {
+        fail(&format!("{} is not a file", vgpu.display()));
+    }
+    VGPU.set(vgpu.clone()).unwrap_or_else(|_| fail("the vgpu binary is set twice"));
     let strace = which("strace");
     println!("vgpu run overhead: {rounds} rounds (interleaved) per figure, medians; state directory on a tmpfs and on a disk; N workloads running");
     println!("{vgpu}", vgpu = vgpu.display());
@@ -244,7 +267,7 @@ impl Host {
     }
 
     fn vgpu(&self, args: &[&str]) -> Command {
-        let mut cmd = self.command(Path::new(env!("CARGO_BIN_EXE_vgpu")), &["--simulate"]);
+        let mut cmd = self.command(vgpu_bin(), &["--simulate"]);
         cmd.args(args);
         cmd
     }
@@ -261,7 +284,7 @@ impl Host {
     fn strace_counts(&self, strace: &Path, args: &[&str]) -> (u64, u64) {
         let out = tempfile::NamedTempFile::new().unwrap_or_else(|e| fail(&format!("temp file: {e}")));
         let mut cmd = self.command(strace, &["-f", "-c", "-o"]);
-        cmd.arg(out.path()).arg(env!("CARGO_BIN_EXE_vgpu")).arg("--simulate").args(args);
+        cmd.arg(out.path()).arg(vgpu_bin()).arg("--simulate").args(args);
         timed(cmd);
         let text = std::fs::read_to_string(out.path()).unwrap_or_default();
         let calls = |line: &str| line.split_whitespace().nth(3).and_then(|c| c.parse::<u64>().ok());

@@ -1,8 +1,8 @@
 //! What happens to workloads besides starting them: tearing one down, and reconciling the
 //! store with reality (supervisors that died, changes a killed command left half-done,
 //! cgroups and vGPU directories nobody owns, processes that died holding device memory).
-//! Every `vgpu` command that reads or changes workloads calls [`reconcile_store`] first, under
-//! the store lock.
+//! Every `vgpu` command that reads or changes workloads calls [`reconcile_store`] (or
+//! [`reconcile_but_usage`]) first, under the store lock.
 
 use std::collections::HashSet;
 use std::path::Path;

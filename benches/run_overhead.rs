@@ -1,70 +1,413 @@
-//! What `vgpu run` adds to starting a program: `vgpu --simulate run --mem 1G -- true`
-//! against `true`, in one run, as an absolute time and a ratio; and what checking a sudo
-//! caller's `--cwd` and program as them costs (`identity::as_user`: a thread that switches
-//! its own credentials), once per `vgpu run`. Needs root (cgroups, the switch).
+//! What `vgpu run` adds to starting a program, and how that grows with the workloads that
+//! run (issue 28, item 3); and what checking a sudo caller's `--cwd` and program as them
+//! costs (`identity::as_user`: a thread that switches its own credentials), once per
+//! `vgpu run`. Needs root (cgroups, the switch).
 //!
-//!     cargo build --release --workspace && cargo bench --bench run_overhead [-- ROUNDS]
+//!     cargo build --release --workspace && cargo bench --bench run_overhead [-- ROUNDS] [--running 0,100,1000] [--vgpu PATH]
+//!
+//! `--vgpu PATH` measures another build of `vgpu` (e.g. a copy of an earlier commit's
+//! `target/release/`, with its `libvgpu.so` and `libfakegpu.so` beside it) the same way.
+//!
+//! In one run, for each place of the state directory — on a tmpfs (`/dev/shm`, as `/run`
+//! is on real hosts) and on a disk (under cargo's target directory) — and for each number
+//! N of workloads already running (`--running`, default 0,100,1000), it prints:
+//!
+//! - `true` and `vgpu --simulate run --mem 1G -- true`, ROUNDS (default 20) of each,
+//!   interleaved; the medians and the median of the paired differences (what `vgpu run`
+//!   adds);
+//! - that twice: with the history database (`<lib>/history.db`, always on the disk, as
+//!   `/var/lib/vgpu` is) held open as `vgpu watch`'s history thread holds it on a host that
+//!   runs the enforcer, and with nobody holding it (no `vgpu watch`: then the `vgpu run`
+//!   that closes it last checkpoints it, which syncs it);
+//! - `vgpu ps` (the table) and `vgpu ps --json`, medians;
+//! - where `strace` is installed, the system calls and `fsync`s of one `vgpu run -- true`
+//!   (`strace -f -c`, the child included);
+//! - the slope: what each running workload adds to `vgpu run` and to `vgpu ps`.
+//!
+//! The running workloads are real: each one a `vgpu run --mem 16M -- sh -c 'echo up; exec
+//! sleep …'` (its supervisor, record, vGPU directory, board slot and cgroups, as any
+//! workload has), started one after the other (each once it said `up`), and ended with
+//! SIGTERM to their supervisors, a batch at a time, when the bench ends or fails.
 
-use std::process::{Command, Stdio};
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn main() {
-    let rounds: u32 = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(50);
-    let vgpu = env!("CARGO_BIN_EXE_vgpu");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("fakegpu.toml");
-    std::fs::write(&config, "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n").expect("write config");
-    let env = [
-        ("FAKEGPU_CONFIG", config.clone()),
-        ("FAKEGPU_STATE", dir.path().join("fakegpu")),
-        ("VGPU_STATE_DIR", dir.path().join("run")),
-        ("VGPU_LIB_DIR", dir.path().join("lib")),
-        ("VGPU_CONFIG", dir.path().join("none.toml")),
-    ];
-    std::fs::write(dir.path().join("none.toml"), "").expect("write config");
+/// The `vgpu` measured: this build's, or `--vgpu PATH`.
+static VGPU: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
-    let time = |program: &str, args: &[&str]| -> Duration {
+fn vgpu_bin() -> &'static Path {
+    VGPU.get().map(PathBuf::as_path).unwrap_or(Path::new(env!("CARGO_BIN_EXE_vgpu")))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // ROUNDS: the first number that is not the value of an option.
+    let rounds: usize = args
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i == 0 || !matches!(args[i - 1].as_str(), "--running" | "--vgpu"))
+        .find_map(|(_, a)| a.parse().ok())
+        .unwrap_or(20);
+    let running: Vec<usize> = match args.iter().position(|a| a == "--running") {
+        Some(i) => args
+            .get(i + 1)
+            .map(|list| list.split(',').map(|n| n.trim().parse().unwrap_or_else(|_| fail(&format!("--running {list}: numbers, e.g. 0,100,1000")))).collect())
+            .unwrap_or_else(|| fail("--running needs a list, e.g. 0,100,1000")),
+        None => vec![0, 100, 1000],
+    };
+    if !nix::unistd::geteuid().is_root() {
+        fail("needs root (vgpu run creates cgroups)");
+    }
+    let vgpu = match args.iter().position(|a| a == "--vgpu") {
+        Some(i) => PathBuf::from(args.get(i + 1).unwrap_or_else(|| fail("--vgpu needs the path of a vgpu binary"))),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_vgpu")),
+    };
+    if !vgpu.is_file() {
+        fail(&format!("{} is not a file", vgpu.display()));
+    }
+    VGPU.set(vgpu.clone()).unwrap_or_else(|_| fail("the vgpu binary is set twice"));
+    let strace = which("strace");
+    println!("vgpu run overhead: {rounds} rounds (interleaved) per figure, medians; state directory on a tmpfs and on a disk; N workloads running");
+    println!("{vgpu}", vgpu = vgpu.display());
+    if strace.is_none() {
+        println!("(strace is not installed: no system call counts)");
+    }
+
+    let tmpfs = Path::new("/dev/shm");
+    let disk = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let mut results: Vec<Figures> = Vec::new();
+    for (label, state_parent) in [("tmpfs", tmpfs.to_path_buf()), ("disk", disk.clone())] {
+        let on_tmpfs = is_tmpfs(&state_parent);
+        if (label == "tmpfs") != on_tmpfs {
+            println!("skipping the {label} state directory: {} is {}a tmpfs", state_parent.display(), if on_tmpfs { "" } else { "not " });
+            continue;
+        }
+        let host = Host::new(&state_parent, &disk);
+        // The store's directories (the library directory with them), as root's first listing makes them.
+        host.time_vgpu(&["ps"]);
+        let mut workloads = Running::new(&host);
+        for &n in &running {
+            workloads.grow_to(n);
+            for held in [true, false] {
+                let holder = held.then(|| hold_history(&host.lib));
+                let (bare, run, added) = paired(rounds, || host.time("true", &[]), || host.time_vgpu(&["run", "--mem", "1G", "--", "true"]));
+                let counts = strace.as_deref().map(|s| host.strace_counts(s, &["run", "--mem", "1G", "--", "true"]));
+                drop(holder);
+                let (ps, ps_json) = if held {
+                    let ps_rounds = rounds.clamp(5, 10);
+                    (Some(median((0..ps_rounds).map(|_| host.time_vgpu(&["ps"])).collect())), Some(median((0..ps_rounds).map(|_| host.time_vgpu(&["ps", "--json"])).collect())))
+                } else {
+                    (None, None)
+                };
+                let f = Figures { state: label, held, n, bare, run, added, ps, ps_json, counts };
+                f.print(results.is_empty());
+                results.push(f);
+            }
+        }
+        drop(workloads);
+    }
+    slopes(&results);
+    as_user_figures();
+}
+
+/// One line of the table.
+struct Figures {
+    state: &'static str,
+    /// The history held open (as by `vgpu watch`).
+    held: bool,
+    n: usize,
+    bare: Duration,
+    run: Duration,
+    added: Duration,
+    ps: Option<Duration>,
+    ps_json: Option<Duration>,
+    /// System calls and fsyncs of one `vgpu run -- true`.
+    counts: Option<(u64, u64)>,
+}
+
+impl Figures {
+    fn print(&self, header: bool) {
+        if header {
+            println!();
+            println!("{:<6} {:<11} {:>5} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>7}", "state", "history", "N", "true ms", "run ms", "added ms", "ps ms", "ps json ms", "syscalls", "fsyncs");
+        }
+        let opt = |d: Option<Duration>| d.map(|d| format!("{:.2}", ms(d))).unwrap_or_else(|| "-".into());
+        let (calls, fsyncs) = self.counts.map(|(c, f)| (c.to_string(), f.to_string())).unwrap_or(("-".into(), "-".into()));
+        println!(
+            "{:<6} {:<11} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>11} {:>9} {:>7}",
+            self.state,
+            if self.held { "held(watch)" } else { "not held" },
+            self.n,
+            ms(self.bare),
+            ms(self.run),
+            ms(self.added),
+            opt(self.ps),
+            opt(self.ps_json),
+            calls,
+            fsyncs
+        );
+    }
+}
+
+/// Per running workload: what `vgpu run` adds and what `vgpu ps` takes, between the smallest
+/// and the largest N measured.
+fn slopes(results: &[Figures]) {
+    println!();
+    for state in ["tmpfs", "disk"] {
+        for held in [true, false] {
+            let rows: Vec<&Figures> = results.iter().filter(|f| f.state == state && f.held == held).collect();
+            let (Some(lo), Some(hi)) = (rows.iter().min_by_key(|f| f.n), rows.iter().max_by_key(|f| f.n)) else { continue };
+            if hi.n == lo.n {
+                continue;
+            }
+            let per = |a: Duration, b: Duration| (ms(b) - ms(a)) / (hi.n - lo.n) as f64;
+            let ps = match (lo.ps, hi.ps) {
+                (Some(a), Some(b)) => format!(", vgpu ps {:+.4} ms", per(a, b)),
+                _ => String::new(),
+            };
+            println!(
+                "slope, state on {state}, history {}: vgpu run {:+.4} ms per running workload (N {} -> {}){ps}",
+                if held { "held" } else { "not held" },
+                per(lo.added, hi.added),
+                lo.n,
+                hi.n
+            );
+        }
+    }
+}
+
+/// `rounds` of `a` and `b` interleaved: the median of each and the median of `b - a`.
+fn paired(rounds: usize, mut a: impl FnMut() -> Duration, mut b: impl FnMut() -> Duration) -> (Duration, Duration, Duration) {
+    // Warm up (page cache, the simulated driver's link directory, the history file).
+    a();
+    b();
+    let mut xs = Vec::new();
+    let mut ys = Vec::new();
+    let mut diffs = Vec::new();
+    for _ in 0..rounds {
+        let x = a();
+        let y = b();
+        xs.push(x);
+        ys.push(y);
+        diffs.push(y.saturating_sub(x));
+    }
+    (median(xs), median(ys), median(diffs))
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("run_overhead: {message}");
+    std::process::exit(1)
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(program)).find(|p| p.is_file())
+}
+
+fn is_tmpfs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
+/// The history database held open as `vgpu watch`'s history thread holds it (its writer
+/// keeps one `History` open); made if it does not exist yet.
+fn hold_history(lib: &Path) -> vgpu_history::store::History {
+    vgpu_history::store::History::open(lib).unwrap_or_else(|e| fail(&format!("cannot open the history in {}: {e}", lib.display())))
+}
+
+/// A simulated host: one H100; the state directory below `state_parent`, the library
+/// directory, vgpu's (empty) config and the simulated driver's files below `disk`.
+struct Host {
+    _base: tempfile::TempDir,
+    _state: tempfile::TempDir,
+    state: PathBuf,
+    lib: PathBuf,
+    env: Vec<(&'static str, PathBuf)>,
+}
+
+impl Host {
+    fn new(state_parent: &Path, disk: &Path) -> Host {
+        let made = (|| -> std::io::Result<(tempfile::TempDir, tempfile::TempDir)> {
+            let base = tempfile::Builder::new().prefix("run-overhead-").tempdir_in(disk)?;
+            let state = tempfile::Builder::new().prefix("run-overhead-").tempdir_in(state_parent)?;
+            std::fs::write(base.path().join("fakegpu.toml"), "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n")?;
+            std::fs::write(base.path().join("vgpu.toml"), "")?;
+            Ok((base, state))
+        })();
+        let (base, state) = made.unwrap_or_else(|e| fail(&format!("cannot make the simulated host: {e}")));
+        let state_dir = state.path().join("run");
+        let lib = base.path().join("lib");
+        let env = vec![
+            ("FAKEGPU_CONFIG", base.path().join("fakegpu.toml")),
+            // The simulated driver keeps its shared state in files; a real one has none.
+            ("FAKEGPU_STATE", state.path().join("fakegpu")),
+            ("VGPU_STATE_DIR", state_dir.clone()),
+            ("VGPU_LIB_DIR", lib.clone()),
+            ("VGPU_CONFIG", base.path().join("vgpu.toml")),
+        ];
+        Host { _base: base, _state: state, state: state_dir, lib, env }
+    }
+
+    fn command(&self, program: &Path, args: &[&str]) -> Command {
         let mut cmd = Command::new(program);
-        cmd.args(args).stdout(Stdio::null()).stderr(Stdio::inherit());
-        for (k, v) in &env {
+        cmd.args(args).env_remove("VGPU_SIMULATE").env_remove("VGPU_LOG");
+        for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        let start = Instant::now();
-        let status = cmd.status().expect("run");
-        let elapsed = start.elapsed();
-        assert!(status.success(), "{program} {args:?} failed");
-        elapsed
-    };
-    // Warm up (page cache, the simulated driver's link directory).
-    time(vgpu, &["--simulate", "run", "--mem", "1G", "--", "true"]);
-    let mut bare = Vec::new();
-    let mut wrapped = Vec::new();
-    for _ in 0..rounds {
-        bare.push(time("true", &[]));
-        wrapped.push(time(vgpu, &["--simulate", "run", "--mem", "1G", "--", "true"]));
+        cmd
     }
-    let median = |v: &mut Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
-    let (b, w) = (median(&mut bare), median(&mut wrapped));
-    println!("rounds: {rounds} (interleaved), medians");
-    println!("true                                   {:>9.3} ms", b.as_secs_f64() * 1e3);
-    println!("vgpu --simulate run --mem 1G -- true   {:>9.3} ms", w.as_secs_f64() * 1e3);
-    println!("added by vgpu run                      {:>9.3} ms  (ratio {:.1}x)", (w.saturating_sub(b)).as_secs_f64() * 1e3, w.as_secs_f64() / b.as_secs_f64());
 
-    // The switch alone, and with the checks `vgpu run` makes in it (--cwd and the program).
+    fn vgpu(&self, args: &[&str]) -> Command {
+        let mut cmd = self.command(vgpu_bin(), &["--simulate"]);
+        cmd.args(args);
+        cmd
+    }
+
+    fn time(&self, program: &str, args: &[&str]) -> Duration {
+        timed(self.command(Path::new(program), args))
+    }
+
+    fn time_vgpu(&self, args: &[&str]) -> Duration {
+        timed(self.vgpu(args))
+    }
+
+    /// (system calls, fsyncs) of one `vgpu ARGS`, its children included.
+    fn strace_counts(&self, strace: &Path, args: &[&str]) -> (u64, u64) {
+        let out = tempfile::NamedTempFile::new().unwrap_or_else(|e| fail(&format!("temp file: {e}")));
+        let mut cmd = self.command(strace, &["-f", "-c", "-o"]);
+        cmd.arg(out.path()).arg(vgpu_bin()).arg("--simulate").args(args);
+        timed(cmd);
+        let text = std::fs::read_to_string(out.path()).unwrap_or_default();
+        let calls = |line: &str| line.split_whitespace().nth(3).and_then(|c| c.parse::<u64>().ok());
+        let total = text.lines().find(|l| l.trim_end().ends_with(" total")).and_then(|l| {
+            // "100.00 0.019497 15 1290 154 total": calls is the 4th column.
+            calls(l)
+        });
+        let fsyncs = text.lines().filter(|l| l.trim_end().ends_with(" fsync") || l.trim_end().ends_with(" fdatasync")).filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            // With an errors column the calls are still the 4th.
+            cols.get(3).and_then(|c| c.parse::<u64>().ok())
+        });
+        (total.unwrap_or(0), fsyncs.sum())
+    }
+}
+
+fn timed(mut cmd: Command) -> Duration {
+    cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
+    let start = Instant::now();
+    let status = cmd.status().unwrap_or_else(|e| fail(&format!("{cmd:?}: {e}")));
+    let elapsed = start.elapsed();
+    if !status.success() {
+        fail(&format!("{cmd:?} failed: {status}"));
+    }
+    elapsed
+}
+
+/// The workloads kept running on a host: their `vgpu run` supervisors. Dropped (the bench
+/// ending or failing), each is sent SIGTERM, which it relays to its workload before it
+/// tears it down; a batch at a time, waiting for each batch, so that they do not all wait
+/// for the store lock at once.
+struct Running<'h> {
+    host: &'h Host,
+    supervisors: Vec<Child>,
+}
+
+impl<'h> Running<'h> {
+    fn new(host: &'h Host) -> Running<'h> {
+        Running { host, supervisors: Vec::new() }
+    }
+
+    /// Start workloads until `n` run, each once it says `up`; then wait until every record
+    /// says running (its pid recorded).
+    fn grow_to(&mut self, n: usize) {
+        if self.supervisors.len() >= n {
+            return;
+        }
+        let started = Instant::now();
+        while self.supervisors.len() < n {
+            let mut cmd = self.host.vgpu(&["run", "--mem", "16M", "--", "sh", "-c", "echo up; exec sleep 1000000"]);
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+            let mut child = cmd.spawn().unwrap_or_else(|e| fail(&format!("cannot start vgpu run: {e}")));
+            let mut line = String::new();
+            let said = child.stdout.take().map(|out| std::io::BufReader::new(out).read_line(&mut line));
+            self.supervisors.push(child);
+            if !matches!(said, Some(Ok(_))) || line.trim() != "up" {
+                fail(&format!("workload {} did not start (it said {line:?})", self.supervisors.len()));
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.recorded_running() < n {
+            if Instant::now() > deadline {
+                fail(&format!("{n} workloads started, but not all are recorded running"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("run_overhead: {n} workloads running (started in {:.1} s)", started.elapsed().as_secs_f64());
+    }
+
+    fn recorded_running(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(self.host.state.join("workloads")) else { return 0 };
+        entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains("\"state\": \"running\"")))
+            .count()
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut left = std::mem::take(&mut self.supervisors);
+        while !left.is_empty() {
+            let batch: Vec<Child> = left.drain(..left.len().min(32)).collect();
+            for child in &batch {
+                // SAFETY: kill(2) with a pid and a signal number, no memory involved.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            }
+            for mut child in batch {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    match child.try_wait() {
+                        Ok(Some(_)) | Err(_) => break,
+                        Ok(None) if Instant::now() > deadline => {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            break;
+                        }
+                        Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            }
+        }
+        // Whatever a supervisor killed above left behind: reconciled (its cgroup's
+        // processes killed) by one listing as root.
+        let _ = self.host.vgpu(&["ps"]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
+}
+
+/// The switch alone, and with the checks `vgpu run` makes in it (--cwd and the program).
+fn as_user_figures() {
     let nobody = nix::unistd::User::from_name("nobody").expect("passwd").expect("user nobody");
     let user = vgpu_store::identity::sudo_caller(Some(&nobody.uid.as_raw().to_string())).expect("nobody").expect("a caller");
     let each = |f: &dyn Fn()| -> Duration {
-        let mut times: Vec<Duration> = (0..1000)
-            .map(|_| {
-                let start = Instant::now();
-                f();
-                start.elapsed()
-            })
-            .collect();
-        median(&mut times)
+        median(
+            (0..1000)
+                .map(|_| {
+                    let start = Instant::now();
+                    f();
+                    start.elapsed()
+                })
+                .collect(),
+        )
     };
     let switch = each(&|| vgpu_store::identity::as_user(&user, || ()).expect("as_user"));
     // What launch::resolve::check does in it: stat and access(X_OK) of the directory, the
@@ -78,6 +421,7 @@ fn main() {
         });
         assert!(found.expect("as_user"));
     });
+    println!();
     println!("as_user (1000 calls, median)           {:>9.3} µs", switch.as_secs_f64() * 1e6);
     println!("--cwd + program checked as the user    {:>9.3} µs", checks.as_secs_f64() * 1e6);
 }

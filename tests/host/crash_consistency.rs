@@ -214,6 +214,25 @@ fn resume_thaws_a_frozen_workload_whatever_the_record_says() {
     assert_eq!(row(&sim, "victim")["state"], "running");
 }
 
+/// A running workload frozen behind its record's back (as a `vgpu watch` killed at an
+/// offence, before it could record it, leaves one) is thawed by the next command, here a
+/// `vgpu run`: reconcile reads every running workload's freezer state, and looks further
+/// only at a frozen one (issue 28: each workload costs that one read).
+#[test]
+fn the_next_run_thaws_a_running_workload_frozen_behind_its_records_back() {
+    let sim = Sim::new(GPU16);
+    let counter = Counter::new(&sim);
+    let (_victim, id) = start_counter(&sim, &counter, &["--mem", "1G"]);
+    freeze_directly(&id);
+    sim.vgpu(&["run", "--mem", "1G", "--", "true"])
+        .assert()
+        .success()
+        .stderr(predicates::str::contains(format!("victim ({id}) thawed: a change froze it and died before recording it")));
+    assert!(!frozen(&id));
+    counter.wait_progress("the victim to count again");
+    assert_eq!(row(&sim, "victim")["state"], "running");
+}
+
 /// Item 6: `vgpu run` killed between creating the cgroup and writing the record. The next
 /// command removes the cgroup (in every hierarchy), the vGPU directory and the intent.
 #[test]

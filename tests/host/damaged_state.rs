@@ -148,3 +148,42 @@ fn a_damaged_pool_file_blocks_only_pool_operations() {
     assert!(!pool_file.exists() && sim.path("run/pool.json.damaged").exists());
     sim.vgpu(&["run", "--tflops", "1", "--kind", "npu", "--", "true"]).assert().success();
 }
+
+/// The runtime state is not synced to the disk (issue 28): a crash of the machine can leave
+/// a state directory that lives on a disk (here the test's, under /tmp) with files cut
+/// short. The store's boot mark tells the first command of the next boot, which repairs
+/// them before anything reads them; within one boot nothing is cut short, and a damaged
+/// file is what it always was.
+#[test]
+fn the_first_command_of_a_later_boot_repairs_what_a_crash_cut_short() {
+    let sim = Sim::new(TWO_GPUS);
+    sim.vgpu(&["partition", "create", "p", "--gpu", "0", "--mem", "4G"]).assert().success();
+    sim.vgpu(&["run", "--partition", "p", "--", "true"]).assert().success();
+    let this_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(std::fs::read_to_string(sim.path("run/boot_id")).unwrap(), this_boot, "marked by its first reconcile");
+    // As a crash may leave them: a record, an intent, the pool and a partition's usage
+    // file, each empty.
+    std::fs::create_dir_all(sim.path("run/intents")).unwrap();
+    for cut in ["run/workloads/0badf00d.json", "run/intents/start-1-1.json", "run/pool.json", "run/vgpus/p-p/usage"] {
+        std::fs::write(sim.path(cut), "").unwrap();
+    }
+    // In this boot they are what they are: the record holds every GPU, the partition fails.
+    let refused = sim.vgpu(&["run", "--mem", "8G", "--", "true"]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("0badf00d.json"), "{}", stderr(&refused));
+    assert!(!sim.vgpu(&["run", "--partition", "p", "--", "true"]).output().unwrap().status.success());
+    // The store was last reconciled in another boot: the next command repairs, then runs.
+    std::fs::write(sim.path("run/boot_id"), "00000000-0000-0000-0000-000000000000\n").unwrap();
+    let out = sim.vgpu(&["run", "--mem", "8G", "--", "true"]).output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    for removed in ["0badf00d.json", "start-1-1.json", "pool.json"] {
+        assert!(err.lines().any(|l| l.contains(removed) && l.contains("cut short by a crash of the machine")), "{removed}: {err}");
+    }
+    assert!(!sim.path("run/workloads/0badf00d.json").exists() && !sim.path("run/intents/start-1-1.json").exists());
+    assert!(sim.path("run/pool.json.damaged").exists() && !sim.path("run/pool.json").exists());
+    assert_eq!(std::fs::read_to_string(sim.path("run/boot_id")).unwrap(), this_boot);
+    // The partition's vGPU was made again by its next workload.
+    sim.vgpu(&["run", "--partition", "p", "--", "true"]).assert().success();
+    assert!(ps(&sim).is_empty());
+}

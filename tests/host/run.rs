@@ -95,6 +95,56 @@ fn killed_supervisor_is_reconciled_by_the_next_command() {
     sim.vgpu(&["run", "--mem", "16G", "--", "true"]).assert().success();
 }
 
+/// The next `vgpu run` itself reconciles before it admits, and admits against the records
+/// as reconcile left them (it reads them once, issue 28): a workload whose supervisor was
+/// killed gives its memory back to that very admission.
+#[test]
+fn a_run_admits_into_the_memory_a_killed_supervisors_workload_held() {
+    let sim = Sim::new(GPU16);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--mem", "12G", "--name", "orphan", "--", "sleep", "60"]);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    wait_for("the workload to run", || ps(&sim).iter().any(|w| w["state"] == "running" && !w["pids"].as_array().unwrap().is_empty()));
+    sim.vgpu(&["run", "--mem", "12G", "--", "true"]).assert().failure().stderr(predicate::str::contains("orphan"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // No other command in between: the run's own reconcile frees the 12 GiB it asks for.
+    sim.vgpu(&["run", "--mem", "12G", "--", "true"]).assert().success().stderr(predicate::str::contains("cleaned up workload orphan"));
+    assert!(ps(&sim).is_empty());
+}
+
+/// `vgpu ps` (root, the lock free) gives back the device memory of a process that died
+/// holding it — here SIGKILLed inside a workload that runs on — before it lists: its
+/// reconcile still looks at every vGPU's processes (a `vgpu run`'s admission does not, it
+/// reads no usage).
+#[test]
+fn ps_gives_back_the_memory_of_a_killed_process_before_it_lists() {
+    let sim = Sim::new(GPU16);
+    let ready = sim.path("ready");
+    let script = format!(
+        "{} idle 300 --alloc-mib 1024 --ready {} & echo $! > {}; sleep 300",
+        crate::common::workload::workload_bin().display(),
+        ready.display(),
+        sim.path("cuda.pid").display()
+    );
+    let mut holder = sim.spawn(&["run", "--mem", "4G", "--name", "holder", "--", "sh", "-c", &script]);
+    wait_for("the process to allocate 1 GiB", || ready.exists());
+    let used = |sim: &Sim| sim.row("holder")["gpus"][0]["memory_used_bytes"].as_u64();
+    let cuda: i32 = std::fs::read_to_string(sim.path("cuda.pid")).unwrap().trim().parse().unwrap();
+    assert_eq!(used(&sim), Some(1 << 30));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(cuda), nix::sys::signal::Signal::SIGKILL).unwrap();
+    wait_for("the process to die", || std::fs::read_to_string(format!("/proc/{cuda}/stat")).map(|s| s.contains(") Z")).unwrap_or(true));
+    // The workload runs on (its shell sleeps); its usage file still counts the dead one's
+    // GiB until a reconcile gives it back: this listing's.
+    assert_eq!(sim.row("holder")["state"], "running");
+    assert_eq!(used(&sim), Some(0));
+    sim.vgpu(&["kill", "holder"]).assert().success();
+    holder.wait().unwrap();
+}
+
 #[test]
 fn admission_never_over_commits_under_concurrency() {
     let sim = Sim::new(GPU16);

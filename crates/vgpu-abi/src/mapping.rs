@@ -81,7 +81,10 @@ pub fn open_no_links(path: &Path, writable: bool) -> io::Result<File> {
 
 /// Write `bytes` as a new file at `path`: a temporary beside it (created exclusively, never
 /// through a link), owned by `owner` when given, with exactly `mode` (not the umask's),
-/// synced, then renamed over `path`.
+/// then renamed over `path`. Not synced: its users are runtime files (a vGPU's limits and
+/// usage, board slots, the watch's metrics textfile, rewritten every round), whole for any
+/// reader whatever kills the writer (the page cache outlives it), and describing processes
+/// that a crash of the machine ends with them.
 pub fn write_new(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>, mode: u32) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
@@ -109,7 +112,6 @@ pub fn write_new(path: &Path, bytes: &[u8], owner: Option<(u32, u32)>, mode: u32
         // After the chown (which clears set-id bits) and whatever the umask was.
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         file.write_all(bytes)?;
-        file.sync_all()?;
         std::fs::rename(&tmp, path)
     };
     write().inspect_err(|_| {

@@ -20,14 +20,33 @@ pub(crate) fn io_error(op: &'static str, path: &Path, source: io::Error) -> Cgro
 }
 
 pub(crate) fn read(path: &Path) -> Result<String> {
-    fs::read_to_string(path).map_err(|e| io_error("read", path, e))
+    read_text(path).map_err(|e| io_error("read", path, e))
+}
+
+/// A cgroupfs file's text: read until the end without asking its size first (cgroupfs
+/// files say 0 or 4096, whatever they hold), so one `fstat` fewer than
+/// `fs::read_to_string` per file: reconcile and the listings read one or more per workload.
+fn read_text(path: &Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut file = fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// `None` when the file does not exist, or belongs to a cgroup that is being removed (the
 /// kernel answers ENODEV between a concurrent `rmdir` and the directory's disappearance: a
 /// `vgpu kill` racing the workload's own clean-up saw it).
 pub(crate) fn read_opt(path: &Path) -> Result<Option<String>> {
-    match fs::read_to_string(path) {
+    match read_text(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
         Err(e) => Err(io_error("read", path, e)),
@@ -98,7 +117,17 @@ pub(crate) fn procs_recursive(dir: &Path, into: &mut Vec<i32>) -> Result<()> {
 }
 
 /// Sub-cgroups of `dir`; none when `dir` is gone.
+///
+/// A directory's link count is 2 plus its subdirectories, on cgroupfs (kernfs) as on the
+/// usual filesystems: 2 says there is none without listing it (a cgroup lists dozens of
+/// control files). Any other count — a filesystem that does not keep it reports 1 — lists it.
 fn child_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
+    match fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() && meta.nlink() == 2 => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        _ => {}
+    }
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -1,5 +1,6 @@
 //! [`Cgroup`]: one workload's cgroup, whatever the host's cgroup version.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -98,6 +99,67 @@ impl Cgroup {
     /// (a delegated unit's subtree, or each hierarchy's root).
     pub fn open_at(layout: &Layout, home: &super::CgroupHome, name: &str) -> Result<Cgroup> {
         Cgroup::open(&layout.within(home)?, name)
+    }
+
+    /// The freezer state of the cgroup `name` in `home`, as [`Cgroup::open_at`] then
+    /// [`Cgroup::state`] read it, from its one freezer file: no other directory of the
+    /// cgroup is looked at. A cgroup that does not exist reads as thawed (nothing of it can
+    /// be frozen). For a look at every workload's cgroup (reconcile's), where nearly every
+    /// one is thawed: one file read each, not a check of each hierarchy's directory.
+    pub fn freezer_state_at(layout: &Layout, home: &super::CgroupHome, name: &str) -> Result<FreezerState> {
+        validate_name(name)?;
+        let layout = layout.within(home)?;
+        let imp: Box<dyn Manager> = match layout.mode {
+            Mode::V2 => Box::new(V2Cgroup::from_dir(name, unified(&layout, name)?.join(PARENT).join(name))),
+            Mode::V1 | Mode::Hybrid => match layout.v1.get(&Controller::Freezer) {
+                Some(mount) => Box::new(V1Cgroup::from_dirs(name, BTreeMap::from([(Controller::Freezer, mount.join(PARENT).join(name))]))),
+                None => return Ok(FreezerState::Thawed),
+            },
+        };
+        imp.state()
+    }
+
+    /// The processes of the cgroup `name` in `home`, as [`Cgroup::open_at`] then
+    /// [`Cgroup::pids`] list them, without first checking that each hierarchy's directory
+    /// is there: a cgroup that does not exist has none. For listing many workloads.
+    pub fn pids_at(layout: &Layout, home: &super::CgroupHome, name: &str) -> Result<Vec<i32>> {
+        validate_name(name)?;
+        let layout = layout.within(home)?;
+        let imp: Box<dyn Manager> = match layout.mode {
+            Mode::V2 => Box::new(V2Cgroup::from_dir(name, unified(&layout, name)?.join(PARENT).join(name))),
+            Mode::V1 | Mode::Hybrid => Box::new(V1Cgroup::from_dirs(name, super::v1::dirs_in(&layout.v1, name))),
+        };
+        imp.pids()
+    }
+
+    /// The existing cgroup `name` (below each hierarchy's root) when every directory of it
+    /// was last changed at least `age` ago and no process is in it, in any hierarchy or
+    /// cgroup nested below it; `None` otherwise (and when it does not exist). The cheap looks
+    /// come first — the age of one directory, the processes of one hierarchy — so that a live
+    /// workload's cgroup, or a new one, costs one or two reads; only a cgroup they do not rule
+    /// out is opened and looked at whole.
+    pub fn open_if_idle(layout: &Layout, name: &str, age: Duration) -> Result<Option<Cgroup>> {
+        validate_name(name)?;
+        let first = match layout.mode {
+            Mode::V2 => unified(layout, name)?.join(PARENT).join(name),
+            Mode::V1 | Mode::Hybrid => match super::v1::dirs_in(&layout.v1, name).into_values().next() {
+                Some(dir) => dir,
+                None => return Ok(None),
+            },
+        };
+        if changed_within(&first, age) == Some(true) || !fs::procs(&first)?.is_empty() {
+            return Ok(None);
+        }
+        let cgroup = match Cgroup::open(layout, name) {
+            Ok(cgroup) => cgroup,
+            Err(CgroupError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let old = cgroup.paths().iter().all(|dir| changed_within(dir, age) == Some(false));
+        if !old || !cgroup.pids()?.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(cgroup))
     }
 
     /// Reopens a cgroup from what [`Cgroup::spec`] returned (a state file). The directories
@@ -402,6 +464,13 @@ impl Cgroup {
 }
 
 /// The unified hierarchy of a v2 layout.
+/// Whether `dir` was last changed less than `age` ago; `None` when that cannot be told (it
+/// is not there, or its time is in the future).
+fn changed_within(dir: &Path, age: Duration) -> Option<bool> {
+    let elapsed = std::fs::symlink_metadata(dir).and_then(|m| m.modified()).ok()?.elapsed().ok()?;
+    Some(elapsed < age)
+}
+
 fn unified<'a>(layout: &'a Layout, name: &str) -> Result<&'a Path> {
     layout.unified.as_deref().ok_or_else(|| CgroupError::NoHierarchy { name: name.to_string() })
 }
@@ -478,6 +547,99 @@ mod tests {
         assert_eq!(enforceable, Limits { cpus: Some(1.0), memory: Some(64 << 20), pids: None });
         // Nothing missing: the limits as given.
         assert_eq!(cgroup.enforceable(&Limits::default()).unwrap(), (Limits::default(), Vec::new()));
+    }
+
+    #[test]
+    fn the_freezer_state_read_alone_is_what_the_opened_cgroup_says() {
+        let home = crate::CgroupHome::default();
+        let same = |layout: &Layout, name: &str| {
+            let alone = Cgroup::freezer_state_at(layout, &home, name).unwrap();
+            let opened = Cgroup::open_at(layout, &home, name).unwrap().state().unwrap();
+            assert_eq!(alone, opened, "{name}");
+            alone
+        };
+        // v1: no such cgroup, thawed, frozen; and a host without a freezer hierarchy.
+        let v1 = FakeV1::new(&["cpu,cpuacct", "memory", "pids", "freezer"]);
+        let layout = v1.layout();
+        assert_eq!(Cgroup::freezer_state_at(&layout, &home, "job1").unwrap(), FreezerState::Thawed, "none: nothing frozen");
+        let cg = Cgroup::create(&layout, "job1").unwrap();
+        v1.kernel_populate("job1");
+        assert_eq!(same(&layout, "job1"), FreezerState::Thawed);
+        cg.freeze().unwrap();
+        assert_eq!(same(&layout, "job1"), FreezerState::Frozen);
+        let no_freezer = FakeV1::new(&["cpu,cpuacct", "memory", "pids"]);
+        Cgroup::create(&no_freezer.layout(), "job1").unwrap();
+        no_freezer.kernel_populate("job1");
+        assert_eq!(same(&no_freezer.layout(), "job1"), FreezerState::Thawed);
+        // v2: cgroup.freeze asked, cgroup.events says.
+        let v2 = FakeV2::new(&["cpu", "memory", "pids"]);
+        let layout = v2.layout();
+        assert_eq!(Cgroup::freezer_state_at(&layout, &home, "job1").unwrap(), FreezerState::Thawed, "none: nothing frozen");
+        Cgroup::create(&layout, "job1").unwrap();
+        v2.kernel_populate("vgpu/job1");
+        assert_eq!(same(&layout, "job1"), FreezerState::Thawed);
+        stdfs::write(v2.root().join("vgpu/job1/cgroup.freeze"), "1\n").unwrap();
+        assert_eq!(same(&layout, "job1"), FreezerState::Freezing);
+        stdfs::write(v2.root().join("vgpu/job1/cgroup.events"), "populated 1\nfrozen 1\n").unwrap();
+        assert_eq!(same(&layout, "job1"), FreezerState::Frozen);
+        // Never a path other than a workload's.
+        assert!(matches!(Cgroup::freezer_state_at(&layout, &home, "../x"), Err(CgroupError::InvalidName { .. })));
+    }
+
+    #[test]
+    fn processes_of_nested_cgroups_are_listed_and_pids_at_lists_what_open_lists() {
+        let home = crate::CgroupHome::default();
+        let fake = FakeV1::new(&["cpu,cpuacct", "memory", "pids", "freezer"]);
+        let layout = fake.layout();
+        assert_eq!(Cgroup::pids_at(&layout, &home, "job1").unwrap(), Vec::<i32>::new(), "no such cgroup: no process");
+        Cgroup::create(&layout, "job1").unwrap();
+        fake.kernel_populate("job1");
+        assert_eq!(Cgroup::pids_at(&layout, &home, "job1").unwrap(), Vec::<i32>::new());
+        stdfs::write(fake.root().join("pids/vgpu/job1/cgroup.procs"), "11\n").unwrap();
+        // A workload run as root may nest cgroups, in one hierarchy and deeper.
+        let inner = fake.root().join("memory/vgpu/job1/inner");
+        stdfs::create_dir_all(inner.join("deeper")).unwrap();
+        stdfs::write(inner.join("cgroup.procs"), "22\n").unwrap();
+        stdfs::write(inner.join("deeper/cgroup.procs"), "33\n11\n").unwrap();
+        let opened = Cgroup::open_at(&layout, &home, "job1").unwrap().pids().unwrap();
+        assert_eq!(opened, vec![11, 22, 33]);
+        assert_eq!(Cgroup::pids_at(&layout, &home, "job1").unwrap(), opened);
+        assert!(matches!(Cgroup::pids_at(&layout, &home, "a/b"), Err(CgroupError::InvalidName { .. })));
+    }
+
+    #[test]
+    fn only_an_old_cgroup_without_processes_is_idle() {
+        let mounts = ["cpu,cpuacct", "memory", "pids", "freezer"];
+        let fake = FakeV1::new(&mounts);
+        let layout = fake.layout();
+        let grace = Duration::from_secs(60);
+        let age = |name: &str, by: Duration| {
+            for mount in mounts {
+                let dir = stdfs::File::open(fake.root().join(mount).join("vgpu").join(name)).unwrap();
+                dir.set_modified(std::time::SystemTime::now() - by).unwrap();
+            }
+        };
+        assert!(Cgroup::open_if_idle(&layout, "none", grace).unwrap().is_none(), "no such cgroup");
+        for name in ["young", "old", "busy", "nested"] {
+            Cgroup::create(&layout, name).unwrap();
+            fake.kernel_populate(name);
+        }
+        // A process in a hierarchy other than the first, and one in a nested cgroup.
+        stdfs::write(fake.root().join("pids/vgpu/busy/cgroup.procs"), "7\n").unwrap();
+        stdfs::create_dir(fake.root().join("freezer/vgpu/nested/inner")).unwrap();
+        stdfs::write(fake.root().join("freezer/vgpu/nested/inner/cgroup.procs"), "8\n").unwrap();
+        for name in ["old", "busy", "nested"] {
+            age(name, grace * 2);
+        }
+        assert!(Cgroup::open_if_idle(&layout, "young", grace).unwrap().is_none());
+        assert!(Cgroup::open_if_idle(&layout, "busy", grace).unwrap().is_none());
+        assert!(Cgroup::open_if_idle(&layout, "nested", grace).unwrap().is_none());
+        let idle = Cgroup::open_if_idle(&layout, "old", grace).unwrap().expect("old and empty");
+        assert_eq!(idle.name(), "old");
+        // One young directory is enough to keep it (another store may be creating it).
+        let dir = stdfs::File::open(fake.root().join("memory/vgpu/old")).unwrap();
+        dir.set_modified(std::time::SystemTime::now()).unwrap();
+        assert!(Cgroup::open_if_idle(&layout, "old", grace).unwrap().is_none());
     }
 
     #[test]

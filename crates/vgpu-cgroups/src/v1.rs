@@ -76,7 +76,7 @@ impl V1Cgroup {
     }
 }
 
-fn dirs_in(mounts: &BTreeMap<Controller, PathBuf>, name: &str) -> BTreeMap<Controller, PathBuf> {
+pub(crate) fn dirs_in(mounts: &BTreeMap<Controller, PathBuf>, name: &str) -> BTreeMap<Controller, PathBuf> {
     Controller::USED
         .iter()
         .filter_map(|c| mounts.get(c).map(|mount| (*c, mount.join(PARENT).join(name))))

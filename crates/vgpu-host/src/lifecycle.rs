@@ -1,9 +1,10 @@
 //! What happens to workloads besides starting them: tearing one down, and reconciling the
 //! store with reality (supervisors that died, changes a killed command left half-done,
 //! cgroups and vGPU directories nobody owns, processes that died holding device memory).
-//! Every `vgpu` command that reads or changes workloads calls [`reconcile_store`] first, under
-//! the store lock.
+//! Every `vgpu` command that reads or changes workloads calls [`reconcile_store`] (or
+//! [`reconcile_but_usage`]) first, under the store lock.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
@@ -27,6 +28,12 @@ pub struct Reconciled {
     pub damaged: Vec<StateError>,
     /// What it did and could not do, in order.
     pub notes: Vec<Note>,
+    /// The workload records as reconcile left them, read under the store lock (those it
+    /// cleaned up are gone, those it changed as changed): the caller, still holding the
+    /// lock, acts on these instead of reading every record again.
+    pub workloads: Vec<Workload>,
+    /// The ids of those whose supervisor it found alive.
+    pub alive: HashSet<String>,
 }
 
 pub use crate::recovery::Note;
@@ -47,20 +54,57 @@ pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
     found
 }
 
+/// [`reconcile_store`] but for giving back the device memory of dead processes in every
+/// vGPU (each vGPU's usage file locked and its processes looked at), for a caller that reads
+/// no usage — an admission (`vgpu run`) counts quotas — or gives it back in each vGPU as it
+/// reads it (`vgpu ps`, [`reclaim_dead_processes_but`] for the rest). Whoever reads usage gives
+/// that memory back first: the shim before it refuses an allocation, the listings, the other
+/// commands through [`reconcile_store`], `vgpu watch` every interval.
+pub fn reconcile_but_usage(store: &Store, lock: &StoreLock) -> Reconciled {
+    let found = reconcile(store, lock, Sweep::NotUsage);
+    found.notes.iter().for_each(say);
+    found
+}
+
 /// Clean up after dead supervisors and dead processes; what was done is in the notes (the
 /// workload files are gone afterwards). Call with the store lock held.
 pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
-    let (workloads, damaged) = store.workloads();
-    let mut out = Reconciled { damaged, ..Reconciled::default() };
+    reconcile(store, lock, Sweep::All)
+}
+
+/// What a reconcile looks at besides the workload records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sweep {
+    All,
+    /// All but the dead processes of every vGPU ([`reconcile_but_usage`]).
+    NotUsage,
+}
+
+/// The records are read once, and each live workload costs a look at its supervisor and
+/// one freezer file; they are read again only after a step that may have rewritten some
+/// (a teardown, the pool, a half-done change, an alignment).
+fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep) -> Reconciled {
+    let mut notes = Vec::new();
+    after_a_reboot(store, lock, &mut notes);
+    let (records, damaged) = store.workloads();
+    let mut out = Reconciled { damaged, notes, ..Reconciled::default() };
     let layout = Layout::detect();
-    for w in workloads {
+    let mut alive: HashSet<String> = HashSet::new();
+    let mut remaining = Vec::with_capacity(records.len());
+    let mut changed = false;
+    for w in records {
         if w.supervisor_alive() {
+            alive.insert(w.id.clone());
+            remaining.push(w);
             continue;
         }
         // Only a workload of the pool touches its state: a damaged pool.json blocks pool
         // operations, not the clean-up of the others.
         let in_pool = w.pool_blocks.is_some() || w.state == vgpu_store::state::WorkloadState::Waiting;
         let released = |()| if in_pool { crate::pool_effects::release(store, lock, &w.id) } else { Ok(()) };
+        // Released blocks may go to other workloads (their records rewritten); a teardown
+        // that failed may have removed part of what it had.
+        changed = true;
         match teardown(store, &w, layout.as_ref()).and_then(released) {
             Ok(()) => {
                 out.notes.push(Note::did(format!("cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid)));
@@ -69,23 +113,61 @@ pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
             Err(e) => out.notes.push(Note::warn(format!("cannot clean up workload {} ({}): {e:#}", w.name, w.id))),
         }
     }
+    let reread = |changed: &mut bool, out: &mut Reconciled, remaining: &mut Vec<Workload>| {
+        if std::mem::take(changed) {
+            (*remaining, out.damaged) = store.workloads();
+        }
+    };
     if !out.cleaned.is_empty() {
         // Clocks follow the work: the dead supervisors' GPUs are re-planned without them.
         let ended: Vec<&str> = out.cleaned.iter().map(|w| w.id.as_str()).collect();
         let replanned = crate::carbon::follow::after_reconcile(store, lock, &ended);
         out.notes.extend(replanned.warnings.into_iter().map(Note::warn));
     }
-    if let Err(e) = crate::pool_effects::release_orphans(store, lock) {
-        out.notes.push(Note::warn(format!("cannot tidy the compute pool: {e:#}")));
+    reread(&mut changed, &mut out, &mut remaining);
+    match crate::pool_effects::release_orphans(store, lock, &remaining, !out.damaged.is_empty()) {
+        Ok(released) => changed |= released,
+        Err(e) => {
+            changed = true;
+            out.notes.push(Note::warn(format!("cannot tidy the compute pool: {e:#}")));
+        }
     }
     // Changes a killed command left half-done, then whatever else is frozen or left over.
-    crate::recovery::half_done(store, lock, layout.as_ref(), &mut out.notes);
-    crate::recovery::align_all(store, layout.as_ref(), &mut out.notes);
-    crate::recovery::remove_stray_cgroups(store, layout.as_ref());
+    changed |= crate::recovery::half_done(store, lock, layout.as_ref(), &mut out.notes);
+    reread(&mut changed, &mut out, &mut remaining);
+    changed |= crate::recovery::align_among(store, layout.as_ref(), &remaining, &|w: &Workload| alive.contains(&w.id), &mut out.notes);
+    reread(&mut changed, &mut out, &mut remaining);
+    crate::recovery::remove_stray_cgroups_among(store, layout.as_ref(), &remaining, !out.damaged.is_empty());
     crate::recovery::remove_dead_temp_files(store);
-    remove_orphan_vgpus(store);
-    reclaim_dead_processes(store);
+    remove_orphan_vgpus(store, &remaining, &out.damaged);
+    if sweep == Sweep::All {
+        reclaim_dead_processes(store);
+    }
+    out.workloads = remaining;
+    out.alive = alive;
     out
+}
+
+/// The store's boot mark (`vgpu_store::state::boot`): the first reconcile of a boot in a
+/// store last reconciled in another repairs what a crash of the machine may have cut short
+/// ([`crate::repair::after_reboot`]), then marks it as this boot's.
+fn after_a_reboot(store: &Store, lock: &StoreLock, notes: &mut Vec<Note>) {
+    use vgpu_store::state::boot::Mark;
+    let this = match store.boot_mark() {
+        Ok(Mark::ThisBoot) => return,
+        Ok(Mark::Unmarked(this)) => this,
+        Ok(Mark::Earlier(this)) => {
+            crate::repair::after_reboot(store, lock, notes);
+            this
+        }
+        Err(e) => {
+            notes.push(Note::warn(format!("cannot tell which boot this is: {e}")));
+            return;
+        }
+    };
+    if let Err(e) = store.set_boot_mark(&this) {
+        notes.push(Note::warn(format!("cannot mark the store as this boot's: {e}")));
+    }
 }
 
 /// Stop and remove everything a workload holds: its processes, cgroup, own vGPU, record.
@@ -104,39 +186,30 @@ pub fn teardown(store: &Store, w: &Workload, layout: Option<&Layout>) -> Result<
     vgpu_store::stop_point::stop_point("exit:cgroup-removed");
     if w.partition.is_none() {
         anyhow::ensure!(vgpu_store::state::is_plain_name(&w.vgpu), "workload {}: vGPU {:?} is not a plain name", w.id, w.vgpu);
-        remove_dir(&store.vgpu_dir(&w.vgpu))?;
+        store.remove_vgpu(&w.vgpu).with_context(|| format!("removing the vGPU of {}", w.id))?;
     }
     store.remove_workload(&w.id)?;
     Ok(())
-}
-
-pub(crate) fn remove_dir(dir: &Path) -> Result<()> {
-    // Its slots on the GPUs' boards go first: the others stop counting it at once.
-    vgpu_abi::board::release_vgpu(dir);
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("removing {}", dir.display())),
-    }
 }
 
 /// vGPU directories that belong to no workload and no partition: left by a `vgpu run`
 /// killed between creating the vGPU and recording the workload. A damaged record may own
 /// the vGPU named like itself (vgpu names a workload's record and own vGPU after its id):
 /// that one is kept. When the records cannot be listed at all, every vGPU is kept. Board
-/// slots whose vGPU directory is gone are removed first.
-fn remove_orphan_vgpus(store: &Store) {
+/// slots whose vGPU directory is gone are removed first. `workloads` and `damaged` are the
+/// store's records as the caller read them under the lock.
+fn remove_orphan_vgpus(store: &Store, workloads: &[Workload], damaged: &[StateError]) {
     vgpu_abi::board::remove_orphan_slots(&store.state_dir, &store.vgpus_dir());
-    let (workloads, damaged) = store.workloads();
-    let damaged = vgpu_store::state::damaged::damaged_records(&damaged);
+    let damaged = vgpu_store::state::damaged::damaged_records(damaged);
     if damaged.iter().any(|d| d.path == store.workloads_dir()) {
         return;
     }
     let partitions = Partitions::load(&store.partitions_path()).unwrap_or_default();
     let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
+    let owners: HashSet<&str> = workloads.iter().map(|w| w.vgpu.as_str()).collect();
     for entry in entries.flatten() {
         let Some(name) = vgpu_dir_name(&entry) else { continue };
-        let owned = workloads.iter().any(|w| w.vgpu == name)
+        let owned = owners.contains(name.as_str())
             || partitions.partitions.iter().any(|p| p.vgpu_id() == name)
             || damaged.iter().any(|d| d.id.as_deref() == Some(name.as_str()));
         if !owned {
@@ -148,9 +221,14 @@ fn remove_orphan_vgpus(store: &Store) {
 
 /// Give back the device memory of processes that died (SIGKILL included) in every vGPU.
 fn reclaim_dead_processes(store: &Store) {
+    reclaim_dead_processes_but(store, &HashSet::new());
+}
+
+/// [`reclaim_dead_processes`] in every vGPU but those in `done` (given back already).
+pub fn reclaim_dead_processes_but(store: &Store, done: &HashSet<String>) {
     let Ok(entries) = std::fs::read_dir(store.vgpus_dir()) else { return };
     for entry in entries.flatten() {
-        if let Some(name) = vgpu_dir_name(&entry) {
+        if let Some(name) = vgpu_dir_name(&entry).filter(|name| !done.contains(name)) {
             reclaim_vgpu(store, &name);
         }
     }
@@ -185,17 +263,21 @@ pub fn reclaim_vgpu(store: &Store, vgpu: &str) {
     }
     let path = store.vgpu_dir(vgpu).join(vgpu_abi::layout::USAGE_FILE);
     match UsageFile::open(&path) {
-        Ok(usage) => {
-            let report = usage.reclaim_dead();
-            if report.processes > 0 {
-                tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
-            }
-            for line in &report.errors {
-                tracing::warn!("{line}");
-            }
-        }
+        Ok(usage) => reclaim_in(&path, &usage),
         Err(e @ vgpu_abi::usage::LayoutError::NotRegular { .. }) => tracing::warn!("{e}"),
         Err(_) => {}
+    }
+}
+
+/// Give back the device memory of the dead processes of the vGPU whose usage file, at
+/// `path`, the caller opened.
+pub fn reclaim_in(path: &Path, usage: &UsageFile) {
+    let report = usage.reclaim_dead();
+    if report.processes > 0 {
+        tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
+    }
+    for line in &report.errors {
+        tracing::warn!("{line}");
     }
 }
 

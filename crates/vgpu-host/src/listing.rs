@@ -135,7 +135,27 @@ pub fn ppm_to_pct(ppm: u64) -> f64 {
 /// One workload as `vgpu ps` lists it: the record, the live usage and limits the shim
 /// shares, the processes of its cgroup.
 pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
-    let usage = UsageFile::open(&store.vgpu_dir(&w.vgpu).join(USAGE_FILE)).ok();
+    row_with(store, layout, w, all, Known::default())
+}
+
+/// What the caller of [`row_with`] knows of the workload already, and may do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Known {
+    /// Whether its supervisor runs, as a reconcile just found (None: look).
+    pub supervisor_alive: Option<bool>,
+    /// Give back the memory of the vGPU's dead processes before reading its usage (root
+    /// listing after a reconcile that left that to it: `lifecycle::reconcile_but_usage`).
+    pub reclaim: bool,
+}
+
+/// [`row`], with what the caller knows: its usage file opened once, for the reclaim and
+/// the figures.
+pub fn row_with(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool, known: Known) -> Row {
+    let usage_path = store.vgpu_dir(&w.vgpu).join(USAGE_FILE);
+    let usage = UsageFile::open(&usage_path).ok();
+    if let (true, Some(usage)) = (known.reclaim, &usage) {
+        crate::lifecycle::reclaim_in(&usage_path, usage);
+    }
     let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
     // The usage file is what the shim enforces; the record is the fallback.
     let gpus: Vec<GpuRow> = w
@@ -164,8 +184,7 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
         .map(|d| ComputePolicy::from_abi(d.policy))
         .unwrap_or(w.compute_policy);
     let pids: Vec<u32> = layout
-        .and_then(|l| Cgroup::open_at(l, &w.cgroup_home, &w.cgroup).ok())
-        .and_then(|c| c.pids().ok())
+        .and_then(|l| Cgroup::pids_at(l, &w.cgroup_home, &w.cgroup).ok())
         .map(|p| p.into_iter().map(|p| p as u32).collect())
         .unwrap_or_default();
     let processes = all.then(|| {
@@ -198,7 +217,7 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
         pool_blocks: w.pool_blocks,
         pids,
         state: w.state.as_str().to_string(),
-        supervisor_alive: w.supervisor_alive(),
+        supervisor_alive: known.supervisor_alive.unwrap_or_else(|| w.supervisor_alive()),
         usage_readable: usage.is_some(),
         suspended_reason: w.suspended_reason.as_deref().map(SuspendedReason::of_record),
         suspended_by: None,

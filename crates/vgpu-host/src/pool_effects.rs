@@ -56,7 +56,7 @@ pub fn read(store: &Store) -> Result<Option<Pool>, StateError> {
 }
 
 pub fn save(store: &Store, pool: &Pool) -> Result<()> {
-    atomic::write_json(&store.state_dir.join(POOL_FILE), pool)?;
+    atomic::write_json_as(&store.state_dir.join(POOL_FILE), pool, atomic::Durability::Runtime)?;
     Ok(())
 }
 
@@ -308,21 +308,23 @@ pub fn release(store: &Store, lock: &StoreLock, id: &str) -> Result<()> {
 }
 
 /// Drop pool entries whose workload record is gone (a `vgpu run` killed while waiting, or
-/// between the pool and the record), then settle.
-pub fn release_orphans(store: &Store, lock: &StoreLock) -> Result<()> {
+/// between the pool and the record), then settle. `workloads` are the store's records as the caller read them under the lock (`damaged`:
+/// whether any could not be read). Returns whether it released any (settling the pool may
+/// then have rewritten other records).
+pub fn release_orphans(store: &Store, lock: &StoreLock, workloads: &[vgpu_store::state::Workload], damaged: bool) -> Result<bool> {
     // A damaged pool.json is left for the pool operations to report (and `doctor --repair`).
     let pool = match read(store) {
         Ok(Some(pool)) => pool,
-        Ok(None) | Err(StateError::Damaged { .. } | StateError::NotRegular { .. }) => return Ok(()),
+        Ok(None) | Err(StateError::Damaged { .. } | StateError::NotRegular { .. }) => return Ok(false),
         Err(e) => return Err(e.into()),
     };
-    let (workloads, damaged) = store.workloads();
-    if !damaged.is_empty() {
-        return Ok(());
+    if damaged {
+        return Ok(false);
     }
-    let orphans: Vec<String> = pool.allocations().filter(|a| !workloads.iter().any(|w| w.id == a.id)).map(|a| a.id.clone()).collect();
-    for id in orphans {
-        release(store, lock, &id)?;
+    let recorded: std::collections::HashSet<&str> = workloads.iter().map(|w| w.id.as_str()).collect();
+    let orphans: Vec<String> = pool.allocations().filter(|a| !recorded.contains(a.id.as_str())).map(|a| a.id.clone()).collect();
+    for id in &orphans {
+        release(store, lock, id)?;
     }
-    Ok(())
+    Ok(!orphans.is_empty())
 }

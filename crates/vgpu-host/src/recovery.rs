@@ -69,13 +69,14 @@ impl Note {
 pub const STRAY_GRACE: Duration = Duration::from_secs(60);
 
 /// Finish or undo the changes whose intent was left by a command that died. Call with the
-/// store lock held.
-pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>, notes: &mut Vec<Note>) {
+/// store lock held. Returns whether it found any (it may then have rewritten records).
+pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>, notes: &mut Vec<Note>) -> bool {
     let (intents, damaged) = intent::list(store);
     for e in damaged {
         tracing::warn!("{e}; left in place");
     }
     let mut settle = false;
+    let mut found = false;
     for (path, intent) in intents {
         // Changes run under the store lock we hold, so a live writer is not half-way
         // through one; its intent is left by an error it returned, and is dealt with once
@@ -83,6 +84,7 @@ pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>, notes
         if intent.writer_alive() {
             continue;
         }
+        found = true;
         let result = match (intent.op, layout) {
             (_, None) => Ok(()),
             (Op::Start, Some(layout)) => undo_start(store, layout, &intent, notes),
@@ -99,6 +101,7 @@ pub fn half_done(store: &Store, lock: &StoreLock, layout: Option<&Layout>, notes
             notes.push(Note::warn(format!("cannot settle the compute pool: {e:#}")));
         }
     }
+    found
 }
 
 /// A `vgpu run` died between creating the cgroup and writing the record: remove the cgroup
@@ -139,27 +142,52 @@ fn realign(store: &Store, layout: &Layout, intent: &Intent, notes: &mut Vec<Note
 
 /// The generic rule, on every reconcile: no live workload stays frozen unless its record or
 /// the pool says it is suspended; a manual suspension found thawed is recorded as undone.
-pub fn align_all(store: &Store, layout: Option<&Layout>, notes: &mut Vec<Note>) {
-    let Some(layout) = layout else { return };
-    let pool = Known::load(store);
+/// Returns whether it rewrote a record.
+pub fn align_all(store: &Store, layout: Option<&Layout>, notes: &mut Vec<Note>) -> bool {
     let (workloads, _) = store.workloads();
-    for w in workloads.iter().filter(|w| w.supervisor_alive()) {
+    align_among(store, layout, &workloads, &|w: &Workload| w.supervisor_alive(), notes)
+}
+
+/// [`align_all`] over `workloads`, the store's records as the caller read them under the
+/// lock, of which those `alive` says have a live supervisor are looked at.
+///
+/// Most are running and thawed: for them [`align`] can do nothing (it acts on a workload
+/// only when its cgroup is frozen or its record says suspended), so a running workload's
+/// cgroup is looked at through its one freezer file, and [`align`] (which opens the cgroup
+/// in every hierarchy and reads the pool) runs only when that says frozen or cannot be read.
+pub fn align_among(store: &Store, layout: Option<&Layout>, workloads: &[Workload], alive: &dyn Fn(&Workload) -> bool, notes: &mut Vec<Note>) -> bool {
+    let Some(layout) = layout else { return false };
+    let mut pool = None;
+    let mut rewrote = false;
+    for w in workloads.iter().filter(|w| alive(w)) {
         match finish_end(layout, w) {
             Ok(Some(n)) => notes.push(Note::did(format!("{} ({}): killed {n} process(es) the vgpu watch that ended it left", w.name, w.id))),
             Ok(None) => {}
             Err(e) => notes.push(Note::warn(format!("cannot finish ending {} ({}): {e:#}", w.name, w.id))),
         }
-        match align(store, layout, &pool, &workloads, w, false) {
-            Ok(Some(what)) => notes.push(Note::did(format!("{} ({}) {what}", w.name, w.id))),
-            Ok(None) => {}
-            Err(e) => notes.push(Note::warn(format!("cannot check whether {} ({}) is frozen: {e:#}", w.name, w.id))),
+        let thawed = w.state != WorkloadState::Suspended
+            && matches!(Cgroup::freezer_state_at(layout, &w.cgroup_home, &w.cgroup), Ok(FreezerState::Thawed));
+        if !thawed {
+            let pool = pool.get_or_insert_with(|| Known::load(store));
+            match align(store, layout, pool, workloads, w, false) {
+                Ok(Some(what)) => {
+                    rewrote = true;
+                    notes.push(Note::did(format!("{} ({}) {what}", w.name, w.id)))
+                }
+                Ok(None) => {}
+                Err(e) => notes.push(Note::warn(format!("cannot check whether {} ({}) is frozen: {e:#}", w.name, w.id))),
+            }
         }
         match clear_dead_throttle(store, w) {
-            Ok(true) => notes.push(Note::did(format!("{} ({}) is no longer throttled: the vgpu watch that throttled it is gone", w.name, w.id))),
+            Ok(true) => {
+                rewrote = true;
+                notes.push(Note::did(format!("{} ({}) is no longer throttled: the vgpu watch that throttled it is gone", w.name, w.id)))
+            }
             Ok(false) => {}
             Err(e) => notes.push(Note::warn(format!("cannot clear the throttle of {} ({}): {e:#}", w.name, w.id))),
         }
     }
+    rewrote
 }
 
 /// A workload whose record says a `vgpu watch` that is gone ended it (its second offence)
@@ -318,23 +346,28 @@ fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Wor
 /// [`STRAY_GRACE`]). Nothing is removed while a record or an intent is damaged: it might
 /// name one of them.
 pub fn remove_stray_cgroups(store: &Store, layout: Option<&Layout>) {
-    let Some(layout) = layout else { return };
     let (workloads, damaged) = store.workloads();
+    remove_stray_cgroups_among(store, layout, &workloads, !damaged.is_empty());
+}
+
+/// [`remove_stray_cgroups`] with the store's records as the caller read them under the lock
+/// (`damaged`: whether any could not be read).
+pub fn remove_stray_cgroups_among(store: &Store, layout: Option<&Layout>, workloads: &[Workload], damaged: bool) {
+    let Some(layout) = layout else { return };
     let (intents, bad_intents) = intent::list(store);
-    if !damaged.is_empty() || !bad_intents.is_empty() {
+    if damaged || !bad_intents.is_empty() {
         return;
     }
     let Ok(names) = Cgroup::list(layout) else { return };
+    let recorded: std::collections::HashSet<&str> = workloads.iter().map(|w| w.cgroup.as_str()).collect();
     for name in names {
-        let claimed = workloads.iter().any(|w| w.cgroup == name)
-            || intents.iter().any(|(_, i)| i.workloads.contains(&name) && i.writer_alive());
+        let claimed = recorded.contains(name.as_str()) || intents.iter().any(|(_, i)| i.workloads.contains(&name) && i.writer_alive());
         if claimed {
             continue;
         }
-        let Ok(cgroup) = Cgroup::open(layout, &name) else { continue };
-        if !cgroup.pids().is_ok_and(|p| p.is_empty()) || !older_than(&cgroup, STRAY_GRACE) {
-            continue;
-        }
+        // Old enough and empty (a live workload's of another store, or a new one, is ruled
+        // out with a read or two).
+        let Ok(Some(cgroup)) = Cgroup::open_if_idle(layout, &name, STRAY_GRACE) else { continue };
         match cgroup.remove_if_empty() {
             Ok(()) => tracing::info!("removed cgroup {}/{name}: no workload record names it and it holds no process", vgpu_cgroups::PARENT),
             Err(e) => tracing::debug!("leaving cgroup {name}: {e}"),
@@ -362,17 +395,6 @@ pub fn remove_dead_temp_files(store: &Store) {
             }
         }
     }
-}
-
-/// Whether every directory of the cgroup was last changed more than `age` ago.
-fn older_than(cgroup: &Cgroup, age: Duration) -> bool {
-    cgroup.paths().iter().all(|dir| {
-        std::fs::symlink_metadata(dir)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|elapsed| elapsed >= age)
-    })
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@ use vgpu_store::state::Store;
 use vgpu_store::state::StoreLock;
 use vgpu_store::state::WorkloadState;
 
+use crate::recovery::Note;
+
 /// What was removed, with what went along with it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Removed {
@@ -72,6 +74,62 @@ pub fn repair(store: &Store, lock: &StoreLock) -> Report {
     report
 }
 
+/// The first reconcile of a later boot: what a crash of the machine may have left in a
+/// state directory on a disk, whose runtime files are not synced
+/// (`vgpu_store::state::atomic`, `vgpu_store::state::boot`): files cut short, all describing
+/// processes of the earlier boot, which are gone with it. Before anything else reads them:
+///
+/// - a damaged workload record goes as `vgpu doctor --repair` removes it (its rules: no
+///   process left in its cgroup, its supervisor gone), with its cgroup, vGPU and pool blocks;
+/// - a damaged intent is removed: its writer is gone, and so is what it was changing;
+/// - a damaged `pool.json` is set aside once no workload whose supervisor runs holds or
+///   waits for pool blocks (the earlier boot's are all gone);
+/// - the vGPU directory of a partition that no workload of a live supervisor uses is removed
+///   with its board slots (its files may be cut short too); its next workload makes it again.
+///
+/// Readable records go the usual way after this: their supervisors are dead.
+pub fn after_reboot(store: &Store, lock: &StoreLock, notes: &mut Vec<Note>) {
+    let layout = Layout::detect();
+    let (records, errors) = store.workloads();
+    for d in vgpu_store::state::damaged::damaged_records(&errors) {
+        match repair_record(store, lock, layout.as_ref(), &d) {
+            Ok(_) => notes.push(Note::did(format!("removed {}, cut short by a crash of the machine before this boot: {}", d.path.display(), d.problem))),
+            Err(reason) => notes.push(Note::warn(format!("left {} ({}): {reason}", d.path.display(), d.problem))),
+        }
+    }
+    let (_, bad_intents) = vgpu_store::state::intent::list(store);
+    for e in bad_intents {
+        let (StateError::Damaged { path, .. } | StateError::NotRegular { path, .. }) = &e else { continue };
+        if path.parent() != Some(store.intents_dir().as_path()) {
+            continue; // the directory itself: not removed here
+        }
+        match remove_entry(path) {
+            Ok(()) => notes.push(Note::did(format!("removed {}, cut short by a crash of the machine before this boot", path.display()))),
+            Err(reason) => notes.push(Note::warn(format!("left {}: {reason}", path.display()))),
+        }
+    }
+    let live = |w: &&vgpu_store::state::Workload| w.supervisor_alive();
+    if matches!(crate::pool_effects::read(store), Err(StateError::Damaged { .. } | StateError::NotRegular { .. }))
+        && !records.iter().filter(live).any(|w| w.pool_blocks.is_some() || w.state == WorkloadState::Waiting)
+    {
+        let path = store.state_dir.join(crate::pool_effects::POOL_FILE);
+        let aside = store.state_dir.join(format!("{}.damaged", crate::pool_effects::POOL_FILE));
+        match std::fs::rename(&path, &aside) {
+            Ok(()) => notes.push(Note::did(format!("set aside {} as {}, cut short by a crash of the machine before this boot", path.display(), aside.display()))),
+            Err(e) => notes.push(Note::warn(format!("cannot set aside {}: {e}", path.display()))),
+        }
+    }
+    let partitions = Partitions::load(&store.partitions_path()).unwrap_or_default();
+    for p in &partitions.partitions {
+        let used = records.iter().filter(live).any(|w| w.partition.as_deref() == Some(p.name.as_str()));
+        if !used {
+            if let Err(e) = store.remove_vgpu(&p.vgpu_id()) {
+                notes.push(Note::warn(format!("cannot remove the vGPU of partition {}: {e}", p.name)));
+            }
+        }
+    }
+}
+
 /// Remove one damaged record and what it owned, or say why not.
 fn repair_record(store: &Store, lock: &StoreLock, layout: Option<&Layout>, d: &DamagedRecord) -> Result<Vec<String>, String> {
     if d.path == store.workloads_dir() {
@@ -104,7 +162,7 @@ fn repair_record(store: &Store, lock: &StoreLock, layout: Option<&Layout>, d: &D
         let dir = store.vgpu_dir(id);
         let is_partitions = partitions.partitions.iter().any(|p| p.vgpu_id() == *id);
         if !is_partitions && std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
-            crate::lifecycle::remove_dir(&dir).map_err(|e| format!("{e:#}"))?;
+            store.remove_vgpu(id).map_err(|e| e.to_string())?;
             also.push(dir.display().to_string());
         }
         // Its pool allocation, if the pool can be read.

@@ -19,6 +19,7 @@ use vgpu_store::state::intent;
 use vgpu_store::state::Partitions;
 use vgpu_store::state::Store;
 use vgpu_store::state::Workload;
+use vgpu_store::state::DamagedRecord;
 
 use super::ids::{default_name, new_id};
 use super::transaction::Admission;
@@ -33,9 +34,10 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory: g.memory_total })
         .collect();
     let lock = store.lock()?;
-    crate::lifecycle::reconcile_store(store, &lock);
-    let (workloads, damaged) = store.workloads();
-    let damaged = vgpu_store::state::damaged::damaged_records(&damaged);
+    // The records as reconcile left them, under this lock: read once.
+    let reconciled = crate::lifecycle::reconcile_but_usage(store, &lock);
+    let workloads = reconciled.workloads;
+    let damaged = vgpu_store::state::damaged::damaged_records(&reconciled.damaged);
 
     if let Some(name) = &request.name {
         if let Some(holder) = workloads.iter().find(|w| &w.name == name) {
@@ -98,9 +100,14 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         }
     };
 
-    // Memory admission for every GPU slice of a vGPU of its own.
+    // Memory admission for every GPU slice of a vGPU of its own. Pool blocks may have been
+    // waited for (the lock released meanwhile) or taken from others (their records
+    // rewritten): then as the records are now.
     if workload.partition.is_none() && !request.oversubscribe {
-        check_memory(store, &devices, &workload)?;
+        match &request.placement {
+            Placement::Pool(_) => check_memory(store, &devices, &workload)?,
+            _ => check_memory_among(store, &devices, &workload, &workloads, &damaged)?,
+        }
     }
     // Who may write the vGPU's counters, and whether this workload may use the partition.
     let tenant = vgpu_store::access::tenant_for(&workload, partition.as_ref()).map_err(|e| UsageError::new(e.to_string()))?;
@@ -132,19 +139,27 @@ fn name_taken(name: &str, holder: &Workload, replica: Option<&vgpu_store::state:
 /// Whether the workload's memory fits on each of its GPUs beside the others' (and no
 /// damaged record may hold that GPU).
 pub(super) fn check_memory(store: &Store, devices: &[AdmissionGpu], workload: &Workload) -> Result<()> {
-    check_memory_among(store, devices, workload, store.workloads().0)
+    let (others, damaged) = store.workloads();
+    check_memory_among(store, devices, workload, &others, &vgpu_store::state::damaged::damaged_records(&damaged))
 }
 
-/// [`check_memory`] beside `others` as given (the records as a plan would leave them).
-pub(super) fn check_memory_among(store: &Store, devices: &[AdmissionGpu], workload: &Workload, others: Vec<Workload>) -> Result<()> {
-    let (_, damaged) = store.workloads();
-    let damaged = vgpu_store::state::damaged::damaged_records(&damaged);
-    let others: Vec<Workload> = others.into_iter().filter(|w| w.id != workload.id).collect();
+/// [`check_memory`] beside `others` and `damaged` as given (the records as the caller read
+/// them under the lock, or as a plan would leave them).
+pub(super) fn check_memory_among(store: &Store, devices: &[AdmissionGpu], workload: &Workload, others: &[Workload], damaged: &[DamagedRecord]) -> Result<()> {
+    // Beside the others: a record of its own (a plan's, or one written while it waited)
+    // is left out.
+    let without_it: Vec<Workload>;
+    let others = if others.iter().any(|w| w.id == workload.id) {
+        without_it = others.iter().filter(|w| w.id != workload.id).cloned().collect();
+        &without_it[..]
+    } else {
+        others
+    };
     let partitions = Partitions::load(&store.partitions_path())?;
     for g in &workload.gpus {
         if let Some(device) = devices.iter().find(|d| d.uuid == g.uuid) {
-            admission::check_not_blocked(device, &damaged)
-                .and_then(|()| admission::check_fits(device, g.mem_bytes, &others, &partitions.partitions))
+            admission::check_not_blocked(device, damaged)
+                .and_then(|()| admission::check_fits(device, g.mem_bytes, others, &partitions.partitions))
                 .map_err(anyhow::Error::msg)?;
         }
     }

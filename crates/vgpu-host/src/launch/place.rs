@@ -127,7 +127,8 @@ fn check_planned_memory(
     planned.apply(plan.clone()).map_err(pool_error)?;
     slices(&planned, devices, request, trial)?;
     let others = pool_effects::planned_workloads(store, plan, releases.is_ok());
-    check_memory_among(store, devices, trial, others).map_err(|e| {
+    let damaged = vgpu_store::state::damaged::damaged_records(&store.workloads().1);
+    check_memory_among(store, devices, trial, &others, &damaged).map_err(|e| {
         let held = match (&releases, plan.suspend().is_empty()) {
             (Err(why), false) => {
                 format!(" (a suspended workload keeps its GPU memory here: {why})")

@@ -3,7 +3,7 @@
 //! ([`vgpu_store::read_only`]), and the driver fills in what they cannot read.
 
 use super::driver::{self, Driver, UnmanagedRow};
-use super::{row, Row};
+use super::{row_with, Known, Row};
 use vgpu_cgroups::Layout;
 use vgpu_json::SuspendedReason;
 use vgpu_json::WorkloadRef;
@@ -40,16 +40,36 @@ pub struct Listing {
 pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<Listing, StateError> {
     let access = Access::take(store)?;
     let read_only = access.read_only();
+    // Root reconciles as every command does, but gives back the memory of dead processes
+    // in each vGPU as it reads it (below), not in a sweep of its own first.
     let reconciled = match &access {
-        Access::Writer(lock) => Some(crate::lifecycle::reconcile_store(store, lock)),
+        Access::Writer(lock) => Some(crate::lifecycle::reconcile_but_usage(store, lock)),
         Access::ReadOnly(_) => None,
     };
     drop(access);
-    let (workloads, damaged) = store.workloads();
-    // After a reconcile, its own list (it saw the same files, under the lock).
-    let damaged = reconciled.map(|r| r.damaged).unwrap_or(damaged);
+    // After a reconcile, the records as it left them (read under the lock); else as they are.
+    let (workloads, damaged, alive) = match reconciled {
+        Some(r) => (r.workloads, r.damaged, Some(r.alive)),
+        None => {
+            let (workloads, damaged) = store.workloads();
+            (workloads, damaged, None)
+        }
+    };
     let layout = Layout::detect();
-    let mut rows: Vec<Row> = workloads.iter().map(|w| row(store, layout.as_ref(), w, options.processes)).collect();
+    let mut reclaimed = std::collections::HashSet::new();
+    let known: Vec<Known> = workloads
+        .iter()
+        .map(|w| Known {
+            supervisor_alive: alive.as_ref().map(|a| a.contains(&w.id)),
+            // Once per vGPU (a partition's workloads share one).
+            reclaim: alive.is_some() && reclaimed.insert(w.vgpu.clone()),
+        })
+        .collect();
+    let mut rows: Vec<Row> = workloads.iter().zip(&known).map(|(w, k)| row_with(store, layout.as_ref(), w, options.processes, *k)).collect();
+    if alive.is_some() {
+        // The vGPUs no row read (a partition's without a workload).
+        crate::lifecycle::reclaim_dead_processes_but(store, &reclaimed);
+    }
     suspended_by(store, &mut rows, &workloads);
     let unreadable = rows.iter().any(|r| !r.usage_readable || r.gpus.iter().any(|g| g.mem_used.is_none()));
     let snapshot = if options.unmanaged || unreadable { driver.snapshot() } else { None };

@@ -1,12 +1,35 @@
 //! Atomic file replacement: readers see the old content or the new, never a mix.
+//!
+//! Whatever kills the writer (SIGKILL at any step included), the content of a file renamed
+//! into place is whole: it is in the kernel's page cache, which outlives the process. Only a
+//! crash of the machine itself can lose what was not synced to the disk, so only what must
+//! outlive the machine's processes is synced: the persistent state (`<lib>`, [`Durability::Durable`]).
+//! The runtime state (`<state>`, [`Durability::Runtime`]) describes processes that such a crash
+//! ends with it; on a tmpfs (`/run`) it goes with them, and a state directory on a disk is
+//! repaired at the first command of the next boot (`state::boot`).
 
 use std::io::Write;
 use std::path::Path;
 
 use super::StateError;
 
+/// Whether a write is synced to the disk before it is renamed into place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Persistent state (`<lib>`): synced, so that it outlives a crash of the machine.
+    Durable,
+    /// Runtime state (`<state>`): not synced (see the module).
+    Runtime,
+}
+
 /// Write `bytes` to `path` through a temp file in the same directory, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateError> {
+    write_atomic_as(path, bytes, mode, Durability::Durable)
+}
+
+/// Write `bytes` to `path` through a temp file in the same directory (synced first for
+/// [`Durability::Durable`]), then rename it into place.
+pub fn write_atomic_as(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> Result<(), StateError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| StateError::io(dir, e))?;
@@ -15,7 +38,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateErr
         .tempfile_in(dir)
         .map_err(|e| StateError::io(dir, e))?;
     tmp.write_all(bytes).map_err(|e| StateError::io(tmp.path(), e))?;
-    tmp.as_file().sync_all().map_err(|e| StateError::io(tmp.path(), e))?;
+    if durability == Durability::Durable {
+        tmp.as_file().sync_all().map_err(|e| StateError::io(tmp.path(), e))?;
+    }
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode)).map_err(|e| StateError::io(tmp.path(), e))?;
     tmp.persist(path).map_err(|e| StateError::io(path, e.error))?;
     Ok(())
@@ -44,11 +69,16 @@ pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, StateError> {
     Ok(bytes)
 }
 
-/// Serialise `value` as pretty JSON and write it atomically.
+/// Serialise `value` as pretty JSON and write it atomically, synced (persistent state).
 pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
+    write_json_as(path, value, Durability::Durable)
+}
+
+/// Serialise `value` as pretty JSON and write it atomically, as `durability` says.
+pub fn write_json_as<T: serde::Serialize>(path: &Path, value: &T, durability: Durability) -> Result<(), StateError> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
     bytes.push(b'\n');
-    write_atomic(path, &bytes, 0o644)
+    write_atomic_as(path, &bytes, 0o644, durability)
 }
 
 /// Read JSON; a parse failure is a `Damaged` error naming the file.

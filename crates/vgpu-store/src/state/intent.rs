@@ -92,7 +92,8 @@ pub fn begin(store: &Store, op: Op, workloads: &[&str]) -> Result<Pending, State
         writer: writer.into(),
         created_unix_ms: crate::clock::now_ms(),
     };
-    atomic::write_json(&path, &intent)?;
+    // Runtime state (see `atomic`): a command killed at any step leaves it whole.
+    atomic::write_json_as(&path, &intent, atomic::Durability::Runtime)?;
     Ok(Pending { path })
 }
 

@@ -7,6 +7,7 @@
 //! `vgpu` never leaves the store locked.
 
 pub mod atomic;
+pub mod boot;
 pub mod dirs;
 
 pub mod damaged;
@@ -189,6 +190,21 @@ impl Store {
 
     pub fn write_workload(&self, workload: &Workload) -> Result<(), StateError> {
         workload.write(&self.workload_path(&workload.id))
+    }
+
+    /// Remove vGPU `vgpu`'s directory, its slots on the GPUs' boards first (the others stop
+    /// counting it at once). One that is not there is removed already.
+    pub fn remove_vgpu(&self, vgpu: &str) -> Result<(), StateError> {
+        let dir = self.vgpu_dir(vgpu);
+        if !is_plain_name(vgpu) {
+            return Err(StateError::Damaged { path: dir, message: format!("vGPU {vgpu:?} is not a plain name") });
+        }
+        vgpu_abi::board::release_vgpu(&dir);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StateError::io(&dir, e)),
+        }
     }
 
     pub fn remove_workload(&self, id: &str) -> Result<(), StateError> {

@@ -260,16 +260,13 @@ impl Workload {
     /// Decode and check a record's bytes, as [`Workload::read`] does; `path` names the file
     /// in errors, and its name must be the record's id.
     pub fn parse(bytes: &[u8], path: &Path) -> Result<Workload, StateError> {
-        let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
-        let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(0);
-        if format != u64::from(WORKLOAD_FORMAT) {
-            return Err(StateError::Damaged {
-                path: path.to_path_buf(),
-                message: format!("format {format} is not the format {WORKLOAD_FORMAT} this vgpu reads (written by another vgpu version)"),
-            });
-        }
-        let w: Workload = serde_json::from_value(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
+        // Straight into the record: what every command does for every record, so it is
+        // done once, not through a `serde_json::Value` first. Anything that does not decode
+        // so (another format, a duplicate key, damage) takes the path that says why.
+        let w = match serde_json::from_slice::<Workload>(bytes) {
+            Ok(w) if w.format == WORKLOAD_FORMAT => w,
+            _ => Workload::decode_checking_format(bytes, path)?,
+        };
         // These are joined to paths (its vGPU directory, its cgroup, its record): plain names only.
         for (field, name) in [("id", Some(&w.id)), ("vgpu", Some(&w.vgpu)), ("cgroup", Some(&w.cgroup)), ("partition", w.partition.as_ref())] {
             if let Some(name) = name.filter(|n| !super::is_plain_name(n)) {
@@ -296,8 +293,24 @@ impl Workload {
         Ok(w)
     }
 
+    /// Decode through a `serde_json::Value`: a record of another format is refused as such
+    /// (its other fields are not read by this version's rules), else the decoding error.
+    fn decode_checking_format(bytes: &[u8], path: &Path) -> Result<Workload, StateError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })?;
+        let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(0);
+        if format != u64::from(WORKLOAD_FORMAT) {
+            return Err(StateError::Damaged {
+                path: path.to_path_buf(),
+                message: format!("format {format} is not the format {WORKLOAD_FORMAT} this vgpu reads (written by another vgpu version)"),
+            });
+        }
+        serde_json::from_value(value).map_err(|e| StateError::Damaged { path: path.to_path_buf(), message: e.to_string() })
+    }
+
+    /// Write the record (runtime state: not synced, see [`atomic`]).
     pub fn write(&self, path: &Path) -> Result<(), StateError> {
-        atomic::write_json(path, self)
+        atomic::write_json_as(path, self, atomic::Durability::Runtime)
     }
 
     /// Record it suspended, for `reason`, with its memory where `memory` says.
@@ -376,6 +389,19 @@ pub mod tests {
         std::fs::write(&path, text).unwrap();
         let err = Workload::read(&path).unwrap_err().to_string();
         assert!(err.contains("format 9") && err.contains("a1b2c3d4.json"), "{err}");
+    }
+
+    #[test]
+    fn what_the_straight_decoding_refuses_reads_as_through_a_value() {
+        // A duplicate key: a record decoded straight refuses it, a `serde_json::Value` keeps
+        // the last; records read as they always did.
+        let text = serde_json::to_string(&sample()).unwrap().replacen("\"name\":\"train\"", "\"name\":\"first\",\"name\":\"train\"", 1);
+        assert!(serde_json::from_str::<Workload>(&text).is_err(), "{text}");
+        assert_eq!(Workload::parse(text.as_bytes(), Path::new("a1b2c3d4.json")).unwrap(), sample());
+        // Another format is refused as such, whatever else it holds.
+        let other = serde_json::to_string(&sample()).unwrap().replace("\"format\":1", "\"format\":2");
+        let err = Workload::parse(other.as_bytes(), Path::new("a1b2c3d4.json")).unwrap_err().to_string();
+        assert!(err.contains("format 2 is not the format 1"), "{err}");
     }
 
     #[test]

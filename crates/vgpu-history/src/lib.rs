@@ -46,14 +46,27 @@ pub const BEST_EFFORT_BUDGET: std::time::Duration = std::time::Duration::from_se
 /// warning, or a debug line where this caller may not write the database (not root, or
 /// refused the directory or file).
 pub fn best_effort<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig, what: &str, f: impl FnOnce(&History) -> Result<T, WriteError>) {
+    best_effort_then(lib_dir, config, what, |h| f(&h));
+}
+
+/// [`best_effort`], `f` given the connection to keep (e.g. to read back through it,
+/// [`crate::query::Reader::from_history`], rather than open the database a second time);
+/// `None` where nothing was recorded.
+pub fn best_effort_then<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig, what: &str, f: impl FnOnce(History) -> Result<T, WriteError>) -> Option<T> {
     if !config.enabled {
-        return;
+        return None;
     }
     let deadline = std::time::Instant::now() + BEST_EFFORT_BUDGET;
-    match History::open_within(lib_dir, deadline).and_then(|h| f(&h)) {
-        Ok(_) => {}
+    match History::open_within(lib_dir, deadline).and_then(f) {
+        Ok(kept) => Some(kept),
         // Root's watch and commands record; a user's command may not write there.
-        Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => tracing::debug!("history: cannot record {what}: {e}"),
-        Err(e) => tracing::warn!("history: cannot record {what}: {e}"),
+        Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => {
+            tracing::debug!("history: cannot record {what}: {e}");
+            None
+        }
+        Err(e) => {
+            tracing::warn!("history: cannot record {what}: {e}");
+            None
+        }
     }
 }

@@ -39,6 +39,14 @@ impl Reader {
         }))
     }
 
+    /// Read through the connection a writer holds (root, the live database): what it just
+    /// wrote, without opening the database again.
+    pub fn from_history(history: crate::store::History) -> Reader {
+        let (conn, path) = history.into_parts();
+        let rollups = rollup::present(&conn);
+        Reader { conn, path, from: ReadFrom::Live, rollups }
+    }
+
     /// The live database, or the public copy and when it was made.
     pub fn from(&self) -> ReadFrom {
         self.from

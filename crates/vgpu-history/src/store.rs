@@ -201,6 +201,11 @@ impl History {
         &self.conn
     }
 
+    /// The connection and the database's path, for a reader ([`crate::query::Reader::from_history`]).
+    pub fn into_parts(self) -> (Connection, PathBuf) {
+        (self.conn, self.path)
+    }
+
     /// One tick's rows (gpu_samples and workload_gpu_time), all or none.
     pub fn record_tick(&mut self, tick: &Tick) -> Result<(), WriteError> {
         self.bound()?;

@@ -61,7 +61,15 @@ pub fn resolve(user_arg: Option<&str>, sudo_uid: Option<&str>, run_as_others: &[
                 Some(user) => spec_for(&user, user.gid),
                 None => {
                     let root = User::from_uid(Uid::from_raw(0))?.ok_or_else(|| IdentityError::UnknownUser("0".into()))?;
-                    spec_for(&root, root.gid)
+                    if nix::unistd::getuid().is_root() {
+                        // Root itself ran vgpu (a shell, cron, a service, a Slurm prolog):
+                        // the workload gets this process's own credentials, which are root's
+                        // as whoever started it set them, without asking the group database
+                        // (every group source nsswitch.conf lists: LDAP, sssd, systemd).
+                        own_spec(&root)
+                    } else {
+                        spec_for(&root, root.gid)
+                    }
                 }
             }
         }
@@ -137,6 +145,16 @@ fn spec_for(user: &User, gid: Gid) -> Result<UserSpec, IdentityError> {
     })
 }
 
+/// `user` (root) with this process's gid and supplementary groups.
+fn own_spec(user: &User) -> Result<UserSpec, IdentityError> {
+    let gid = nix::unistd::getgid().as_raw();
+    let mut groups: Vec<u32> = nix::unistd::getgroups()?.into_iter().map(|g| g.as_raw()).collect();
+    if !groups.contains(&gid) {
+        groups.insert(0, gid);
+    }
+    Ok(UserSpec { name: user.name.clone(), uid: user.uid.as_raw(), gid, groups, home: user.dir.to_string_lossy().into_owned() })
+}
+
 /// Runs `f` as `user` would: on a thread of its own that switches only its own credentials
 /// (groups, then gid, then uid: real, effective and saved), so that every path `f` resolves,
 /// opens or checks is resolved with that user's rights, and an error is what that user
@@ -190,6 +208,23 @@ mod tests {
         let via_sudo = resolve(None, Some(&nobody.uid.as_raw().to_string()), &[]).unwrap();
         assert_eq!(via_sudo.uid, nobody.uid.as_raw());
         assert_eq!(via_sudo.gid, nobody.gid.as_raw());
+    }
+
+    #[test]
+    fn root_without_sudo_runs_with_this_process_credentials_not_the_group_database() {
+        // On a thread of its own (a raw setgroups changes that thread alone): supplementary
+        // groups the group database does not give root.
+        let spec = std::thread::spawn(|| {
+            let groups: [u32; 2] = [0, 4242];
+            // SAFETY: setgroups with a count and a pointer to that many gid_t that outlive
+            // the call; raw, it changes this test thread's credentials only.
+            assert_eq!(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) }, 0);
+            resolve(None, None, &[]).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!((spec.uid, spec.gid, spec.name.as_str()), (0, 0, "root"));
+        assert!(spec.groups.contains(&4242) && spec.groups.contains(&0), "{:?}", spec.groups);
     }
 
     #[test]

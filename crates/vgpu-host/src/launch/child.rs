@@ -90,16 +90,18 @@ fn relayed(signal: i32, sender: i32, unit: Option<&str>, name: &str, id: &str) -
 
 /// Record in the history that the workload ended, and how (best effort: a failure is a
 /// warning). It is recorded there too when it ended before the watch saw it.
-pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>) {
+pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>) -> Option<vgpu_history::query::Reader> {
     let outcome = match result {
         Ok(code) => format!("exit {code}"),
         Err(e) => format!("failed: {e}"),
     };
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    vgpu_history::best_effort(&ctx.lib_dir, &ctx.config.history, "the workload's end", |h| {
+    vgpu_history::best_effort_then(&ctx.lib_dir, &ctx.config.history, "the workload's end", |h| {
         h.upsert_workload(&vgpu_history::store::WorkloadInfo::of(w))?;
-        h.end_workload(&w.id, now, Some(&outcome))
-    });
+        h.end_workload(&w.id, now, Some(&outcome))?;
+        // Kept to read the workload's use back (its last line): one open, not two.
+        Ok(vgpu_history::query::Reader::from_history(h))
+    })
 }
 
 /// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record,

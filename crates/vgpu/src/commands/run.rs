@@ -294,20 +294,24 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     tracing::debug!("cgroup {}, vGPU {}, priority {}", w.cgroup, w.vgpu, w.priority);
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request);
     let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
-    launch::record_end(ctx, w, &result);
+    let history = launch::record_end(ctx, w, &result);
     let code = result?;
     cleanup?;
     tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);
-    say_energy(ctx, w);
+    say_energy(ctx, w, history);
     Ok(code)
 }
 
 /// One line at the workload's end: the energy and emissions the history attributes to it
 /// (what `vgpu watch` recorded, `vgpu carbon report`'s accounting); nothing recorded: a
-/// line at -v only.
-fn say_energy(ctx: &Context, w: &Workload) {
+/// line at -v only. `history`: the connection that recorded the end, when it did.
+fn say_energy(ctx: &Context, w: &Workload, history: Option<vgpu_history::query::Reader>) {
     use vgpu_carbon::account::format_energy;
-    let used = match vgpu_history::query::Reader::open(&ctx.lib_dir) {
+    let opened = match history {
+        Some(reader) => Ok(Some(reader)),
+        None => vgpu_history::query::Reader::open(&ctx.lib_dir),
+    };
+    let used = match opened {
         Ok(Some(reader)) => reader.workload_usage(&w.id, &vgpu_host::carbon::report::idle_defaults(ctx)),
         Ok(None) => {
             tracing::info!("workload {} ({}): no energy recorded (is vgpu watch running?)", w.name, w.id);

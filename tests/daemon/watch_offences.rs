@@ -432,9 +432,14 @@ fn a_suspended_workload_stays_suspended_through_its_offence() {
     let line = watch.wait_line("the SIGKILL", |l| l.contains("SIGKILL to pid"));
     assert!(line.contains(&format!("of workload sleeper ({id}): over memory quota on GPU 0: 3 GiB of 1 GiB")), "{line}");
     let pid: u32 = line.split("SIGKILL to pid ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).expect("a pid");
-    // Its shell is frozen and cannot reap it: a zombie, or gone.
-    let dead = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')));
-    assert!(dead, "the offender still runs");
+    // Its shell is frozen and cannot reap it: a zombie, or gone (the line is said once the
+    // signal is sent; the process dies a moment later).
+    let dead = || std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !dead() {
+        assert!(Instant::now() < deadline, "the offender still runs 10 s after its SIGKILL");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     watch.wait_rounds(2);
     assert!(frozen(&id), "still suspended after its offence");
     let r = record(&sim, &id);
@@ -502,15 +507,22 @@ fn a_watch_killed_while_ending_a_workload_leaves_it_ended() {
     sim.write_vgpu_config(FAST);
     let mut runs = Runs::new(&sim);
     let dir = sim.path("");
-    let respawn = format!("n=0; while :; do n=$((n+1)); env -u LD_PRELOAD {b} idle 600 --alloc-mib 3072 --ready {d}/child$n; done", b = bin(), d = dir.display());
+    // The second child waits for `go`: the first watch must be gone before it holds its
+    // memory, or that watch could take the second offence itself (its grace is 200 ms).
+    let respawn = format!(
+        "n=0; while :; do n=$((n+1)); if [ $n -gt 1 ]; then until [ -e {d}/go ]; do sleep 0.01; done; fi; env -u LD_PRELOAD {b} idle 600 --alloc-mib 3072 --ready {d}/child$n; done",
+        b = bin(),
+        d = dir.display()
+    );
     let run = runs.start(&["--name", "again", "--mem", "1G", "--", "sh", "-c", &respawn]);
     wait_file(&dir.join("child1"));
     let id = id_of(&sim, "again");
     // A first watch kills the first child (its first offence) and is stopped.
     let mut watch = Watch::start(&sim, &[]);
     watch.wait_line("the first offence", |l| l.contains("SIGKILL to pid") && l.contains("its first offence"));
-    wait_file(&dir.join("child2"));
     assert_eq!(watch.stop().code(), Some(0));
+    std::fs::write(dir.join("go"), b"").unwrap();
+    wait_file(&dir.join("child2"));
     // The next one finds the second offence in the record's first and dies while ending it.
     let status = watch_until_stop_point(&sim);
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));

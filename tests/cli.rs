@@ -28,5 +28,7 @@ mod install;
 mod maintainer_guide;
 #[path = "cli/fuzz_parsers.rs"]
 mod fuzz_parsers;
+#[path = "cli/rough_edges.rs"]
+mod rough_edges;
 #[path = "cli/pyclients.rs"]
 mod pyclients;

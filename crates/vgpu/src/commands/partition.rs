@@ -54,7 +54,7 @@ pub struct CreateArgs {
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub mem: String,
     /// Share of the GPU's busy time, percent (1-100), for all the partition's workloads together
-    #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true, help_heading = crate::commands::run::GPU_SLICE)]
+    #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = crate::args::compute_pct, allow_negative_numbers = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub compute: u32,
     /// How the compute share is applied: strict or fair [default: the config's [compute] policy, else strict]
     #[arg(long, value_name = "POLICY", value_enum, help_heading = crate::commands::run::GPU_SLICE)]
@@ -80,7 +80,7 @@ pub struct UpdateArgs {
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
     pub mem: Option<String>,
     /// New share of the GPU's compute, percent (1-100)
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", value_parser = crate::args::compute_pct, allow_negative_numbers = true)]
     pub compute: Option<u32>,
     /// New policy: strict or fair
     #[arg(long, value_name = "POLICY", value_enum)]

@@ -47,8 +47,8 @@ pub struct WorkloadOptions {
     /// GPU device memory per selected GPU (not host RAM: see --memory): 4G (=4GiB), 512M, 1.5G, or NN% of the device; through sudo, at most the config's [policy] max_mem [default: the whole GPU; with --tflops, the same share as the compute; through sudo, lowered to max_mem]
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub mem: Option<String>,
-    /// Share of each GPU's busy time, percent (1-100): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops", allow_negative_numbers = true, help_heading = GPU_SLICE)]
+    /// Share of each GPU's busy time, percent (1-100; 30 or 30%): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]
+    #[arg(long, value_name = "PCT", value_parser = crate::args::compute_pct, conflicts_with = "tflops", allow_negative_numbers = true, help_heading = GPU_SLICE)]
     pub compute: Option<u32>,
     /// How the compute share is applied: strict (never above it) or fair (a floor; idle GPU time is shared out) [default: the config's [compute] policy, else strict]
     #[arg(long, value_name = "POLICY", value_enum, help_heading = GPU_SLICE)]

@@ -163,13 +163,14 @@ fn suspend_one(store: &Store, w: &Workload) -> Result<Outcome> {
     // The intent is recorded before anything is touched: if this command dies before the
     // record is written, the next reconcile undoes the suspension (restores, thaws).
     let intent = intent::begin(store, intent::Op::Suspend, &[&w.id])?;
-    let memory = vgpu_host::suspension::suspend(&cgroup).with_context(|| format!("suspending {} ({})", w.name, w.id))?;
+    let (memory, checkpointed) = vgpu_host::suspension::suspend_counted(&cgroup).with_context(|| format!("suspending {} ({})", w.name, w.id))?;
     vgpu_store::stop_point::stop_point("suspend:frozen");
     let mut record = w.clone();
     record.set_suspended("manual".into(), memory.clone());
     store.write_workload(&record)?;
     intent.done();
     let message = match &memory {
+        SuspendedMemory::Host if checkpointed == 0 => format!("suspended {} ({}): frozen; it has no CUDA context, so no device memory to move", w.name, w.id),
         SuspendedMemory::Host => format!("suspended {} ({}): its device memory is in host memory", w.name, w.id),
         SuspendedMemory::Device { why } => format!("suspended {} ({}): frozen, its device memory held on the GPU ({why})", w.name, w.id),
     };

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
         return ExitCode::from(vgpu_store::error::EXIT_USAGE);
     }
     if let Some(option) = root_only_option(&matches) {
-        eprintln!("vgpu: error: {option} is root's own setting: through sudo, vgpu uses root's config and directories (README, Privileges)");
+        eprintln!("vgpu: error: {option} is root's own setting: through sudo, vgpu uses root's config and directories (user guide: Security model)");
         return ExitCode::from(vgpu_store::error::EXIT_USAGE);
     }
     init_logging(cli.verbose, cli.quiet);

@@ -138,8 +138,8 @@ pub struct RunArgs {
 /// a user with sudo rights to `vgpu run` alone has no use for them. Refused through sudo
 /// (`SUDO_UID` set and not 0), should sudo keep the environment (`-E`, `env_keep`). The
 /// settings that are also config keys (`VGPU_CONFIG` itself, `VGPU_CGROUP_MANAGER`) are
-/// honoured as ever: sudo's `env_reset` (its default) is what keeps them root's (README,
-/// Privileges).
+/// honoured as ever: sudo's `env_reset` (its default) is what keeps them root's (user
+/// guide, docs/security.md: What `sudo` grants).
 pub const ROOT_ONLY_ENV: [&str; 3] = [vgpu_host::workload_file::ENV_DIR, vgpu_cgroups::home::ENV_SELF, vgpu_cgroups::systemd::ENV_BUS];
 
 /// The user who ran sudo (`SUDO_UID` set, not 0), if any; refuses [`ROOT_ONLY_ENV`] for them.

@@ -101,7 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Ok(ctx) => ctx,
         Err(e @ ConfigError::Invalid { .. }) => return Err(UsageError::new(e.to_string()).into()),
         // A config file named on the command line that cannot be read is the caller's
-        // mistake, as the README says: exit 2.
+        // mistake, as the user guide says (docs/scripting.md): exit 2.
         Err(ConfigError::Read { path, source }) if cli.config.is_some() => {
             return Err(UsageError::new(format!("cannot read config {}: {source}", path.display())).into())
         }

@@ -277,6 +277,78 @@ fn every_shown_vgpu_command_is_in_a_console_block() {
     }
 }
 
+/// The command lines a page shows in a code block without running them (a reference block
+/// of several commands with comments, a crontab line): `(line, words)`. Synopses (`[…]`,
+/// `A|B`) and log lines (`vgpu watch: …`) are not commands; `\` continues a line; `# …`
+/// after a space is a comment; a leading `sudo` and `VAR=value` words are dropped.
+fn shown_commands(text: &str) -> Vec<(usize, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut fence: Option<bool> = None; // Some(is_console) inside a fence
+    let mut pending: Option<(usize, String)> = None;
+    for (n, raw) in text.lines().enumerate() {
+        let trimmed = raw.trim_start();
+        if trimmed.starts_with("```") {
+            fence = match fence {
+                Some(_) => None,
+                None => Some(trimmed.trim_end() == "```console"),
+            };
+            continue;
+        }
+        let in_code = match fence {
+            Some(console) => !console,
+            None => raw.starts_with("    "),
+        };
+        if !in_code {
+            pending = None;
+            continue;
+        }
+        let (start, mut line) = match pending.take() {
+            Some((start, before)) => (start, format!("{before} {trimmed}")),
+            None => (n + 1, trimmed.to_string()),
+        };
+        if let Some(at) = line.find(" #") {
+            line.truncate(at);
+        }
+        if let Some(continued) = line.trim_end().strip_suffix('\\') {
+            pending = Some((start, continued.to_string()));
+            continue;
+        }
+        let mut words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        while words.first().is_some_and(|w| w == "sudo" || (w.contains('=') && w.chars().next().is_some_and(|c| c.is_ascii_uppercase()))) {
+            words.remove(0);
+        }
+        let is_vgpu = words.first().is_some_and(|w| w == "vgpu" || w.ends_with("/vgpu"));
+        let synopsis = line.contains('[') || line.contains('|') || line.contains('…');
+        let log_line = words.get(1).is_some_and(|w| w.ends_with(':'));
+        if is_vgpu && !synopsis && !log_line && words.len() > 1 {
+            out.push((start, words));
+        }
+    }
+    out
+}
+
+/// Every vgpu command a page shows without running it still parses: a removed or renamed
+/// option, or a value no longer accepted, fails here.
+#[test]
+fn every_vgpu_command_shown_in_a_code_block_parses() {
+    let mut checked = 0;
+    let mut problems = Vec::new();
+    for file in documents() {
+        let text = std::fs::read_to_string(repo().join(&file)).unwrap();
+        for (line, words) in shown_commands(&text) {
+            checked += 1;
+            let argv = std::iter::once("vgpu".to_string()).chain(words.iter().skip(1).cloned());
+            match vgpu::cli::command().try_get_matches_from(argv) {
+                Ok(_) => {}
+                Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => {}
+                Err(e) => problems.push(format!("{file}:{line}: `{}`: {}", words.join(" "), e.render().to_string().lines().next().unwrap_or(""))),
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} commands found in code blocks");
+    assert!(problems.is_empty(), "commands shown in the documentation that vgpu no longer takes:\n{}", problems.join("\n"));
+}
+
 #[test]
 fn the_wildcards_match_as_trycmd_s() {
     assert!(line_matches("id [..] running", "id 1a2b3c4d running"));

@@ -50,7 +50,7 @@ pub struct CreateArgs {
     /// The GPU, by index or UUID (one GPU per partition)
     #[arg(long, value_name = "INDEX|UUID", help_heading = crate::commands::run::GPU_SLICE)]
     pub gpu: String,
-    /// GPU device memory (not host RAM): 4G, 512M, 1.5G or NN% of the device
+    /// GPU device memory (not host RAM): 4G, 512M, 1.5G (with its unit, at least 16M) or NN% of the device
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub mem: String,
     /// Share of the GPU's busy time, percent (1-100), for all the partition's workloads together
@@ -76,7 +76,7 @@ pub struct UpdateArgs {
     /// Partition name
     #[arg(add = crate::args::partition_candidates())]
     pub name: String,
-    /// New GPU device memory (not host RAM): 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
+    /// New GPU device memory (not host RAM): 4G, 512M, 1.5G (with its unit, at least 16M) or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
     pub mem: Option<String>,
     /// New share of the GPU's compute, percent (1-100)

@@ -44,7 +44,7 @@ pub struct WorkloadOptions {
     /// How many GPUs: `all` (every GPU of the host), a number N, or a range MIN-MAX the carbon planner chooses from (stage 1); for particular GPUs see --gpu
     #[arg(long = "gpus", value_name = "all|N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"], allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub gpu_count: Option<String>,
-    /// GPU device memory per selected GPU (not host RAM: see --memory): 4G (=4GiB), 512M, 1.5G, or NN% of the device; through sudo, at most the config's [policy] max_mem [default: the whole GPU; with --tflops, the same share as the compute; through sudo, lowered to max_mem]
+    /// GPU device memory per selected GPU (not host RAM: see --memory): 4G (=4GiB), 512M, 1.5G (a unit is required; at least 16M), or NN% of the device; through sudo, at most the config's [policy] max_mem [default: the whole GPU; with --tflops, the same share as the compute; through sudo, lowered to max_mem]
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub mem: Option<String>,
     /// Share of each GPU's busy time, percent (1-100; 30 or 30%): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]

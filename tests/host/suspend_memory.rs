@@ -190,7 +190,7 @@ fn suspend_while_allocating_in_a_loop() {
     let (code, err) = w.finish();
     assert_eq!(code, Some(0), "{err}");
     // Its own vgpu run said both, and who suspended it.
-    assert!(err.contains(") is suspended: by vgpu suspend (`vgpu resume ") && err.contains(") is resumed after "), "{err}");
+    assert!(err.contains(") is suspended: by root with vgpu suspend (`vgpu resume ") && err.contains(") is resumed after "), "{err}");
 }
 
 /// A workload with no CUDA context had no device memory to move: `vgpu suspend` says it

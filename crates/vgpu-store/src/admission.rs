@@ -240,6 +240,7 @@ mod tests {
             state: WorkloadState::Running,
             suspended_reason: None,
             suspended_memory: None,
+            suspended_by: None,
             created_unix_ms: 0,
             enforcement: None,
             service: None,

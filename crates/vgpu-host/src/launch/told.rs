@@ -92,7 +92,10 @@ fn watch(inotify: Inotify, wake: OwnedFd, path: PathBuf, file: String, mut state
             (WorkloadState::Suspended, WorkloadState::Suspended) => {}
             (_, WorkloadState::Suspended) => {
                 since = Some(Instant::now());
-                crate::notice!("{name} ({id}) is suspended: {}", suspended_line(id, record.suspended_reason.as_deref(), record.suspended_memory.as_ref()));
+                crate::notice!(
+                    "{name} ({id}) is suspended: {}",
+                    suspended_line(id, record.suspended_reason.as_deref(), record.suspended_by.as_deref(), record.suspended_memory.as_ref())
+                );
             }
             (WorkloadState::Suspended, WorkloadState::Running) => {
                 let after = since.take().map(|t| format!(" after {:.1} s", t.elapsed().as_secs_f64())).unwrap_or_default();
@@ -105,10 +108,13 @@ fn watch(inotify: Inotify, wake: OwnedFd, path: PathBuf, file: String, mut state
 }
 
 /// Why and by whom workload `id` was suspended, and where its memory is, from its record's
-/// reason and memory.
-fn suspended_line(id: &str, reason: Option<&str>, memory: Option<&SuspendedMemory>) -> String {
+/// reason, suspender (`vgpu suspend`'s caller) and memory.
+fn suspended_line(id: &str, reason: Option<&str>, by: Option<&str>, memory: Option<&SuspendedMemory>) -> String {
     let why = match reason {
-        Some("manual") | None => format!("by vgpu suspend (`vgpu resume {id}` resumes it)"),
+        Some("manual") | None => match by {
+            Some(who) => format!("by {who} with vgpu suspend (`vgpu resume {id}` resumes it)"),
+            None => format!("by vgpu suspend (`vgpu resume {id}` resumes it)"),
+        },
         Some("planned") => "waiting for room in the compute pool".to_string(),
         Some(reason) => match reason.strip_prefix("preempted by ") {
             Some(by) => format!("preempted by {by}, which has a higher priority in the compute pool; it resumes when there is room"),
@@ -130,12 +136,12 @@ mod tests {
     #[test]
     fn the_line_says_who_and_why() {
         assert_eq!(
-            suspended_line("1a2b", Some("preempted by urgent"), Some(&SuspendedMemory::Host)),
+            suspended_line("1a2b", Some("preempted by urgent"), None, Some(&SuspendedMemory::Host)),
             "preempted by urgent, which has a higher priority in the compute pool; it resumes when there is room; frozen, its device memory (if any) held in host memory meanwhile"
         );
         assert_eq!(
-            suspended_line("1a2b", Some("manual"), Some(&SuspendedMemory::Device { why: "no API".into() })),
-            "by vgpu suspend (`vgpu resume 1a2b` resumes it); frozen, its device memory held on the GPU"
+            suspended_line("1a2b", Some("manual"), Some("alice (through sudo)"), Some(&SuspendedMemory::Device { why: "no API".into() })),
+            "by alice (through sudo) with vgpu suspend (`vgpu resume 1a2b` resumes it); frozen, its device memory held on the GPU"
         );
     }
 }

@@ -154,6 +154,15 @@ pub fn suspend(ctx: &Context, args: &IdArgs) -> Result<()> {
     report(&outcomes, args.json)
 }
 
+/// Who runs this `vgpu suspend`, for the workload's record: `root`, or the user who ran it
+/// through sudo (`alice (through sudo)`; uid N when the name cannot be had).
+fn suspender() -> String {
+    match vgpu_store::identity::sudo_caller(std::env::var("SUDO_UID").ok().as_deref()) {
+        Ok(Some(caller)) => format!("{} (through sudo)", caller.name),
+        _ => "root".to_string(),
+    }
+}
+
 /// Suspend one workload; call under the store lock.
 fn suspend_one(store: &Store, w: &Workload) -> Result<Outcome> {
     if w.state == WorkloadState::Suspended {
@@ -167,6 +176,7 @@ fn suspend_one(store: &Store, w: &Workload) -> Result<Outcome> {
     vgpu_store::stop_point::stop_point("suspend:frozen");
     let mut record = w.clone();
     record.set_suspended("manual".into(), memory.clone());
+    record.suspended_by = Some(suspender());
     store.write_workload(&record)?;
     intent.done();
     let message = match &memory {

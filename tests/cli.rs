@@ -28,5 +28,11 @@ mod install;
 mod maintainer_guide;
 #[path = "cli/fuzz_parsers.rs"]
 mod fuzz_parsers;
+#[path = "cli/doc_examples.rs"]
+mod doc_examples;
+#[path = "cli/user_guide.rs"]
+mod user_guide;
+#[path = "cli/rough_edges.rs"]
+mod rough_edges;
 #[path = "cli/pyclients.rs"]
 mod pyclients;

@@ -313,8 +313,10 @@ fn not_root_is_refused_in_one_line() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
-        assert!(stderr.contains("failed on 2 of 2 GPUs: GPUs 0, 1: "), "{stderr}");
-        assert!(stderr.contains("NVML refused: permission denied (run as root, e.g. with sudo)"), "{stderr}");
+        // Up front, before NVML is asked anything (issue 29: it used to warn "lowest clocks
+        // applied", print a table of refusals, then an error about carbon.jsonl).
+        assert!(stderr.starts_with(&format!("vgpu: error: vgpu {} {} must run as root (through sudo)", args[0], args[1])), "{stderr}");
+        assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
     }
 }
 

@@ -341,3 +341,29 @@ fn idle_power_without_a_measured_model_is_the_planners() {
     assert_eq!(energy_of(&doc, "idle"), 800_000, "{doc:#}");
     assert_eq!(doc["gpus"][0]["idle_source"], "configured");
 }
+
+/// A history with the grid's intensity but no GPU sample yet (a watch just started, or
+/// none running): the report says nothing was recorded, in one line, and its totals are
+/// zero, never `-0` (issue 29: an empty table with `TOTAL 0.000000 -0.00`, no note).
+#[test]
+fn a_history_with_nothing_recorded_says_so() {
+    let sim = Sim::new(&[]);
+    let t = start_ms();
+    let conn = vgpu_history::db::open_rw(&sim.path("lib")).expect("history database");
+    conn.execute_batch(&format!("INSERT INTO intensity VALUES ({t}, 'reading', 360, 'file', {t});")).expect("fill");
+    drop(conn);
+    let out = sim.vgpu(&["carbon", "report"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("nothing recorded in this window: no GPU energy samples"), "{text}");
+    assert!(!text.contains("TOTAL") && !text.contains("-0"), "{text}");
+    let doc = report_json(&sim, &[]);
+    assert_eq!(doc["total_energy_mj"], 0);
+    let g = doc["total_g_co2"].as_f64().expect("emissions known: the intensity is");
+    assert!(g == 0.0 && g.is_sign_positive(), "{doc:#}");
+    assert!(doc["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("nothing recorded")), "{doc:#}");
+    let csv = sim.vgpu(&["carbon", "report", "--csv"]).output().unwrap();
+    let (csv_out, csv_err) = (String::from_utf8_lossy(&csv.stdout), String::from_utf8_lossy(&csv.stderr));
+    assert!(csv_out.lines().last().unwrap().starts_with("total,") && !csv_out.contains("-0"), "{csv_out}");
+    assert!(csv_err.contains("note: nothing recorded"), "{csv_err}");
+}

@@ -4,7 +4,7 @@
 //! each parser gets arbitrary bytes and near-valid inputs (valid ones with bytes flipped,
 //! cut short, repeated, or a number swapped for a huge, negative, fractional or non-number
 //! one) and must answer with its typed error or a value it would accept again, never a
-//! panic. Long runs: `cargo +nightly fuzz run TARGET` (README, "Fuzzing").
+//! panic. Long runs: `cargo +nightly fuzz run TARGET` (docs/testing.md, "Fuzzing").
 
 // Relative to tests/cli/: this file is a module loaded by #[path] (tests/cli.rs).
 #[path = "../../fuzz/src/lib.rs"]

@@ -9,7 +9,7 @@
 //! - Every governed allocation function is simulated by the fake driver, called by a shim
 //!   test program, and listed in the shim's README.
 //! - Every intensity source (`SourceKind`, all variants through clap's generated list) is in
-//!   the README's key table and source list, the example config, and a fuzz target.
+//!   docs/carbon-budgets.md's key table and source list, the example config, and a fuzz target.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -169,7 +169,7 @@ fn every_governed_allocation_is_simulated_tested_and_documented() {
 
 #[test]
 fn every_intensity_source_is_documented_configured_and_fuzzed() {
-    let readme = read("README.md");
+    let readme = read("docs/carbon-budgets.md");
     let example = read("examples/config.toml");
     let fuzz = read("fuzz/src/lib.rs");
     let example_sources = example
@@ -179,7 +179,7 @@ fn every_intensity_source_is_documented_configured_and_fuzzed() {
     let readme_sources = readme
         .lines()
         .find(|l| l.starts_with("source = ") && l.contains("# static"))
-        .expect("README's carbon example lists the intensity sources");
+        .expect("docs/carbon-budgets.md's carbon example lists the intensity sources");
     for kind in SourceKind::value_variants() {
         let name = kind.name();
         assert_eq!(
@@ -194,9 +194,9 @@ fn every_intensity_source_is_documented_configured_and_fuzzed() {
         assert_eq!(carbon.source, Some(*kind), "source = {name:?} does not select {kind:?}");
         assert!(
             readme.contains(&format!("| `{name}` |")),
-            "README.md's [carbon] key table has no row for the {name} source's keys"
+            "docs/carbon-budgets.md's [carbon] key table has no row for the {name} source's keys"
         );
-        assert!(readme_sources.contains(name), "README.md's `source = …` line does not list {name}");
+        assert!(readme_sources.contains(name), "docs/carbon-budgets.md's `source = …` line does not list {name}");
         assert!(example_sources.contains(name), "examples/config.toml does not list the {name} source");
         // Every source but `static` parses input from outside vgpu (a file, a command's output,
         // an HTTP answer): its parser must be a fuzz target's.

@@ -140,6 +140,15 @@ fn preemption_moves_the_victims_memory_to_the_host_and_back() {
     assert_eq!(used(&sim), 16 * GIB, "low's memory is back on the GPU");
     let (code, err) = low.finish();
     assert_eq!(code, Some(0), "low's allocation came back intact: {err}");
+    // The victim's own terminal was told, with why and by whom, and when it ran again
+    // (issue 29: it used to be told nothing, the preemptor's terminal everything).
+    let id = err.split(" (").nth(1).and_then(|s| s.split(')').next()).unwrap_or("?").to_string();
+    assert!(
+        err.contains(&format!("vgpu: low ({id}) is suspended: preempted by high, which has a higher priority in the compute pool; it resumes when there is room")),
+        "{err}"
+    );
+    assert!(err.contains(&format!("vgpu: low ({id}) is resumed after ")) && err.contains(" s: it runs again"), "{err}");
+    assert!(err.find("is suspended") < err.find("is resumed"), "{err}");
 }
 
 /// Without the API (a driver older than 570), a frozen victim keeps its memory: high is
@@ -180,6 +189,23 @@ fn suspend_while_allocating_in_a_loop() {
     assert!(used(&sim) >= 2 * GIB);
     let (code, err) = w.finish();
     assert_eq!(code, Some(0), "{err}");
+    // Its own vgpu run said both, and who suspended it.
+    assert!(err.contains(") is suspended: by root with vgpu suspend (`vgpu resume ") && err.contains(") is resumed after "), "{err}");
+}
+
+/// A workload with no CUDA context had no device memory to move: `vgpu suspend` says it
+/// froze it, not that its memory went to host memory (issue 29, edge 13).
+#[test]
+fn suspending_a_workload_with_no_cuda_context_says_so() {
+    let sim = l4(true);
+    let mut run = sim.spawn_running("plain", &["--mem", "1G"], "exec sleep 600");
+    let out = sim.vgpu(&["suspend", "plain"]).output().expect("suspend");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(said.contains(": frozen; it has no CUDA context, so no device memory to move"), "{said}");
+    assert!(!said.contains("host memory"), "{said}");
+    sim.vgpu(&["kill", "--signal", "KILL", "plain"]).assert().success();
+    run.wait().expect("wait");
 }
 
 /// While suspended, its memory is free for others; `vgpu resume` refuses until it fits

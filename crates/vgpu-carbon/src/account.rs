@@ -143,6 +143,10 @@ pub struct Accounting {
 /// The note of an accounting without any intensity.
 pub const NO_INTENSITY: &str = "no carbon intensity recorded (is [carbon] source set and vgpu watch running?): emissions unknown";
 
+/// The note of a window in which no GPU's energy was recorded: a report of zeros is not a
+/// host that used none.
+pub const NO_SAMPLES: &str = "nothing recorded in this window: no GPU energy samples in the history (vgpu watch records them every interval; is it running?)";
+
 impl Accounting {
     /// Add the accounting of another window (adjacent, not overlapping) to this one: the
     /// same as accounting both windows at once, but where an interval crosses from one to
@@ -523,7 +527,12 @@ pub fn report(accounting: &Accounting, by: GroupBy, workloads: &BTreeMap<String,
         rows.push(row(RowKind::Idle, "idle".into(), idle));
         rows.push(row(RowKind::Unattributed, "unattributed".into(), unattributed));
     }
-    let total_g_co2 = accounting.emissions_known.then(|| rows.iter().filter_map(|r| r.g_co2).sum());
+    // Folded from +0.0: an empty float sum is -0.0, which printed as `-0.00` and `-0`.
+    let total_g_co2 = accounting.emissions_known.then(|| rows.iter().filter_map(|r| r.g_co2).fold(0.0, |a, b| a + b));
+    let mut notes = accounting.notes.clone();
+    if accounting.gpus.is_empty() {
+        notes.push(NO_SAMPLES.to_string());
+    }
     Report {
         since_unix_ms: accounting.window.since_ms,
         until_unix_ms: accounting.window.until_ms,
@@ -533,7 +542,7 @@ pub fn report(accounting: &Accounting, by: GroupBy, workloads: &BTreeMap<String,
         total_energy_kwh: total as f64 / MJ_PER_KWH,
         total_g_co2,
         gpus,
-        notes: accounting.notes.clone(),
+        notes,
     }
 }
 

@@ -102,6 +102,8 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
         Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup).context("its cgroup cannot be opened")
     };
     let mut suspended: Vec<(Cgroup, String, SuspendedMemory)> = Vec::new();
+    // The victims with no CUDA context: frozen, they had no device memory to move.
+    let mut no_context: Vec<String> = Vec::new();
     let undo_suspensions = |suspended: &[(Cgroup, String, SuspendedMemory)]| {
         for (cgroup, id, memory) in suspended.iter().rev() {
             if let Err(e) = crate::suspension::resume(cgroup, Some(memory)) {
@@ -113,10 +115,15 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
         // A victim that cannot be suspended is a failed suspension, whatever the reason:
         // recorded as suspended it would keep running on blocks given away.
         match cgroup_of(&s.id).and_then(|cgroup| {
-            let memory = crate::suspension::suspend(&cgroup)?;
-            Ok((cgroup, memory))
+            let (memory, checkpointed) = crate::suspension::suspend_counted(&cgroup)?;
+            Ok((cgroup, memory, checkpointed))
         }) {
-            Ok((cgroup, memory)) => suspended.push((cgroup, s.id.clone(), memory)),
+            Ok((cgroup, memory, checkpointed)) => {
+                if checkpointed == 0 {
+                    no_context.push(s.id.clone());
+                }
+                suspended.push((cgroup, s.id.clone(), memory))
+            }
             Err(e) => {
                 undo_suspensions(&suspended);
                 return Err(e).with_context(|| format!("cannot suspend {} ({}) to make room; nothing was changed", s.name, s.id));
@@ -172,6 +179,7 @@ pub fn execute(store: &Store, _lock: &StoreLock, pool: &mut Pool, plan: Plan) ->
         if let Some((_, by_name)) = by.iter().find(|(id, _)| *id == w.id) {
             let place = memory.iter().find(|(id, _)| *id == w.id).map(|(_, m)| m.clone()).unwrap_or(SuspendedMemory::Device { why: "unknown".into() });
             let said = match &place {
+                SuspendedMemory::Host if no_context.contains(&w.id) => "frozen; it has no CUDA context, so no device memory to move".to_string(),
                 SuspendedMemory::Host => "its device memory is in host memory".to_string(),
                 SuspendedMemory::Device { why } => {
                     format!("its device memory stays on the GPU: {why}")

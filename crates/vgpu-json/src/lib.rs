@@ -14,7 +14,7 @@ use serde::Serialize;
 /// The version of the field names and types of every `--json` output.
 pub const SCHEMA: u32 = 1;
 
-/// The schema, documented: the README's "JSON output" section and the man pages use it.
+/// The schema, documented: the user guide (`docs/json-schema.md` is a page of it) and the man pages use it.
 pub const JSON_SCHEMA_DOC: &str = include_str!("../../../docs/json-schema.md");
 
 /// The parts of [`JSON_SCHEMA_DOC`] about `command` (`"ps"`, `"partition list"`, `"carbon

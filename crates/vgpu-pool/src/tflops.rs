@@ -23,7 +23,7 @@ pub struct ModelTflops {
     pub source: &'static str,
 }
 
-/// What the figures measure, for listings and the README.
+/// What the figures measure, for listings and the user guide.
 pub const PRECISION: &str =
     "peak dense BF16 tensor TFLOPS with FP32 accumulate, no sparsity (FP16 for Volta and Turing)";
 

@@ -1,4 +1,4 @@
-//! Who may write what in a vGPU's directory (the README's ownership table):
+//! Who may write what in a vGPU's directory (the user guide's ownership table, docs/security.md):
 //!
 //! - the directory itself and its `limits` file: root (0755, 0644);
 //! - its `usage` file and `procs/`: the workload's user (0600, 0700), or, for a partition

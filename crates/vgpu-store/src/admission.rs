@@ -28,7 +28,14 @@ pub enum MemSpec {
     Percent(f64),
 }
 
+/// The smallest vGPU a size may ask for, as `--memory`'s floor for host RAM: below it a
+/// size is a mistake (a bare `4096` read as bytes made a 4 KiB vGPU), never a slice.
+pub const MIN_MEM_BYTES: u64 = 16 << 20;
+
 impl MemSpec {
+    /// A size with a unit (`4G`, `512M`, `1.5GiB`) of at least [`MIN_MEM_BYTES`], or `NN%` of
+    /// the device. A bare number is refused with the sizes it may have meant: GPU memory
+    /// is never counted in bytes on a command line.
     pub fn parse(text: &str) -> Result<MemSpec, String> {
         let text = text.trim();
         if let Some(pct) = text.strip_suffix('%') {
@@ -38,9 +45,15 @@ impl MemSpec {
             }
             return Ok(MemSpec::Percent(value));
         }
+        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit() || b == b'.') && text.parse::<f64>().is_ok_and(|v| v > 0.0) {
+            return Err(bare_number_hint(text));
+        }
         let bytes = parse_size(text).map_err(|e| e.to_string())?;
         if bytes == 0 {
             return Err(format!("memory size {text:?} must be above zero"));
+        }
+        if bytes < MIN_MEM_BYTES {
+            return Err(format!("memory size {text:?} is below the smallest vGPU, {}", format_size(MIN_MEM_BYTES)));
         }
         Ok(MemSpec::Bytes(bytes))
     }
@@ -51,6 +64,17 @@ impl MemSpec {
             MemSpec::Percent(p) => ((device_memory as f64) * p / 100.0) as u64,
         }
     }
+}
+
+/// The refusal of a bare number as a size, with the units it may have meant: `4096` →
+/// 4096M or 4G, `4` → 4G or 4M.
+fn bare_number_hint(text: &str) -> String {
+    let whole = text.parse::<f64>().ok().filter(|v| *v >= 1024.0 && (v / 1024.0).fract() == 0.0);
+    let meant = match whole {
+        Some(v) => format!("{text}M or {}G", v / 1024.0),
+        None => format!("{text}G or {text}M"),
+    };
+    format!("{text:?} has no unit: did you mean {meant}? (sizes take a unit: 512M, 4G, or NN% of the device)")
 }
 
 /// One holder of memory on a GPU, for messages.
@@ -216,6 +240,7 @@ mod tests {
             state: WorkloadState::Running,
             suspended_reason: None,
             suspended_memory: None,
+            suspended_by: None,
             created_unix_ms: 0,
             enforcement: None,
             service: None,
@@ -231,9 +256,19 @@ mod tests {
         assert_eq!(MemSpec::parse("4G").unwrap(), MemSpec::Bytes(4 * GIB));
         assert_eq!(MemSpec::parse("1.5G").unwrap(), MemSpec::Bytes(3 * GIB / 2));
         assert_eq!(MemSpec::parse("25%").unwrap().bytes_of(16 * GIB), 4 * GIB);
-        for bad in ["0", "0%", "101%", "-1G", "abc", "%", "4X"] {
+        for bad in ["0", "0%", "101%", "-1G", "abc", "%", "4X", "0G", "1K", "15M"] {
             assert!(MemSpec::parse(bad).is_err(), "{bad}");
         }
+        assert_eq!(MemSpec::parse("16M").unwrap(), MemSpec::Bytes(MIN_MEM_BYTES));
+    }
+
+    #[test]
+    fn a_bare_number_is_refused_with_the_sizes_it_may_mean() {
+        let hint = |text: &str| MemSpec::parse(text).unwrap_err();
+        assert!(hint("4096").contains("did you mean 4096M or 4G?"), "{}", hint("4096"));
+        assert!(hint("4").contains("did you mean 4G or 4M?"), "{}", hint("4"));
+        assert!(hint("1.5").contains("did you mean 1.5G or 1.5M?"), "{}", hint("1.5"));
+        assert!(hint("100").contains("no unit"), "{}", hint("100"));
     }
 
     #[test]

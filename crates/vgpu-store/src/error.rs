@@ -1,5 +1,5 @@
 //! Exit codes and the one error type that changes them. [`EXIT_STATUS_DOC`] is the one list
-//! of them: the man pages' EXIT STATUS and the README use it; `tests/scripting.rs` makes
+//! of them: the man pages' EXIT STATUS and the user guide (docs/scripting.md) use it; `tests/scripting.rs` makes
 //! each happen.
 
 use std::fmt;

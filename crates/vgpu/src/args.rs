@@ -5,6 +5,17 @@ use std::path::PathBuf;
 use clap::Args;
 use clap_complete::engine::{ArgValueCandidates, CompletionCandidate};
 
+/// `--compute PCT`: a share of a GPU's busy time, 1 to 100, with or without its `%`
+/// (`30`, `30%`), as `--mem` takes `25%`.
+pub fn compute_pct(text: &str) -> Result<u32, String> {
+    let digits = text.trim().strip_suffix('%').unwrap_or(text.trim()).trim_end();
+    match digits.parse::<u32>() {
+        Ok(pct @ 1..=100) => Ok(pct),
+        Ok(_) => Err(format!("{text:?} is not a share from 1 to 100 percent")),
+        Err(_) => Err(format!("{text:?} is not a whole percentage (30 or 30%, from 1 to 100)")),
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct JsonArgs {
     /// Print JSON instead of a table

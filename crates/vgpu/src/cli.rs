@@ -80,7 +80,7 @@ pub enum Command {
     Resume(crate::commands::control::ResumeArgs),
     /// Send a signal to every process of a workload
     Kill(crate::commands::control::KillArgs),
-    /// Change running workloads' compute share or policy, live
+    /// Change running workloads' GPU memory, compute share, TFLOPS or priority, live
     Update(crate::commands::update::UpdateArgs),
     /// Persistent named vGPUs shared by workloads
     Partition(crate::commands::partition::PartitionArgs),
@@ -99,6 +99,73 @@ pub enum Command {
 /// The clap command, for man page and completion generation.
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+/// What a command that only root may run does, to say why it needs root: `None` for the
+/// commands every user may run (the listings, `doctor`, `carbon intensity|plan|report`,
+/// `completions`). `main` refuses the others for any other user before the config is read
+/// or any file is touched, in one line (`vgpu kill must run as root (through sudo): …`),
+/// so that no command gets as far as the store's lock to fail there.
+pub fn root_only(command: &Command) -> Option<&'static str> {
+    use crate::commands::carbon::CarbonCommand;
+    use crate::commands::partition::PartitionCommand;
+    use crate::commands::service::ServiceCommand;
+    Some(match command {
+        Command::Run(_) => "vgpu run must run as root (through sudo, systemd or cron): it creates cgroups",
+        Command::Suspend(_) => "vgpu suspend must run as root (through sudo): it moves workloads' device memory and freezes their cgroups",
+        Command::Resume(_) => "vgpu resume must run as root (through sudo): it thaws workloads' cgroups and moves their memory back",
+        Command::Kill(_) => "vgpu kill must run as root (through sudo): it signals every process of workloads",
+        Command::Update(_) => "vgpu update must run as root (through sudo): it changes the limits of running workloads",
+        Command::Doctor(args) if args.repair => "vgpu doctor --repair must run as root (through sudo): it removes cgroups and state files",
+        Command::Partition(args) => match &args.command {
+            PartitionCommand::List(_) => return None,
+            PartitionCommand::Create(_) => "vgpu partition create must run as root (through sudo): it writes the partitions and makes a vGPU",
+            PartitionCommand::Update(_) => "vgpu partition update must run as root (through sudo): it changes the limits of running workloads",
+            PartitionCommand::Remove(_) => "vgpu partition remove must run as root (through sudo): it writes the partitions and removes a vGPU",
+        },
+        Command::Carbon(args) => match &args.command {
+            CarbonCommand::Apply(_) => "vgpu carbon apply must run as root (through sudo): it caps GPU clocks through NVML and logs the decision",
+            CarbonCommand::Reset(_) => "vgpu carbon reset must run as root (through sudo): it restores GPU clocks and power limits through NVML",
+            CarbonCommand::Profile(_) => "vgpu carbon profile must run as root (through sudo): it locks the GPU's clocks",
+            CarbonCommand::Intensity(_) | CarbonCommand::Plan(_) | CarbonCommand::Report(_) => return None,
+        },
+        Command::Pool(args) => match &args.command {
+            Some(_) => "vgpu pool compact must run as root (through sudo): it rewrites the pool's block map",
+            None => return None,
+        },
+        Command::Service(args) => match &args.command {
+            ServiceCommand::List(_) | ServiceCommand::Show(_) => return None,
+            ServiceCommand::Create(_) => "vgpu service create must run as root (through sudo): services run as root's workloads",
+            ServiceCommand::Update(_) => "vgpu service update must run as root (through sudo): services run as root's workloads",
+            ServiceCommand::Scale(_) => "vgpu service scale must run as root (through sudo): services run as root's workloads",
+            ServiceCommand::Remove(_) => "vgpu service remove must run as root (through sudo): services run as root's workloads",
+            ServiceCommand::Run(_) => "vgpu service run must run as root: it starts the replicas with vgpu run",
+        },
+        Command::Watch(_) => "vgpu watch must run as root: it reconciles the store, signals workloads and freezes cgroups",
+        Command::Devices(_) | Command::Doctor(_) | Command::Ps(_) | Command::Completions(_) => return None,
+    })
+}
+
+/// Words that became the start of a workload's command by mistake: `vgpu run --mem 4 GiB --
+/// true` would run `GiB` (exit 127). The command is everything from the first word no
+/// option takes, `--` included; when the command line has a `--` that clap did not consume
+/// (the command holds as many as `argv` has), the words before it were meant for vgpu.
+/// `argv` is the whole command line; returns the stray words, space-separated.
+pub fn stray_words(command: &Command, argv: &[std::ffi::OsString]) -> Option<String> {
+    use crate::commands::service::ServiceCommand;
+    let words: &[String] = match command {
+        Command::Run(args) => &args.command,
+        Command::Service(args) => match &args.command {
+            ServiceCommand::Create(c) => &c.command,
+            ServiceCommand::Update(u) => &u.command,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let given = argv.iter().filter(|a| *a == "--").count();
+    let kept = words.iter().filter(|w| *w == "--").count();
+    let first = words.iter().position(|w| w == "--")?;
+    (given > 0 && kept >= given && first > 0).then(|| words[..first].join(" "))
 }
 
 /// Run the command; the result is the process exit code (`vgpu run` passes its

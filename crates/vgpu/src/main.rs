@@ -27,11 +27,22 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
     };
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(words) = vgpu::cli::stray_words(&cli.command, &argv) {
+        eprintln!("vgpu: error: `{words}` before `--` is no option's value: vgpu's options go before `--`, each with its value in one word (--mem 4G), and the command after it");
+        return ExitCode::from(vgpu_store::error::EXIT_USAGE);
+    }
     if let Some(option) = root_only_option(&matches) {
-        eprintln!("vgpu: error: {option} is root's own setting: through sudo, vgpu uses root's config and directories (README, Privileges)");
+        eprintln!("vgpu: error: {option} is root's own setting: through sudo, vgpu uses root's config and directories (user guide: Security model)");
         return ExitCode::from(vgpu_store::error::EXIT_USAGE);
     }
     init_logging(cli.verbose, cli.quiet);
+    if let Some(refusal) = vgpu::cli::root_only(&cli.command) {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("vgpu: error: {refusal}");
+            return ExitCode::from(1);
+        }
+    }
     // A listing piped into `head` ends quietly when the pipe closes (SIGPIPE, exit 141 in
     // a shell), as coreutils do, instead of panicking on EPIPE. Not `run` (it must outlive
     // its terminal to tear its workload down) nor `watch` (a daemon).
@@ -90,7 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Ok(ctx) => ctx,
         Err(e @ ConfigError::Invalid { .. }) => return Err(UsageError::new(e.to_string()).into()),
         // A config file named on the command line that cannot be read is the caller's
-        // mistake, as the README says: exit 2.
+        // mistake, as the user guide says (docs/scripting.md): exit 2.
         Err(ConfigError::Read { path, source }) if cli.config.is_some() => {
             return Err(UsageError::new(format!("cannot read config {}: {source}", path.display())).into())
         }

@@ -2,7 +2,7 @@
 //! scrapers that ask for it), and the same figures in the classic Prometheus text format
 //! (0.0.4: served to everybody else, and what node_exporter's textfile collector reads).
 //! Names are `vgpu_…` in base units (bytes, seconds, watts, joules, hertz, ratios 0–1); the
-//! README's "Metrics" section lists them.
+//! the user guide's "Metrics" section (docs/enforcer.md) lists them.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64};

@@ -68,6 +68,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         state: WorkloadState::Starting,
         suspended_reason: None,
         suspended_memory: None,
+        suspended_by: None,
         created_unix_ms: vgpu_store::clock::now_ms(),
         enforcement: None,
         service: request.service.clone(),

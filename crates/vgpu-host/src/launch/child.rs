@@ -69,7 +69,12 @@ pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitS
             }
         }
     };
-    vgpu_store::supervise::wait_relaying_signals(child, wake).context("waiting for the workload")
+    let told = super::told::Told::start(store, w);
+    let status = vgpu_store::supervise::wait_relaying_signals(child, wake).context("waiting for the workload");
+    if let Some(told) = told {
+        told.stop();
+    }
+    status
 }
 
 /// What `vgpu run` says when another process asks its workload to end: who, and that the

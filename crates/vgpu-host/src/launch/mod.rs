@@ -24,6 +24,7 @@ mod ids;
 mod place;
 pub mod resolve;
 mod transaction;
+mod told;
 mod vgpu;
 
 use std::path::PathBuf;

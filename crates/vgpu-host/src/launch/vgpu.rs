@@ -12,7 +12,7 @@ use vgpu_store::state::Store;
 use vgpu_store::state::Workload;
 
 /// Create the vGPU directory, its limits and usage files and `procs/`, owned as the
-/// README's table says ([`vgpu_store::access`]) — a partition's exist after its first use — and
+/// user guide's table (docs/security.md) says ([`vgpu_store::access`]) — a partition's exist after its first use — and
 /// its slot on the board of each of its GPUs, the tenant's (one that cannot be made is only
 /// a warning).
 pub fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload, tenant: Tenant) -> Result<()> {

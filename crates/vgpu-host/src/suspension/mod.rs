@@ -72,6 +72,14 @@ pub fn releases_memory() -> Result<(), String> {
 /// then freeze. Returns where its memory is. A cgroup frozen already (a throttle's off
 /// phase) is thawed first: the driver needs its processes running.
 pub fn suspend(cgroup: &Cgroup) -> Result<SuspendedMemory, SuspendError> {
+    suspend_counted(cgroup).map(|(memory, _)| memory)
+}
+
+/// [`suspend`], and how many CUDA processes were checkpointed when the memory went to the
+/// host: 0 for a workload with no CUDA context, which had no device memory to move
+/// (`vgpu suspend` says so rather than "its device memory is in host memory").
+pub fn suspend_counted(cgroup: &Cgroup) -> Result<(SuspendedMemory, usize), SuspendError> {
+    let device = |why| Ok((SuspendedMemory::Device { why }, 0));
     if cgroup.state().map_err(SuspendError::Freeze)? != FreezerState::Thawed {
         cgroup.thaw().map_err(SuspendError::Freeze)?;
     }
@@ -79,7 +87,7 @@ pub fn suspend(cgroup: &Cgroup) -> Result<SuspendedMemory, SuspendError> {
         Ok(ckpt) => ckpt,
         Err(why) => {
             cgroup.freeze().map_err(SuspendError::Freeze)?;
-            return Ok(SuspendedMemory::Device { why });
+            return device(why);
         }
     };
     let (checkpointer, timeout) = ckpt;
@@ -90,7 +98,7 @@ pub fn suspend(cgroup: &Cgroup) -> Result<SuspendedMemory, SuspendError> {
                 tracing::warn!("cannot put back what was checkpointed of {}: {e}", cgroup.name());
             }
             cgroup.freeze().map_err(SuspendError::Freeze)?;
-            return Ok(SuspendedMemory::Device { why });
+            return device(why);
         }
         vgpu_store::stop_point::stop_point("suspend:checkpointed");
         if let Err(e) = cgroup.freeze() {
@@ -99,8 +107,8 @@ pub fn suspend(cgroup: &Cgroup) -> Result<SuspendedMemory, SuspendError> {
         }
         // A process that started CUDA while the others were checkpointed holds memory:
         // thaw, take it too, and freeze again.
-        if all_checkpointed(checkpointer, cgroup)? {
-            return Ok(SuspendedMemory::Host);
+        if let Some(count) = checkpointed_count(checkpointer, cgroup)? {
+            return Ok((SuspendedMemory::Host, count));
         }
         cgroup.thaw().map_err(SuspendError::Freeze)?;
     }
@@ -108,7 +116,7 @@ pub fn suspend(cgroup: &Cgroup) -> Result<SuspendedMemory, SuspendError> {
         tracing::warn!("cannot put back what was checkpointed of {}: {e}", cgroup.name());
     }
     cgroup.freeze().map_err(SuspendError::Freeze)?;
-    Ok(SuspendedMemory::Device { why: "its processes kept starting CUDA while it was being checkpointed".into() })
+    device("its processes kept starting CUDA while it was being checkpointed".into())
 }
 
 /// Resume the workload in `cgroup`: thaw, then restore and unlock its checkpointed or
@@ -222,6 +230,14 @@ fn checkpoint_all(checkpointer: &Checkpointer, cgroup: &Cgroup, timeout: std::ti
 }
 
 /// Whether every CUDA process of the (frozen) cgroup is checkpointed.
+/// How many CUDA processes the cgroup has, when every one is checkpointed (none counts).
+fn checkpointed_count(checkpointer: &Checkpointer, cgroup: &Cgroup) -> Result<Option<usize>, SuspendError> {
+    Ok(match cuda_processes(checkpointer, cgroup)? {
+        Ok(processes) => processes.iter().all(|(_, s)| *s == ProcessState::Checkpointed).then_some(processes.len()),
+        Err(_) => None,
+    })
+}
+
 fn all_checkpointed(checkpointer: &Checkpointer, cgroup: &Cgroup) -> Result<bool, SuspendError> {
     Ok(match cuda_processes(checkpointer, cgroup)? {
         Ok(processes) => processes.iter().all(|(_, s)| *s == ProcessState::Checkpointed),

@@ -141,6 +141,11 @@ pub struct Workload {
     /// suspension released memory, which reads as held on the device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended_memory: Option<SuspendedMemory>,
+    /// Who suspended it by hand (`vgpu suspend`): `root`, or the user who ran it through
+    /// sudo (`alice (through sudo)`), for the line its own `vgpu run` says. None: running,
+    /// preempted (the reason names the preemptor), or recorded before this was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended_by: Option<String>,
     pub created_unix_ms: u64,
     /// What `vgpu watch` is doing to it, and why (None: nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -318,6 +323,7 @@ impl Workload {
         self.state = WorkloadState::Suspended;
         self.suspended_reason = Some(reason);
         self.suspended_memory = Some(memory);
+        self.suspended_by = None;
     }
 
     /// Record it running again (a suspended one resumed).
@@ -327,6 +333,7 @@ impl Workload {
         }
         self.suspended_reason = None;
         self.suspended_memory = None;
+        self.suspended_by = None;
     }
 
     /// Whether its device memory is off the GPUs (suspended through the checkpoint API):
@@ -372,6 +379,7 @@ pub mod tests {
             state: WorkloadState::Running,
             suspended_reason: None,
             suspended_memory: None,
+            suspended_by: None,
             created_unix_ms: 0,
             enforcement: None,
             service: None,

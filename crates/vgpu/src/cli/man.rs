@@ -283,7 +283,7 @@ fn environment(roff: &mut Roff, top: Option<&str>) {
 
 /// JSON OUTPUT: on vgpu(1) the schema's rules (stability, vocabulary), on a page whose
 /// command has `--json` its fields, both from `docs/json-schema.md` (one text, also the
-/// README's section), shown as written.
+/// user guide's page), shown as written.
 fn json_output(roff: &mut Roff, path: &[String]) {
     let doc = vgpu_json::JSON_SCHEMA_DOC;
     let text = if path.is_empty() {

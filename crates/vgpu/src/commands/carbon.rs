@@ -277,8 +277,8 @@ fn show_report(ctx: &Context, args: &ReportArgs) -> Result<()> {
         print!("{}", report_csv(&report));
         return Ok(());
     }
-    if none {
-        // The one line: why there is nothing.
+    if none || report.gpus.is_empty() {
+        // The one line: why there is nothing (no history, or nothing in it for the window).
         println!("{}", report.notes.join("; "));
         return Ok(());
     }

@@ -154,6 +154,15 @@ pub fn suspend(ctx: &Context, args: &IdArgs) -> Result<()> {
     report(&outcomes, args.json)
 }
 
+/// Who runs this `vgpu suspend`, for the workload's record: `root`, or the user who ran it
+/// through sudo (`alice (through sudo)`; uid N when the name cannot be had).
+fn suspender() -> String {
+    match vgpu_store::identity::sudo_caller(std::env::var("SUDO_UID").ok().as_deref()) {
+        Ok(Some(caller)) => format!("{} (through sudo)", caller.name),
+        _ => "root".to_string(),
+    }
+}
+
 /// Suspend one workload; call under the store lock.
 fn suspend_one(store: &Store, w: &Workload) -> Result<Outcome> {
     if w.state == WorkloadState::Suspended {
@@ -163,13 +172,15 @@ fn suspend_one(store: &Store, w: &Workload) -> Result<Outcome> {
     // The intent is recorded before anything is touched: if this command dies before the
     // record is written, the next reconcile undoes the suspension (restores, thaws).
     let intent = intent::begin(store, intent::Op::Suspend, &[&w.id])?;
-    let memory = vgpu_host::suspension::suspend(&cgroup).with_context(|| format!("suspending {} ({})", w.name, w.id))?;
+    let (memory, checkpointed) = vgpu_host::suspension::suspend_counted(&cgroup).with_context(|| format!("suspending {} ({})", w.name, w.id))?;
     vgpu_store::stop_point::stop_point("suspend:frozen");
     let mut record = w.clone();
     record.set_suspended("manual".into(), memory.clone());
+    record.suspended_by = Some(suspender());
     store.write_workload(&record)?;
     intent.done();
     let message = match &memory {
+        SuspendedMemory::Host if checkpointed == 0 => format!("suspended {} ({}): frozen; it has no CUDA context, so no device memory to move", w.name, w.id),
         SuspendedMemory::Host => format!("suspended {} ({}): its device memory is in host memory", w.name, w.id),
         SuspendedMemory::Device { why } => format!("suspended {} ({}): frozen, its device memory held on the GPU ({why})", w.name, w.id),
     };

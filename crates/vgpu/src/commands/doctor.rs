@@ -132,8 +132,8 @@ pub fn all_checks(ctx: &Context) -> Vec<Check> {
     check_cgroups(&mut checks);
     checks.push(check_cgroup_manager(ctx));
     checks.push(check_shim(ctx));
-    checks.push(check_state_dir("state directory", &ctx.state_dir));
-    checks.push(check_state_dir("library directory", &ctx.lib_dir));
+    checks.push(check_state_dir("state directory", &ctx.state_dir, "--state-dir"));
+    checks.push(check_state_dir("library directory", &ctx.lib_dir, "--lib-dir"));
     checks.push(check_state_files(ctx));
     checks.push(check_watch(ctx));
     checks.push(check_checkpoint(ctx));
@@ -311,7 +311,8 @@ fn check_shim(ctx: &Context) -> Check {
     }
 }
 
-fn check_state_dir(name: &str, dir: &Path) -> Check {
+/// `option` is the one that picks this directory (`--state-dir`, `--lib-dir`), for the fix.
+fn check_state_dir(name: &str, dir: &Path, option: &str) -> Check {
     let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
     // Owned by root and writable by nobody else, up to `/` (what every command checks).
     if let Err(e) = vgpu_store::state::dirs::check_dir(existing) {
@@ -328,7 +329,7 @@ fn check_state_dir(name: &str, dir: &Path) -> Check {
         };
         Check::ok(name, detail)
     } else {
-        Check::fail(name, format!("{} is not writable", existing.display()), "run as root or pick --state-dir")
+        Check::fail(name, format!("{} is not writable", existing.display()), format!("run as root or pick {option}"))
     }
 }
 

@@ -50,11 +50,11 @@ pub struct CreateArgs {
     /// The GPU, by index or UUID (one GPU per partition)
     #[arg(long, value_name = "INDEX|UUID", help_heading = crate::commands::run::GPU_SLICE)]
     pub gpu: String,
-    /// GPU device memory (not host RAM): 4G, 512M, 1.5G or NN% of the device
+    /// GPU device memory (not host RAM): 4G, 512M, 1.5G (with its unit, at least 16M) or NN% of the device
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub mem: String,
     /// Share of the GPU's busy time, percent (1-100), for all the partition's workloads together
-    #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true, help_heading = crate::commands::run::GPU_SLICE)]
+    #[arg(long, value_name = "PCT", default_value_t = 100, value_parser = crate::args::compute_pct, allow_negative_numbers = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub compute: u32,
     /// How the compute share is applied: strict or fair [default: the config's [compute] policy, else strict]
     #[arg(long, value_name = "POLICY", value_enum, help_heading = crate::commands::run::GPU_SLICE)]
@@ -76,11 +76,11 @@ pub struct UpdateArgs {
     /// Partition name
     #[arg(add = crate::args::partition_candidates())]
     pub name: String,
-    /// New GPU device memory (not host RAM): 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
+    /// New GPU device memory (not host RAM): 4G, 512M, 1.5G (with its unit, at least 16M) or NN% of the device (a raise must fit beside the others; a cut must leave what its workloads use)
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true)]
     pub mem: Option<String>,
     /// New share of the GPU's compute, percent (1-100)
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true)]
+    #[arg(long, value_name = "PCT", value_parser = crate::args::compute_pct, allow_negative_numbers = true)]
     pub compute: Option<u32>,
     /// New policy: strict or fair
     #[arg(long, value_name = "POLICY", value_enum)]

@@ -44,11 +44,11 @@ pub struct WorkloadOptions {
     /// How many GPUs: `all` (every GPU of the host), a number N, or a range MIN-MAX the carbon planner chooses from (stage 1); for particular GPUs see --gpu
     #[arg(long = "gpus", value_name = "all|N|MIN-MAX", conflicts_with_all = ["gpus", "tflops", "partition"], allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub gpu_count: Option<String>,
-    /// GPU device memory per selected GPU (not host RAM: see --memory): 4G (=4GiB), 512M, 1.5G, or NN% of the device; through sudo, at most the config's [policy] max_mem [default: the whole GPU; with --tflops, the same share as the compute; through sudo, lowered to max_mem]
+    /// GPU device memory per selected GPU (not host RAM: see --memory): 4G (=4GiB), 512M, 1.5G (a unit is required; at least 16M), or NN% of the device; through sudo, at most the config's [policy] max_mem [default: the whole GPU; with --tflops, the same share as the compute; through sudo, lowered to max_mem]
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = GPU_SLICE)]
     pub mem: Option<String>,
-    /// Share of each GPU's busy time, percent (1-100): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), conflicts_with = "tflops", allow_negative_numbers = true, help_heading = GPU_SLICE)]
+    /// Share of each GPU's busy time, percent (1-100; 30 or 30%): all the vGPU's processes together, over a ~1 s window; `vgpu update` changes it live [default: 100]
+    #[arg(long, value_name = "PCT", value_parser = crate::args::compute_pct, conflicts_with = "tflops", allow_negative_numbers = true, help_heading = GPU_SLICE)]
     pub compute: Option<u32>,
     /// How the compute share is applied: strict (never above it) or fair (a floor; idle GPU time is shared out) [default: the config's [compute] policy, else strict]
     #[arg(long, value_name = "POLICY", value_enum, help_heading = GPU_SLICE)]
@@ -138,8 +138,8 @@ pub struct RunArgs {
 /// a user with sudo rights to `vgpu run` alone has no use for them. Refused through sudo
 /// (`SUDO_UID` set and not 0), should sudo keep the environment (`-E`, `env_keep`). The
 /// settings that are also config keys (`VGPU_CONFIG` itself, `VGPU_CGROUP_MANAGER`) are
-/// honoured as ever: sudo's `env_reset` (its default) is what keeps them root's (README,
-/// Privileges).
+/// honoured as ever: sudo's `env_reset` (its default) is what keeps them root's (user
+/// guide, docs/security.md: What `sudo` grants).
 pub const ROOT_ONLY_ENV: [&str; 3] = [vgpu_host::workload_file::ENV_DIR, vgpu_cgroups::home::ENV_SELF, vgpu_cgroups::systemd::ENV_BUS];
 
 /// The user who ran sudo (`SUDO_UID` set, not 0), if any; refuses [`ROOT_ONLY_ENV`] for them.

@@ -55,11 +55,11 @@ pub struct UpdateArgs {
     /// Workloads, by id (a unique prefix is enough) or name; through sudo, only ones that run as the caller
     #[arg(required = true, value_name = "ID", add = crate::args::workload_candidates())]
     pub ids: Vec<String>,
-    /// New GPU device memory on each of its GPUs (not host RAM): 4G, 512M, 1.5G or NN% of the device (a raise must fit beside the others; a cut must leave what is in use)
+    /// New GPU device memory on each of its GPUs (not host RAM): 4G, 512M, 1.5G (with its unit, at least 16M) or NN% of the device (a raise must fit beside the others; a cut must leave what is in use)
     #[arg(long, value_name = "SIZE|PCT%", allow_hyphen_values = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub mem: Option<String>,
-    /// New share of each of its GPUs' compute, percent (1-100)
-    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100), allow_negative_numbers = true, help_heading = crate::commands::run::GPU_SLICE)]
+    /// New share of each of its GPUs' compute, percent (1-100; 30 or 30%)
+    #[arg(long, value_name = "PCT", value_parser = crate::args::compute_pct, allow_negative_numbers = true, help_heading = crate::commands::run::GPU_SLICE)]
     pub compute: Option<u32>,
     /// New policy: strict (never above the share) or fair (a floor; idle GPU time is shared out)
     #[arg(long, value_name = "POLICY", value_enum, help_heading = crate::commands::run::GPU_SLICE)]

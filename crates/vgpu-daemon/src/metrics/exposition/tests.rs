@@ -244,12 +244,12 @@ fn openmetrics_to_text_renames_counter_families_only() {
 }
 
 #[test]
-fn the_readme_documents_every_metric() {
-    let readme = include_str!("../../../../../README.md");
+fn the_guide_documents_every_metric() {
+    let readme = include_str!("../../../../../docs/enforcer.md");
     let text = rendered().text;
     let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
     assert!(names.len() > 30, "{names:?}");
     for name in names {
-        assert!(readme.contains(&format!("`{name}`")), "README's Metrics table lacks {name}");
+        assert!(readme.contains(&format!("`{name}`")), "docs/enforcer.md's Metrics table lacks {name}");
     }
 }

@@ -1,0 +1,147 @@
+//! What `vgpu run` tells its own terminal while its workload runs: when another command
+//! suspends it (`vgpu suspend`, a preemption by a higher-priority workload in the compute
+//! pool) and when it is resumed, and why. Every suspension and resumption is written to the
+//! workload's record, whoever makes it; `vgpu run` watches that one file (inotify on the
+//! records' directory: a record is replaced by a rename) and says each change of state, so
+//! that a person whose training stops for half a minute learns it from their own terminal,
+//! not from someone else's.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+use vgpu_store::state::{Store, SuspendedMemory, Workload, WorkloadState};
+
+/// The watcher of one workload's record; [`Told::stop`] ends it (before the workload's
+/// teardown, which is not news).
+pub struct Told {
+    stop: OwnedFd,
+    thread: JoinHandle<()>,
+}
+
+impl Told {
+    /// Watch workload `w`'s record. None (said at debug level) when inotify cannot be had:
+    /// the workload runs as ever, its suspensions unsaid.
+    pub fn start(store: &Store, w: &Workload) -> Option<Told> {
+        let inotify = match Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::debug!("cannot watch the record of {} for suspensions: {e}", w.id);
+                return None;
+            }
+        };
+        if let Err(e) = inotify.add_watch(&store.workloads_dir(), AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE) {
+            tracing::debug!("cannot watch {} for suspensions: {e}", store.workloads_dir().display());
+            return None;
+        }
+        let (wake, stop) = match nix::unistd::pipe() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!("cannot watch the record of {} for suspensions: {e}", w.id);
+                return None;
+            }
+        };
+        let path = store.workload_path(&w.id);
+        let file = format!("{}.json", w.id);
+        // The state now, after the watch was added: a change from here on is seen.
+        let first = Workload::read(&path).map(|r| r.state).unwrap_or(w.state);
+        let (name, id) = (w.name.clone(), w.id.clone());
+        let thread = std::thread::Builder::new()
+            .name("vgpu-told".into())
+            .spawn(move || watch(inotify, wake, path, file, first, &name, &id))
+            .ok()?;
+        Some(Told { stop, thread })
+    }
+
+    /// End the watch and wait for it.
+    pub fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
+    }
+}
+
+/// Until `wake` reads end of file (its writer dropped): on each event for `file`, read the
+/// record and say a change between running and suspended.
+fn watch(inotify: Inotify, wake: OwnedFd, path: PathBuf, file: String, mut state: WorkloadState, name: &str, id: &str) {
+    let mut since: Option<Instant> = None;
+    loop {
+        let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN), PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return,
+        }
+        if fds[1].any().unwrap_or(true) {
+            return;
+        }
+        let Ok(events) = inotify.read_events() else {
+            continue;
+        };
+        if !events.iter().any(|e| e.name.as_deref() == Some(OsStr::new(&file))) {
+            continue;
+        }
+        let Ok(record) = Workload::read(&path) else {
+            continue;
+        };
+        match (state, record.state) {
+            (WorkloadState::Suspended, WorkloadState::Suspended) => {}
+            (_, WorkloadState::Suspended) => {
+                since = Some(Instant::now());
+                crate::notice!(
+                    "{name} ({id}) is suspended: {}",
+                    suspended_line(id, record.suspended_reason.as_deref(), record.suspended_by.as_deref(), record.suspended_memory.as_ref())
+                );
+            }
+            (WorkloadState::Suspended, WorkloadState::Running) => {
+                let after = since.take().map(|t| format!(" after {:.1} s", t.elapsed().as_secs_f64())).unwrap_or_default();
+                crate::notice!("{name} ({id}) is resumed{after}: it runs again");
+            }
+            _ => {}
+        }
+        state = record.state;
+    }
+}
+
+/// Why and by whom workload `id` was suspended, and where its memory is, from its record's
+/// reason, suspender (`vgpu suspend`'s caller) and memory.
+fn suspended_line(id: &str, reason: Option<&str>, by: Option<&str>, memory: Option<&SuspendedMemory>) -> String {
+    let why = match reason {
+        Some("manual") | None => match by {
+            Some(who) => format!("by {who} with vgpu suspend (`vgpu resume {id}` resumes it)"),
+            None => format!("by vgpu suspend (`vgpu resume {id}` resumes it)"),
+        },
+        Some("planned") => "waiting for room in the compute pool".to_string(),
+        Some(reason) => match reason.strip_prefix("preempted by ") {
+            Some(by) => format!("preempted by {by}, which has a higher priority in the compute pool; it resumes when there is room"),
+            None => reason.to_string(),
+        },
+    };
+    let memory = match memory {
+        Some(SuspendedMemory::Host) => "frozen, its device memory (if any) held in host memory meanwhile".to_string(),
+        Some(SuspendedMemory::Device { .. }) => "frozen, its device memory held on the GPU".to_string(),
+        None => "frozen".to_string(),
+    };
+    format!("{why}; {memory}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_line_says_who_and_why() {
+        assert_eq!(
+            suspended_line("1a2b", Some("preempted by urgent"), None, Some(&SuspendedMemory::Host)),
+            "preempted by urgent, which has a higher priority in the compute pool; it resumes when there is room; frozen, its device memory (if any) held in host memory meanwhile"
+        );
+        assert_eq!(
+            suspended_line("1a2b", Some("manual"), Some("alice (through sudo)"), Some(&SuspendedMemory::Device { why: "no API".into() })),
+            "by alice (through sudo) with vgpu suspend (`vgpu resume 1a2b` resumes it); frozen, its device memory held on the GPU"
+        );
+    }
+}

@@ -17,8 +17,8 @@
 //!   adds);
 //! - that twice: with the history database (`<lib>/history.db`, always on the disk, as
 //!   `/var/lib/vgpu` is) held open as `vgpu watch`'s history thread holds it on a host that
-//!   runs the enforcer, and with nobody holding it (no `vgpu watch`: each `vgpu run`
-//!   opens it; a close does not checkpoint, so neither syncs);
+//!   runs the enforcer, and with nobody holding it (no `vgpu watch`: then the `vgpu run`
+//!   that closes it last checkpoints it, which syncs it);
 //! - `vgpu ps` (the table) and `vgpu ps --json`, medians;
 //! - where `strace` is installed, the system calls and `fsync`s of one `vgpu run -- true`
 //!   (`strace -f -c`, the child included);

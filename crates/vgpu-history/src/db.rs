@@ -12,9 +12,9 @@
 //!   a new inode before it is opened ([`make_private`]): a chmod would not do, as a
 //!   descriptor a user opened before keeps working on the old inode.
 //! * WAL journal (`synchronous = NORMAL`): a writer killed mid-transaction leaves the last
-//!   committed state; readers never block the writer. A connection's close does not
-//!   checkpoint (the WAL stays; the automatic checkpoint folds it back at 1000 pages), so a
-//!   short-lived writer (`vgpu run`'s last line) syncs nothing.
+//!   committed state; readers never block the writer. The last connection to close
+//!   checkpoints (a WAL left for the next opener would cost it a recovery that reads the
+//!   whole WAL, more than the checkpoint's syncs).
 //! * Every wait on SQLite's lock is bounded by [`BUSY_TIMEOUT`].
 //! * A database of a newer schema than this build's is refused, never rewritten.
 
@@ -80,12 +80,6 @@ pub fn open_rw_within(lib_dir: &Path, busy: Duration) -> Result<Connection, Hist
     conn.busy_timeout(busy.min(BUSY_TIMEOUT)).map_err(HistoryError::sqlite(&path))?;
     conn.pragma_update(None, "journal_mode", "WAL").map_err(HistoryError::sqlite(&path))?;
     conn.pragma_update(None, "synchronous", "NORMAL").map_err(HistoryError::sqlite(&path))?;
-    // Closing does not checkpoint: the commits are in the WAL, which stays for the next
-    // connection (a `vgpu run` ending without a watch would otherwise sync the database and
-    // the WAL, and the directory when it makes the WAL again, at every close). The WAL is
-    // folded back by the automatic checkpoint of whichever commit finds it over
-    // `wal_autocheckpoint` pages (1000).
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true).map_err(HistoryError::sqlite(&path))?;
     migrate(&conn, &path)?;
     Ok(conn)
 }
@@ -364,30 +358,6 @@ mod tests {
         let ro = open_live_ro(dir.path()).unwrap().unwrap();
         let v: i64 = ro.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
         assert_eq!(v, SCHEMA_VERSION);
-    }
-
-    #[test]
-    fn a_closing_writer_leaves_its_commits_in_the_wal_unsynced_and_readers_see_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = open_rw(dir.path()).unwrap();
-        conn.execute("INSERT INTO workloads (id, name, uid, user, command, gpus, started_ms) VALUES ('w1', 'a', 0, 'root', 'x', '', 1)", []).unwrap();
-        let db_len = std::fs::metadata(path_in(dir.path())).unwrap().len();
-        drop(conn);
-        // Not checkpointed at the close (which would sync both files and delete the WAL):
-        // the database file is as it was, the row is in the WAL that stays.
-        let wal = with_suffix(&path_in(dir.path()), "-wal");
-        assert!(std::fs::metadata(&wal).map(|m| m.len() > 0).unwrap_or(false), "the WAL stays after the close");
-        assert_eq!(std::fs::metadata(path_in(dir.path())).unwrap().len(), db_len);
-        let ro = open_live_ro(dir.path()).unwrap().unwrap();
-        let n: i64 = ro.query_row("SELECT count(*) FROM workloads WHERE id = 'w1'", [], |r| r.get(0)).unwrap();
-        assert_eq!(n, 1);
-        drop(ro);
-        // A later writer's checkpoint folds it back whole.
-        let conn = open_rw(dir.path()).unwrap();
-        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).unwrap();
-        let n: i64 = conn.query_row("SELECT count(*) FROM workloads WHERE id = 'w1'", [], |r| r.get(0)).unwrap();
-        assert_eq!(n, 1);
-        assert_eq!(std::fs::metadata(&wal).unwrap().len(), 0);
     }
 
     #[test]

@@ -301,6 +301,17 @@ impl History {
         Ok(n > 0)
     }
 
+    /// A workload's row and its end in one transaction (`vgpu run` at its workload's end):
+    /// [`Self::upsert_workload`] then [`Self::end_workload`], committed together.
+    pub fn record_ended(&self, w: &WorkloadInfo, ended_ms: u64, outcome: Option<&str>) -> Result<bool, WriteError> {
+        self.bound()?;
+        let tx = self.conn.unchecked_transaction().map_err(self.err())?;
+        self.upsert_workload(w)?;
+        let changed = self.end_workload(&w.id, ended_ms, outcome)?;
+        tx.commit().map_err(self.err())?;
+        Ok(changed)
+    }
+
     /// The workloads recorded as running (no end), e.g. to close those that ended while no
     /// watch ran.
     pub fn running_workloads(&self) -> Result<Vec<String>, WriteError> {

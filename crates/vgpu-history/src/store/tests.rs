@@ -68,6 +68,22 @@ fn workloads_keep_their_start_and_their_first_end() {
 }
 
 #[test]
+fn a_workload_never_seen_is_recorded_with_its_end_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = History::open(dir.path()).unwrap();
+    let mut info = WorkloadInfo::of(&vgpu_store::state::workload::tests::sample());
+    info.started_ms = 100;
+    assert!(h.record_ended(&info, 500, Some("exit 3")).unwrap());
+    let got: (i64, i64, String) =
+        h.connection().query_row("SELECT started_ms, ended_ms, outcome FROM workloads", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap();
+    assert_eq!(got, (100, 500, "exit 3".into()));
+    // Already ended with an outcome: nothing changes, and it is still one row.
+    assert!(!h.record_ended(&info, 900, Some("exit 4")).unwrap());
+    assert_eq!(count(&h, "workloads"), 1);
+    assert!(h.running_workloads().unwrap().is_empty());
+}
+
+#[test]
 fn a_reading_is_recorded_once_a_forecast_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let h = History::open(dir.path()).unwrap();

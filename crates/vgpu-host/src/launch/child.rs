@@ -102,8 +102,7 @@ pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>) -> Option<vg
     };
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     vgpu_history::best_effort_then(&ctx.lib_dir, &ctx.config.history, "the workload's end", |h| {
-        h.upsert_workload(&vgpu_history::store::WorkloadInfo::of(w))?;
-        h.end_workload(&w.id, now, Some(&outcome))?;
+        h.record_ended(&vgpu_history::store::WorkloadInfo::of(w), now, Some(&outcome))?;
         // Kept to read the workload's use back (its last line): one open, not two.
         Ok(vgpu_history::query::Reader::from_history(h))
     })

@@ -30,6 +30,9 @@ struct Workload<'s> {
     child: Option<Child>,
     progress: PathBuf,
     stop: PathBuf,
+    /// Its `vgpu run`'s stderr so far (a thread reads it as it comes).
+    said: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl<'s> Workload<'s> {
@@ -48,8 +51,17 @@ impl<'s> Workload<'s> {
         for (k, v) in sim.env() {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("spawn vgpu run");
-        let w = Workload { sim, name: name.to_string(), child: Some(child), progress, stop };
+        let mut child = cmd.spawn().expect("spawn vgpu run");
+        let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (pipe, into) = (child.stderr.take().expect("stderr"), said.clone());
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(pipe)).map_while(Result::ok) {
+                let mut said = into.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                said.push_str(&line);
+                said.push('\n');
+            }
+        });
+        let w = Workload { sim, name: name.to_string(), child: Some(child), progress, stop, said, reader: Some(reader) };
         wait_for(&format!("{name} to allocate its memory"), || ready.exists());
         wait_for(&format!("{name} to make {steps} steps"), || w.steps() >= steps);
         w
@@ -73,12 +85,21 @@ impl<'s> Workload<'s> {
         assert_eq!(self.steps(), at, "{} kept running", self.name);
     }
 
+    /// Wait until its `vgpu run` has said `what` (on its stderr).
+    fn wait_said(&self, what: &str) {
+        wait_for(&format!("{}'s vgpu run to say {what:?}", self.name), || self.said.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(what));
+    }
+
     /// Ask it to end, and return its `vgpu run`'s exit code and stderr.
     fn finish(mut self) -> (Option<i32>, String) {
         std::fs::write(&self.stop, "").expect("stop file");
-        let child = self.child.take().expect("running");
-        let out = child.wait_with_output().expect("wait");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        let mut child = self.child.take().expect("running");
+        let status = child.wait().expect("wait");
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        let said = self.said.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        (status.code(), said)
     }
 
     fn row(&self) -> serde_json::Value {
@@ -132,6 +153,7 @@ fn preemption_moves_the_victims_memory_to_the_host_and_back() {
     let table = String::from_utf8_lossy(&sim.vgpu(&["ps"]).output().expect("ps").stdout).into_owned();
     assert!(table.contains("preempted by high; memory on host"), "{table}");
 
+    low.wait_said(") is suspended: ");
     let (code, err) = high.finish();
     assert_eq!(code, Some(0), "high ran to completion: {err}");
     wait_for("low to resume", || low.row()["state"] == "running");
@@ -183,6 +205,8 @@ fn suspend_while_allocating_in_a_loop() {
     assert_eq!(w.row()["suspended_memory"], "host");
     assert_eq!(used(&sim), 0, "nothing of it is left on the GPU");
     w.assert_stopped();
+    // Its own vgpu run looks at its record every 250 ms: told before it is resumed.
+    w.wait_said(") is suspended: ");
     let out = sim.vgpu(&["resume", "churn"]).output().expect("resume");
     assert!(out.status.success(), "{}", stderr(&out));
     w.wait_progress(20);

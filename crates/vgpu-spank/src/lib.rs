@@ -381,19 +381,32 @@ pub unsafe extern "C" fn slurm_spank_init_post_opt(spank: Spank, ac: c_int, av: 
     })
 }
 
+/// Why this step has no vGPU though it asked for one: reported on the task's stderr (the
+/// job's output) by `slurm_spank_task_init_privileged`, which then fails the task before it
+/// runs. (In init_post_opt the step's output is not set up yet: an error there reaches only
+/// slurmd's log, and srun says "Plugin initialization failed".)
+static REFUSED: Mutex<Option<String>> = Mutex::new(None);
+
+/// Refuse the step: logged now in slurmd's log, said again in the job's output by each task.
+fn refuse(line: String) -> c_int {
+    error(&line);
+    if let Ok(mut refused) = REFUSED.lock() {
+        *refused = Some(line);
+    }
+    0
+}
+
 fn begin(spank: Spank, vgpu: &str) -> c_int {
     let opts: Vec<Option<String>> = VALUES.lock().map(|v| v.to_vec()).unwrap_or_default();
     if opts.len() != 4 {
-        error("vgpu: cannot read the step's --vgpu-* options; the step is not run unfenced");
-        return -1;
+        return refuse("vgpu: cannot read the step's --vgpu-* options; the step is not run unfenced".into());
     }
     let shards = getenv(spank, "SLURM_SHARDS_ON_NODE").filter(|s| s.trim().parse::<u32>().is_ok_and(|n| n > 0));
     if opts.iter().all(Option::is_none) && shards.is_none() {
         return 0;
     }
     let (Some(job), Some(step), Some(uid)) = (item_u32(spank, S_JOB_ID), item_u32(spank, S_JOB_STEPID), item_u32(spank, S_JOB_UID)) else {
-        error("vgpu: cannot read the step's job id, step id or user from Slurm; the step is not run unfenced");
-        return -1;
+        return refuse("vgpu: cannot read the step's job id, step id or user from Slurm; the step is not run unfenced".into());
     };
     if step == SLURM_EXTERN_CONT {
         return 0;
@@ -426,16 +439,14 @@ fn begin(spank: Spank, vgpu: &str) -> c_int {
     let out = match cmd.output() {
         Ok(out) => out,
         Err(e) => {
-            error(&format!("vgpu: node {node} cannot run {vgpu} ({e}): vgpu is not installed there; the step is not run unfenced"));
-            return -1;
+            return refuse(format!("vgpu: node {node} cannot run {vgpu} ({e}): vgpu is not installed there; the step is not run unfenced"));
         }
     };
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let why = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string();
         let why = why.strip_prefix("vgpu: ").unwrap_or(&why).to_string();
-        error(&format!("vgpu: node {node}: {why}; the step is not run unfenced"));
-        return -1;
+        return refuse(format!("vgpu: node {node}: {why}; the step is not run unfenced"));
     }
     // From here the vGPU exists: slurm_spank_exit removes it, whatever happens next.
     if let Ok(mut began) = BEGAN.lock() {
@@ -458,12 +469,31 @@ fn begin(spank: Spank, vgpu: &str) -> c_int {
             _ => false,
         };
         if !ok {
-            error(&format!("vgpu: node {node}: cannot set the step's environment ({line:?}); the step is not run unfenced"));
-            return -1;
+            return refuse(format!("vgpu: node {node}: cannot set the step's environment ({line:?}); the step is not run unfenced"));
         }
     }
     info(&format!("vgpu: job {job} step {step} on {node} runs in a vGPU"));
     0
+}
+
+/// In each task, as root, before it becomes the user: a step vgpu could not fence does not
+/// run; the task says why on its stderr (the job's output) and fails.
+///
+/// # Safety
+/// Called by Slurm with its handle.
+#[no_mangle]
+pub unsafe extern "C" fn slurm_spank_task_init_privileged(_spank: Spank, _ac: c_int, _av: *mut *mut c_char) -> c_int {
+    guard("slurm_spank_task_init_privileged", || {
+        let refused = REFUSED.lock().ok().and_then(|r| r.clone());
+        match refused {
+            Some(line) => {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "{line}");
+                -1
+            }
+            None => 0,
+        }
+    })
 }
 
 /// In the task, as its user, just before exec: Slurm sets each task's GPU variables after

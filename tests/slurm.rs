@@ -13,3 +13,5 @@ mod common;
 mod cluster;
 #[path = "slurm/fence.rs"]
 mod fence;
+#[path = "slurm/node.rs"]
+mod node;

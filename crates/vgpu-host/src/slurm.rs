@@ -153,6 +153,12 @@ fn lossy(s: OsString) -> String {
     s.to_string_lossy().into_owned()
 }
 
+/// The Slurm steps among `workloads` as (supervisor, cgroup name): whose processes are the
+/// descendants of their slurmstepd (`Snapshot::adopt_descendants`).
+pub fn step_supervisors(workloads: &[Workload]) -> Vec<(ProcessId, String)> {
+    workloads.iter().filter(|w| w.slurm.is_some()).map(|w| (ProcessId::from(w.supervisor), w.cgroup.clone())).collect()
+}
+
 /// The record of `step` on this node, if vgpu holds one.
 pub fn find_step(store: &Store, step: &SlurmStep) -> Option<Workload> {
     let (workloads, _) = store.workloads();

@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use crate::cluster::{Cluster, USER};
+use crate::cluster::Cluster;
 use crate::common::watch::Watch;
 use crate::common::{wait_for, workload};
 
@@ -64,13 +64,12 @@ fn ps_lists_the_step_and_the_watch_kills_a_task_that_bypasses_the_shim() {
     let out = job.wait_with_output().expect("srun");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the step's task was killed: {stderr}");
-    let why: Vec<&str> = stderr.lines().filter(|l| l.contains(&format!("vgpu watch on n1: killed pid")) && l.contains(&format!("of job {job_id} step 0: "))).collect();
+    let why: Vec<&str> = stderr.lines().filter(|l| l.contains("vgpu watch on n1: killed pid") && l.contains(&format!("of job {job_id} step 0: "))).collect();
     assert!(!why.is_empty(), "the job's output says why: {stderr}");
     assert!(why[0].contains("memory"), "{}", why[0]);
     for node in &cluster.nodes {
         wait_for(&format!("nothing of the job left on {}", node.name), || node.leftovers().is_empty());
     }
-    let _ = USER;
 }
 
 #[test]

@@ -201,4 +201,20 @@ fn slurm_conf_is_what_slurmd_runs_with() {
         assert!(said.contains("Name=shard Type=a100_sxm4_40gb Count=8"), "{said}");
         assert!(said.contains(&format!("File={}", cluster.path(&format!("dev/{}/nvidia0", node.name)).display())), "{said}");
     }
+    // vgpu doctor on a node compares its running slurmd's GRES with the declaration.
+    let doctor = |node: &crate::cluster::Node| -> serde_json::Value {
+        let out = node.sim.vgpu(&["doctor", "--json"]).env("SLURM_CONF", cluster.path("slurm.conf")).output().expect("vgpu doctor");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor's JSON");
+        let name = format!("Slurm GRES of {}", node.name);
+        report["checks"].as_array().expect("checks").iter().find(|c| c["name"] == name.as_str()).cloned().unwrap_or_else(|| panic!("no {name} check: {report}"))
+    };
+    let n1 = cluster.node("n1");
+    let check = doctor(n1);
+    assert_eq!(check["status"], "ok", "{check}");
+    // A declaration that no longer matches (4 shards a GPU now; slurmd still has 8).
+    n1.sim.write_vgpu_config("[slurm]\nshards_per_gpu = 4\n");
+    let check = doctor(n1);
+    assert_eq!(check["status"], "warn", "{check}");
+    let detail = check["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("vgpu declares shard:4, slurmd does not have it") && detail.contains("slurmd has shard:a100_sxm4_40gb:8"), "{check}");
 }

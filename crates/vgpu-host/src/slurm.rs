@@ -240,9 +240,60 @@ pub fn conf(node: &str, gpus: &[GpuInfo], pool: &vgpu_pool::config::PoolConfig, 
     Ok(SlurmConf { gres_conf: lines, gres: gres.join(",") })
 }
 
+/// What differs between the `Gres=` vgpu declares and the one slurmctld has for the node
+/// (`scontrol show node`'s `Gres=`, whose entries may carry a socket suffix such as
+/// `(S:0)`): one line per difference; none when they agree.
+pub fn gres_differences(declared: &str, running: &str) -> Vec<String> {
+    let entries = |text: &str| -> Vec<String> {
+        let mut v: Vec<String> = text
+            .trim()
+            .trim_start_matches("Gres=")
+            .split(',')
+            .map(|e| e.split('(').next().unwrap_or(e).trim().to_string())
+            .filter(|e| !e.is_empty() && e != "(null)")
+            .collect();
+        v.sort();
+        v
+    };
+    // A shard entry may be typed by slurmctld after its GPU (`shard:a100:8`): compare by
+    // name and count.
+    let key = |e: &str| -> String {
+        let parts: Vec<&str> = e.split(':').collect();
+        match parts.as_slice() {
+            ["shard", _, count] => format!("shard:{count}"),
+            _ => e.to_string(),
+        }
+    };
+    let declared = entries(declared);
+    let running = entries(running);
+    let mut out = Vec::new();
+    for d in &declared {
+        if !running.iter().any(|r| key(r) == key(d)) {
+            out.push(format!("vgpu declares {d}, slurmd does not have it"));
+        }
+    }
+    for r in &running {
+        if !declared.iter().any(|d| key(d) == key(r)) {
+            out.push(format!("slurmd has {r}, which vgpu does not declare"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gres_are_compared_by_name_type_and_count() {
+        let declared = "gpu:a100_sxm4_40gb:1,shard:8,tflops:gpu:312";
+        assert!(gres_differences(declared, "gpu:a100_sxm4_40gb:1(S:0),shard:a100_sxm4_40gb:8(S:0),tflops:gpu:312").is_empty());
+        assert_eq!(
+            gres_differences(declared, "gpu:a100_sxm4_40gb:1,shard:a100_sxm4_40gb:4"),
+            ["vgpu declares shard:8, slurmd does not have it", "vgpu declares tflops:gpu:312, slurmd does not have it", "slurmd has shard:a100_sxm4_40gb:4, which vgpu does not declare"]
+        );
+        assert_eq!(gres_differences("", "(null)"), Vec::<String>::new());
+    }
 
     #[test]
     fn a_gpu_type_is_the_model_without_the_vendor() {

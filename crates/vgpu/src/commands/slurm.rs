@@ -90,23 +90,73 @@ fn step_of(a: &StepArgs) -> SlurmStep {
     SlurmStep { job: a.job, step: a.step.clone(), node: a.node.clone() }
 }
 
-fn conf(ctx: &Context, args: &ConfArgs) -> Result<()> {
+fn short_hostname() -> Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/hostname").context("this host's name")?.trim().split('.').next().unwrap_or_default().to_string())
+}
+
+/// This node's declaration, from the inventory.
+fn declared(ctx: &Context, node: &str, dev_dir: &std::path::Path) -> Result<slurm::SlurmConf> {
     let Some(nvml) = ctx.nvml_read_only()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1): no GPU to declare to Slurm");
     };
     let gpus = nvml.inventory()?;
+    Ok(slurm::conf(node, &gpus, &ctx.config.pool, dev_dir, ctx.config.slurm.shards_per_gpu).map_err(|e| UsageError::new(e.to_string()))?)
+}
+
+/// A slurmd running on this host: its node name (`-N`, else this host's name) and its
+/// config file (`-f`, else its `SLURM_CONF`), for `vgpu doctor`. Where several run (Slurm's
+/// multiple-slurmd setups, the tests' clusters), those whose environment names this
+/// command's state directory (`VGPU_STATE_DIR`), if any; else every one.
+pub fn running_slurmds(ctx: &Context) -> Vec<(String, Option<String>)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        if !entry.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        if std::fs::read_to_string(entry.path().join("comm")).map(|c| c.trim() != "slurmd").unwrap_or(true) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let after = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let env: Vec<String> = environ.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let var = |k: &str| env.iter().find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(str::to_string));
+        let ours = var("VGPU_STATE_DIR").map(|d| std::path::Path::new(&d) == ctx.state_dir);
+        let Some(node) = after("-N").or_else(|| short_hostname().ok()) else { continue };
+        found.push((node, after("-f").or_else(|| var("SLURM_CONF")), ours));
+    }
+    if found.iter().any(|(_, _, ours)| *ours == Some(true)) {
+        found.retain(|(_, _, ours)| *ours == Some(true));
+    }
+    found.into_iter().map(|(n, c, _)| (n, c)).collect()
+}
+
+/// The node's GRES as slurmctld has them (`scontrol -o show node NODE`), against vgpu's
+/// declaration: the differences, or why they could not be compared.
+pub fn gres_check(ctx: &Context, node: &str, slurm_conf: Option<&str>, dev_dir: &std::path::Path) -> Result<Vec<String>, String> {
+    let declared = declared(ctx, node, dev_dir).map_err(|e| format!("{e:#}"))?;
+    let mut cmd = std::process::Command::new("scontrol");
+    cmd.args(["-o", "show", "node", node]).stdin(std::process::Stdio::null());
+    if let Some(conf) = slurm_conf {
+        cmd.env("SLURM_CONF", conf);
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run scontrol: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("scontrol show node {node}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let running = text.split_whitespace().find_map(|kv| kv.strip_prefix("Gres=")).unwrap_or_default().to_string();
+    Ok(slurm::gres_differences(&declared.gres, &running))
+}
+
+fn conf(ctx: &Context, args: &ConfArgs) -> Result<()> {
     let node = match &args.node {
         Some(n) => n.clone(),
-        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .context("this host's name")?
-            .trim()
-            .split('.')
-            .next()
-            .unwrap_or_default()
-            .to_string(),
+        None => short_hostname()?,
     };
-    let conf = slurm::conf(&node, &gpus, &ctx.config.pool, &args.dev_dir, ctx.config.slurm.shards_per_gpu)
-        .map_err(|e| UsageError::new(e.to_string()))?;
+    let conf = declared(ctx, &node, &args.dev_dir)?;
     println!("# gres.conf (vgpu slurm conf; shards_per_gpu = {})", ctx.config.slurm.shards_per_gpu);
     for line in &conf.gres_conf {
         println!("{line}");

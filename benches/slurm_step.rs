@@ -16,6 +16,9 @@
 //!   whole run, to its exit (the vGPU's removal, `vgpu slurm step-end`, runs from
 //!   slurmstepd after the tasks and is in the second figure only as far as srun waits for
 //!   it);
+//! - a third: until the step's slurmstepd is gone (its vGPU removed, everything of the step
+//!   done); the next step starts only then, so that no step's end overlaps another's start
+//!   (each variant goes first in turn);
 //! - the medians, and what the plugin adds: the median of the paired differences against
 //!   no plugin.
 
@@ -38,8 +41,15 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// One step: (ms from srun's start to its last task's first instruction, ms srun ran).
-fn step(cluster: &Cluster, args: &[&str]) -> (f64, f64) {
+/// Whether a slurmstepd of node n1 still runs (it ends after the step's vGPU is removed).
+fn stepd_running(cluster: &Cluster) -> bool {
+    let n1 = cluster.node("n1").sim.dir.path().as_os_str().as_encoded_bytes().to_vec();
+    common::processes_carrying(&n1).iter().any(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "slurmstepd"))
+}
+
+/// One step: (ms from srun's start to its last task's first instruction, ms srun ran, ms
+/// until the step's slurmstepd is gone: everything of the step done, its vGPU removed).
+fn step(cluster: &Cluster, args: &[&str]) -> (f64, f64, f64) {
     let mut all = vec!["-w", "n1", "--gres=gpu:1"];
     all.extend_from_slice(args);
     all.extend_from_slice(&["date", "+%s%N"]);
@@ -48,6 +58,10 @@ fn step(cluster: &Cluster, args: &[&str]) -> (f64, f64) {
     let start = Instant::now();
     let out = cmd.output().expect("srun");
     let total = start.elapsed().as_secs_f64() * 1e3;
+    while stepd_running(cluster) {
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    let done = start.elapsed().as_secs_f64() * 1e3;
     if !out.status.success() {
         eprintln!("slurm_step: srun {all:?} failed: {}", String::from_utf8_lossy(&out.stderr));
         std::process::exit(1);
@@ -56,7 +70,7 @@ fn step(cluster: &Cluster, args: &[&str]) -> (f64, f64) {
         eprintln!("slurm_step: no time printed: {}", String::from_utf8_lossy(&out.stdout));
         std::process::exit(1)
     });
-    (last.saturating_sub(wall_start) as f64 / 1e6, total)
+    (last.saturating_sub(wall_start) as f64 / 1e6, total, done)
 }
 
 fn main() {
@@ -71,26 +85,34 @@ fn main() {
         ];
         let mut first: Vec<Vec<f64>> = vec![Vec::new(); 3];
         let mut total: Vec<Vec<f64>> = vec![Vec::new(); 3];
-        for _ in 0..rounds {
-            for (i, (_, plugin, args)) in variants.iter().enumerate() {
+        let mut done: Vec<Vec<f64>> = vec![Vec::new(); 3];
+        for round in 0..rounds {
+            // Each variant first in turn; each step alone (the previous one's slurmstepd gone).
+            for k in 0..variants.len() {
+                let i = (k + round) % variants.len();
+                let (_, plugin, args) = &variants[i];
                 cluster.set_plugin(plugin.unwrap_or(false));
                 let mut all = extra.clone();
                 all.extend_from_slice(args);
-                let (f, t) = step(&cluster, &all);
+                let (f, t, d) = step(&cluster, &all);
                 first[i].push(f);
                 total[i].push(t);
+                done[i].push(d);
             }
         }
         println!("{label}:");
         for (i, (name, _, _)) in variants.iter().enumerate() {
             let added_first: Vec<f64> = first[i].iter().zip(&first[0]).map(|(a, b)| a - b).collect();
             let added_total: Vec<f64> = total[i].iter().zip(&total[0]).map(|(a, b)| a - b).collect();
+            let added_done: Vec<f64> = done[i].iter().zip(&done[0]).map(|(a, b)| a - b).collect();
             println!(
-                "  {name:<24} srun→first instruction {:7.1}   srun total {:7.1}   added: {:+6.1} to the first instruction, {:+6.1} in all",
+                "  {name:<24} to first instruction {:6.1}  srun {:6.1}  step done {:6.1}   added: {:+6.1} to the first instruction, {:+6.1} to srun, {:+6.1} to the step",
                 median(&mut first[i].clone()),
                 median(&mut total[i].clone()),
+                median(&mut done[i].clone()),
                 median(&mut added_first.clone()),
                 median(&mut added_total.clone()),
+                median(&mut added_done.clone()),
             );
         }
     }

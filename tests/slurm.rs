@@ -15,3 +15,5 @@ mod cluster;
 mod fence;
 #[path = "slurm/node.rs"]
 mod node;
+#[path = "slurm/preempt.rs"]
+mod preempt;

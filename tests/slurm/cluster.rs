@@ -58,6 +58,12 @@ impl Cluster {
 
     /// Nodes given as (name, GPU model, memory), `vgpu_toml` each node's vgpu config.
     pub fn start(nodes: &[(&str, &str, &str)], vgpu_toml: &str) -> Cluster {
+        Cluster::start_with(nodes, vgpu_toml, "")
+    }
+
+    /// [`Cluster::start`] with lines of slurm.conf of the test's (`{nodes}` in them is the
+    /// node list); when they name partitions, the default partition `debug` is left out.
+    pub fn start_with(nodes: &[(&str, &str, &str)], vgpu_toml: &str, conf_extra: &str) -> Cluster {
         let dir = tempfile::Builder::new().prefix("vgpu-slurm-").tempdir().expect("tempdir");
         open_to_all(dir.path());
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname").trim().to_string();
@@ -116,7 +122,7 @@ impl Cluster {
             std::fs::create_dir_all(cluster.path(&format!("spool/{name}"))).expect("spool");
             cluster.nodes.push(Node { name: name.to_string(), sim, port: free_port(), gres, slurmd: None });
         }
-        cluster.write_conf(free_port());
+        cluster.write_conf(free_port(), conf_extra);
         cluster.set_plugin(true);
 
         let ctld = Command::new("slurmctld")
@@ -140,7 +146,7 @@ impl Cluster {
         self.dir.path().join(rel)
     }
 
-    fn write_conf(&self, ctld_port: u16) {
+    fn write_conf(&self, ctld_port: u16, extra: &str) {
         let d = self.dir.path().display();
         let host = &self.host;
         let mut conf = format!(
@@ -179,7 +185,10 @@ impl Cluster {
             ));
         }
         let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
-        conf.push_str(&format!("PartitionName=debug Nodes={} Default=YES MaxTime=INFINITE State=UP\n", names.join(",")));
+        if !extra.contains("PartitionName=") {
+            conf.push_str(&format!("PartitionName=debug Nodes={} Default=YES MaxTime=INFINITE State=UP\n", names.join(",")));
+        }
+        conf.push_str(&extra.replace("{nodes}", &names.join(",")));
         std::fs::write(self.path("slurm.conf"), conf).expect("slurm.conf");
     }
 
@@ -241,10 +250,14 @@ impl Cluster {
             c.args(["-h", "-N", "-o", "%N %T"]);
             c
         });
-        String::from_utf8_lossy(&out.stdout)
+        // A node in several partitions is listed once for each.
+        let mut states: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.split_once(' ').map(|(n, s)| (n.to_string(), s.trim().to_string())))
-            .collect()
+            .collect();
+        states.sort();
+        states.dedup();
+        states
     }
 
     /// Until every node is idle (Slurm's own state); fails with the daemons' logs after 30 s.

@@ -22,7 +22,7 @@
 //! - the medians, and what the plugin adds: the median of the paired differences against
 //!   no plugin.
 
-#[allow(dead_code)]
+// (tests/common/mod.rs allows dead code itself.)
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[allow(dead_code)]

@@ -228,8 +228,16 @@ impl Cluster {
     /// `srun ARGS…` (or sbatch, salloc) as the user, from /tmp, with nothing of the test's
     /// Slurm or vgpu environment.
     pub fn submit(&self, program: &str, args: &[&str]) -> Command {
+        let mut cmd = self.submit_as_root(program, args);
+        cmd.uid(USER).gid(USER);
+        cmd
+    }
+
+    /// [`Cluster::submit`] as root (a program only root may run, e.g. a Python under
+    /// /root/.pyenv).
+    pub fn submit_as_root(&self, program: &str, args: &[&str]) -> Command {
         let mut cmd = self.client(program);
-        cmd.args(args).uid(USER).gid(USER).env_remove("LD_PRELOAD").env_remove("LD_LIBRARY_PATH").stdin(Stdio::null());
+        cmd.args(args).env_remove("LD_PRELOAD").env_remove("LD_LIBRARY_PATH").stdin(Stdio::null());
         for (k, _) in std::env::vars() {
             if k.starts_with("SLURM_") && k != "SLURM_CONF" || k.starts_with("VGPU_") && k != "VGPU_TEST_CLUSTER" || k.starts_with("FAKEGPU_") {
                 cmd.env_remove(k);

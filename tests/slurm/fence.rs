@@ -218,3 +218,32 @@ fn slurm_conf_is_what_slurmd_runs_with() {
     let detail = check["detail"].as_str().unwrap_or_default();
     assert!(detail.contains("vgpu declares shard:4, slurmd does not have it") && detail.contains("slurmd has shard:a100_sxm4_40gb:8"), "{check}");
 }
+
+/// The virtualenv of the real PyPI clients (tests/fetch-pyclients.sh; installs once).
+fn pyclients_venv() -> PathBuf {
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fetch-pyclients.sh");
+        let out = Command::new("bash").arg(script).output().expect("tests/fetch-pyclients.sh");
+        assert!(out.status.success(), "fetch-pyclients.sh (no skipping): {}", String::from_utf8_lossy(&out.stderr));
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
+#[test]
+fn a_pypi_client_in_a_fenced_step_sees_the_quota_and_a_clean_out_of_memory() {
+    let cluster = Cluster::two_nodes();
+    let python = pyclients_venv().join("bin/python");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/cuda_bindings_alloc.py");
+    // NVIDIA's cuda-bindings, unmodified: cuMemGetInfo, then cuMemAlloc by 256 MiB until
+    // refused. As root: the virtualenv's Python may be one only root can run (pyenv's).
+    let out = cluster.run(cluster.submit_as_root("srun", &["-w", "n2", "--gres=gpu:1", "--vgpu-mem=4G", python.to_str().unwrap(), script]));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(field(&stdout, "total"), 4 * GIB, "{stdout}");
+    assert!(stdout.contains("stopped=CUDA_ERROR_OUT_OF_MEMORY"), "{stdout}");
+    let allocated = field(&stdout, "allocated");
+    assert!(allocated > 4 * GIB - (256 << 20) && allocated <= 4 * GIB, "allocation stops at the quota: {stdout}");
+    wait_clean(&cluster);
+}

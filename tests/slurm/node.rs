@@ -80,7 +80,7 @@ fn a_step_whose_slurmstepd_is_killed_leaves_nothing_once_vgpu_reconciles() {
     let ready = dir.join("ready");
     let bin = workload::workload_bin().display().to_string();
     let script = format!("{bin} idle 300 --alloc-mib 512 --ready {}", ready.display());
-    let mut srun = cluster.submit("srun", &["-w", "n2", "--gres=gpu:1", "--vgpu-mem=2G", "sh", "-c", &script]);
+    let mut srun = cluster.submit("srun", &["-w", "n2", "--gres=gpu:1", "--vgpu-mem=2G", "--vgpu-freq-sensitivity=0.3", "sh", "-c", &script]);
     srun.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     let mut job = srun.spawn().expect("srun");
     wait_for("the step's process to hold its memory", || ready.exists());
@@ -88,6 +88,8 @@ fn a_step_whose_slurmstepd_is_killed_leaves_nothing_once_vgpu_reconciles() {
     let row = rows.iter().find(|r| !r["slurm"].is_null()).unwrap_or_else(|| panic!("no Slurm step in ps: {rows:?}"));
     let id = row["id"].as_str().expect("id").to_string();
     let record: serde_json::Value = serde_json::from_slice(&std::fs::read(n2.sim.path(&format!("run/workloads/{id}.json"))).expect("record")).expect("json");
+    // What the carbon planner plans with: the job's sensitivity to the clock.
+    assert_eq!(record["freq_sensitivity"].as_f64(), Some(0.3), "{record}");
     let stepd = record["supervisor"]["pid"].as_u64().expect("supervisor") as i32;
     let comm = std::fs::read_to_string(format!("/proc/{stepd}/comm")).unwrap_or_default();
     assert!(comm.starts_with("slurmstepd"), "the supervisor is the step's slurmstepd: {comm}");

@@ -212,7 +212,8 @@ impl Cluster {
         for (k, v) in node.sim.env() {
             cmd.env(k, v);
         }
-        cmd.env("VGPU_SIMULATE", "1").env("VGPU_LOG", "vgpu=info");
+        // As /etc/slurm/slurm.conf would be: what scontrol, run by vgpu from slurmstepd, reads.
+        cmd.env("VGPU_SIMULATE", "1").env("VGPU_LOG", "vgpu=info").env("SLURM_CONF", &conf);
         let log = std::fs::File::create(self.dir.path().join(format!("log/{}.out", node.name))).expect("log");
         let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::from(log)).spawn().expect("slurmd (apt-get install slurmd)");
         node.slurmd = Some(child);

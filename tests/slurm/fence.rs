@@ -247,3 +247,26 @@ fn a_pypi_client_in_a_fenced_step_sees_the_quota_and_a_clean_out_of_memory() {
     assert!(allocated > 4 * GIB - (256 << 20) && allocated <= 4 * GIB, "allocation stops at the quota: {stdout}");
     wait_clean(&cluster);
 }
+
+#[test]
+fn a_tflops_job_gets_its_blocks_share_of_the_gpu() {
+    let cluster = Cluster::two_nodes();
+    let probe = probe(&cluster);
+    let p = probe.to_str().unwrap();
+    // The node's A100 is worth 312 one-TFLOPS blocks (vgpu slurm conf: tflops:gpu:312); 156
+    // of them are half of it: half its memory and compute.
+    let out = cluster.run(cluster.submit("srun", &["-w", "n1", "--gres=gpu:1,tflops:156", "sh", "-c", &format!("echo name=$VGPU_WORKLOAD_NAME; {p} info alloc {}", 21 * GIB)]));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}\n{}", cluster.logs());
+    assert!(stdout.contains("name=slurm-"), "the step runs in a vGPU: {stdout}");
+    assert_eq!(field(&stdout, "total"), 20 * GIB, "{stdout}");
+    assert_eq!(allocs(&stdout), [CUDA_OOM], "{stdout}");
+    // The same GPU asked without tflops: no vGPU (whole device, through the node's driver).
+    let export = driver_of(&cluster, "n1");
+    let out = cluster.run(cluster.submit("srun", &["-w", "n1", "--gres=gpu:1", &format!("--export={export}"), "sh", "-c", &format!("echo name=$VGPU_WORKLOAD_NAME; {p} info")]));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("name=\n") || stdout.lines().any(|l| l == "name="), "no vGPU: {stdout}");
+    assert_eq!(field(&stdout, "total"), 40 * GIB, "{stdout}");
+    wait_clean(&cluster);
+}

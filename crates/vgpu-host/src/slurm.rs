@@ -45,6 +45,45 @@ pub struct StepAsk {
     pub freq_sensitivity: Option<f64>,
     /// The shards the step holds on this node (`SLURM_SHARDS_ON_NODE`).
     pub shards: Option<u32>,
+    /// The `tflops` GRES the job holds per node (`--gres=tflops:N`: pool blocks).
+    pub tflops_blocks: Option<u64>,
+}
+
+/// The share of its GPUs a step holding `blocks` pool blocks gets: the blocks over all the
+/// blocks its GPUs are worth (the pool's inventory: `[pool]` overrides, else the TFLOPS
+/// table), percent, rounded up, at least 1 and at most 100.
+fn tflops_pct(ctx: &Context, gpus: &[GpuInfo], step_gpus: &[u32], blocks: u64) -> Result<u32> {
+    let nvml: Vec<vgpu_pool::NvmlGpu> = gpus.iter().map(|g| vgpu_pool::NvmlGpu { index: g.index, uuid: g.uuid.clone(), name: g.name.clone() }).collect();
+    let inventory = vgpu_pool::Inventory::build(&nvml, &ctx.config.pool).map_err(|e| vgpu_store::error::UsageError::new(e.to_string()))?;
+    let worth: u64 = inventory
+        .devices
+        .iter()
+        .filter(|d| matches!(&d.origin, vgpu_pool::inventory::DeviceOrigin::Nvml { index, .. } if step_gpus.contains(index)))
+        .map(|d| d.blocks)
+        .sum();
+    if worth == 0 {
+        vgpu_store::usage!("the step's GPUs are worth no pool block: cannot size {blocks} TFLOPS blocks");
+    }
+    Ok(blocks_pct(blocks, worth))
+}
+
+/// `blocks` of `worth` blocks, percent: rounded up, at least 1, at most 100.
+pub fn blocks_pct(blocks: u64, worth: u64) -> u32 {
+    (blocks.saturating_mul(100).div_ceil(worth.max(1))).clamp(1, 100) as u32
+}
+
+/// The `tflops` GRES a job holds per node, from `scontrol -o show job`'s `TresPerNode`
+/// (`gres:gpu:1,gres:tflops:156`, or `gres/tflops:…` forms); None: it asked for none.
+pub fn tflops_of(show_job: &str) -> Option<u64> {
+    let tres = show_job.split_whitespace().find_map(|kv| kv.strip_prefix("TresPerNode="))?;
+    tres.split(',').find_map(|entry| {
+        let entry = entry.trim_start_matches("gres:").trim_start_matches("gres/");
+        let mut parts = entry.split(':');
+        if parts.next()? != "tflops" {
+            return None;
+        }
+        parts.last()?.parse().ok()
+    })
 }
 
 /// The record's name for a step: `slurm-JOB.STEP`.
@@ -83,11 +122,16 @@ pub fn begin_step(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo
     if ask.gpus.is_empty() {
         vgpu_store::usage!("the step holds no GPU on node {}: ask Slurm for one (--gres=gpu:N or --gres=shard:N) with --vgpu-* options", ask.step.node);
     }
-    let (mem, compute_pct) = match ask.shards {
-        Some(shards) if shards > 0 => {
+    let from_blocks = match ask.tflops_blocks {
+        Some(blocks) if blocks > 0 => Some(tflops_pct(ctx, gpus, &ask.gpus, blocks)?),
+        _ => None,
+    };
+    let (mem, compute_pct) = match (ask.shards, from_blocks) {
+        (Some(shards), _) if shards > 0 => {
             let pct = shard_pct(shards, ask.gpus.len(), ctx.config.slurm.shards_per_gpu);
             (ask.mem.or(Some(MemSpec::Percent(f64::from(pct)))), ask.compute_pct.unwrap_or(pct))
         }
+        (_, Some(pct)) => (ask.mem.or(Some(MemSpec::Percent(f64::from(pct)))), ask.compute_pct.unwrap_or(pct)),
         _ => (ask.mem, ask.compute_pct.unwrap_or(100)),
     };
     let request = Request {
@@ -300,6 +344,18 @@ mod tests {
         assert_eq!(gpu_type("NVIDIA A100-SXM4-40GB"), "a100_sxm4_40gb");
         assert_eq!(gpu_type("NVIDIA GeForce RTX 3090"), "rtx_3090");
         assert_eq!(gpu_type("NVIDIA"), "gpu");
+    }
+
+    #[test]
+    fn a_jobs_tflops_are_read_from_scontrol_and_sized_in_blocks() {
+        assert_eq!(tflops_of("JobId=3 TresPerNode=gres:gpu:1,gres:tflops:156 Foo=bar"), Some(156));
+        assert_eq!(tflops_of("JobId=3 TresPerNode=gres:tflops:gpu:78"), Some(78));
+        assert_eq!(tflops_of("JobId=3 TresPerNode=gres:gpu:1"), None);
+        assert_eq!(tflops_of("JobId=3"), None);
+        assert_eq!(blocks_pct(156, 312), 50);
+        assert_eq!(blocks_pct(1, 312), 1);
+        assert_eq!(blocks_pct(157, 312), 51);
+        assert_eq!(blocks_pct(1000, 312), 100);
     }
 
     #[test]

@@ -402,7 +402,11 @@ fn begin(spank: Spank, vgpu: &str) -> c_int {
         return refuse("vgpu: cannot read the step's --vgpu-* options; the step is not run unfenced".into());
     }
     let shards = getenv(spank, "SLURM_SHARDS_ON_NODE").filter(|s| s.trim().parse::<u32>().is_ok_and(|n| n > 0));
-    if opts.iter().all(Option::is_none) && shards.is_none() {
+    let gpus = getenv(spank, "SLURM_STEP_GPUS").or_else(|| getenv(spank, "SLURM_JOB_GPUS")).unwrap_or_default();
+    // A step that holds GPUs and asks nothing: fenced only if its job holds the tflops GRES,
+    // which vgpu asks slurmctld (22.05 gives the step no variable for it).
+    let if_tflops = opts.iter().all(Option::is_none) && shards.is_none();
+    if if_tflops && gpus.trim().is_empty() {
         return 0;
     }
     let (Some(job), Some(step), Some(uid)) = (item_u32(spank, S_JOB_ID), item_u32(spank, S_JOB_STEPID), item_u32(spank, S_JOB_UID)) else {
@@ -418,7 +422,6 @@ fn begin(spank: Spank, vgpu: &str) -> c_int {
             expand_hostlist(&list).into_iter().nth(id as usize)
         })
         .unwrap_or_default();
-    let gpus = getenv(spank, "SLURM_STEP_GPUS").or_else(|| getenv(spank, "SLURM_JOB_GPUS")).unwrap_or_default();
     let step = step_name(step);
     let mut cmd = std::process::Command::new(vgpu);
     cmd.args(["slurm", "step-begin", "--job", &job.to_string(), "--step", &step, "--node", &node, "--uid", &uid.to_string()])
@@ -436,6 +439,9 @@ fn begin(spank: Spank, vgpu: &str) -> c_int {
     if let Some(s) = &shards {
         cmd.arg("--shards").arg(s.trim());
     }
+    if if_tflops {
+        cmd.arg("--if-tflops");
+    }
     let out = match cmd.output() {
         Ok(out) => out,
         Err(e) => {
@@ -447,6 +453,10 @@ fn begin(spank: Spank, vgpu: &str) -> c_int {
         let why = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string();
         let why = why.strip_prefix("vgpu: ").unwrap_or(&why).to_string();
         return refuse(format!("vgpu: node {node}: {why}; the step is not run unfenced"));
+    }
+    if if_tflops && out.stdout.is_empty() {
+        // Its job holds no tflops: nothing of vgpu's for this step.
+        return 0;
     }
     // From here the vGPU exists: slurm_spank_exit removes it, whatever happens next.
     if let Ok(mut began) = BEGAN.lock() {

@@ -76,6 +76,10 @@ pub struct StepBeginArgs {
     /// The shards the step holds on this node (SLURM_SHARDS_ON_NODE)
     #[arg(long)]
     pub shards: Option<u32>,
+    /// Asked nothing else: fence the step only if its job holds the tflops GRES (read with
+    /// scontrol), and else make nothing and print nothing
+    #[arg(long)]
+    pub if_tflops: bool,
 }
 
 pub fn run(ctx: &Context, args: &SlurmArgs) -> Result<()> {
@@ -181,7 +185,18 @@ fn step_begin(ctx: &Context, args: &StepBeginArgs) -> Result<()> {
             vgpu_store::usage!("--vgpu-compute must be between 1 and 100, got {c}");
         }
     }
+    // The tflops GRES: Slurm 22.05 gives a step no variable for a count-only GRES; the
+    // job's TresPerNode says it.
+    let tflops_blocks = if args.if_tflops || args.mem.is_none() && args.compute.is_none() && args.shards.is_none() {
+        job_tflops(args.step.job)
+    } else {
+        None
+    };
+    if args.if_tflops && tflops_blocks.is_none() {
+        return Ok(());
+    }
     let ask = StepAsk {
+        tflops_blocks,
         step: step_of(&args.step),
         uid: args.uid,
         stepd: args.stepd,
@@ -211,6 +226,21 @@ fn step_begin(ctx: &Context, args: &StepBeginArgs) -> Result<()> {
     }
     print!("{out}");
     Ok(())
+}
+
+/// The `tflops` GRES job `job` holds per node (`scontrol -o show job`); None when it holds
+/// none or scontrol cannot say.
+fn job_tflops(job: u32) -> Option<u64> {
+    let out = std::process::Command::new("scontrol")
+        .args(["-o", "show", "job", &job.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    slurm::tflops_of(&String::from_utf8_lossy(&out.stdout))
 }
 
 fn step_end(ctx: &Context, args: &StepArgs) -> Result<()> {

@@ -82,7 +82,7 @@ pub fn tflops_of(show_job: &str) -> Option<u64> {
         if parts.next()? != "tflops" {
             return None;
         }
-        parts.last()?.parse().ok()
+        parts.next_back()?.parse().ok()
     })
 }
 

@@ -66,7 +66,8 @@ impl Cluster {
     pub fn start_with(nodes: &[(&str, &str, &str)], vgpu_toml: &str, conf_extra: &str) -> Cluster {
         let dir = tempfile::Builder::new().prefix("vgpu-slurm-").tempdir().expect("tempdir");
         open_to_all(dir.path());
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname").trim().to_string();
+        // Short, as Slurm compares SlurmctldHost with this host's short name.
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname").trim().split('.').next().unwrap_or_default().to_string();
         let mut cluster = Cluster { nodes: Vec::new(), daemons: Vec::new(), dir, host };
         for sub in ["munge", "ctld", "log", "spool", "dev"] {
             std::fs::create_dir_all(cluster.path(sub)).expect("mkdir");

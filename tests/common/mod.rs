@@ -312,7 +312,7 @@ fn unshare() {
 
 /// The processes (other than this one) whose environment holds the path `dir` (followed by
 /// `/`, `:` or the end of a value).
-fn processes_carrying(dir: &[u8]) -> Vec<libc::pid_t> {
+pub fn processes_carrying(dir: &[u8]) -> Vec<libc::pid_t> {
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();

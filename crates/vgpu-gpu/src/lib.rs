@@ -1,6 +1,7 @@
 //! NVIDIA GPUs through NVML, loaded at run time (`libnvidia-ml.so.1`): the binary links
 //! nothing of NVIDIA's and runs on hosts without a GPU.
 
+pub mod ancestry;
 pub mod cgroup_of;
 pub mod checkpoint;
 pub mod context;

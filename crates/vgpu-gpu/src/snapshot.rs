@@ -100,6 +100,22 @@ impl Snapshot {
     pub fn gpu(&self, uuid: &str) -> Option<&GpuSample> {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
+
+    /// Give the workloads whose processes live in cgroups that are not vgpu's (Slurm job
+    /// steps: their tasks stay in Slurm's cgroups) the processes in no vGPU that descend
+    /// from their supervisor (the step's slurmstepd). `steps` is (supervisor, workload
+    /// cgroup name). A process that left the step's process tree (a daemon reparented to
+    /// init) stays in no vGPU.
+    pub fn adopt_descendants(&mut self, steps: &[(ProcessId, String)]) {
+        if steps.is_empty() {
+            return;
+        }
+        for p in self.gpus.iter_mut().flat_map(|g| g.processes.iter_mut()).filter(|p| p.owner == Owner::Unmanaged) {
+            if let Some(cgroup) = crate::ancestry::descends_from(p.pid, steps) {
+                p.owner = Owner::Workload(cgroup.to_string());
+            }
+        }
+    }
 }
 
 fn sample_gpu(nvml: &Nvml, index: u32, since_us: u64) -> Result<GpuSample, NvmlError> {

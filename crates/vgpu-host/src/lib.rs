@@ -13,5 +13,6 @@ pub mod policy;
 pub mod pool_effects;
 pub mod recovery;
 pub mod repair;
+pub mod slurm;
 pub mod suspension;
 pub mod workload_file;

@@ -71,6 +71,9 @@ pub struct Row {
     pub created_unix_ms: u64,
     /// The service it is a replica of, `{"name", "replica"}`; null for other workloads.
     pub service: Option<vgpu_store::state::ServiceRef>,
+    /// The Slurm job step it fences, `{"job", "step", "node"}` (`spank_vgpu.so`); null for
+    /// other workloads.
+    pub slurm: Option<vgpu_store::state::SlurmStep>,
     pub command: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<Vec<ProcRow>>,
@@ -183,10 +186,14 @@ pub fn row_with(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool,
         .and_then(|g| devices.iter().find(|d| d.uuid == g.uuid))
         .map(|d| ComputePolicy::from_abi(d.policy))
         .unwrap_or(w.compute_policy);
-    let pids: Vec<u32> = layout
-        .and_then(|l| Cgroup::pids_at(l, &w.cgroup_home, &w.cgroup).ok())
-        .map(|p| p.into_iter().map(|p| p as u32).collect())
-        .unwrap_or_default();
+    let pids: Vec<u32> = match &w.slurm {
+        // A Slurm step's tasks are in Slurm's cgroups, below the step's slurmstepd.
+        Some(_) => vgpu_gpu::ancestry::descendants_of(w.supervisor.into()),
+        None => layout
+            .and_then(|l| Cgroup::pids_at(l, &w.cgroup_home, &w.cgroup).ok())
+            .map(|p| p.into_iter().map(|p| p as u32).collect())
+            .unwrap_or_default(),
+    };
     let processes = all.then(|| {
         usage
             .as_ref()
@@ -230,6 +237,7 @@ pub fn row_with(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool,
         enforcement: w.enforcement.clone(),
         created_unix_ms: w.created_unix_ms,
         service: w.service.clone(),
+        slurm: w.slurm.clone(),
         command: w.command.clone(),
         processes,
     }

@@ -244,6 +244,7 @@ mod tests {
             created_unix_ms: 0,
             enforcement: None,
             service: None,
+            slurm: None,
         }
     }
 

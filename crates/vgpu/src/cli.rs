@@ -13,7 +13,7 @@ pub mod man;
 use crate::args::CompletionsArgs;
 use crate::commands::carbon::CarbonArgs;
 use crate::commands::pool::PoolArgs;
-use crate::commands::{carbon, completions, control, devices, doctor, partition, pool, ps, run, service, update, watch};
+use crate::commands::{carbon, completions, control, devices, doctor, partition, pool, ps, run, service, slurm, update, watch};
 
 /// The help heading of the options every command takes.
 const GLOBAL: &str = "Global options";
@@ -90,6 +90,8 @@ pub enum Command {
     Pool(PoolArgs),
     /// Services: a command kept running as MIN..MAX replicas, each in its own vGPU, scaled by CPU, memory or GPU utilization
     Service(crate::commands::service::ServiceArgs),
+    /// Slurm: this node's gres.conf and Gres= from vgpu's inventory (spank_vgpu.so fences job steps)
+    Slurm(crate::commands::slurm::SlurmArgs),
     /// Run the enforcer in the foreground: audit GPU memory and compute through NVML, kill what escapes the shim, reconcile continuously, serve metrics
     Watch(crate::commands::watch::WatchArgs),
     /// Print the shell's completion script: `source <(vgpu completions bash)`; it asks vgpu at each completion, so workload IDs and names and partitions complete as they are now
@@ -186,6 +188,7 @@ pub fn dispatch(ctx: &Context, command: &Command) -> Result<u8> {
         Command::Carbon(args) => done(carbon::run(ctx, args)),
         Command::Pool(args) => done(pool::run(ctx, args)),
         Command::Service(args) => done(service::run(ctx, args)),
+        Command::Slurm(args) => done(slurm::run(ctx, args)),
         Command::Watch(args) => done(watch::run(ctx, args)),
         Command::Completions(args) => done(completions::run(args)),
     }

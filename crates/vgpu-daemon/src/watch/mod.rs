@@ -18,6 +18,7 @@ pub mod journal;
 pub mod notify;
 pub mod offence;
 mod publish;
+pub mod tell;
 pub mod throttle;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -261,6 +262,11 @@ impl Watch {
         };
         let (workloads, _) = self.store.workloads();
         let files = enforce::VgpuFiles::all(&self.store, &workloads);
+        if let Some(snapshot) = self.snapshot.as_mut() {
+            // Slurm steps' tasks are in Slurm's cgroups: theirs are the processes below the
+            // step's slurmstepd.
+            snapshot.adopt_descendants(&vgpu_host::slurm::step_supervisors(&workloads));
+        }
         if let Some(snapshot) = self.snapshot.take() {
             self.audit(&snapshot, &workloads, &files, &mut events);
             self.snapshot = Some(snapshot);

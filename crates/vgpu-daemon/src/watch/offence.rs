@@ -195,6 +195,12 @@ impl OffenceEnforcer {
         let labels = WorkloadLabels::of(w);
         let mut killed = Vec::new();
         for (p, audit) in processes.iter().zip(audits) {
+            // A Slurm step's task learns why in the job's output (no vgpu run tells it).
+            if let Some(step) = &w.slurm {
+                if p.is_alive() {
+                    super::tell::tell(p.pid, w.user.uid, &format!("vgpu watch on {}: killed pid {} of job {} step {}: {reason}", step.node, p.pid, step.job, step.step));
+                }
+            }
             match vgpu_store::supervise::signal_exact(*p, libc::SIGKILL) {
                 Ok(true) => {
                     killed.push(*p);

@@ -3,6 +3,7 @@
 //! A missing file means defaults. An unknown key or a bad value is an error that names the
 //! key and the file (serde's `deny_unknown_fields` plus toml's span-aware messages).
 
+pub mod slurm;
 pub mod suspend;
 pub mod watch;
 
@@ -42,6 +43,8 @@ pub struct Config {
     pub cgroup: CgroupConfig,
     /// `[history]`: what `vgpu watch` records in history.db, and for how long.
     pub history: vgpu_history::config::HistoryConfig,
+    /// `[slurm]`: what a Slurm shard is worth (`spank_vgpu.so`, `vgpu slurm conf`).
+    pub slurm: slurm::SlurmConfig,
 }
 
 /// `[cgroup]`: `manager = "auto"` (the default: the delegated subtree of the systemd unit
@@ -165,6 +168,7 @@ impl Config {
         self.policy.validate()?;
         self.watch.validate()?;
         self.history.validate()?;
+        self.slurm.validate()?;
         Ok(())
     }
 }

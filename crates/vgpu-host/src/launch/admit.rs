@@ -72,6 +72,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         created_unix_ms: vgpu_store::clock::now_ms(),
         enforcement: None,
         service: request.service.clone(),
+        slurm: None,
     };
     // The cgroup manager's choice, and its effects: a transient scope from systemd, this
     // process moved to its leaf of a delegated cgroup (cgroup/home.rs).

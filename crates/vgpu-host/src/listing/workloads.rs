@@ -72,7 +72,10 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
     }
     suspended_by(store, &mut rows, &workloads);
     let unreadable = rows.iter().any(|r| !r.usage_readable || r.gpus.iter().any(|g| g.mem_used.is_none()));
-    let snapshot = if options.unmanaged || unreadable { driver.snapshot() } else { None };
+    let mut snapshot = if options.unmanaged || unreadable { driver.snapshot() } else { None };
+    if let Some(snapshot) = snapshot.as_mut() {
+        snapshot.adopt_descendants(&crate::slurm::step_supervisors(&workloads));
+    }
     if let Some(snapshot) = &snapshot {
         for (r, w) in rows.iter_mut().zip(&workloads) {
             driver::fill(r, w, snapshot);

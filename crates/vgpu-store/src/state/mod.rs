@@ -20,7 +20,7 @@ pub mod workload;
 pub use damaged::DamagedRecord;
 pub use lock::StoreLock;
 pub use partition::{Partition, Partitions};
-pub use workload::{Enforcement, EnforcementAction, ServiceRef, SuspendedMemory, UserSpec, Workload, WorkloadGpu, WorkloadState};
+pub use workload::{Enforcement, EnforcementAction, ServiceRef, SlurmStep, SuspendedMemory, UserSpec, Workload, WorkloadGpu, WorkloadState};
 
 use std::path::{Path, PathBuf};
 

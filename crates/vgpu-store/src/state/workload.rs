@@ -155,6 +155,20 @@ pub struct Workload {
     /// that starts finds the replicas a previous one left running by this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceRef>,
+    /// The Slurm job step it fences (made by `spank_vgpu.so` through `vgpu slurm
+    /// step-begin`; its tasks stay in Slurm's own cgroups and its supervisor is the step's
+    /// slurmstepd); None: not a Slurm step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmStep>,
+}
+
+/// The Slurm job step a workload is: the job id, the step id as Slurm prints it (`0`,
+/// `batch`, …) and the node (`SLURMD_NODENAME`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmStep {
+    pub job: u32,
+    pub step: String,
+    pub node: String,
 }
 
 /// Which service a workload is a replica of, and which replica (0-based).
@@ -383,6 +397,7 @@ pub mod tests {
             created_unix_ms: 0,
             enforcement: None,
             service: None,
+            slurm: None,
         }
     }
 

@@ -142,7 +142,21 @@ pub fn all_checks(ctx: &Context) -> Vec<Check> {
     if let Some(nvml) = &nvml {
         check_gpu_modes(nvml, &mut checks);
     }
+    check_slurm(ctx, &mut checks);
     checks
+}
+
+/// Where a slurmd runs on this host: its node's GRES, as slurmctld has them, against what
+/// `vgpu slurm conf` declares (`Gres=` names no device file: those are gres.conf's).
+fn check_slurm(ctx: &Context, checks: &mut Vec<Check>) {
+    for (node, conf) in crate::commands::slurm::running_slurmds(ctx) {
+        let name = format!("Slurm GRES of {node}");
+        checks.push(match crate::commands::slurm::gres_check(ctx, &node, conf.as_deref(), Path::new("/dev")) {
+            Ok(diff) if diff.is_empty() => Check::ok(name, "slurmd's GRES are what vgpu slurm conf declares"),
+            Ok(diff) => Check::warn(name, diff.join("; "), "put vgpu slurm conf's lines in gres.conf and its Gres= on the node's NodeName line, then restart slurmd"),
+            Err(e) => Check::warn(name, e, "check slurmd and slurmctld (scontrol show node)"),
+        });
+    }
 }
 
 /// Whether suspending a workload can release its device memory (the CUDA checkpoint API).

@@ -12,6 +12,7 @@ pub mod ps;
 pub mod run;
 pub mod service;
 pub mod service_run;
+pub mod slurm;
 pub mod update;
 pub mod watch;
 

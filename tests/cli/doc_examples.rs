@@ -279,7 +279,7 @@ fn every_shown_vgpu_command_is_in_a_console_block() {
 
 /// The command lines a page shows in a code block without running them (a reference block
 /// of several commands with comments, a crontab line): `(line, words)`. Synopses (`[…]`,
-/// `A|B`) and log lines (`vgpu watch: …`) are not commands; `\` continues a line; `# …`
+/// `A|B`) and log lines (`vgpu watch: …`, `vgpu watch on n1: …`) are not commands; `\` continues a line; `# …`
 /// after a space is a comment; a leading `sudo` and `VAR=value` words are dropped.
 fn shown_commands(text: &str) -> Vec<(usize, Vec<String>)> {
     let mut out = Vec::new();
@@ -319,7 +319,8 @@ fn shown_commands(text: &str) -> Vec<(usize, Vec<String>)> {
         }
         let is_vgpu = words.first().is_some_and(|w| w == "vgpu" || w.ends_with("/vgpu"));
         let synopsis = line.contains('[') || line.contains('|') || line.contains('…');
-        let log_line = words.get(1).is_some_and(|w| w.ends_with(':'));
+        // `vgpu watch: …`, `vgpu watch on n1: killed …`: a word ending in `:` early on.
+        let log_line = words.iter().skip(1).take(3).any(|w| w.ends_with(':'));
         if is_vgpu && !synopsis && !log_line && words.len() > 1 {
             out.push((start, words));
         }

@@ -103,6 +103,11 @@ pub struct Opened {
 }
 
 /// Open the live database to read (root); `Ok(None)` when there is none yet.
+///
+/// Opened read-write but `query_only` (no statement may change it): a read-only connection
+/// makes the `-wal` and `-shm` files when they are not there and, unable to checkpoint,
+/// leaves them behind at its close; this one, the last to close, folds the WAL back and
+/// removes them as a writer does.
 pub fn open_live_ro(lib_dir: &Path) -> Result<Option<Connection>, HistoryError> {
     let path = path_in(lib_dir);
     match std::fs::symlink_metadata(&path) {
@@ -111,9 +116,10 @@ pub fn open_live_ro(lib_dir: &Path) -> Result<Option<Connection>, HistoryError> 
         Ok(meta) if !meta.file_type().is_file() => return Err(HistoryError::NotRegular { path }),
         Ok(_) => {}
     }
-    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NOFOLLOW | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NOFOLLOW | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(&path, flags).map_err(HistoryError::sqlite(&path))?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(HistoryError::sqlite(&path))?;
+    conn.pragma_update(None, "query_only", true).map_err(HistoryError::sqlite(&path))?;
     let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(HistoryError::sqlite(&path))?;
     if found > SCHEMA_VERSION {
         return Err(HistoryError::NewerSchema { path, found });
@@ -358,6 +364,20 @@ mod tests {
         let ro = open_live_ro(dir.path()).unwrap().unwrap();
         let v: i64 = ro.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
         assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_reader_changes_nothing_and_leaves_no_wal_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open_rw(dir.path()).unwrap());
+        let wal = with_suffix(&path_in(dir.path()), "-wal");
+        assert!(!wal.exists(), "the writer's close removed its WAL");
+        let ro = open_live_ro(dir.path()).unwrap().unwrap();
+        let n: i64 = ro.query_row("SELECT count(*) FROM workloads", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 0);
+        assert!(ro.execute("INSERT INTO workloads (id, name, uid, user, command, gpus, started_ms) VALUES ('w', 'a', 0, 'root', 'x', '', 1)", []).is_err(), "query_only");
+        drop(ro);
+        assert!(!wal.exists() && !with_suffix(&path_in(dir.path()), "-shm").exists(), "a reader left its WAL or shm");
     }
 
     #[test]

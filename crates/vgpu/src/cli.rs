@@ -144,6 +144,11 @@ pub fn root_only(command: &Command) -> Option<&'static str> {
             ServiceCommand::Run(_) => "vgpu service run must run as root: it starts the replicas with vgpu run",
         },
         Command::Watch(_) => "vgpu watch must run as root: it reconciles the store, signals workloads and freezes cgroups",
+        Command::Slurm(args) => match &args.command {
+            crate::commands::slurm::SlurmCommand::Conf(_) => return None,
+            crate::commands::slurm::SlurmCommand::StepBegin(_) => "vgpu slurm step-begin must run as root (from slurmstepd): it admits a job step and makes its vGPU",
+            crate::commands::slurm::SlurmCommand::StepEnd(_) => "vgpu slurm step-end must run as root (from slurmstepd): it removes a job step's vGPU",
+        },
         Command::Devices(_) | Command::Doctor(_) | Command::Ps(_) | Command::Completions(_) => return None,
     })
 }

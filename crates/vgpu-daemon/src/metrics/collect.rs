@@ -139,6 +139,7 @@ fn workloads(s: &Sources<'_>) -> Vec<WorkloadMetrics> {
                 pool_blocks: row.pool_blocks,
                 processes: row.pids.len() as u64,
                 enforcement: row.enforcement.map(|e| e.action.as_str().to_string()),
+                slurm: row.slurm.map(|s| (s.job, s.step)),
                 gpus,
             }
         })

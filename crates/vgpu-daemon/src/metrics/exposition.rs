@@ -64,6 +64,10 @@ struct WorkloadInfoLabels {
     user: String,
     partition: String,
     compute_policy: String,
+    /// The Slurm job id and step of a step's workload (empty for others): joined on `id`,
+    /// every workload metric is a job's.
+    slurm_job: String,
+    slurm_step: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -225,7 +229,7 @@ fn gpus(r: &mut Registry, m: &Metrics) {
 
 fn workloads(r: &mut Registry, m: &Metrics) {
     let info: Family<WorkloadInfoLabels, Int> =
-        family(r, "vgpu_workload_info", "A workload vgpu runs (value 1), with its partition (empty: none) and compute policy");
+        family(r, "vgpu_workload_info", "A workload vgpu runs (value 1), with its partition (empty: none), compute policy and Slurm job and step (empty: not a Slurm step)");
     let state: Family<WorkloadStateLabels, Int> =
         family(r, "vgpu_workload_state", "1 for the workload's state (waiting, starting, running, suspended), 0 for the others");
     let priority: Family<WorkloadLabels, Int> = family(r, "vgpu_workload_priority", "The workload's priority (0-100)");
@@ -264,6 +268,8 @@ fn workloads(r: &mut Registry, m: &Metrics) {
             user: l.user.clone(),
             partition: w.partition.clone().unwrap_or_default(),
             compute_policy: w.compute_policy.clone(),
+            slurm_job: w.slurm.as_ref().map(|(job, _)| job.to_string()).unwrap_or_default(),
+            slurm_step: w.slurm.as_ref().map(|(_, step)| step.clone()).unwrap_or_default(),
         })
         .set(1);
         let mut states: Vec<&str> = WORKLOAD_STATES.to_vec();

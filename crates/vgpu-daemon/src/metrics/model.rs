@@ -68,6 +68,8 @@ pub struct WorkloadMetrics {
     pub processes: u64,
     /// What `vgpu watch` did to it (`killed`, `throttled`), while its record says so.
     pub enforcement: Option<String>,
+    /// The Slurm job and step it fences (spank_vgpu.so); None for other workloads.
+    pub slurm: Option<(u32, String)>,
     pub gpus: Vec<WorkloadGpuMetrics>,
 }
 

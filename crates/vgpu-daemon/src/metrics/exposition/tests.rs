@@ -51,6 +51,7 @@ fn sample() -> Metrics {
             pool_blocks: Some(10),
             processes: 3,
             enforcement: Some("throttled".into()),
+            slurm: Some((4242, "0".into())),
             gpus: vec![WorkloadGpuMetrics {
                 index: 0,
                 memory_quota_bytes: 4 << 30,
@@ -153,6 +154,8 @@ fn workloads_with_their_labels_state_and_enforcements() {
     assert_eq!(value(&s, "vgpu_workload_processes", &w), 3.0);
     assert_eq!(value(&s, "vgpu_workload_pool_blocks", &w), 10.0);
     assert_eq!(value(&s, "vgpu_workload_info", &[("id", "a1b2c3d4"), ("partition", ""), ("compute_policy", "strict")]), 1.0);
+    // A Slurm step's workload: its job and step on the info metric, joined on `id`.
+    assert_eq!(value(&s, "vgpu_workload_info", &[("id", "a1b2c3d4"), ("slurm_job", "4242"), ("slurm_step", "0")]), 1.0);
     assert_eq!(value(&s, "vgpu_workload_enforcement", &[("id", "a1b2c3d4"), ("action", "throttled")]), 1.0);
     for state in ["waiting", "starting", "running", "suspended"] {
         let want = if state == "running" { 1.0 } else { 0.0 };

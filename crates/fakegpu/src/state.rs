@@ -347,7 +347,10 @@ struct Layout {
     tail_owner: AtomicU64,
     /// When that context's run of back-to-back items at the end of the queue started.
     run_start_ns: AtomicU64,
-    _reserved: [AtomicU64; 10],
+    /// Context switches the device paid (`model::slice_start`) and their time in all (ns).
+    switches: AtomicU64,
+    switch_ns: AtomicU64,
+    _reserved: [AtomicU64; 8],
     slots: [Slot; SLOTS],
     timeline: [Interval; TIMELINE],
 }
@@ -519,6 +522,12 @@ impl DeviceState {
     /// Kernel launches recorded on this device since the file was created.
     pub fn launches(&self) -> u64 {
         self.layout().launches.load(SeqCst)
+    }
+
+    /// Context switches the device paid so far, and their time in all (ns).
+    pub fn switches(&self) -> (u64, u64) {
+        let l = self.layout();
+        (l.switches.load(SeqCst), l.switch_ns.load(SeqCst))
     }
 
     /// When the device's simulated work queue drains (ns since the epoch).
@@ -734,6 +743,11 @@ impl DeviceState {
                 .compare_exchange(before, end.max(before), SeqCst, SeqCst)
                 .is_ok()
             {
+                let free = floor.max(before);
+                if start > free {
+                    l.switches.fetch_add(1, SeqCst);
+                    l.switch_ns.fetch_add(start - free, SeqCst);
+                }
                 let continues = tail == me && before >= start;
                 l.run_start_ns
                     .store(if continues { run_start } else { start }, SeqCst);
@@ -1344,6 +1358,7 @@ mod tests {
         // B reaching the idle device later pays nothing.
         let idle = a_start + 5_000_000;
         assert_eq!(s.record_launch(Some(b), idle, 0, 10, 0, sw), (idle, idle + 10));
+        assert_eq!(s.switches(), (2, 4 * 75_000));
         // The switches are nobody's busy time: the timeline holds the kernels only.
         let busy: u64 = s.timeline_since(t0).iter().map(|x| x.busy_ns).sum();
         assert_eq!(busy, 4_000_000 + 10);
@@ -1358,6 +1373,8 @@ mod tests {
         use std::mem::offset_of;
         assert_eq!((offset_of!(Layout, locked_min_mhz), offset_of!(Layout, locked_max_mhz)), (48, 52));
         assert_eq!(offset_of!(Layout, spill), 112);
+        // Read raw by tests of vgpu (tests/host/turns.rs).
+        assert_eq!((offset_of!(Layout, switches), offset_of!(Layout, switch_ns)), (160, 168));
         assert_eq!(offset_of!(Layout, slots), 240);
         assert_eq!(offset_of!(Slot, spill), 72);
         assert_eq!(offset_of!(Span, busy_ns), 24);

@@ -800,9 +800,9 @@ fn duration(v: &toml::Value, zero: bool) -> Result<u64, String> {
         "must be a positive duration like \"75us\" or \"1ms\""
     };
     let ns = match v {
-        toml::Value::Integer(i) if *i >= 0 && *i as u64 <= crate::model::MAX_KERNEL_NS => *i as u64,
+        toml::Value::Integer(i) if *i >= 0 && *i as u64 <= crate::duration::MAX_NS => *i as u64,
         toml::Value::String(s) if zero && s.trim() == "0" => 0,
-        toml::Value::String(s) => crate::model::parse_duration_ns(s)?,
+        toml::Value::String(s) => crate::duration::parse_duration_ns(s)?,
         _ => return Err(what.into()),
     };
     if ns == 0 && !zero {

@@ -28,7 +28,7 @@ use crate::config::DeviceConfig;
 pub const SAMPLE_WINDOW_NS: u64 = 1_000_000_000;
 
 /// No single launch occupies the simulated device for longer than this.
-pub const MAX_KERNEL_NS: u64 = 10_000_000_000;
+pub const MAX_KERNEL_NS: u64 = crate::duration::MAX_NS;
 
 /// The clock the device runs kernels at, in MHz.
 pub fn busy_clock_mhz(dev: &DeviceConfig, locked_max_mhz: Option<u32>, power_limit_mw: u32) -> u32 {
@@ -242,33 +242,7 @@ pub fn elapsed_ms(start_ns: u64, end_ns: u64) -> f32 {
     (ticks * RESOLUTION_NS as f64 / 1e6) as f32
 }
 
-/// A duration: `20us`, `1.5ms`, `2s`, `500ns`, or plain nanoseconds.
-pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let scale = match unit.trim() {
-        "" | "ns" => 1.0,
-        "us" | "µs" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{text}` (ns, us, ms, s)"
-            ))
-        }
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration (like 20us, 1ms, 50ms or 2000)"))?;
-    let ns = (value * scale).round();
-    if !(1.0..=MAX_KERNEL_NS as f64).contains(&ns) {
-        return Err(format!("`{text}` is outside 1ns..=10s"));
-    }
-    Ok(ns as u64)
-}
+pub use crate::duration::parse_duration_ns;
 
 /// `FAKEGPU_KERNELS`: `name=DUR[,name=DUR…]`, the time of one wave of each named function at
 /// the maximum clock. Empty means none.

@@ -20,6 +20,10 @@
 //!   [`turn_ns`] from its share (its share of a cycle of ¾ of the credit a waiting vGPU
 //!   banks; a turn also ends early when the vGPU's budget runs out).
 //!
+//! A vGPU without the turn asks for one only once its budget covers [`min_work_ns`] (a run
+//! worth a hand-over: a high priority does not cut a lower turn for every kernel its budget
+//! allows, and the lower one keeps runs long enough to use its share).
+//!
 //! A holder with nothing queued for [`IDLE_GRACE_NS`] has given its turn up (it needs to
 //! do nothing: the others see it), and a holder whose budget runs out with its next launch
 //! releases its turn as it makes this one (the next vGPU then waits only for the drain).
@@ -41,6 +45,9 @@ pub const QUEUE_AHEAD_NS: u64 = 300_000;
 pub const MAX_WAIT_NS: u64 = 200_000_000;
 /// Longest sleep between two looks at the board while waiting for a turn (ns).
 pub const POLL_NS: u64 = 200_000;
+/// A waiter looks again this long after the holder's queued work ends (when the holder,
+/// launching again, may have given its turn up), ns.
+pub const RELAUNCH_NS: u64 = 30_000;
 /// Turns over this cycle are proportional to the shares (ns): no longer than the credit a
 /// waiting vGPU can bank (`crate::compute::BURST_NS`), so that waiting for the others'
 /// turns never costs a vGPU its share…
@@ -49,6 +56,14 @@ pub const CYCLE_NS: u64 = crate::compute::BURST_NS * 3 / 4;
 pub const MIN_TURN_NS: u64 = 1_000_000;
 /// …and at most this (ns).
 pub const DEFAULT_TURN_NS: u64 = CYCLE_NS;
+
+/// The budget (GPU time, ns) a vGPU of share `share_ppm` gathers before it asks for a turn
+/// when it does not hold one: a run worth a hand-over (at most 2 ms, and no more than ⅘ of
+/// what it can bank, `crate::compute::BURST_NS` at its share).
+pub fn min_work_ns(share_ppm: u64) -> u64 {
+    let bankable = u128::from(crate::compute::BURST_NS) * u128::from(share_ppm.min(PPM)) / u128::from(PPM) * 4 / 5;
+    (bankable as u64).min(2_000_000)
+}
 
 /// The length of a turn of a vGPU of share `share_ppm`, bounded by `max_turn_ns`.
 pub fn turn_ns(share_ppm: u64, max_turn_ns: u64) -> u64 {
@@ -125,7 +140,9 @@ pub fn decide(me: &Me, peers: &[Peer], now: u64) -> Decision {
     }
     if let Some(h) = peers.iter().filter(|p| p.holds(now)).min_by_key(|p| p.turn_until_ns) {
         let idle_at = h.queued_until_ns.saturating_add(IDLE_GRACE_NS).max(now + 1);
-        return Decision::Wait { until: poll.min(h.turn_until_ns).min(idle_at), release: false };
+        // Just after its queued work ends: when it launches again it may give the turn up.
+        let relaunch = if h.queued_until_ns > now { h.queued_until_ns + RELAUNCH_NS } else { poll };
+        return Decision::Wait { until: poll.min(h.turn_until_ns).min(idle_at).min(relaunch), release: false };
     }
     let mine = if me.waiting_since_ns != 0 { me.waiting_since_ns } else { now };
     let ahead = peers.iter().any(|p| {
@@ -167,6 +184,13 @@ mod tests {
     }
 
     #[test]
+    fn a_turn_is_asked_for_with_a_run_worth_a_hand_over() {
+        assert_eq!(min_work_ns(700_000), 2_000_000);
+        assert_eq!(min_work_ns(100_000), 1_600_000);
+        assert_eq!(min_work_ns(10_000), 160_000);
+    }
+
+    #[test]
     fn alone_or_nobody_holding_and_nothing_queued_claims() {
         let me = Me { priority: 50, ..Me::default() };
         assert_eq!(decide(&me, &[], NOW), Decision::Claim);
@@ -183,6 +207,11 @@ mod tests {
         let other = Me { priority: 50, ..Me::default() };
         match decide(&other, &[holder(NOW + 5_000_000, NOW + 1_000_000)], NOW) {
             Decision::Wait { until, release: false } => assert_eq!(until, NOW + POLL_NS),
+            d => panic!("{d:?}"),
+        }
+        // Its queued work ends sooner: look again just after (it may give the turn up then).
+        match decide(&other, &[holder(NOW + 5_000_000, NOW + 50_000)], NOW) {
+            Decision::Wait { until, release: false } => assert_eq!(until, NOW + 50_000 + RELAUNCH_NS),
             d => panic!("{d:?}"),
         }
     }

@@ -372,6 +372,12 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
         if g.in_flight >= MAX_IN_FLIGHT {
             wait = wait.max(50_000);
         }
+        if wait == 0 {
+            // Taking turns, a vGPU without the turn asks for one only with budget for a
+            // turn's worth of work (`turn::min_work_ns`): hand-overs stay rare, and a lower
+            // priority beside it gets runs long enough to use its share.
+            wait = g.turn_budget_wait(vgpu, device, now, allowance);
+        }
         // Turns: only with other vGPUs active on the GPU; out of budget, the turn goes.
         let turn = if wait == 0 {
             g.turn(vgpu, device, now, turn_waited_ns)
@@ -713,6 +719,18 @@ impl Governor {
             }
         }
         None
+    }
+
+    /// How long a vGPU that does not hold the turn waits before asking for one: until its
+    /// budget covers `turn::min_work_ns` of work (0 without other active vGPUs, or holding).
+    fn turn_budget_wait(&self, vgpu: &'static Vgpu, device: usize, now: u64, allowance: u64) -> u64 {
+        let view = &self.boards[device];
+        let Some(board) = view.board.as_ref().filter(|_| view.peers_active) else { return 0 };
+        if board.own_turn(0).turn_until_ns > now {
+            return 0;
+        }
+        let work = turn::min_work_ns(allowance).max(self.in_flight_ns[device]);
+        arith::wait_ns(vgpu.usage.ledger(device).tat_ns.load(Ordering::Acquire), work, allowance, now)
     }
 
     /// Out of budget: give the turn up at once (the others need not wait for it).

@@ -22,7 +22,8 @@
 //!
 //! A vGPU without the turn asks for one only once its budget covers [`min_work_ns`] (a run
 //! worth a hand-over: a high priority does not cut a lower turn for every kernel its budget
-//! allows, and the lower one keeps runs long enough to use its share).
+//! allows, and the lower one keeps runs long enough to use its share) — unless its own work
+//! ended [`REST_NS`] ago or more: a request after a rest is served at once.
 //!
 //! A holder with nothing queued for [`IDLE_GRACE_NS`] has given its turn up (it needs to
 //! do nothing: the others see it), and a holder whose budget runs out with its next launch
@@ -56,6 +57,10 @@ pub const CYCLE_NS: u64 = crate::compute::BURST_NS * 3 / 4;
 pub const MIN_TURN_NS: u64 = 1_000_000;
 /// …and at most this (ns).
 pub const DEFAULT_TURN_NS: u64 = CYCLE_NS;
+
+/// A vGPU whose own work ended this long ago asks for a turn at once, without gathering
+/// [`min_work_ns`] first (a latency-sensitive service's request after a rest), ns.
+pub const REST_NS: u64 = 2_000_000;
 
 /// The budget (GPU time, ns) a vGPU of share `share_ppm` gathers before it asks for a turn
 /// when it does not hold one: a run worth a hand-over (at most 2 ms, and no more than ⅘ of

@@ -722,11 +722,14 @@ impl Governor {
     }
 
     /// How long a vGPU that does not hold the turn waits before asking for one: until its
-    /// budget covers `turn::min_work_ns` of work (0 without other active vGPUs, or holding).
+    /// budget covers `turn::min_work_ns` of work (0 without other active vGPUs, holding, or
+    /// after a rest of `turn::REST_NS`: a latency-sensitive request is not held back).
     fn turn_budget_wait(&self, vgpu: &'static Vgpu, device: usize, now: u64, allowance: u64) -> u64 {
         let view = &self.boards[device];
         let Some(board) = view.board.as_ref().filter(|_| view.peers_active) else { return 0 };
-        if board.own_turn(0).turn_until_ns > now {
+        let own = board.own_turn(0);
+        // Holding the turn, or arriving after a rest (a request of a service): no gathering.
+        if own.turn_until_ns > now || own.queued_until_ns.saturating_add(turn::REST_NS) < now {
             return 0;
         }
         let work = turn::min_work_ns(allowance).max(self.in_flight_ns[device]);

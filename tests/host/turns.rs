@@ -280,3 +280,43 @@ fn fair_lends_unused_turns() {
     let best = windows.iter().take(4).copied().max().unwrap_or(0);
     assert!(best >= 450, "the fair tenant never had 45 % of the GPU in a second: {windows:?}");
 }
+
+/// A tenant that never lets go of the turn (root writes a claim renewed every 20 ms into
+/// its board slot, as a lying tenant could into its own) costs another tenant one wait of
+/// `vgpu_abi::turn::MAX_WAIT_NS` (200 ms), after which that tenant's processes take no turns
+/// on the GPU for a while: it runs at its share. Without that distrust every launch would
+/// wait 200 ms: about 15 kernels in 3 s instead of hundreds.
+#[test]
+fn a_tenant_that_never_lets_go_costs_one_wait() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sim = Sim::with_config(H100);
+    let run = Running::start(
+        &sim,
+        &[
+            Tenant { vgpu: &["--name", "liar", "--compute", "50"], workload: &["idle", "5"] },
+            Tenant { vgpu: &["--name", "honest", "--compute", "50"], workload: &["sync", "3", "--kernel-us", "1000"] },
+        ],
+    );
+    let liar = row(&sim, "liar").expect("liar in ps")["id"].as_str().expect("id").to_string();
+    let slot = std::fs::OpenOptions::new().write(true).open(board_slot(&sim, &liar)).expect("the liar's slot");
+    let stop = AtomicBool::new(false);
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let now = vgpu_abi::layout::now_mono_ns();
+                // BoardSlot after the 64-byte header: turn_until (0), heartbeat (8),
+                // queued_until (48).
+                for (at, value) in [(64, now + 5_000_000_000), (72, now), (112, now + 5_000_000_000)] {
+                    slot.write_at(&u64::to_le_bytes(value), at).expect("write the liar's slot");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let r = run.finish();
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
+    eprintln!("honest: {}", r[1]);
+    assert!(kernels(&r[1]) >= 300, "the honest tenant was held by the liar's claim: {}", r[1]);
+}

@@ -32,7 +32,8 @@
 //! launch (the newer claim keeps the turn), and a missed one only costs what turns save.
 //! Nothing can hold the others for long: a claim lasts at most a turn, a holder that dies
 //! stops renewing it, and a launch that has waited [`MAX_WAIT_NS`] for turns goes anyway
-//! (a dead or lying tenant cannot stall the others).
+//! (a dead or lying tenant cannot stall the others), and its process then takes no turns on
+//! that GPU for [`DISTRUST_NS`].
 
 use crate::compute::PPM;
 
@@ -44,6 +45,10 @@ pub const IDLE_GRACE_NS: u64 = 200_000;
 pub const QUEUE_AHEAD_NS: u64 = 300_000;
 /// A launch waits at most this long for turns in all; then it goes (ns).
 pub const MAX_WAIT_NS: u64 = 200_000_000;
+/// After a launch waited [`MAX_WAIT_NS`] in vain, its process takes no turns on that GPU
+/// for this long (ns): a holder that never lets go costs the others one such wait, not one
+/// per launch.
+pub const DISTRUST_NS: u64 = 10_000_000_000;
 /// Longest sleep between two looks at the board while waiting for a turn (ns).
 pub const POLL_NS: u64 = 200_000;
 /// A waiter looks again this long after the holder's queued work ends (when the holder,

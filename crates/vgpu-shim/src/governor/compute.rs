@@ -242,6 +242,9 @@ struct BoardView {
     hungry_until_ns: u64,
     /// Other vGPUs were active on the GPU at the last refresh: take turns.
     peers_active: bool,
+    /// A launch waited `turn::MAX_WAIT_NS` for turns (a holder that never lets go, dead or
+    /// lying): no turns on this GPU until then (monotonic ns).
+    turns_off_until_ns: u64,
 }
 
 impl BoardView {
@@ -253,6 +256,7 @@ impl BoardView {
             allowance_ppm: PPM,
             hungry_until_ns: 0,
             peers_active: false,
+            turns_off_until_ns: 0,
         }
     }
 }
@@ -683,8 +687,12 @@ impl Governor {
         let board = view.board.as_ref().filter(|_| view.peers_active)?;
         let counters = vgpu.usage.turn_counters(device);
         if waited_ns >= turn::MAX_WAIT_NS {
-            // A dead or lying holder cannot stall this vGPU: go without a turn.
+            // A dead or lying holder cannot stall this vGPU: go without a turn, and take no
+            // turns on this GPU for a while (a liar costs one wait, not one per launch).
             board.stop_waiting();
+            board.release_turn();
+            self.boards[device].peers_active = false;
+            self.boards[device].turns_off_until_ns = now.saturating_add(turn::DISTRUST_NS);
             return None;
         }
         let mut peers = [turn::Peer::default(); MAX_COMPETITORS];
@@ -782,7 +790,7 @@ impl Governor {
         // Itself first, then the other vGPUs that published within a second (read, never mapped).
         let mut all = [me; MAX_COMPETITORS];
         let n = board.snapshot(me, now, &mut all);
-        view.peers_active = n > 1 && turns_enabled();
+        view.peers_active = n > 1 && turns_enabled() && now >= view.turns_off_until_ns;
         if !view.peers_active {
             board.release_turn();
             board.stop_waiting();

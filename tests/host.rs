@@ -23,6 +23,8 @@ mod resize;
 mod pool;
 #[path = "host/compute.rs"]
 mod compute;
+#[path = "host/turns.rs"]
+mod turns;
 #[path = "host/compute_cli.rs"]
 mod compute_cli;
 #[path = "host/suspend_memory.rs"]

@@ -34,6 +34,9 @@
 //! `--window-ms N` makes the `windows` N ms long instead of 1 s (for finer time series).
 //! `--go FILE`: once set up (and after writing `--ready`), wait until FILE exists before
 //! starting the clock, so that several workloads can start their timed loops together.
+//! `--period-us N`: start each step on a boundary of N µs (a latency-sensitive service's
+//! requests) and add `"latency_p50_us"` and `"latency_p99_us"` to the JSON: the median and
+//! 99th percentile of a step's time from its start to its synchronize's return.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr, CString};
 use std::process::ExitCode;
@@ -79,11 +82,12 @@ struct Args {
     progress: Option<String>,
     stop: Option<String>,
     real_dlsym: bool,
+    period_us: u64,
 }
 
 const USAGE: &str = "usage: gpu_workload sync|storm|ex|coop|legacy|graph|multi|idle|churn SECONDS \
                      [--kernel-us N] [--batch N] [--device N] [--ready FILE] \
-                     [--window-ms N] [--go FILE] [--alloc-mib N] [--churn-mib N] \
+                     [--window-ms N] [--go FILE] [--alloc-mib N] [--churn-mib N] [--period-us N] \
                      [--progress FILE] [--stop FILE] [--real-dlsym]";
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -115,6 +119,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         device: 0,
         ready: None,
         window_ms: 1000,
+        period_us: 0,
         go: None,
         alloc_mib: 0,
         churn_mib: 64,
@@ -151,6 +156,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--churn-mib" => parsed.churn_mib = number()?,
             "--progress" => parsed.progress = Some(value.clone()),
             "--stop" => parsed.stop = Some(value.clone()),
+            "--period-us" => parsed.period_us = number()?,
             other => return Err(format!("unknown option `{other}`")),
         }
     }
@@ -307,6 +313,8 @@ struct Stats {
     windows: Vec<u64>,
     launch_calls: u64,
     launch_ns: u128,
+    /// With `--period-us`: each step's time from its start to its synchronize's return, ns.
+    latencies: Vec<u64>,
 }
 
 impl Stats {
@@ -617,9 +625,24 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
     let start = Instant::now();
     let mut steps: u64 = 0;
     let stopped = || args.stop.as_deref().is_some_and(|f| std::path::Path::new(f).exists());
+    let period = Duration::from_micros(args.period_us);
     while start.elapsed() < limit && !stopped() {
+        let began = if period.is_zero() {
+            None
+        } else {
+            // The next period boundary (a latency-sensitive service's requests).
+            let due = period * (start.elapsed().as_nanos() / period.as_nanos()) as u32 + period;
+            if due >= limit {
+                break;
+            }
+            std::thread::sleep(due.saturating_sub(start.elapsed()));
+            Some(Instant::now())
+        };
         let kernels = step(&mut stats)?;
         call!(sync, stream);
+        if let Some(t) = began {
+            stats.latencies.push(t.elapsed().as_nanos() as u64);
+        }
         stats.completed(kernels, start.elapsed());
         steps += 1;
         if let Some(path) = &args.progress {
@@ -670,8 +693,16 @@ fn main() -> ExitCode {
                 stats.launch_ns / u128::from(stats.launch_calls)
             };
             let windows: Vec<String> = stats.windows.iter().map(u64::to_string).collect();
+            let mut latencies = stats.latencies.clone();
+            latencies.sort_unstable();
+            let pct = |p: f64| latencies.get(((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len().max(1)) - 1).map_or(0, |ns| ns / 1000);
+            let latency = if latencies.is_empty() {
+                String::new()
+            } else {
+                format!(",\"latency_p50_us\":{},\"latency_p99_us\":{}", pct(0.50), pct(0.99))
+            };
             println!(
-                "{{\"kernels\":{},\"seconds\":{:.6},\"kernels_per_s\":{:.3},\"windows\":[{}],\"launch_ns\":{},\"gpu_ns\":{}}}",
+                "{{\"kernels\":{},\"seconds\":{:.6},\"kernels_per_s\":{:.3},\"windows\":[{}],\"launch_ns\":{},\"gpu_ns\":{}{latency}}}",
                 stats.kernels,
                 seconds,
                 stats.kernels as f64 / seconds,

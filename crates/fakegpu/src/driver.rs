@@ -184,7 +184,15 @@ impl Device {
             duration,
         );
         self.state
-            .record_launch(slot, now_ns(), not_before, duration, dyn_uj)
+            .record_launch(slot, now_ns(), not_before, duration, dyn_uj, model::Slicing::of(&self.config))
+    }
+
+    /// When an event recorded now by the process holding `slot` on a stream ready at
+    /// `ready_ns` is stamped: when the device reaches it in that context, after a switch if
+    /// another context's work is queued (as a kernel queued there would start).
+    pub fn event_stamp(&self, slot: Option<usize>, ready_ns: u64) -> u64 {
+        self.state
+            .item_start(slot, now_ns().max(ready_ns), model::Slicing::of(&self.config))
     }
 
     /// Temperature now, in °C.

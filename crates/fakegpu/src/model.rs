@@ -12,6 +12,12 @@
 //!   [`MAX_KERNEL_NS`].
 //! * Queueing: the device runs one FIFO of every process's work. An item queued now on a
 //!   stream starts at [`queue_start`]: `max(now, device queue end, stream ready)`.
+//! * Time-slicing: the FIFO's order is kept, and a change of context costs what the
+//!   hardware's time-slicer would: an item of context X that queues behind another
+//!   context's work starts a `context_switch` after that work (plus a round trip for every
+//!   whole `timeslice` X waits behind that context's run), or, when X still has work queued,
+//!   its part of one switch per `timeslice` ([`slice_start`]). One context alone, or a
+//!   context whose work reaches an idle device, pays nothing.
 //! * Utilization: the part of a window covered by the union of kernel intervals
 //!   ([`busy_ns`]), future parts excluded.
 //! * Power: `P = P_idle + (P_max − P_idle) · u · (f / f_max)^γ`, clamped to the power limit.
@@ -22,7 +28,7 @@ use crate::config::DeviceConfig;
 pub const SAMPLE_WINDOW_NS: u64 = 1_000_000_000;
 
 /// No single launch occupies the simulated device for longer than this.
-pub const MAX_KERNEL_NS: u64 = 10_000_000_000;
+pub const MAX_KERNEL_NS: u64 = crate::duration::MAX_NS;
 
 /// The clock the device runs kernels at, in MHz.
 pub fn busy_clock_mhz(dev: &DeviceConfig, locked_max_mhz: Option<u32>, power_limit_mw: u32) -> u32 {
@@ -115,6 +121,67 @@ pub fn queue_start(now: u64, device_busy_until: u64, stream_ready: u64) -> u64 {
     now.max(device_busy_until).max(stream_ready)
 }
 
+/// The device's time-slicing parameters (a device's `timeslice` and `context_switch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slicing {
+    pub timeslice_ns: u64,
+    pub context_switch_ns: u64,
+}
+
+impl Slicing {
+    pub fn of(dev: &DeviceConfig) -> Slicing {
+        Slicing {
+            timeslice_ns: dev.timeslice_ns,
+            context_switch_ns: dev.context_switch_ns,
+        }
+    }
+}
+
+/// When an item of context `me` (a nonzero id; 0 = no context) lasting `duration` that may
+/// start at `floor` starts, on a device whose queue drains at `busy_until` and whose last
+/// queued item is context `tail`'s (0: none), in a run of that context's back-to-back work
+/// that started at `run_start`; `me`'s own queued work ends at `own_until`.
+///
+/// Behind another context's queued work (`busy_until > floor`, `tail ≠ me`) the device
+/// must switch to `me`:
+/// * if `me` has nothing queued (it waited for its work, as a synchronizing program does),
+///   `context_switch`, plus a round trip (two more) for every whole `timeslice` that `me`
+///   waits behind that run (one that ends exactly at a slice's end is not cut) — what a
+///   time-slicer that cut the run to serve `me` would have paid;
+/// * if `me` still has work queued, the item would run in one of `me`'s slices: its part of
+///   a switch per slice, `context_switch × duration / timeslice` (at most one switch).
+///
+/// The order of the FIFO is kept, so the cost falls on the context that arrives. Otherwise
+/// (the device idle at `floor`, or right behind `me`'s own work, or no context) the item
+/// starts at `max(floor, busy_until)`, free: one context alone pays nothing, and a context
+/// reaching an idle device has nothing to preempt.
+#[allow(clippy::too_many_arguments)]
+pub fn slice_start(
+    floor: u64,
+    busy_until: u64,
+    tail: u64,
+    run_start: u64,
+    me: u64,
+    own_until: u64,
+    duration: u64,
+    s: Slicing,
+) -> u64 {
+    if busy_until <= floor || tail == 0 || me == 0 || tail == me || s.context_switch_ns == 0 {
+        return floor.max(busy_until);
+    }
+    let switch = s.context_switch_ns;
+    let cost = if own_until > floor {
+        let part = u128::from(switch) * u128::from(duration) / u128::from(s.timeslice_ns.max(1));
+        u64::try_from(part).unwrap_or(u64::MAX).min(switch)
+    } else {
+        // A run that ends exactly at a slice's end was not cut.
+        let waited = (busy_until - floor.max(run_start)).saturating_sub(1);
+        let cuts = waited.checked_div(s.timeslice_ns).unwrap_or(0);
+        cuts.saturating_mul(2).saturating_add(1).saturating_mul(switch)
+    };
+    busy_until.saturating_add(cost)
+}
+
 /// Nanoseconds of `[from, to)` covered by the union of the intervals `(start, end)`
 /// (overlaps counted once; parts outside the window, e.g. in the future, excluded).
 pub fn busy_ns(intervals: impl IntoIterator<Item = (u64, u64)>, from: u64, to: u64) -> u64 {
@@ -175,33 +242,7 @@ pub fn elapsed_ms(start_ns: u64, end_ns: u64) -> f32 {
     (ticks * RESOLUTION_NS as f64 / 1e6) as f32
 }
 
-/// A duration: `20us`, `1.5ms`, `2s`, `500ns`, or plain nanoseconds.
-pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let scale = match unit.trim() {
-        "" | "ns" => 1.0,
-        "us" | "µs" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{text}` (ns, us, ms, s)"
-            ))
-        }
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration (like 20us, 1ms, 50ms or 2000)"))?;
-    let ns = (value * scale).round();
-    if !(1.0..=MAX_KERNEL_NS as f64).contains(&ns) {
-        return Err(format!("`{text}` is outside 1ns..=10s"));
-    }
-    Ok(ns as u64)
-}
+pub use crate::duration::parse_duration_ns;
 
 /// `FAKEGPU_KERNELS`: `name=DUR[,name=DUR…]`, the time of one wave of each named function at
 /// the maximum clock. Empty means none.
@@ -324,6 +365,30 @@ mod tests {
         assert_eq!(queue_start(10, 5, 7), 10);
         assert_eq!(queue_start(10, 50, 7), 50);
         assert_eq!(queue_start(10, 50, 70), 70);
+    }
+
+    #[test]
+    fn slice_start_charges_switches_behind_another_context_only() {
+        let s = Slicing { timeslice_ns: 1000, context_switch_ns: 75 };
+        let at = |floor, busy, tail, run, me| slice_start(floor, busy, tail, run, me, 0, 100, s);
+        // Alone, own run, idle device, no context: free.
+        assert_eq!(at(100, 500, 1, 0, 1), 500);
+        assert_eq!(at(600, 500, 2, 0, 1), 600);
+        assert_eq!(at(100, 500, 2, 0, 0), 500);
+        assert_eq!(at(100, 500, 0, 0, 1), 500);
+        // Behind another's run shorter than a slice: one switch.
+        assert_eq!(at(100, 500, 2, 50, 1), 575);
+        // Waiting 2.5 slices behind it: two round trips more.
+        assert_eq!(at(100, 2600, 2, 0, 1), 2600 + 5 * 75);
+        // The wait counts from when `me` arrived, not from the run's start.
+        assert_eq!(at(1700, 2600, 2, 0, 1), 2675);
+        // A run that ends exactly at the end of a slice is not cut.
+        assert_eq!(at(1000, 2000, 2, 0, 1), 2075);
+        // With work of its own still queued: its part of a switch per slice, at most one.
+        assert_eq!(slice_start(100, 2600, 2, 0, 1, 2000, 100, s), 2600 + 7);
+        assert_eq!(slice_start(100, 2600, 2, 0, 1, 2000, 5000, s), 2600 + 75);
+        // Switching off.
+        assert_eq!(slice_start(100, 2600, 2, 0, 1, 0, 100, Slicing { context_switch_ns: 0, ..s }), 2600);
         assert_eq!(busy_ns([], 0, 100), 0);
         assert_eq!(busy_ns([(10, 20), (15, 30), (50, 60)], 0, 100), 30);
         assert_eq!(

@@ -34,12 +34,12 @@
 //! a span is a seqlock only its own process writes (bounded spin, taken over if a writer
 //! died mid-write).
 //!
-//! Open to time-slicing: the timeline records *when each context was busy*, not how the
-//! device chose it. A scheduler that time-slices between contexts (per-device `timeslice`
-//! and `context_switch` costs) would record each slice as one interval of its context and a
-//! context switch as an interval of no process (pid 0: busy for the device, nobody's for
-//! the per-process figures), through the same `append_interval`; the ring, the spill spans
-//! and the readers need no change.
+//! Time-slicing: the timeline records *when each context was busy*. `record_launch` charges
+//! a context switch (`model::slice_start`: the device's `timeslice` and `context_switch`)
+//! when an item follows another context's queued work; the switch is nobody's interval, so
+//! NVML's figures leave it out. Whose item is last in the queue and when its run began are
+//! two words of the header (taken from the reserved ones: a file of layout 5 made before
+//! them holds 0 there, "none", so the layout number did not change).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -49,6 +49,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use vgpu_abi::process::ProcessId;
 
 use crate::config::Config;
+use crate::model::{self, Slicing};
 
 /// Environment variable naming the state directory.
 pub const STATE_ENV: &str = "FAKEGPU_STATE";
@@ -341,7 +342,15 @@ struct Layout {
     timeline_head: AtomicU64,
     /// Kernels of no process (no slot) that did not fit in the ring.
     spill: Span,
-    _reserved: [AtomicU64; 12],
+    /// Whose item is last in the device's queue: its slot + 1, 0 for none (time-slicing;
+    /// a file of layout 5 made before it has 0 here, which is right).
+    tail_owner: AtomicU64,
+    /// When that context's run of back-to-back items at the end of the queue started.
+    run_start_ns: AtomicU64,
+    /// Context switches the device paid (`model::slice_start`) and their time in all (ns).
+    switches: AtomicU64,
+    switch_ns: AtomicU64,
+    _reserved: [AtomicU64; 8],
     slots: [Slot; SLOTS],
     timeline: [Interval; TIMELINE],
 }
@@ -515,6 +524,12 @@ impl DeviceState {
         self.layout().launches.load(SeqCst)
     }
 
+    /// Context switches the device paid so far, and their time in all (ns).
+    pub fn switches(&self) -> (u64, u64) {
+        let l = self.layout();
+        (l.switches.load(SeqCst), l.switch_ns.load(SeqCst))
+    }
+
     /// When the device's simulated work queue drains (ns since the epoch).
     pub fn busy_until_ns(&self) -> u64 {
         self.layout().busy_until_ns.load(SeqCst)
@@ -678,9 +693,31 @@ impl DeviceState {
         self.layout().persistence.store(u32::from(on), SeqCst);
     }
 
+    /// When an item (an event's stamp) of the process holding `slot` that may start at
+    /// `floor` would start now: behind the queue, after a context switch if another
+    /// context's work is queued (`model::slice_start`).
+    pub(crate) fn item_start(&self, slot: Option<usize>, floor: u64, slicing: Slicing) -> u64 {
+        let l = self.layout();
+        model::slice_start(
+            floor,
+            l.busy_until_ns.load(SeqCst),
+            l.tail_owner.load(SeqCst),
+            l.run_start_ns.load(SeqCst),
+            slot.map_or(0, |i| i as u64 + 1),
+            slot.and_then(|i| l.slots.get(i)).map_or(0, |s| s.busy_until_ns.load(SeqCst)),
+            0,
+            slicing,
+        )
+    }
+
     /// Queue a kernel of `duration_ns` in the device's FIFO, behind whatever the device runs
-    /// and not before `not_before` (the stream's ready time); returns `(start, end)`.
-    /// `dyn_energy_uj` is its energy above idle power.
+    /// and not before `not_before` (the stream's ready time), after a context switch if it
+    /// follows another context's queued work (`model::slice_start`; the switch is no one's
+    /// busy time); returns `(start, end)`. `dyn_energy_uj` is its energy above idle power.
+    ///
+    /// The queue's end is claimed with a CAS; whose item is last (for the next switch) is
+    /// stored just after, so a launch of another process in between may read the previous
+    /// owner and misjudge one switch: a race of nanoseconds, not worth a lock.
     pub(crate) fn record_launch(
         &self,
         slot: Option<usize>,
@@ -688,16 +725,36 @@ impl DeviceState {
         not_before: u64,
         duration_ns: u64,
         dyn_energy_uj: u64,
+        slicing: Slicing,
     ) -> (u64, u64) {
         let l = self.layout();
         let floor = now.max(not_before);
-        let before = match l.busy_until_ns.fetch_update(SeqCst, SeqCst, |b| {
-            Some(b.max(floor).saturating_add(duration_ns))
-        }) {
-            Ok(b) | Err(b) => b,
+        let me = slot.map_or(0, |i| i as u64 + 1);
+        let own = slot.and_then(|i| l.slots.get(i));
+        let (start, end) = loop {
+            let before = l.busy_until_ns.load(SeqCst);
+            let tail = l.tail_owner.load(SeqCst);
+            let run_start = l.run_start_ns.load(SeqCst);
+            let own_until = own.map_or(0, |s| s.busy_until_ns.load(SeqCst));
+            let start = model::slice_start(floor, before, tail, run_start, me, own_until, duration_ns, slicing);
+            let end = start.saturating_add(duration_ns);
+            if l
+                .busy_until_ns
+                .compare_exchange(before, end.max(before), SeqCst, SeqCst)
+                .is_ok()
+            {
+                let free = floor.max(before);
+                if start > free {
+                    l.switches.fetch_add(1, SeqCst);
+                    l.switch_ns.fetch_add(start - free, SeqCst);
+                }
+                let continues = tail == me && before >= start;
+                l.run_start_ns
+                    .store(if continues { run_start } else { start }, SeqCst);
+                l.tail_owner.store(me, SeqCst);
+                break (start, end);
+            }
         };
-        let start = before.max(floor);
-        let end = start.saturating_add(duration_ns);
         l.launches.fetch_add(1, SeqCst);
         l.busy_total_ns.fetch_add(duration_ns, SeqCst);
         l.dyn_energy_uj.fetch_add(dyn_energy_uj, SeqCst);
@@ -1250,8 +1307,61 @@ fn open_shared(path: &Path) -> io::Result<std::fs::File> {
 mod tests {
     use super::*;
 
+    /// No switching cost: the FIFO alone (what the tests below were written for).
+    const SLICING: Slicing = Slicing {
+        timeslice_ns: 1_000_000,
+        context_switch_ns: 0,
+    };
+
     fn me() -> ProcessId {
         ProcessId::current().unwrap()
+    }
+
+    /// Two contexts taking turns kernel by kernel pay a switch at each change, which is
+    /// nobody's busy time; one alone, and one that reaches an idle device, pay nothing.
+    #[test]
+    fn a_change_of_context_behind_queued_work_costs_a_switch() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DeviceState::open(dir.path(), "GPU-x", 1).unwrap();
+        let a = s.claim_slot(me()).unwrap();
+        let b = s
+            .claim_slot(ProcessId {
+                pid: me().pid + 1,
+                start_time: me().start_time,
+            })
+            .unwrap();
+        let sw = Slicing {
+            timeslice_ns: 1_000_000,
+            context_switch_ns: 75_000,
+        };
+        let t0 = 10_000_000_000u64;
+        // A alone, back to back: no gaps.
+        assert_eq!(s.record_launch(Some(a), t0, 0, 1_000_000, 0, sw), (t0, t0 + 1_000_000));
+        assert_eq!(
+            s.record_launch(Some(a), t0 + 10, 0, 1_000_000, 0, sw),
+            (t0 + 1_000_000, t0 + 2_000_000)
+        );
+        // B queues behind A's run (it waits 2 ms − 20 ns: one whole slice): a switch and a
+        // round trip.
+        let (b_start, _) = s.record_launch(Some(b), t0 + 20, 0, 1_000_000, 0, sw);
+        assert_eq!(b_start, t0 + 2_000_000 + 3 * 75_000);
+        // A queues behind B's kernel (less than a slice): one switch.
+        let (a_start, _) = s.record_launch(Some(a), t0 + 30, 0, 1_000_000, 0, sw);
+        assert_eq!(a_start, b_start + 1_000_000 + 75_000);
+        // An event of A recorded now is stamped behind its own work; one of B, whose kernel
+        // is still queued, behind A's with no switch of its own (it is a zero-length part
+        // of B's slice).
+        assert_eq!(s.item_start(Some(a), t0 + 40, sw), a_start + 1_000_000);
+        assert_eq!(s.item_start(Some(b), t0 + 40, sw), a_start + 1_000_000);
+        // Once B's work is done, an event of B waits for a switch, like its next kernel.
+        assert_eq!(s.item_start(Some(b), a_start + 10, sw), a_start + 1_000_000 + 75_000);
+        // B reaching the idle device later pays nothing.
+        let idle = a_start + 5_000_000;
+        assert_eq!(s.record_launch(Some(b), idle, 0, 10, 0, sw), (idle, idle + 10));
+        assert_eq!(s.switches(), (2, 4 * 75_000));
+        // The switches are nobody's busy time: the timeline holds the kernels only.
+        let busy: u64 = s.timeline_since(t0).iter().map(|x| x.busy_ns).sum();
+        assert_eq!(busy, 4_000_000 + 10);
     }
 
     #[test]
@@ -1263,6 +1373,8 @@ mod tests {
         use std::mem::offset_of;
         assert_eq!((offset_of!(Layout, locked_min_mhz), offset_of!(Layout, locked_max_mhz)), (48, 52));
         assert_eq!(offset_of!(Layout, spill), 112);
+        // Read raw by tests of vgpu (tests/host/turns.rs).
+        assert_eq!((offset_of!(Layout, switches), offset_of!(Layout, switch_ns)), (160, 168));
         assert_eq!(offset_of!(Layout, slots), 240);
         assert_eq!(offset_of!(Slot, spill), 72);
         assert_eq!(offset_of!(Span, busy_ns), 24);
@@ -1335,20 +1447,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = DeviceState::open(dir.path(), "GPU-l", 1).unwrap();
         let slot = s.claim_slot(me()).unwrap();
-        let first = s.record_launch(Some(slot), 1_000_000, 0, 500, 0);
-        let second = s.record_launch(Some(slot), 1_000_100, 0, 500, 0);
+        let first = s.record_launch(Some(slot), 1_000_000, 0, 500, 0, SLICING);
+        let second = s.record_launch(Some(slot), 1_000_100, 0, 500, 0, SLICING);
         assert_eq!(
             (first, second),
             ((1_000_000, 1_000_500), (1_000_500, 1_001_000)),
             "the second waits for the first"
         );
-        let other = s.record_launch(None, 1_000_200, 0, 100, 0);
+        let other = s.record_launch(None, 1_000_200, 0, 100, 0, SLICING);
         assert_eq!(
             other,
             (1_001_000, 1_001_100),
             "another process queues behind"
         );
-        let later = s.record_launch(Some(slot), 1_000_300, 5_000_000, 10, 0);
+        let later = s.record_launch(Some(slot), 1_000_300, 5_000_000, 10, 0, SLICING);
         assert_eq!(
             later,
             (5_000_000, 5_000_010),
@@ -1394,7 +1506,7 @@ mod tests {
         // 200 000 kernels of 10 µs each, alternating, all launched at t0: 2 s of work.
         let t0 = 10_000_000_000u64;
         for i in 0..200_000u64 {
-            s.record_launch(Some(if i % 2 == 0 { a } else { b }), t0 + i, 0, 10_000, 0);
+            s.record_launch(Some(if i % 2 == 0 { a } else { b }), t0 + i, 0, 10_000, 0, SLICING);
         }
         assert_eq!(s.busy_until_ns(), t0 + 2_000_000_000);
         let window = |now: u64| {
@@ -1420,7 +1532,7 @@ mod tests {
         assert_eq!(spans.iter().map(|x| x.busy_ns).sum::<u64>(), (200_000 - TIMELINE as u64) * 10_000);
         // Once it is long over, the ring is reused and the spans start afresh.
         let later = t0 + 10_000_000_000;
-        s.record_launch(Some(a), later, 0, 10_000, 0);
+        s.record_launch(Some(a), later, 0, 10_000, 0, SLICING);
         let recent = s.timeline_since(later - 1);
         assert_eq!(recent.len(), 1, "{recent:?}");
         assert!(recent[0].is_solid() && recent[0].start_ns == later);

@@ -212,7 +212,10 @@ fn workloads_share_one_fifo_and_account_exactly() {
 /// would hold none of the window. NVML must say the device is busy, and each process is.
 #[test]
 fn a_launch_storm_keeps_nvml_right() {
-    let fake = Fake::new();
+    // Switching free: the storms alternate, and this is about the ring, not time-slicing.
+    let fake = Fake::with_config(
+        "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\ncontext_switch = 0\n",
+    );
     let ready = |n: usize| fake.dir.path().join(format!("storm{n}"));
     const STORMS: usize = 4;
     let storms: Vec<Killed> = (0..STORMS)
@@ -300,4 +303,63 @@ fn workload_reports_driver_errors() {
         .output()
         .unwrap();
     assert_eq!(usage.status.code(), Some(2));
+}
+
+/// The time-slicing model (issue 27): two processes of back-to-back work on one device pay
+/// `context_switch` at every change of context, as configured, and it is nobody's busy time;
+/// one process alone pays nothing. Without the model (switches free) the first assertion
+/// fails: every gap between the two is then 0.
+#[test]
+fn two_contexts_lose_what_the_config_says_and_one_alone_nothing() {
+    const SWITCH_NS: u64 = 100_000;
+    let fake = Fake::with_config(
+        "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n\
+         timeslice = \"1ms\"\ncontext_switch = \"100us\"\n",
+    );
+    let path = |name: &str| fake.dir.path().join(name).to_str().unwrap().to_string();
+    let (go, ready) = (path("go"), [path("ready0"), path("ready1")]);
+    let pair: Vec<Child> = ready
+        .iter()
+        .map(|r| workload(&fake, &["sync", "0.4", "--kernel-us", "1000", "--ready", r, "--go", &go]))
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready.iter().all(|r| Path::new(r).exists()) {
+        assert!(std::time::Instant::now() < deadline, "the workloads never got ready");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::fs::write(&go, "").unwrap();
+    let reports: Vec<_> = pair.into_iter().map(report).collect();
+    let state = &fake.states()[0];
+    let mut timeline = state.timeline_since(0);
+    timeline.sort_by_key(|b| b.start_ns);
+    // Changes of context where the second was queued behind the first (it starts less than
+    // a kernel after): each exactly one switch later.
+    let changes: Vec<u64> = timeline
+        .windows(2)
+        .filter(|p| p[0].pid != p[1].pid && p[1].start_ns < p[0].end_ns + 1_000_000)
+        .map(|p| p[1].start_ns - p[0].end_ns)
+        .collect();
+    let exact = changes.iter().filter(|&&gap| gap == SWITCH_NS).count();
+    let kernels: u64 = reports.iter().map(|r| r.1).sum();
+    eprintln!("{kernels} kernels, {} changes of context queued behind the other, {exact} paid exactly one switch", changes.len());
+    assert!(exact * 10 >= changes.len() * 9, "switch gaps: {changes:?}");
+    assert!(changes.len() as u64 * 10 >= kernels * 7, "they alternate: {} changes for {kernels} kernels", changes.len());
+    for (pid, _, gpu_ns, _) in &reports {
+        let busy: u64 = timeline.iter().filter(|b| b.pid == *pid).map(|b| b.busy_ns).sum();
+        assert_eq!(busy, *gpu_ns, "the switches are not pid {pid}'s busy time");
+    }
+
+    // Alone: batches of 20 kernels queued back to back. Gaps come only from the program
+    // being late to launch, never a switch's exact length.
+    let alone = Fake::with_config(
+        "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n\
+         timeslice = \"1ms\"\ncontext_switch = \"100us\"\n",
+    );
+    let (pid, kernels, gpu_ns, _) = report(workload(&alone, &["storm", "0.3", "--kernel-us", "1000", "--batch", "20"]));
+    let mut own: Vec<Busy> = alone.states()[0].timeline_since(0).into_iter().filter(|b| b.pid == pid).collect();
+    own.sort_by_key(|b| b.start_ns);
+    assert!(kernels >= 20);
+    assert_eq!(own.iter().map(|b| b.busy_ns).sum::<u64>(), gpu_ns);
+    let gaps: Vec<u64> = own.windows(2).map(|p| p[1].start_ns - p[0].end_ns).collect();
+    assert!(!gaps.contains(&SWITCH_NS), "alone, no switch: gaps {gaps:?}");
 }

@@ -495,6 +495,75 @@ impl Board {
         slot.heartbeat_ns.store(now_mono, Ordering::Release);
     }
 
+    /// This vGPU's turn words as its slot holds them now.
+    pub fn own_turn(&self, priority: u32) -> crate::turn::Me {
+        let slot = self.slot();
+        crate::turn::Me {
+            priority,
+            turn_until_ns: slot.turn_until_ns.load(Ordering::Acquire),
+            waiting_since_ns: slot.waiting_since_ns.load(Ordering::Acquire),
+            queued_until_ns: slot.queued_until_ns.load(Ordering::Acquire),
+        }
+    }
+
+    /// Claim the turn until `until` (its queued work counts from `now`, so that the grace of
+    /// an idle holder starts at the claim); no longer waiting.
+    pub fn claim_turn(&self, until: u64, now_mono: u64) {
+        let slot = self.slot();
+        slot.queued_until_ns.fetch_max(now_mono, Ordering::AcqRel);
+        slot.waiting_since_ns.store(0, Ordering::Release);
+        slot.turn_until_ns.store(until, Ordering::Release);
+    }
+
+    /// Give the turn up (if held).
+    pub fn release_turn(&self) {
+        self.slot().turn_until_ns.store(0, Ordering::Release);
+    }
+
+    /// Mark the vGPU as waiting for a turn since `since` (kept if already waiting).
+    pub fn wait_for_turn(&self, since: u64) {
+        let _ = self.slot().waiting_since_ns.compare_exchange(0, since, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// No longer waiting for a turn.
+    pub fn stop_waiting(&self) {
+        self.slot().waiting_since_ns.store(0, Ordering::Release);
+    }
+
+    /// `gpu_ns` more work queued at `now`: the vGPU's queue on the GPU ends that much later.
+    pub fn queue(&self, gpu_ns: u64, now_mono: u64) {
+        let _ = self.slot().queued_until_ns.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+            Some(q.max(now_mono).saturating_add(gpu_ns))
+        });
+    }
+
+    /// The turn states of the other vGPUs active on the GPU (published within
+    /// [`ACTIVE_NS`], with a limits record of this GPU) into `out`, with their priority from
+    /// their limits; returns how many. One `pread` per other vGPU known at the last listing
+    /// ([`Board::snapshot`] lists), no allocation.
+    pub fn turn_peers(&self, now_mono: u64, out: &mut [crate::turn::Peer]) -> usize {
+        let mut n = 0;
+        let mut image = Image::new();
+        for other in &self.others {
+            if n == out.len() {
+                break;
+            }
+            let Some(limits) = other.limits else { continue };
+            if !image.read(&other.file) || image.competitor(now_mono).is_none() {
+                continue;
+            }
+            out[n] = crate::turn::Peer {
+                priority: limits.priority,
+                before_me: other.name < self.own_name,
+                turn_until_ns: image.slot_u64(offset_of!(BoardSlot, turn_until_ns)),
+                queued_until_ns: image.slot_u64(offset_of!(BoardSlot, queued_until_ns)),
+                waiting_since_ns: image.slot_u64(offset_of!(BoardSlot, waiting_since_ns)),
+            };
+            n += 1;
+        }
+        n
+    }
+
     /// The vGPUs competing for the GPU into `out`: `me` first (index 0), then every other
     /// vGPU that published within [`ACTIVE_NS`] of `now_mono`, with the share, policy and
     /// priority of its limits file (read at the last listing: a `vgpu update` of another

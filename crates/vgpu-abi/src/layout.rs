@@ -121,7 +121,15 @@ pub struct DeviceRecord {
     pub _pad: u32,
     /// The vGPU's GPU-time ledger on this device, shared by all its processes.
     pub ledger: ComputeLedger,
-    pub reserved: [AtomicU64; 3],
+    /// Turns (`crate::board`, issue 27), counters in `usage` only: turns this vGPU took on
+    /// the GPU while another vGPU had work there, …
+    pub turns_taken: AtomicU64,
+    /// … time its launches waited for a turn (ns), …
+    pub turn_wait_ns: AtomicU64,
+    /// … and context switches avoided: launches that would have queued behind another
+    /// vGPU's work (a switch on the GPU) and waited for it to drain instead, plus turns
+    /// kept because nobody else was waiting. (Were reserved, zero: "none yet".)
+    pub switches_avoided: AtomicU64,
 }
 
 /// A vGPU's GPU-time account on one device: 64 bytes. Times are `CLOCK_MONOTONIC`
@@ -202,8 +210,9 @@ pub struct BoardHeader {
 /// `pread`) to decide fair shares and priority.
 #[repr(C)]
 pub struct BoardSlot {
-    /// Unused (0): the file is the vGPU's slot.
-    pub owner: AtomicU64,
+    /// Until when the vGPU holds the GPU's turn (monotonic ns); 0 or past: it does not
+    /// (`crate::board`, turns). Was an unused word, 0, which says exactly that.
+    pub turn_until_ns: AtomicU64,
     /// Last time a process of the vGPU wrote the slot (monotonic ns); 0 = never. A slot not
     /// written for [`crate::board::ACTIVE_NS`] is not competing.
     pub heartbeat_ns: AtomicU64,
@@ -219,7 +228,11 @@ pub struct BoardSlot {
     pub hungry_until_ns: AtomicU64,
     /// The vGPU's recent use of the GPU (parts per million of its time).
     pub usage_ppm: AtomicU64,
-    pub reserved: [AtomicU64; 2],
+    /// When the work the vGPU has queued on the GPU is expected to end (monotonic ns): the
+    /// hand-over of a turn waits for it. Was reserved, 0: "nothing queued".
+    pub queued_until_ns: AtomicU64,
+    /// Since when the vGPU waits for a turn (monotonic ns); 0: it does not. Was reserved.
+    pub waiting_since_ns: AtomicU64,
 }
 
 const _: () = {

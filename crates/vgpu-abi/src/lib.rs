@@ -12,5 +12,6 @@ pub mod mapping;
 pub mod process;
 pub mod procfile;
 pub mod size;
+pub mod turn;
 pub mod usage;
 pub mod vgpu_lock;

@@ -81,6 +81,11 @@ pub struct DeviceUsage {
     pub measured_share_ppm: Option<u64>,
     /// Time launching threads slept waiting for the budget, ns.
     pub throttled_ns: u64,
+    /// Turns (`crate::turn`): turns taken while other vGPUs had work on the device, time
+    /// launches waited for a turn (ns), context switches avoided.
+    pub turns_taken: u64,
+    pub turn_wait_ns: u64,
+    pub switches_avoided: u64,
 }
 
 /// One process's figures (from its per-process file).
@@ -441,6 +446,13 @@ impl UsageFile {
         &self.record(index).ledger
     }
 
+    /// The turn counters of device `index` (`crate::turn`): turns taken, ns waited for a
+    /// turn, switches avoided (in `usage`; zero in `limits`).
+    pub fn turn_counters(&self, index: usize) -> [&AtomicU64; 3] {
+        let r = self.record(index);
+        [&r.turns_taken, &r.turn_wait_ns, &r.switches_avoided]
+    }
+
     /// Charge `ns` of measured GPU time on device `dev` to `proc` (its per-process figure).
     #[inline]
     pub fn charge_process(&self, proc: &ProcFile, dev: usize, ns: u64) {
@@ -478,6 +490,9 @@ impl UsageFile {
                     charged_ns: r.ledger.charged_ns.load(Ordering::Relaxed),
                     measured_share_ppm: crate::compute::recent_share_ppm(&r.ledger, now_mono_ns()),
                     throttled_ns: r.ledger.throttled_ns.load(Ordering::Relaxed),
+                    turns_taken: r.turns_taken.load(Ordering::Relaxed),
+                    turn_wait_ns: r.turn_wait_ns.load(Ordering::Relaxed),
+                    switches_avoided: r.switches_avoided.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -931,7 +946,9 @@ fn layout_bytes(magic: [u8; 8], created_unix_ns: u64, devices: &[DeviceQuota], l
             priority: AtomicU32::new(limit(dev.priority.min(100))),
             _pad: 0,
             ledger: ComputeLedger::default(),
-            reserved: Default::default(),
+            turns_taken: AtomicU64::new(0),
+            turn_wait_ns: AtomicU64::new(0),
+            switches_avoided: AtomicU64::new(0),
         };
         put(&mut bytes, device_offset(i), &record);
     }

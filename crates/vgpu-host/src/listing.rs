@@ -102,6 +102,14 @@ pub struct GpuRow {
     pub gpu_time_ns: u64,
     /// Time the vGPU's launching threads waited for its compute budget on this GPU, ns.
     pub throttled_ns: u64,
+    /// Turns on this GPU (vGPUs sharing it put their work on it one at a time): turns the
+    /// vGPU took while others had work there, …
+    pub turns_taken: u64,
+    /// … time its launches waited for a turn, ns, …
+    pub turn_wait_ns: u64,
+    /// … and context switches of the GPU avoided (hand-overs after the others' work drained,
+    /// turns kept while nobody else waited).
+    pub switches_avoided: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -177,6 +185,9 @@ pub fn row_with(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool,
                 compute_measured_pct: live.and_then(|d| d.measured_share_ppm).map(ppm_to_pct),
                 gpu_time_ns: live.map(|d| d.charged_ns).unwrap_or(0),
                 throttled_ns: live.map(|d| d.throttled_ns).unwrap_or(0),
+                turns_taken: live.map(|d| d.turns_taken).unwrap_or(0),
+                turn_wait_ns: live.map(|d| d.turn_wait_ns).unwrap_or(0),
+                switches_avoided: live.map(|d| d.switches_avoided).unwrap_or(0),
             }
         })
         .collect();

@@ -63,8 +63,8 @@ impl Process {
         match self.target(key)? {
             Target::Capture { .. } => Ok(()),
             Target::Queue { device, ready_ns } => {
-                let busy_until = self.device(device)?.state.busy_until_ns();
-                let stamp = model::queue_start(now_ns(), busy_until, ready_ns);
+                let slot = self.slot(device);
+                let stamp = self.device(device)?.event_stamp(slot, ready_ns);
                 self.stream_state(key).ready_ns = stamp;
                 if let Some(e) = self.events.get_mut(&(event as u64)) {
                     e.stamp_ns = Some(stamp);

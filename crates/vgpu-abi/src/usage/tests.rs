@@ -65,6 +65,9 @@ fn create_then_open_reads_back_the_devices() {
             charged_ns: 0,
             measured_share_ppm: None,
             throttled_ns: 0,
+            turns_taken: 0,
+            turn_wait_ns: 0,
+            switches_avoided: 0,
         }
     );
     assert_eq!(devices[1].quota_bytes, GIB);

@@ -126,6 +126,9 @@ fn workloads(s: &Sources<'_>) -> Vec<WorkloadMetrics> {
                     compute_measured_pct: g.compute_measured_pct,
                     gpu_time_ns: g.gpu_time_ns,
                     throttled_ns: g.throttled_ns,
+                    turns_taken: g.turns_taken,
+                    turn_wait_ns: g.turn_wait_ns,
+                    switches_avoided: g.switches_avoided,
                 })
                 .collect();
             WorkloadMetrics {

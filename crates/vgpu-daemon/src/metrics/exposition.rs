@@ -260,6 +260,12 @@ fn workloads(r: &mut Registry, m: &Metrics) {
     let gpu_time: Family<WorkloadGpuLabels, Total> = family(r, "vgpu_workload_gpu_time_seconds", "GPU time charged to the vGPU on the GPU");
     let throttled: Family<WorkloadGpuLabels, Total> =
         family(r, "vgpu_workload_compute_throttled_seconds", "Time the vGPU's launches waited for its compute share on the GPU");
+    let turns: Family<WorkloadGpuLabels, Total> =
+        family(r, "vgpu_workload_compute_turns", "Turns the vGPU took on the GPU while other vGPUs had work there");
+    let turn_wait: Family<WorkloadGpuLabels, Total> =
+        family(r, "vgpu_workload_compute_turn_wait_seconds", "Time the vGPU's launches waited for a turn on the GPU");
+    let avoided: Family<WorkloadGpuLabels, Total> =
+        family(r, "vgpu_workload_compute_switches_avoided", "Context switches of the GPU the vGPU's turns avoided");
     for w in &m.workloads {
         let l = WorkloadLabels { id: w.id.clone(), name: w.name.clone(), user: w.user.clone() };
         info.get_or_create(&WorkloadInfoLabels {
@@ -307,6 +313,9 @@ fn workloads(r: &mut Registry, m: &Metrics) {
             }
             gpu_time.get_or_create(&gl).inc_by(g.gpu_time_ns as f64 / 1e9);
             throttled.get_or_create(&gl).inc_by(g.throttled_ns as f64 / 1e9);
+            turns.get_or_create(&gl).inc_by(g.turns_taken as f64);
+            turn_wait.get_or_create(&gl).inc_by(g.turn_wait_ns as f64 / 1e9);
+            avoided.get_or_create(&gl).inc_by(g.switches_avoided as f64);
         }
     }
 }

@@ -88,6 +88,10 @@ pub struct WorkloadGpuMetrics {
     pub compute_measured_pct: Option<f64>,
     pub gpu_time_ns: u64,
     pub throttled_ns: u64,
+    /// Turns on the GPU (`vgpu_abi::turn`): taken, time waited for one, switches avoided.
+    pub turns_taken: u64,
+    pub turn_wait_ns: u64,
+    pub switches_avoided: u64,
 }
 
 /// The compute pool.

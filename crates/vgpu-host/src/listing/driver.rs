@@ -148,6 +148,9 @@ mod tests {
             compute_measured_pct: None,
             gpu_time_ns: 0,
             throttled_ns: 0,
+            turns_taken: 0,
+            turn_wait_ns: 0,
+            switches_avoided: 0,
         }
     }
 

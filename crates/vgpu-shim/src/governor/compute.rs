@@ -44,6 +44,7 @@ use std::time::Duration;
 use vgpu_abi::board::{Board, MAX_COMPETITORS};
 use vgpu_abi::compute::{self as arith, Competitor, Policy, PPM};
 use vgpu_abi::layout::{now_mono_ns, MAX_DEVICES};
+use vgpu_abi::turn;
 
 use super::devices::{self, Target};
 use crate::ffi::*;
@@ -239,6 +240,11 @@ struct BoardView {
     next_open_ns: u64,
     allowance_ppm: u64,
     hungry_until_ns: u64,
+    /// Other vGPUs were active on the GPU at the last refresh: take turns.
+    peers_active: bool,
+    /// A launch waited `turn::MAX_WAIT_NS` for turns (a holder that never lets go, dead or
+    /// lying): no turns on this GPU until then (monotonic ns).
+    turns_off_until_ns: u64,
 }
 
 impl BoardView {
@@ -249,6 +255,8 @@ impl BoardView {
             next_open_ns: 0,
             allowance_ppm: PPM,
             hungry_until_ns: 0,
+            peers_active: false,
+            turns_off_until_ns: 0,
         }
     }
 }
@@ -354,6 +362,7 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
     let key = work.key();
     let ledger = vgpu.usage.ledger(device);
     let mut waited_ns = 0u64;
+    let mut turn_waited_ns = 0u64;
     let lock = governor();
     loop {
         let mut g = lock.lock();
@@ -368,9 +377,41 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
             wait = wait.max(50_000);
         }
         if wait == 0 {
+            // Taking turns, a vGPU without the turn asks for one only with budget for a
+            // turn's worth of work (`turn::min_work_ns`): hand-overs stay rare, and a lower
+            // priority beside it gets runs long enough to use its share.
+            wait = g.turn_budget_wait(vgpu, device, now, allowance);
+        }
+        // Turns: only with other vGPUs active on the GPU; out of budget, the turn goes.
+        let turn = if wait == 0 {
+            g.turn(vgpu, device, now, turn_waited_ns)
+        } else {
+            g.release_turn(device);
+            None
+        };
+        if let Some(until) = turn {
+            drop(g);
+            let nap = until.saturating_sub(now).clamp(1_000, turn::POLL_NS.max(MAX_SLEEP_NS));
+            std::thread::sleep(Duration::from_nanos(nap));
+            turn_waited_ns = turn_waited_ns.saturating_add(now_mono_ns().saturating_sub(now));
+            continue;
+        }
+        if wait == 0 {
             if waited_ns > 0 {
                 ledger.throttled_ns.fetch_add(waited_ns, Ordering::Relaxed);
                 ledger.throttled_launches.fetch_add(1, Ordering::Relaxed);
+            }
+            if turn_waited_ns > 0 {
+                vgpu.usage.turn_counters(device)[1].fetch_add(turn_waited_ns, Ordering::Relaxed);
+            }
+            if let Some(board) = g.boards[device].board.as_ref().filter(|_| g.boards[device].peers_active) {
+                board.queue(estimate, now);
+                // The launch after this one (once this one ran) would have to wait for the
+                // budget: this is the last of the turn; the next vGPU waits for its drain.
+                let in_flight = g.in_flight_ns[device].saturating_add(estimate.saturating_mul(2));
+                if arith::wait_ns(ledger.tat_ns.load(Ordering::Acquire), in_flight, allowance, now.saturating_add(estimate)) > 0 {
+                    board.release_turn();
+                }
             }
             let measure = g.should_measure(key, now);
             let start = if measure {
@@ -397,6 +438,13 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
         std::thread::sleep(Duration::from_nanos(nap));
         waited_ns = waited_ns.saturating_add(nap);
     }
+}
+
+/// Whether vGPUs take turns (`VGPU_TURNS=off` in the shim's environment turns them off: the
+/// benchmarks' and tests' "before", the GPU's own time-slicing alone).
+fn turns_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("VGPU_TURNS").is_none_or(|v| v != "off"))
 }
 
 /// After the driver call: record the end event, or give the reservation back.
@@ -631,6 +679,78 @@ impl Governor {
         .max(1)
     }
 
+    /// Turns (`vgpu_abi::turn`) at a launch that fits the budget: `None` to launch now,
+    /// `Some(until)` to look again by then. Without other active vGPUs on the GPU: `None`,
+    /// nothing read. `waited_ns`: how long this launch has waited for turns so far.
+    fn turn(&mut self, vgpu: &'static Vgpu, device: usize, now: u64, waited_ns: u64) -> Option<u64> {
+        let view = &self.boards[device];
+        let board = view.board.as_ref().filter(|_| view.peers_active)?;
+        let counters = vgpu.usage.turn_counters(device);
+        if waited_ns >= turn::MAX_WAIT_NS {
+            // A dead or lying holder cannot stall this vGPU: go without a turn, and take no
+            // turns on this GPU for a while (a liar costs one wait, not one per launch).
+            board.stop_waiting();
+            board.release_turn();
+            self.boards[device].peers_active = false;
+            self.boards[device].turns_off_until_ns = now.saturating_add(turn::DISTRUST_NS);
+            return None;
+        }
+        let mut peers = [turn::Peer::default(); MAX_COMPETITORS];
+        for _ in 0..2 {
+            let n = board.turn_peers(now, &mut peers);
+            let me = board.own_turn(vgpu.usage.priority(device));
+            let d = turn::decide(&me, &peers[..n], now);
+            match d {
+                turn::Decision::Go => return None,
+                turn::Decision::Claim => {
+                    let share = arith::pct_to_ppm(vgpu.usage.compute_pct(device));
+                    board.claim_turn(now.saturating_add(turn::turn_ns(share, turn::DEFAULT_TURN_NS)), now);
+                    if waited_ns > 0 {
+                        // Handed over once the others' work drained: no switch on the GPU.
+                        counters[0].fetch_add(1, Ordering::Relaxed);
+                        counters[2].fetch_add(1, Ordering::Relaxed);
+                    } else if me.turn_until_ns != 0 {
+                        // Its own turn ran out with nobody waiting: kept, no switch.
+                        counters[2].fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        counters[0].fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Decide again: a claim made at the same moment is on the board now.
+                }
+                turn::Decision::Wait { until, release } => {
+                    if release {
+                        board.release_turn();
+                    }
+                    board.wait_for_turn(now);
+                    return Some(until);
+                }
+            }
+        }
+        None
+    }
+
+    /// How long a vGPU that does not hold the turn waits before asking for one: until its
+    /// budget covers `turn::min_work_ns` of work (0 without other active vGPUs, holding, or
+    /// after a rest of `turn::REST_NS`: a latency-sensitive request is not held back).
+    fn turn_budget_wait(&self, vgpu: &'static Vgpu, device: usize, now: u64, allowance: u64) -> u64 {
+        let view = &self.boards[device];
+        let Some(board) = view.board.as_ref().filter(|_| view.peers_active) else { return 0 };
+        let own = board.own_turn(0);
+        // Holding the turn, or arriving after a rest (a request of a service): no gathering.
+        if own.turn_until_ns > now || own.queued_until_ns.saturating_add(turn::REST_NS) < now {
+            return 0;
+        }
+        let work = turn::min_work_ns(allowance).max(self.in_flight_ns[device]);
+        arith::wait_ns(vgpu.usage.ledger(device).tat_ns.load(Ordering::Acquire), work, allowance, now)
+    }
+
+    /// Out of budget: give the turn up at once (the others need not wait for it).
+    fn release_turn(&self, device: usize) {
+        if let Some(board) = self.boards[device].board.as_ref().filter(|_| self.boards[device].peers_active) {
+            board.release_turn();
+        }
+    }
+
     /// The vGPU's allowance on `device` now (ppm): its share, or what the GPU's board
     /// grants it in `fair` mode or when the GPU is oversubscribed.
     fn allowance(&mut self, vgpu: &'static Vgpu, device: usize, now: u64) -> u64 {
@@ -670,6 +790,11 @@ impl Governor {
         // Itself first, then the other vGPUs that published within a second (read, never mapped).
         let mut all = [me; MAX_COMPETITORS];
         let n = board.snapshot(me, now, &mut all);
+        view.peers_active = n > 1 && turns_enabled() && now >= view.turns_off_until_ns;
+        if !view.peers_active {
+            board.release_turn();
+            board.stop_waiting();
+        }
         view.allowance_ppm = arith::allowance_ppm(&all[..n], 0).max(1);
         view.allowance_ppm
     }

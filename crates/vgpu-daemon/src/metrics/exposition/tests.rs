@@ -62,6 +62,9 @@ fn sample() -> Metrics {
                 compute_measured_pct: Some(28.5),
                 gpu_time_ns: 1_500_000_000,
                 throttled_ns: 250_000_000,
+                turns_taken: 0,
+                turn_wait_ns: 0,
+                switches_avoided: 0,
             }],
         }],
         pool: Some(PoolMetrics {

@@ -1,0 +1,236 @@
+//! Tenants that take turns (issue 27), on the simulated driver with its time-slicing model
+//! at the defaults (75 µs per switch between contexts, 1 ms slices: two saturating contexts
+//! lose ~7 % of the GPU, as an H100 did). Needs root (cgroups are real).
+//!
+//!     cargo bench --bench turns [-- --quick]
+//!
+//! Every case runs twice, turns OFF (`VGPU_TURNS=off` in the tenants' environment: the
+//! vGPUs' shares as before, the GPU time-slicing between their contexts on its own: the
+//! "before") and ON (the default), and prints one line each:
+//!
+//! * splits 30/70, 10/90 and 20/30/50, `strict`, each tenant `vgpu run --compute P` of
+//!   `gpu_workload sync` with 1 ms kernels (shape (a) of `compute_accuracy`), started
+//!   together: each tenant's share of the GPU's busy time (its kernels' GPU time ÷ wall
+//!   time, %), its throughput ÷ the same workload unlimited alone (which leaves the GPU idle
+//!   between a kernel and the next launch, ~4 %: two tenants fill those gaps), their total
+//!   throughput, and the GPU's busy time in all, its throughput delivered (goal: each within
+//!   2 points of its share, together ≥ 98 % busy);
+//! * a latency tenant (`--priority 90 --compute 20`, a 2 ms kernel every 10 ms) beside a
+//!   saturating batch tenant (`--priority 10 --compute 80`, 1 ms kernels, and again with a
+//!   storm of 1000 × 20 µs kernels per synchronize): the latency tenant's p50 and p99 time
+//!   from a request's start to its kernel's completion ÷ what it gets alone (goal ≤ 1.2×),
+//!   and the batch tenant's throughput ÷ its share of the unlimited throughput (goal ≥ 95 %).
+//!
+//! It prints the figures with the goals beside them; it judges nothing and fails only when
+//! a run fails.
+
+#[path = "support/workload.rs"]
+#[allow(dead_code)] // Host: the simulated host of the other benches
+mod workload;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("turns: {msg}");
+    std::process::exit(1);
+}
+
+/// One tenant: `vgpu run` options and the workload's arguments.
+struct Tenant {
+    compute: Option<u32>,
+    priority: Option<u32>,
+    args: Vec<String>,
+}
+
+/// What one tenant's `gpu_workload` printed.
+#[derive(Debug, Clone, Copy)]
+struct Report {
+    kps: f64,
+    busy: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+impl Report {
+    fn parse(line: &str) -> Option<Report> {
+        let v: Value = serde_json::from_str(line).ok()?;
+        let seconds = v["seconds"].as_f64()?;
+        Some(Report {
+            kps: v["kernels_per_s"].as_f64()?,
+            busy: v["gpu_ns"].as_f64()? / (seconds * 1e9) * 100.0,
+            p50_us: v["latency_p50_us"].as_f64().unwrap_or(0.0),
+            p99_us: v["latency_p99_us"].as_f64().unwrap_or(0.0),
+        })
+    }
+}
+
+struct Bench {
+    vgpu: PathBuf,
+    workload: PathBuf,
+    env: Vec<(&'static str, PathBuf)>,
+    dir: tempfile::TempDir,
+    files: AtomicUsize,
+}
+
+impl Bench {
+    fn fresh(&self, what: &str) -> PathBuf {
+        let n = self.files.fetch_add(1, Ordering::Relaxed);
+        self.dir.path().join(format!("{what}.{n}"))
+    }
+
+    fn args(&self, shape: &str, seconds: f64, kernel_us: u64, extra: &[&str]) -> Vec<String> {
+        let mut v = vec![self.workload.display().to_string(), shape.into(), format!("{seconds}"), "--kernel-us".into(), kernel_us.to_string()];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    }
+
+    /// Run `tenants` at once (each its own `vgpu --simulate run --mem 10G …`), their timed
+    /// loops started together; turns off with `VGPU_TURNS=off`.
+    fn run(&self, tenants: &[Tenant], turns: bool) -> Vec<Report> {
+        let go = self.fresh("go");
+        let ready: Vec<PathBuf> = tenants.iter().map(|_| self.fresh("ready")).collect();
+        let mut children: Vec<Child> = Vec::new();
+        for (t, r) in tenants.iter().zip(&ready) {
+            let mut cmd = Command::new(&self.vgpu);
+            cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+            for (k, v) in &self.env {
+                cmd.env(k, v);
+            }
+            if turns {
+                cmd.env_remove("VGPU_TURNS");
+            } else {
+                cmd.env("VGPU_TURNS", "off");
+            }
+            cmd.args(["--simulate", "run", "--mem", "10G"]);
+            if let Some(p) = t.compute {
+                cmd.args(["--compute", &p.to_string()]);
+            }
+            if let Some(p) = t.priority {
+                cmd.args(["--priority", &p.to_string()]);
+            }
+            cmd.arg("--").args(&t.args).args(["--ready", &r.display().to_string(), "--go", &go.display().to_string()]);
+            children.push(cmd.spawn().unwrap_or_else(|e| fail(format!("cannot start vgpu run: {e}"))));
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready.iter().all(|r| r.exists()) {
+            if children.iter_mut().any(|c| matches!(c.try_wait(), Ok(Some(_)))) || Instant::now() > deadline {
+                let _ = std::fs::write(&go, b"go\n");
+                fail("a tenant exited (or none was ready after 60 s) before the start");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::fs::write(&go, b"go\n").unwrap_or_else(|e| fail(format!("cannot create {}: {e}", go.display())));
+        children
+            .into_iter()
+            .map(|c| {
+                let out = c.wait_with_output().unwrap_or_else(|e| fail(format!("waiting: {e}")));
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                match stdout.lines().find_map(Report::parse) {
+                    Some(r) if out.status.success() => r,
+                    _ => fail(format!("a tenant failed ({}): {stdout:?}", out.status)),
+                }
+            })
+            .collect()
+    }
+}
+
+fn main() {
+    let mut quick = false;
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--bench" => {}
+            other => fail(format!("unknown argument `{other}` (usage: cargo bench --bench turns [-- --quick])")),
+        }
+    }
+    let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
+    let workload = workload::build("turns");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| fail(format!("tempdir: {e}")));
+    let config = dir.path().join("fakegpu.toml");
+    let none = dir.path().join("none.toml");
+    let setup = || -> std::io::Result<()> {
+        // The switching model at its defaults.
+        std::fs::write(&config, "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n")?;
+        std::fs::write(&none, "")
+    };
+    setup().unwrap_or_else(|e| fail(format!("setting up {}: {e}", dir.path().display())));
+    let env = vec![
+        ("FAKEGPU_CONFIG", config.clone()),
+        ("FAKEGPU_STATE", dir.path().join("fakegpu")),
+        ("VGPU_STATE_DIR", dir.path().join("run")),
+        ("VGPU_LIB_DIR", dir.path().join("lib")),
+        ("VGPU_CONFIG", none.clone()),
+    ];
+    let bench = Bench { vgpu, workload, env, dir, files: AtomicUsize::new(0) };
+    let secs = if quick { 3.0 } else { 6.0 };
+
+    let batch = |p: u32, prio: Option<u32>, storm: bool| Tenant {
+        compute: Some(p),
+        priority: prio,
+        args: if storm { bench.args("storm", secs, 20, &["--batch", "1000"]) } else { bench.args("sync", secs, 1000, &[]) },
+    };
+    let latency = || Tenant { compute: Some(20), priority: Some(90), args: bench.args("sync", secs, 2000, &["--period-us", "10000"]) };
+
+    // Warm up, then what "alone" is: the better of two runs.
+    bench.run(&[Tenant { compute: None, priority: None, args: bench.args("sync", 0.5, 1000, &[]) }], true);
+    let best = |t: &dyn Fn() -> Tenant| {
+        let a = bench.run(&[t()], true)[0];
+        let b = bench.run(&[t()], true)[0];
+        if a.kps >= b.kps { a } else { b }
+    };
+    let base = best(&|| Tenant { compute: None, priority: None, args: bench.args("sync", secs, 1000, &[]) });
+    let base_storm = best(&|| Tenant { compute: None, priority: None, args: bench.args("storm", secs, 20, &["--batch", "1000"]) });
+    let lat_alone = {
+        let a = bench.run(&[latency()], true)[0];
+        let b = bench.run(&[latency()], true)[0];
+        if a.p99_us <= b.p99_us { a } else { b }
+    };
+    println!(
+        "turns{}: {secs} s runs, simulated H100 (timeslice 1 ms, context_switch 75 us); alone: sync 1 ms {:.1} kernels/s, storm 20 us {:.0} kernels/s, latency tenant p50 {:.0} us p99 {:.0} us",
+        if quick { " --quick" } else { "" },
+        base.kps,
+        base_storm.kps,
+        lat_alone.p50_us,
+        lat_alone.p99_us
+    );
+    println!("{:<26} {:>5} {:>44} {:>9}", "case", "turns", "tenants: busy% (share) / throughput% of alone", "thru%");
+    for shares in [&[30u32, 70][..], &[10, 90], &[20, 30, 50]] {
+        let name = shares.iter().map(u32::to_string).collect::<Vec<_>>().join("/");
+        for turns in [false, true] {
+            let tenants: Vec<Tenant> = shares.iter().map(|&p| batch(p, None, false)).collect();
+            let r = bench.run(&tenants, turns);
+            let cells: Vec<String> = r.iter().zip(shares).map(|(r, p)| format!("{:.1} ({p}) / {:.1}", r.busy, r.kps / base.kps * 100.0)).collect();
+            let total: f64 = r.iter().map(|r| r.kps / base.kps * 100.0).sum();
+            let busy: f64 = r.iter().map(|r| r.busy).sum();
+            let worst = r.iter().zip(shares).map(|(r, &p)| (r.busy - p as f64).abs()).fold(0.0, f64::max);
+            println!(
+                "{:<26} {:>5} {:>44} {:>8.1}%   GPU busy {busy:.1} % (goal >= 98); worst |busy - share| {worst:.1} points (goal <= 2)",
+                format!("split {name} strict"),
+                if turns { "on" } else { "off" },
+                cells.join("  "),
+                total
+            );
+        }
+    }
+    for storm in [false, true] {
+        let base_b = if storm { base_storm.kps } else { base.kps };
+        for turns in [false, true] {
+            let r = bench.run(&[latency(), batch(80, Some(10), storm)], turns);
+            println!(
+                "{:<26} {:>5} latency p50 {:.0} us ({:.2}x alone), p99 {:.0} us ({:.2}x) (goal <= 1.2x); batch {:.1} % of its share (goal >= 95)",
+                if storm { "latency + batch storm" } else { "latency + batch sync 1ms" },
+                if turns { "on" } else { "off" },
+                r[0].p50_us,
+                r[0].p50_us / lat_alone.p50_us,
+                r[0].p99_us,
+                r[0].p99_us / lat_alone.p99_us,
+                r[1].kps / (0.8 * base_b) * 100.0
+            );
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Turns (issue 27): vGPUs sharing one GPU put their work on it one at a time, so that the
+//! GPU does not time-slice between their contexts (every switch costs; two saturating
+//! contexts lose ~7 % of an H100). Pure: the decision at a launch from what the GPU's board
+//! shows ([`crate::board::Board::turn_peers`]); the shim acts on it.
+//!
+//! The protocol needs no shared writable state: each vGPU writes only its own slot
+//! (`BoardSlot::turn_until_ns`, `queued_until_ns`, `waiting_since_ns`) and reads the
+//! others'. At a launch, a vGPU that has other active vGPUs on the GPU:
+//!
+//! * **holds the turn** (its `turn_until` is ahead): it launches, unless a newer claim than
+//!   its own is on the board (it lost a race, or was found idle: it yields), or a vGPU of
+//!   higher priority waits (its turn is cut at this kernel boundary), or another vGPU's work
+//!   is still queued (a launch that crossed its claim: it drains first); while a vGPU of higher
+//!   priority is active it keeps at most [`QUEUE_AHEAD_NS`] of work queued, so that a cut
+//!   takes effect within that much;
+//! * **does not hold it**: it waits while another vGPU holds it, or while a waiting vGPU
+//!   comes before it (higher priority, then the longer wait, then the name); when it is
+//!   next, it waits for the work the others queued to drain (their `queued_until`, which
+//!   each keeps from its own kernels' measured durations), then claims a turn of
+//!   [`turn_ns`] from its share (its share of a cycle of ¾ of the credit a waiting vGPU
+//!   banks; a turn also ends early when the vGPU's budget runs out).
+//!
+//! A vGPU without the turn asks for one only once its budget covers [`min_work_ns`] (a run
+//! worth a hand-over: a high priority does not cut a lower turn for every kernel its budget
+//! allows, and the lower one keeps runs long enough to use its share) — unless its own work
+//! ended [`REST_NS`] ago or more: a request after a rest is served at once.
+//!
+//! A holder with nothing queued for [`IDLE_GRACE_NS`] has given its turn up (it needs to
+//! do nothing: the others see it), and a holder whose budget runs out with its next launch
+//! releases its turn as it makes this one (the next vGPU then waits only for the drain).
+//! Exclusion is best effort: two claims in the same microseconds are settled at the next
+//! launch (the newer claim keeps the turn), and a missed one only costs what turns save.
+//! Nothing can hold the others for long: a claim lasts at most a turn, a holder that dies
+//! stops renewing it, and a launch that has waited [`MAX_WAIT_NS`] for turns goes anyway
+//! (a dead or lying tenant cannot stall the others), and its process then takes no turns on
+//! that GPU for [`DISTRUST_NS`].
+
+use crate::compute::PPM;
+
+/// A holder whose queued work ended this long ago, and that launched nothing since, has
+/// given its turn up (ns).
+pub const IDLE_GRACE_NS: u64 = 200_000;
+/// While a vGPU of higher priority is active on the GPU, a holder keeps at most this much
+/// work queued ahead (ns): the latency of cutting its turn.
+pub const QUEUE_AHEAD_NS: u64 = 300_000;
+/// A launch waits at most this long for turns in all; then it goes (ns).
+pub const MAX_WAIT_NS: u64 = 200_000_000;
+/// After a launch waited [`MAX_WAIT_NS`] in vain, its process takes no turns on that GPU
+/// for this long (ns): a holder that never lets go costs the others one such wait, not one
+/// per launch.
+pub const DISTRUST_NS: u64 = 10_000_000_000;
+/// Longest sleep between two looks at the board while waiting for a turn (ns).
+pub const POLL_NS: u64 = 200_000;
+/// A waiter looks again this long after the holder's queued work ends (when the holder,
+/// launching again, may have given its turn up), ns.
+pub const RELAUNCH_NS: u64 = 30_000;
+/// Turns over this cycle are proportional to the shares (ns): no longer than the credit a
+/// waiting vGPU can bank (`crate::compute::BURST_NS`), so that waiting for the others'
+/// turns never costs a vGPU its share…
+pub const CYCLE_NS: u64 = crate::compute::BURST_NS * 3 / 4;
+/// …never shorter than this (ns)…
+pub const MIN_TURN_NS: u64 = 1_000_000;
+/// …and at most this (ns).
+pub const DEFAULT_TURN_NS: u64 = CYCLE_NS;
+
+/// A vGPU whose own work ended this long ago asks for a turn at once, without gathering
+/// [`min_work_ns`] first (a latency-sensitive service's request after a rest), ns.
+pub const REST_NS: u64 = 2_000_000;
+
+/// The budget (GPU time, ns) a vGPU of share `share_ppm` gathers before it asks for a turn
+/// when it does not hold one: a run worth a hand-over (at most 2 ms, and no more than ⅘ of
+/// what it can bank, `crate::compute::BURST_NS` at its share).
+pub fn min_work_ns(share_ppm: u64) -> u64 {
+    let bankable = u128::from(crate::compute::BURST_NS) * u128::from(share_ppm.min(PPM)) / u128::from(PPM) * 4 / 5;
+    (bankable as u64).min(2_000_000)
+}
+
+/// The length of a turn of a vGPU of share `share_ppm`, bounded by `max_turn_ns`.
+pub fn turn_ns(share_ppm: u64, max_turn_ns: u64) -> u64 {
+    let proportional = u128::from(CYCLE_NS) * u128::from(share_ppm.min(PPM)) / u128::from(PPM);
+    (proportional as u64).max(MIN_TURN_NS).min(max_turn_ns.max(1))
+}
+
+/// Another active vGPU's turn state on the GPU: its slot's words, its priority from its
+/// root-owned limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub priority: u32,
+    /// Its name sorts before this vGPU's: ties between the two go to it.
+    pub before_me: bool,
+    pub turn_until_ns: u64,
+    pub queued_until_ns: u64,
+    pub waiting_since_ns: u64,
+}
+
+impl Peer {
+    /// It holds the turn at `now`: claimed until later, and not idle.
+    pub fn holds(&self, now: u64) -> bool {
+        self.turn_until_ns > now && self.queued_until_ns.saturating_add(IDLE_GRACE_NS) >= now
+    }
+
+    /// It waits for a turn (and has not for so long that it must be gone: a waiter goes
+    /// after [`MAX_WAIT_NS`], so an older mark is a dead process's).
+    fn waiting(&self, now: u64) -> bool {
+        self.waiting_since_ns != 0 && now.saturating_sub(self.waiting_since_ns) < 2 * MAX_WAIT_NS
+    }
+}
+
+/// This vGPU's side: its priority and its own slot's words.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Me {
+    pub priority: u32,
+    pub turn_until_ns: u64,
+    pub waiting_since_ns: u64,
+    pub queued_until_ns: u64,
+}
+
+/// What to do with a launch now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Launch (it holds the turn).
+    Go,
+    /// Claim a turn, then decide again (the board may show a claim made at the same time).
+    Claim,
+    /// Give the turn up if it holds it, then look again at `until` (monotonic ns) at the
+    /// latest.
+    Wait { until: u64, release: bool },
+}
+
+/// The decision at a launch at `now` for `me` among `peers` (the other active vGPUs).
+pub fn decide(me: &Me, peers: &[Peer], now: u64) -> Decision {
+    let poll = now.saturating_add(POLL_NS);
+    if me.turn_until_ns > now {
+        let newer = peers.iter().any(|p| {
+            p.holds(now) && (p.turn_until_ns > me.turn_until_ns || (p.turn_until_ns == me.turn_until_ns && p.before_me))
+        });
+        let outranked = peers.iter().any(|p| p.waiting(now) && p.priority > me.priority);
+        if newer || outranked {
+            return Decision::Wait { until: now.saturating_add(POLL_NS / 4), release: true };
+        }
+        // A claim made while another vGPU's last launch was on its way: its work drains first.
+        if let Some(q) = peers.iter().map(|p| p.queued_until_ns).filter(|&q| q > now).max() {
+            return Decision::Wait { until: q.min(now.saturating_add(MAX_WAIT_NS)), release: false };
+        }
+        let above_active = peers.iter().any(|p| p.priority > me.priority);
+        if above_active && me.queued_until_ns > now.saturating_add(QUEUE_AHEAD_NS) {
+            return Decision::Wait { until: me.queued_until_ns - QUEUE_AHEAD_NS, release: false };
+        }
+        return Decision::Go;
+    }
+    if let Some(h) = peers.iter().filter(|p| p.holds(now)).min_by_key(|p| p.turn_until_ns) {
+        let idle_at = h.queued_until_ns.saturating_add(IDLE_GRACE_NS).max(now + 1);
+        // Just after its queued work ends: when it launches again it may give the turn up.
+        let relaunch = if h.queued_until_ns > now { h.queued_until_ns + RELAUNCH_NS } else { poll };
+        return Decision::Wait { until: poll.min(h.turn_until_ns).min(idle_at).min(relaunch), release: false };
+    }
+    let mine = if me.waiting_since_ns != 0 { me.waiting_since_ns } else { now };
+    let ahead = peers.iter().any(|p| {
+        p.waiting(now)
+            && (p.priority > me.priority
+                || (p.priority == me.priority
+                    && (p.waiting_since_ns < mine || (p.waiting_since_ns == mine && p.before_me))))
+    });
+    if ahead {
+        return Decision::Wait { until: poll, release: false };
+    }
+    let drained = peers.iter().map(|p| p.queued_until_ns).max().unwrap_or(0);
+    if drained > now {
+        return Decision::Wait { until: drained.min(now.saturating_add(MAX_WAIT_NS)), release: false };
+    }
+    Decision::Claim
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_000_000_000;
+
+    fn holder(until: u64, queued: u64) -> Peer {
+        Peer { priority: 50, turn_until_ns: until, queued_until_ns: queued, ..Peer::default() }
+    }
+
+    fn waiter(priority: u32, since: u64) -> Peer {
+        Peer { priority, waiting_since_ns: since, ..Peer::default() }
+    }
+
+    #[test]
+    fn turn_lengths_follow_the_share_within_bounds() {
+        assert_eq!(turn_ns(300_000, DEFAULT_TURN_NS), 4_500_000);
+        assert_eq!(turn_ns(700_000, DEFAULT_TURN_NS), 10_500_000);
+        assert_eq!(turn_ns(10_000, DEFAULT_TURN_NS), MIN_TURN_NS);
+        assert_eq!(turn_ns(900_000, 5_000_000), 5_000_000);
+    }
+
+    #[test]
+    fn a_turn_is_asked_for_with_a_run_worth_a_hand_over() {
+        assert_eq!(min_work_ns(700_000), 2_000_000);
+        assert_eq!(min_work_ns(100_000), 1_600_000);
+        assert_eq!(min_work_ns(10_000), 160_000);
+    }
+
+    #[test]
+    fn alone_or_nobody_holding_and_nothing_queued_claims() {
+        let me = Me { priority: 50, ..Me::default() };
+        assert_eq!(decide(&me, &[], NOW), Decision::Claim);
+        assert_eq!(decide(&me, &[holder(NOW - 1, NOW - 10)], NOW), Decision::Claim);
+    }
+
+    #[test]
+    fn a_holder_goes_and_the_others_wait_for_it() {
+        let me = Me { priority: 50, turn_until_ns: NOW + 5_000_000, ..Me::default() };
+        assert_eq!(decide(&me, &[waiter(50, NOW - 100)], NOW), Decision::Go);
+        // A launch of another that crossed its claim drains first.
+        let crossed = Peer { queued_until_ns: NOW + 800, ..waiter(50, NOW - 100) };
+        assert_eq!(decide(&me, &[crossed], NOW), Decision::Wait { until: NOW + 800, release: false });
+        let other = Me { priority: 50, ..Me::default() };
+        match decide(&other, &[holder(NOW + 5_000_000, NOW + 1_000_000)], NOW) {
+            Decision::Wait { until, release: false } => assert_eq!(until, NOW + POLL_NS),
+            d => panic!("{d:?}"),
+        }
+        // Its queued work ends sooner: look again just after (it may give the turn up then).
+        match decide(&other, &[holder(NOW + 5_000_000, NOW + 50_000)], NOW) {
+            Decision::Wait { until, release: false } => assert_eq!(until, NOW + 50_000 + RELAUNCH_NS),
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn an_idle_holder_has_given_its_turn_up_and_the_next_waits_for_the_drain() {
+        let me = Me { priority: 50, ..Me::default() };
+        // Its work ended more than the grace ago: not holding; nothing queued: claim.
+        let idle = holder(NOW + 5_000_000, NOW - IDLE_GRACE_NS - 1);
+        assert_eq!(decide(&me, &[idle], NOW), Decision::Claim);
+        // A released turn whose work still runs: wait exactly for its end.
+        let draining = holder(0, NOW + 700_000);
+        assert_eq!(decide(&me, &[draining], NOW), Decision::Wait { until: NOW + 700_000, release: false });
+    }
+
+    #[test]
+    fn waiters_go_by_priority_then_by_how_long_they_waited() {
+        let me = Me { priority: 50, waiting_since_ns: NOW - 1000, ..Me::default() };
+        assert!(matches!(decide(&me, &[waiter(60, NOW)], NOW), Decision::Wait { .. }));
+        assert!(matches!(decide(&me, &[waiter(50, NOW - 2000)], NOW), Decision::Wait { .. }));
+        assert_eq!(decide(&me, &[waiter(50, NOW - 500)], NOW), Decision::Claim);
+        assert_eq!(decide(&me, &[waiter(40, NOW - 9000)], NOW), Decision::Claim);
+        // A mark older than any wait can last is a dead process's.
+        assert_eq!(decide(&me, &[waiter(60, NOW - 2 * MAX_WAIT_NS)], NOW), Decision::Claim);
+    }
+
+    #[test]
+    fn a_higher_priority_waiter_cuts_the_turn_and_a_newer_claim_wins() {
+        let me = Me { priority: 10, turn_until_ns: NOW + 5_000_000, ..Me::default() };
+        assert!(matches!(decide(&me, &[waiter(90, NOW - 10)], NOW), Decision::Wait { release: true, .. }));
+        let newer = holder(NOW + 6_000_000, NOW);
+        assert!(matches!(decide(&me, &[newer], NOW), Decision::Wait { release: true, .. }));
+        let older = holder(NOW + 4_000_000, NOW);
+        assert_eq!(decide(&me, &[older], NOW), Decision::Go);
+    }
+
+    #[test]
+    fn beside_a_higher_priority_the_holder_queues_little_ahead() {
+        let me = Me { priority: 10, turn_until_ns: NOW + 5_000_000, queued_until_ns: NOW + 1_000_000, ..Me::default() };
+        let quiet = Peer { priority: 90, ..Peer::default() };
+        assert_eq!(
+            decide(&me, &[quiet], NOW),
+            Decision::Wait { until: NOW + 1_000_000 - QUEUE_AHEAD_NS, release: false }
+        );
+        assert_eq!(decide(&Me { queued_until_ns: NOW + 100_000, ..me }, &[quiet], NOW), Decision::Go);
+    }
+}

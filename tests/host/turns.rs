@@ -2,14 +2,15 @@
 //! on (75 µs per switch between contexts, 1 ms slices: its defaults), put their work on it
 //! one at a time. The GPU's own count of the context switches it paid (two words of the
 //! simulated driver's state file) shows whether they did; `VGPU_TURNS=off` in the
-//! tenants' environment is the "before" (each test says what it does then).
+//! tenants' environment is the "before" (each test says what it does then). Each measures
+//! time or rates on a busy simulated GPU, so each runs alone (`serial()`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::workload::workload_bin;
-use crate::common::{wait_for, Sim};
+use crate::common::{serial, wait_for, Sim};
 
 const H100: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n";
 
@@ -132,6 +133,7 @@ fn gpu_field(row: &serde_json::Value, field: &str) -> u64 {
 /// it switches about once a turn. `ps --json` shows the turns while they run.
 #[test]
 fn two_tenants_take_turns_and_the_gpu_hardly_switches() {
+    let _serial = serial();
     let sim = Sim::with_config(H100);
     let run = Running::start(
         &sim,
@@ -158,6 +160,7 @@ fn two_tenants_take_turns_and_the_gpu_hardly_switches() {
 /// and gives its turn up at the next kernel: the median stays near the kernel's 2 ms.
 #[test]
 fn a_latency_tenant_is_served_first() {
+    let _serial = serial();
     let sim = Sim::with_config(H100);
     let run = Running::start(
         &sim,
@@ -184,6 +187,7 @@ fn a_latency_tenant_is_served_first() {
 /// work drains, and the other goes on.
 #[test]
 fn a_tenant_killed_holding_the_turn_does_not_stall_the_other() {
+    let _serial = serial();
     let sim = Sim::with_config(H100);
     let run = Running::start(
         &sim,
@@ -239,6 +243,7 @@ fn turn_words(slot: &Path) -> (u64, u64) {
 /// the first tenant's rate follows (its last windows well above its first).
 #[test]
 fn update_changes_the_shares_mid_turn() {
+    let _serial = serial();
     let sim = Sim::with_config(H100);
     let run = Running::start(
         &sim,
@@ -265,6 +270,7 @@ fn update_changes_the_shares_mid_turn() {
 /// idle machine: on a loaded one lending is slow to show).
 #[test]
 fn fair_lends_unused_turns() {
+    let _serial = serial();
     let sim = Sim::with_config(H100);
     let run = Running::start(
         &sim,
@@ -288,6 +294,7 @@ fn fair_lends_unused_turns() {
 /// wait 200 ms: about 15 kernels in 3 s instead of hundreds.
 #[test]
 fn a_tenant_that_never_lets_go_costs_one_wait() {
+    let _serial = serial();
     use std::os::unix::fs::FileExt;
     use std::sync::atomic::{AtomicBool, Ordering};
     let sim = Sim::with_config(H100);

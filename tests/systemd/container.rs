@@ -79,17 +79,50 @@ pub struct Container {
     /// The cgroup directories made for it, one per hierarchy (host paths).
     cgroups: Vec<PathBuf>,
     pub timings: Timings,
+    /// Its place among the containers that may run at once (released after its teardown:
+    /// fields drop after `Drop::drop`).
+    _slot: Slot,
+}
+
+/// At most this many containers at once in the harness, whatever `RUST_TEST_THREADS` says:
+/// each boots a whole systemd, and on a 2-core machine four at once starved a stop's
+/// signal relay of its time (`scope::a_shells_run_gets_a_scope_on_the_unified_tree`).
+const AT_ONCE: usize = 2;
+
+static RUNNING: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+static FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+/// One of the [`AT_ONCE`] places, taken until dropped.
+struct Slot;
+
+impl Slot {
+    fn take() -> Slot {
+        let mut running = RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *running >= AT_ONCE {
+            running = FREED.wait(running).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *running += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
+        FREED.notify_one();
+    }
 }
 
 impl Container {
     /// Boots a container whose `binds` (host directories) are bound read-only at the same
     /// paths inside. Fails (never skips) when it cannot boot, saying why.
     pub fn boot(tree: Tree, binds: &[PathBuf]) -> Result<Container, String> {
+        let slot = Slot::take();
         let started = Instant::now();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("vgpu-sd-{}-{n}", std::process::id());
         let work = tempfile::Builder::new().prefix("vgpu-systemd-").tempdir().map_err(|e| format!("tempdir: {e}"))?;
-        let mut ct = Container { tree, name, work: Some(work), nspawn: None, init: 0, cgroups: Vec::new(), timings: Timings::default() };
+        let mut ct = Container { tree, name, work: Some(work), nspawn: None, init: 0, cgroups: Vec::new(), timings: Timings::default(), _slot: slot };
         ct.make_root()?;
         ct.make_cgroups()?;
         ct.start(binds)?;

@@ -251,7 +251,14 @@ fn a_respawning_bypasser_is_ended_at_its_second_offence_and_the_neighbour_gets_i
     let bypasser = runs.start(&["--name", "respawn", "--mem", "1G", "--", "sh", "-c", &respawn]);
     wait_file(&dir.join("child1"));
     let id = id_of(&sim, "respawn");
-    let neighbour_script = format!("until {b} idle 600 --alloc-mib 36864 --ready {d}/neighbour; do sleep 0.05; done", b = bin(), d = dir.display());
+    // The neighbour asks only once the second child holds its memory: between the first
+    // child's death and the second's allocation it could take the memory first, and a
+    // bypasser whose children then cannot allocate never offends again.
+    let neighbour_script = format!(
+        "until [ -e {d}/child2 ]; do sleep 0.01; done; until {b} idle 600 --alloc-mib 36864 --ready {d}/neighbour; do sleep 0.05; done",
+        b = bin(),
+        d = dir.display()
+    );
     let neighbour = runs.start(&["--name", "neighbour", "--mem", "36G", "--", "sh", "-c", &neighbour_script]);
     // Sample what the bypasser holds for 10 s (the issue: over quota in 60 of 60 samples
     // over 30 s, while the watch killed one child after another).

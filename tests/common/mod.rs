@@ -241,6 +241,23 @@ impl Drop for Sim {
     }
 }
 
+/// The bytes of `sim`'s simulated GPU's state file (`<sim>/fakegpu-state/*.state`), its
+/// magic and layout version checked: version 5 of crates/fakegpu/src/state.rs, whose
+/// `layout_is_stable` test pins the offsets the callers read. Not through the fakegpu crate:
+/// linking its rlib into a harness would rebuild libfakegpu.so under the other tests' feet.
+pub fn fakegpu_state(sim: &Sim) -> Vec<u8> {
+    let file = std::fs::read_dir(sim.path("fakegpu-state"))
+        .expect("the driver's state directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "state"))
+        .expect("the driver's state file");
+    let bytes = std::fs::read(&file).expect("the driver's state file");
+    assert_eq!(&bytes[..8], b"FAKEGPU\x01", "not a fakegpu state file");
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")), 5, "fakegpu's state layout changed: update the offsets its readers use");
+    bytes
+}
+
 /// Held exclusively by a [`serial`] test, shared by every other test while it has a [`Sim`].
 static ALONE: RwLock<()> = RwLock::new(());
 

@@ -150,23 +150,13 @@ fn held_by(sim: &Sim, id: &str, index: u64) -> u64 {
 }
 
 /// The simulated GPU's launches, and the busy time of the kernels that did not fit in its
-/// timeline's ring (its spill spans, ns), read from the driver's shared state file: layout
-/// version 5 of crates/fakegpu/src/state.rs, whose `layout_is_stable` test pins the offsets
-/// (launches at byte 64, the device's span at 112, 512 slots of 104 bytes from 240 each with
-/// its span at 72; a span's busy time is its fourth u64). Not through the fakegpu crate:
-/// linking its rlib here would rebuild libfakegpu.so under the other tests' feet.
+/// timeline's ring (its spill spans, ns), read from the driver's shared state file
+/// ([`crate::common::fakegpu_state`]: launches at byte 64, the device's span at 112, 512
+/// slots of 104 bytes from 240 each with its span at 72; a span's busy time is its fourth
+/// u64).
 fn timeline_overflow(sim: &Sim) -> (u64, u64) {
-    let dir = sim.path("fakegpu-state");
-    let file = std::fs::read_dir(&dir)
-        .expect("the driver's state directory")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "state"))
-        .expect("the driver's state file");
-    let bytes = std::fs::read(&file).expect("the driver's state file");
+    let bytes = crate::common::fakegpu_state(sim);
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    assert_eq!(&bytes[..8], b"FAKEGPU\x01", "not a fakegpu state file");
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")), 5, "fakegpu's state layout changed (version): update timeline_overflow()");
     let span_busy = |span: usize| u64_at(span + 24);
     let spilled = span_busy(112) + (0..512).map(|slot| span_busy(240 + slot * 104 + 72)).sum::<u64>();
     (u64_at(64), spilled)

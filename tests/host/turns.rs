@@ -14,20 +14,10 @@ use crate::common::{serial, wait_for, Sim};
 
 const H100: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n";
 
-/// The simulated GPU's context switches so far and their time (ns), read from its state
-/// file: layout version 5 of crates/fakegpu/src/state.rs, whose `layout_is_stable` test pins
-/// the offsets (160 and 168). Not through the fakegpu crate: linking its rlib here would
-/// rebuild libfakegpu.so under the other tests' feet.
+/// The simulated GPU's context switches so far and their time (ns), at offsets 160 and 168
+/// of its state file ([`crate::common::fakegpu_state`]).
 fn switches(sim: &Sim) -> (u64, u64) {
-    let file = std::fs::read_dir(sim.path("fakegpu-state"))
-        .expect("the driver's state directory")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "state"))
-        .expect("the driver's state file");
-    let bytes = std::fs::read(&file).expect("the driver's state file");
-    assert_eq!(&bytes[..8], b"FAKEGPU\x01", "not a fakegpu state file");
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")), 5, "fakegpu's state layout changed: update switches()");
+    let bytes = crate::common::fakegpu_state(sim);
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     (u64_at(160), u64_at(168))
 }

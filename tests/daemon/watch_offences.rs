@@ -419,9 +419,10 @@ fn a_suspended_workload_stays_suspended_through_its_offence() {
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     sim.write_vgpu_config(&format!("{FAST}\n[suspend]\ncheckpoint = false\n"));
     let mut runs = Runs::new(&sim);
-    let (ready, status) = (sim.path("ready"), sim.path("status"));
+    let (ready, status, shell) = (sim.path("ready"), sim.path("status"), sim.path("shell"));
     let script = format!(
-        "env -u LD_PRELOAD {b} idle 600 --alloc-mib 3072 --ready {r}; echo $? > {s}.tmp && mv {s}.tmp {s}; sleep 600",
+        "echo $$ > {sh}; env -u LD_PRELOAD {b} idle 600 --alloc-mib 3072 --ready {r}; echo $? > {s}.tmp && mv {s}.tmp {s}; sleep 600",
+        sh = shell.display(),
         b = bin(),
         r = ready.display(),
         s = status.display()
@@ -431,6 +432,14 @@ fn a_suspended_workload_stays_suspended_through_its_offence() {
     let id = id_of(&sim, "sleeper");
     sim.vgpu(&["suspend", "sleeper"]).assert().success();
     assert!(frozen(&id));
+    // How often the frozen shell was scheduled: a thaw of the workload, however short,
+    // wakes it (out of the freezer and back to waiting for its child).
+    let shell_pid = std::fs::read_to_string(&shell).expect("the shell's pid").trim().to_string();
+    let switches = || {
+        let status = std::fs::read_to_string(format!("/proc/{shell_pid}/status")).expect("the shell's status");
+        status.lines().filter(|l| l.contains("ctxt_switches")).map(|l| l.split_whitespace().last().and_then(|n| n.parse::<u64>().ok()).expect("a count")).sum::<u64>()
+    };
+    let before = switches();
     let mut watch = Watch::start(&sim, &[]);
     let line = watch.wait_line("the SIGKILL", |l| l.contains("SIGKILL to pid"));
     assert!(line.contains(&format!("of workload sleeper ({id}): over memory quota on GPU 0: 3 GiB of 1 GiB")), "{line}");
@@ -448,6 +457,7 @@ fn a_suspended_workload_stays_suspended_through_its_offence() {
     let r = record(&sim, &id);
     assert_eq!((r["state"].as_str(), r["enforcement"]["action"].as_str()), (Some("suspended"), Some("killed")), "{r:#}");
     assert!(!status.exists(), "nothing of it ran");
+    assert_eq!(switches(), before, "its shell was never thawed, not even for a moment");
     sim.vgpu(&["resume", "sleeper"]).assert().success();
     assert_eq!(status_in(&status), 128 + 9, "resumed, its shell sees its child killed");
     assert!(!runs.ended(run));

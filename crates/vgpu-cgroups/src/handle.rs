@@ -318,6 +318,13 @@ impl Cgroup {
         self.imp.thaw(self.timeout)
     }
 
+    /// Lets `pids`, SIGKILLed while the cgroup is frozen, die without thawing the rest of
+    /// it (a suspended workload's offenders: its other processes must not run). v2 needs
+    /// nothing; v1 moves them, in the freezer hierarchy only, to the thawed parent.
+    pub fn release_killed(&self, pids: &[i32]) -> Result<()> {
+        self.imp.release_killed(pids)
+    }
+
     pub fn state(&self) -> Result<FreezerState> {
         self.imp.state()
     }

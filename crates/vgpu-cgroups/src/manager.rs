@@ -165,6 +165,12 @@ pub(crate) trait Manager: fmt::Debug + Send + Sync {
 
     fn thaw(&self, timeout: Duration) -> Result<()>;
 
+    /// Lets processes of a frozen cgroup that have a SIGKILL pending die without thawing
+    /// the others. v2 needs nothing: a fatal signal ends a frozen task. See the v1 override.
+    fn release_killed(&self, _pids: &[i32]) -> Result<()> {
+        Ok(())
+    }
+
     fn state(&self) -> Result<FreezerState>;
 
     fn stats(&self) -> Result<Stats>;

@@ -165,6 +165,25 @@ impl Manager for V1Cgroup {
         Err(CgroupError::Timeout { path, target: "THAWED", current, waited: timeout })
     }
 
+    /// A task frozen by the v1 freezer cannot die, SIGKILL pending or not, until it is
+    /// thawed; moving it into a thawed freezer cgroup thaws it (the kernel's
+    /// `freezer_attach`). So each one is moved, in the freezer hierarchy only, to the
+    /// parent of the workload's freezer cgroup (`vgpu/` or the workload's home, which vgpu
+    /// never freezes), where it dies at once; the rest of the workload stays frozen. A
+    /// process already gone (ESRCH) is fine.
+    fn release_killed(&self, pids: &[i32]) -> Result<()> {
+        let Some(freezer) = self.dirs.get(&Controller::Freezer) else { return Ok(()) };
+        let Some(parent) = freezer.parent() else { return Ok(()) };
+        let procs = parent.join(fs::PROCS);
+        for pid in pids {
+            match fs::write(&procs, &pid.to_string()) {
+                Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
     fn state(&self) -> Result<FreezerState> {
         // No freezer hierarchy, or the cgroup is gone: nothing can be frozen.
         let Some(freezer) = self.dirs.get(&Controller::Freezer) else { return Ok(FreezerState::Thawed) };
@@ -275,6 +294,25 @@ mod tests {
         assert_eq!(fake.read("freezer/vgpu/job1/freezer.state"), "THAWED");
         stdfs::write(fake.root().join("freezer/vgpu/job1/freezer.state"), "FREEZING\n").unwrap();
         assert_eq!(cg.state().unwrap(), FreezerState::Freezing);
+    }
+
+    #[test]
+    fn killed_tasks_leave_the_freezer_for_its_thawed_parent_and_nothing_else_changes() {
+        let fake = FakeV1::new(&["cpu", "memory", "freezer"]);
+        let cg = V1Cgroup::create(&fake.mounts(), "job1").unwrap();
+        fake.kernel_populate("job1");
+        cg.freeze(Duration::from_secs(1)).unwrap();
+        // What the kernel has in every cgroup directory.
+        stdfs::write(fake.root().join("freezer/vgpu/cgroup.procs"), "").unwrap();
+        cg.release_killed(&[4242]).unwrap();
+        // The fake's files keep the last write: the freezer parent got the task.
+        assert_eq!(fake.read("freezer/vgpu/cgroup.procs"), "4242");
+        assert_eq!(fake.read("freezer/vgpu/job1/freezer.state"), "FROZEN", "the rest stays frozen");
+        assert!(!fake.root().join("memory/vgpu/cgroup.procs").exists(), "only the freezer hierarchy");
+        // Nothing to release without a freezer hierarchy.
+        let none = FakeV1::new(&["cpu", "memory"]);
+        let cg = V1Cgroup::create(&none.mounts(), "job2").unwrap();
+        cg.release_killed(&[4242]).unwrap();
     }
 
     #[test]

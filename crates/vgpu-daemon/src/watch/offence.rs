@@ -9,7 +9,9 @@
 //!   would need a thaw first, which lets a respawning parent run), and the cgroup is thawed
 //!   (a task frozen by the v1 freezer dies once thawed with SIGKILL pending; v2 kills it
 //!   frozen; the order is the same on both). A workload suspended (frozen by `vgpu
-//!   suspend` or the pool) is frozen again once its offenders are gone.
+//!   suspend` or the pool) is not thawed: only its offenders leave the freezer to die
+//!   (`Cgroup::release_killed`), so nothing else of it runs; where that fails it is
+//!   thawed for them and frozen again once they are gone.
 //! - **Second offence** within the window: the record says `ended: second offence within
 //!   10m: …`, the cgroup is frozen at once, every process in it gets SIGKILL (v2:
 //!   `cgroup.kill`), and it is thawed; what is still there (a process the kernel is slow to
@@ -212,17 +214,36 @@ impl OffenceEnforcer {
             }
         }
         if let Some(c) = &cgroup {
-            if frozen || c.state().is_ok_and(|s| s != FreezerState::Thawed) {
-                if let Err(e) = c.thaw() {
-                    events.push(Event::warn(format!("cannot thaw {whose} after killing its offenders: {e}; reconcile thaws it")));
-                }
-            }
-            if suspended {
-                // Thawed for its offenders to die; frozen again once they are, as its
-                // suspension wants.
+            // A suspended workload's other processes must not run: only its offenders are
+            // let out of the freezer to die (v1; v2 kills them frozen).
+            // Only pids inside the frozen cgroup: a frozen task cannot die, so its pid is
+            // not reused meanwhile (an offender outside it, a Slurm task say, is not moved).
+            let inside = c.pids().unwrap_or_default();
+            let pids: Vec<i32> = killed.iter().filter_map(|p| i32::try_from(p.pid).ok()).filter(|pid| inside.contains(pid)).collect();
+            let released = suspended
+                && frozen
+                && match c.release_killed(&pids) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        events.push(Event::warn(format!("cannot let the offenders of suspended {whose} die frozen: {e}; thawing it for them")));
+                        false
+                    }
+                };
+            if released {
                 wait_gone(&killed, REAP_TIMEOUT);
-                if let Err(e) = c.freeze() {
-                    events.push(Event::warn(format!("cannot freeze suspended {whose} again after killing its offenders: {e}")));
+            } else {
+                if frozen || c.state().is_ok_and(|s| s != FreezerState::Thawed) {
+                    if let Err(e) = c.thaw() {
+                        events.push(Event::warn(format!("cannot thaw {whose} after killing its offenders: {e}; reconcile thaws it")));
+                    }
+                }
+                if suspended {
+                    // Thawed for its offenders to die; frozen again once they are, as its
+                    // suspension wants.
+                    wait_gone(&killed, REAP_TIMEOUT);
+                    if let Err(e) = c.freeze() {
+                        events.push(Event::warn(format!("cannot freeze suspended {whose} again after killing its offenders: {e}")));
+                    }
                 }
             }
         }

@@ -292,7 +292,7 @@ if [ "$build" = 1 ]; then
       fi
       if [ -n "${SUDO_USER:-}" ]; then
         echo "Build as yourself (${SUDO_USER}), then install what you built:"
-        echo "  cd $(printf '%q' "$here") && ${env_text}cargo build --release --workspace --locked"
+        echo "  cd $(printf '%q' "$here") && ${env_text}cargo build --release --workspace --exclude workspace-hack --locked"
         echo "  sudo ./install.sh --no-build${again_text}"
       else
         echo "Or build where cargo is, then install the result with: ./install.sh --no-build${again_text}"
@@ -301,7 +301,7 @@ if [ "$build" = 1 ]; then
     exit 1
   fi
   echo "building vgpu (release)…"
-  (cd "$here" && VGPU_PREFIX="$prefix" cargo build --release --workspace --locked)
+  (cd "$here" && VGPU_PREFIX="$prefix" cargo build --release --workspace --exclude workspace-hack --locked)
   from="${CARGO_TARGET_DIR:-$here/target}/release"
 else
   from=${VGPU_INSTALL_FROM:-${CARGO_TARGET_DIR:-$here/target}/release}

@@ -16,7 +16,7 @@ command -v cargo-deb >/dev/null || {
   echo "packaging/deb.sh: cargo-deb not found: cargo install cargo-deb --locked" >&2
   exit 1
 }
-VGPU_PREFIX=/usr cargo build --release --workspace --locked
+VGPU_PREFIX=/usr cargo build --release --workspace --exclude workspace-hack --locked
 release="${CARGO_TARGET_DIR:-target}/release"
 packaging/assets.sh "$release/vgpu" target/assets
 # --no-strip: the release profile already drops debug info; symbol names stay for backtraces.

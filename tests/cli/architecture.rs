@@ -88,6 +88,37 @@ fn the_crate_table_is_the_dependency_graph() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// Every feature a crate's `[dev-dependencies]` asks of a workspace crate (the
+/// `test-support` fixtures), `workspace-hack` asks too: else the plain and the test build
+/// compile that crate and everything above it twice (see its Cargo.toml).
+#[test]
+fn workspace_hack_asks_every_feature_the_tests_ask_of_a_workspace_crate() {
+    let root = workspace().join("crates");
+    let manifest = |dir: &Path| -> toml::Table { fs::read_to_string(dir.join("Cargo.toml")).expect("Cargo.toml").parse().expect("TOML") };
+    let features = |deps: Option<&toml::Value>| -> BTreeSet<(String, String)> {
+        let Some(deps) = deps.and_then(|d| d.as_table()) else { return BTreeSet::new() };
+        deps.iter()
+            .filter(|(name, _)| root.join(name).is_dir())
+            .flat_map(|(name, spec)| {
+                let asked = spec.get("features").and_then(|f| f.as_array()).cloned().unwrap_or_default();
+                asked.into_iter().filter_map(|f| f.as_str().map(str::to_string)).map(move |f| (name.clone(), f))
+            })
+            .collect()
+    };
+    let hack = features(manifest(&root.join("workspace-hack")).get("dependencies"));
+    let mut missing = Vec::new();
+    for entry in fs::read_dir(&root).expect("crates/") {
+        let dir = entry.expect("entry").path();
+        for (name, feature) in features(manifest(&dir).get("dev-dependencies")) {
+            if !hack.contains(&(name.clone(), feature.clone())) {
+                missing.push(format!("{} asks {name}/{feature} in [dev-dependencies]; crates/workspace-hack does not", dir.display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    assert!(hack.contains(&("vgpu-store".to_string(), "test-support".to_string())), "the check reads workspace-hack's dependencies");
+}
+
 #[test]
 fn no_crate_has_a_circle_between_its_top_level_modules() {
     let mut found = Vec::new();

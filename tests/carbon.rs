@@ -4,11 +4,10 @@
 //! `vgpu run --gpus MIN-MAX`. They run the real `vgpu` binary against the simulated driver
 //! (`common::Sim`).
 //!
-//! One test executable (ripgrep's layout): each file of tests/carbon/ is a module here, so
-//! a change to vgpu links one binary, not one per file. One file's tests:
-//! `cargo test --test carbon carbon_budget::`.
+//! An area of the integration harness (tests/integration.rs): each file of tests/carbon/ is
+//! a module here. This area: `cargo test --test integration carbon::`; one file's tests:
+//! `cargo test --test integration carbon::carbon_budget::`.
 
-mod common;
 
 #[path = "carbon/carbon_intensity.rs"]
 mod carbon_intensity;

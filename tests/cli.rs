@@ -4,11 +4,10 @@
 //! maintainer checklists of ARCHITECTURE.md, short fuzz runs of every parser, and real
 //! third-party clients from PyPI on the simulated driver.
 //!
-//! One test executable (ripgrep's layout): each file of tests/cli/ is a module here, so a
-//! change to vgpu links one binary, not one per file. One file's tests:
-//! `cargo test --test cli json_schema::`.
+//! An area of the integration harness (tests/integration.rs): each file of tests/cli/ is
+//! a module here. This area: `cargo test --test integration cli::`; one file's tests:
+//! `cargo test --test integration cli::json_schema::`.
 
-mod common;
 
 #[path = "cli/architecture.rs"]
 mod architecture;

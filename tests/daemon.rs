@@ -5,11 +5,10 @@
 //! They run the real `vgpu` binary against the simulated driver (`common::Sim`, and
 //! `common::watch::Watch` for a watch in the background); they need root.
 //!
-//! One test executable (ripgrep's layout): each file of tests/daemon/ is a module here, so
-//! a change to vgpu links one binary, not one per file. One file's tests:
-//! `cargo test --test daemon watch_memory::`.
+//! An area of the integration harness (tests/integration.rs): each file of tests/daemon/ is
+//! a module here. This area: `cargo test --test integration daemon::`; one file's tests:
+//! `cargo test --test integration daemon::watch_memory::`.
 
-mod common;
 
 #[path = "daemon/watch_memory.rs"]
 mod watch_memory;

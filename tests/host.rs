@@ -5,11 +5,10 @@
 //! machine's real cgroups, `devices` and `doctor`. Most tests run the real `vgpu` binary
 //! against the simulated driver (`common::Sim`); they need root.
 //!
-//! One test executable (ripgrep's layout): each file of tests/host/ is a module here, so a
-//! change to vgpu links one binary, not one per file. One file's tests:
-//! `cargo test --test host run_edges::`.
+//! An area of the integration harness (tests/integration.rs): each file of tests/host/ is
+//! a module here. This area: `cargo test --test integration host::`; one file's tests:
+//! `cargo test --test integration host::run_edges::`.
 
-mod common;
 
 #[path = "host/run.rs"]
 mod run;

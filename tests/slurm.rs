@@ -5,9 +5,10 @@
 //! never on sleeps. Needs root and the Slurm packages (`.ci/run` installs them); a cluster
 //! that cannot start fails the test.
 //!
-//! One test executable; one file's tests: `cargo test --test slurm fence::`.
+//! An area of the integration harness (tests/integration.rs): each file of tests/slurm/ is
+//! a module here. This area: `cargo test --test integration slurm::`; one file's tests:
+//! `cargo test --test integration slurm::fence::`.
 
-mod common;
 
 #[path = "slurm/cluster.rs"]
 mod cluster;

@@ -7,10 +7,10 @@
 //! process, mount or cgroup behind. Needs root and `systemd-nspawn` (Debian:
 //! systemd-container; `.ci/run` installs it); a container that cannot boot fails the test.
 //!
-//! One test executable (ripgrep's layout), one module per file of tests/systemd/. One
-//! file's tests: `cargo test --test systemd watch_unit::`.
+//! An area of the integration harness (tests/integration.rs): each file of tests/systemd/ is
+//! a module here. This area: `cargo test --test integration systemd::`; one file's tests:
+//! `cargo test --test integration systemd::watch_unit::`.
 
-mod common;
 
 #[path = "systemd/container.rs"]
 mod container;

@@ -103,8 +103,8 @@ impl Busy {
         let lib = sim.path("run/simulate/libcuda.so.1");
         assert!(lib.exists(), "{} missing", lib.display());
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            // Its name in the harness (tests/carbon.rs): module path, then the function.
-            .args(["carbon_apply::busy_client", "--exact", "--nocapture", "--test-threads=1"])
+            // Its name in the harness (tests/integration.rs): module path, then the function.
+            .args(["carbon::carbon_apply::busy_client", "--exact", "--nocapture", "--test-threads=1"])
             .envs(sim.env())
             .env(BUSY_ENV, &lib)
             .stdin(Stdio::piped())

@@ -6,7 +6,7 @@
 
 use std::process::{Command, Stdio};
 
-use crate::common::{wait_for, workload, Sim};
+use crate::common::{serial, wait_for, workload, Sim};
 use serde_json::Value;
 
 const CURVE: &str = "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n\
@@ -54,8 +54,11 @@ fn within(got: &Value, want: f64, share: f64) -> bool {
     got.as_f64().is_some_and(|g| (g - want).abs() <= share * want.abs())
 }
 
+/// Alone (`serial()`): the fit's speed is kernels per second at each clock in 0.3 s, which a
+/// loaded machine skews (σ 0.56 for 0.60 beside the other tests).
 #[test]
 fn the_fit_recovers_the_configured_curve_and_the_clocks_are_restored() {
+    let _serial = serial();
     let sim = Sim::with_config(CURVE);
     let uuid = uuid(&sim);
     let before = plan(&sim);

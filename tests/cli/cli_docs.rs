@@ -1,5 +1,5 @@
 //! The man pages (one per command) are generated from the clap definition; they must never
-//! go stale. Regenerate with: VGPU_BLESS=1 cargo test --test cli cli_docs::
+//! go stale. Regenerate with: VGPU_BLESS=1 cargo test --test integration cli::cli_docs::
 //! The completion scripts call back into vgpu; what they complete is tested through bash.
 
 use std::collections::BTreeMap;
@@ -36,7 +36,7 @@ fn man_pages_are_in_sync_with_the_cli() {
     let extra: Vec<&String> = disk.keys().filter(|n| !pages.contains_key(*n)).collect();
     assert!(
         stale.is_empty() && extra.is_empty(),
-        "man/ is stale (missing or different: {stale:?}; no longer generated: {extra:?}): regenerate with `VGPU_BLESS=1 cargo test --test cli cli_docs::`"
+        "man/ is stale (missing or different: {stale:?}; no longer generated: {extra:?}): regenerate with `VGPU_BLESS=1 cargo test --test integration cli::cli_docs::`"
     );
 }
 

@@ -17,7 +17,7 @@
 //! not shown, and the next command waits for its event: `vgpu run --name NAME …` until
 //! `vgpu ps` shows NAME running, `vgpu watch` until it logs that it is ready.
 //!
-//! `cargo test --test cli doc_examples::` (a failure names the file and line); with
+//! `cargo test --test integration cli::doc_examples::` (a failure names the file and line); with
 //! `VGPU_DOC_SHOW=1` and `--nocapture` it prints what each command printed, to write an
 //! example from.
 

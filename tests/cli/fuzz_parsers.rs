@@ -299,7 +299,7 @@ fn damaged(which: usize, edit: impl FnOnce(&mut Vec<u8>)) -> (Vec<u8>, Option<vg
 
 /// The seeds as files, one directory per target: where `cargo fuzz run` starts from. Into a
 /// temporary directory (checking every target has seeds), or, with
-/// `VGPU_FUZZ_SEEDS=1 cargo test --test cli fuzz_parsers::seed_corpora`, into `fuzz/corpus/`.
+/// `VGPU_FUZZ_SEEDS=1 cargo test --test integration cli::fuzz_parsers::seed_corpora`, into `fuzz/corpus/`.
 #[test]
 fn seed_corpora() {
     let scratch = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@
 //! one scenario under the simulated driver: a partition with a workload in it, a workload
 //! with its own slice, a pool workload preempted by another, a process in no vGPU, a
 //! damaged record for `doctor --repair`, the carbon commands. Re-bless with
-//! `VGPU_BLESS=1 cargo test --test cli json_schema::`.
+//! `VGPU_BLESS=1 cargo test --test integration cli::json_schema::`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -267,7 +267,7 @@ fn every_json_output_keeps_its_fields_unless_the_schema_is_bumped() {
         return;
     }
     let Some(_) = committed else {
-        panic!("{} is missing: bless it with VGPU_BLESS=1 cargo test --test cli json_schema::", path.display());
+        panic!("{} is missing: bless it with VGPU_BLESS=1 cargo test --test integration cli::json_schema::", path.display());
     };
     assert!(
         gone.is_empty(),

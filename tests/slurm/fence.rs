@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use crate::cluster::Cluster;
+use crate::slurm::cluster::Cluster;
 use crate::common::wait_for;
 
 const GIB: u64 = 1 << 30;
@@ -202,7 +202,7 @@ fn slurm_conf_is_what_slurmd_runs_with() {
         assert!(said.contains(&format!("File={}", cluster.path(&format!("dev/{}/nvidia0", node.name)).display())), "{said}");
     }
     // vgpu doctor on a node compares its running slurmd's GRES with the declaration.
-    let doctor = |node: &crate::cluster::Node| -> serde_json::Value {
+    let doctor = |node: &crate::slurm::cluster::Node| -> serde_json::Value {
         let out = node.sim.vgpu(&["doctor", "--json"]).env("SLURM_CONF", cluster.path("slurm.conf")).output().expect("vgpu doctor");
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor's JSON");
         let name = format!("Slurm GRES of {}", node.name);

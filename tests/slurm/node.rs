@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use crate::cluster::Cluster;
+use crate::slurm::cluster::Cluster;
 use crate::common::watch::Watch;
 use crate::common::{wait_for, workload};
 

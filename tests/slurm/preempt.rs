@@ -8,7 +8,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
-use crate::cluster::Cluster;
+use crate::slurm::cluster::Cluster;
 use crate::common::{wait_for, workload};
 
 const PREEMPTION: &str = "PreemptType=preempt/partition_prio\n\

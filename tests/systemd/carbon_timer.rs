@@ -4,8 +4,8 @@
 //! is logged. The timer's schedule is the unit's (every 15 minutes, 2 minutes after boot)
 //! plus a test drop-in that fires it one second after it starts. On both cgroup trees.
 
-use crate::container::Tree;
-use crate::installed::{text, Installed};
+use crate::systemd::container::Tree;
+use crate::systemd::installed::{text, Installed};
 
 /// A budget no clock meets at this intensity: the lowest clocks are applied.
 const CARBON: &str = "[carbon]\nsource = \"static\"\nvalue = 800\nbudget_g_per_hour = 50\n";

@@ -5,12 +5,12 @@
 
 use std::path::PathBuf;
 
-use crate::container::{Container, Tree};
-use crate::installed::{text, Installed};
+use crate::systemd::container::{Container, Tree};
+use crate::systemd::installed::{text, Installed};
 
 #[test]
 fn hierarchies_match_their_mounts() {
-    use crate::container::same_hierarchy;
+    use crate::systemd::container::same_hierarchy;
     assert!(same_hierarchy("", ""));
     assert!(same_hierarchy("cpu,cpuacct", "rw,cpu,cpuacct"));
     assert!(same_hierarchy("name=systemd", "rw,xattr,name=systemd"));
@@ -74,7 +74,7 @@ fn teardown_leaves_nothing(tree: Tree) {
     }
     assert!(!dir.exists(), "{} left behind", dir.display());
     assert!(!init.exists(), "the container's init ({}) still runs", init.display());
-    assert!(crate::container::mounts_below(&dir).is_empty());
+    assert!(crate::systemd::container::mounts_below(&dir).is_empty());
 }
 
 #[test]

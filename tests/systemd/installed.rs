@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use crate::container::{Container, Tree};
+use crate::systemd::container::{Container, Tree};
 
 pub const PREFIX: &str = "/opt/vgpu";
 pub const VGPU: &str = "/opt/vgpu/bin/vgpu";

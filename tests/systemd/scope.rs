@@ -4,8 +4,8 @@
 //! workload in it, and `systemctl stop` of the scope ends the workload, vgpu saying so and
 //! tearing its vGPU down. On both cgroup trees.
 
-use crate::container::Tree;
-use crate::installed::{Installed, VGPU};
+use crate::systemd::container::Tree;
+use crate::systemd::installed::{Installed, VGPU};
 
 fn a_shells_run_gets_a_scope(tree: Tree) {
     let host = Installed::new(tree, "");

@@ -3,8 +3,8 @@
 //! dies, and `systemctl stop` stops every replica and ends cleanly, vgpu's records with
 //! them. On both cgroup trees.
 
-use crate::container::Tree;
-use crate::installed::{text, Installed};
+use crate::systemd::container::Tree;
+use crate::systemd::installed::{text, Installed};
 
 const UNIT: &str = "vgpu-service@web.service";
 

@@ -13,8 +13,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::container::Tree;
-use crate::installed::{text, Installed, VGPU};
+use crate::systemd::container::Tree;
+use crate::systemd::installed::{text, Installed, VGPU};
 
 const WATCH: &str = "[watch]\ninterval = \"200ms\"\ngrace = \"200ms\"\ncontext_allowance = \"64MiB\"\n";
 

@@ -6,8 +6,8 @@
 //! edited config, the workload file, the service definition) and the state stay, as
 //! documented. On both cgroup trees.
 
-use crate::container::Tree;
-use crate::installed::{checkout, text, Installed, PREFIX};
+use crate::systemd::container::Tree;
+use crate::systemd::installed::{checkout, text, Installed, PREFIX};
 
 /// Units loaded by systemd whose name starts with `vgpu` and that are not inactive.
 fn live_units(host: &Installed) -> Vec<String> {

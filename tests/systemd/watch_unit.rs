@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::container::Tree;
-use crate::installed::{text, Installed, VGPU};
+use crate::systemd::container::Tree;
+use crate::systemd::installed::{text, Installed, VGPU};
 
 /// The test's `WatchdogSec=` (the unit's is 60 s): a watch that stopped pinging would be
 /// killed within it.

@@ -5,8 +5,8 @@
 //! inactive, not failed) with vgpu's record and vGPU gone, and `systemctl kill -s KILL`
 //! likewise once vgpu reconciles. On both cgroup trees.
 
-use crate::container::Tree;
-use crate::installed::{text, Installed};
+use crate::systemd::container::Tree;
+use crate::systemd::installed::{text, Installed};
 
 const UNIT: &str = "vgpu@job.service";
 

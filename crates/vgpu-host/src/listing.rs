@@ -146,7 +146,39 @@ pub fn ppm_to_pct(ppm: u64) -> f64 {
 /// One workload as `vgpu ps` lists it: the record, the live usage and limits the shim
 /// shares, the processes of its cgroup.
 pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
-    row_with(store, layout, w, all, Known::default())
+    row_with(store, &Pids::new(layout), w, all, Known::default())
+}
+
+/// Where a listing finds each workload's processes: in its cgroup, through one
+/// [`vgpu_cgroups::PidsReader`] per cgroup home (made at the first workload there, kept for
+/// the others), or for a Slurm step below its slurmstepd.
+pub struct Pids<'a> {
+    layout: Option<&'a Layout>,
+    readers: std::cell::RefCell<Vec<(vgpu_cgroups::CgroupHome, Option<vgpu_cgroups::PidsReader>)>>,
+}
+
+impl<'a> Pids<'a> {
+    pub fn new(layout: Option<&'a Layout>) -> Pids<'a> {
+        Pids { layout, readers: Default::default() }
+    }
+
+    /// The processes of `w` (none where they cannot be read).
+    fn of(&self, w: &Workload) -> Vec<u32> {
+        if w.slurm.is_some() {
+            // A Slurm step's tasks are in Slurm's cgroups, below the step's slurmstepd.
+            return vgpu_gpu::ancestry::descendants_of(w.supervisor.into());
+        }
+        let Some(layout) = self.layout else { return Vec::new() };
+        let mut readers = self.readers.borrow_mut();
+        let at = match readers.iter().position(|(home, _)| *home == w.cgroup_home) {
+            Some(at) => at,
+            None => {
+                readers.push((w.cgroup_home.clone(), Cgroup::pids_reader(layout, &w.cgroup_home).ok()));
+                readers.len() - 1
+            }
+        };
+        readers[at].1.as_ref().and_then(|r| r.pids(&w.cgroup).ok()).map(|p| p.into_iter().map(|p| p as u32).collect()).unwrap_or_default()
+    }
 }
 
 /// What the caller of [`row_with`] knows of the workload already, and may do.
@@ -161,11 +193,11 @@ pub struct Known {
 
 /// [`row`], with what the caller knows: its usage file opened once, for the reclaim and
 /// the figures.
-pub fn row_with(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool, known: Known) -> Row {
+pub fn row_with(store: &Store, pids: &Pids<'_>, w: &Workload, all: bool, known: Known) -> Row {
     let usage_path = store.vgpu_dir(&w.vgpu).join(USAGE_FILE);
     let usage = UsageFile::open(&usage_path).ok();
     if let (true, Some(usage)) = (known.reclaim, &usage) {
-        crate::lifecycle::reclaim_in(&usage_path, usage);
+        crate::lifecycle::reclaim_listed(&usage_path, usage);
     }
     let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
     // The usage file is what the shim enforces; the record is the fallback.
@@ -197,14 +229,7 @@ pub fn row_with(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool,
         .and_then(|g| devices.iter().find(|d| d.uuid == g.uuid))
         .map(|d| ComputePolicy::from_abi(d.policy))
         .unwrap_or(w.compute_policy);
-    let pids: Vec<u32> = match &w.slurm {
-        // A Slurm step's tasks are in Slurm's cgroups, below the step's slurmstepd.
-        Some(_) => vgpu_gpu::ancestry::descendants_of(w.supervisor.into()),
-        None => layout
-            .and_then(|l| Cgroup::pids_at(l, &w.cgroup_home, &w.cgroup).ok())
-            .map(|p| p.into_iter().map(|p| p as u32).collect())
-            .unwrap_or_default(),
-    };
+    let pids: Vec<u32> = pids.of(w);
     let processes = all.then(|| {
         usage
             .as_ref()

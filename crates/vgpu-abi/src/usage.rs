@@ -637,6 +637,30 @@ impl UsageFile {
         self.reclaim(LOCK_TIMEOUT, RECONCILE_ATTEMPTS)
     }
 
+    /// [`UsageFile::reclaim_dead`], skipped — no lock taken, no listing of `procs/` — while
+    /// [`UsageFile::never_registered`]: a listing of many vGPUs (`vgpu ps`) gives back what
+    /// their dead processes held without locking and listing the vGPUs no CUDA process ever
+    /// used.
+    pub fn reclaim_dead_if_any(&self) -> ReclaimReport {
+        if self.never_registered() {
+            return ReclaimReport::default();
+        }
+        self.reclaim_dead()
+    }
+
+    /// Whether a reclaim now could give nothing back and change nothing: no process ever
+    /// counted itself in this vGPU (`registrations` still 1, as made), no reconcile is
+    /// pending and no reclaim is under way or died half-way. A process counts itself before
+    /// its first reservation, so none holds bytes; what a registration killed before counting
+    /// may leave in `procs/` holds none either, and the next full reclaim removes it. A
+    /// file of an older vgpu (0: not counted) never qualifies.
+    pub fn never_registered(&self) -> bool {
+        let header = self.header();
+        header.registrations.load(Ordering::SeqCst) == 1
+            && header.needs_reconcile.load(Ordering::SeqCst) == 0
+            && header.reclaimer.load(Ordering::SeqCst) == 0
+    }
+
     /// [`UsageFile::reclaim_dead`] for a hot moment (the shim, before refusing an
     /// allocation): waits at most 50 ms for the lock and tries a pending reconcile only a
     /// few times, without sleeping. Whatever it leaves is over-counted, never under-counted,

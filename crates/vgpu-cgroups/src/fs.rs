@@ -108,27 +108,8 @@ pub(crate) fn procs(dir: &Path) -> Result<Vec<i32>> {
 pub(crate) fn procs_recursive_at(at: &std::os::fd::OwnedFd, parent: &Path, name: &str, into: &mut Vec<i32>) -> Result<()> {
     use std::os::fd::AsRawFd as _;
     let relative = Path::new(name).join(PROCS);
-    let path = parent.join(&relative);
-    let opened = nix::fcntl::openat(
-        Some(at.as_raw_fd()),
-        &relative,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NOFOLLOW,
-        nix::sys::stat::Mode::empty(),
-    );
-    let fd = match opened {
-        Ok(fd) => fd,
-        // Gone, or being removed (as `read_opt`).
-        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENODEV) => return Ok(()),
-        Err(e) => return Err(io_error("read", &path, e.into())),
-    };
-    // SAFETY: `openat` returned a new descriptor that nothing else owns.
-    let file = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let text = match read_all(file) {
-        Ok(text) => text,
-        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(()),
-        Err(e) => return Err(io_error("read", &path, e)),
-    };
-    into.extend(parse_procs(&path, &text)?);
+    let Some(text) = read_opt_at(at, parent, &relative)? else { return Ok(()) };
+    into.extend(parse_procs(&parent.join(&relative), &text)?);
     // Sub-cgroups: the directory's link count says whether there is any (`child_dirs`).
     match nix::sys::stat::fstatat(Some(at.as_raw_fd()), Path::new(name), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_nlink == 2 => Ok(()),
@@ -139,6 +120,32 @@ pub(crate) fn procs_recursive_at(at: &std::os::fd::OwnedFd, parent: &Path, name:
             }
             Ok(())
         }
+    }
+}
+
+/// [`read_opt`] of `parent/relative`, with `parent` opened already (`at`): the file is
+/// opened relative to it (never through a symlink at its last component).
+pub(crate) fn read_opt_at(at: &std::os::fd::OwnedFd, parent: &Path, relative: &Path) -> Result<Option<String>> {
+    use std::os::fd::AsRawFd as _;
+    let path = parent.join(relative);
+    let opened = nix::fcntl::openat(
+        Some(at.as_raw_fd()),
+        relative,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NOFOLLOW,
+        nix::sys::stat::Mode::empty(),
+    );
+    let fd = match opened {
+        Ok(fd) => fd,
+        // Gone, or being removed (as `read_opt`).
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENODEV) => return Ok(None),
+        Err(e) => return Err(io_error("read", &path, e.into())),
+    };
+    // SAFETY: `openat` returned a new descriptor that nothing else owns.
+    let file = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    match read_all(file) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(io_error("read", &path, e)),
     }
 }
 

@@ -13,7 +13,6 @@ use serde::Serialize;
 use vgpu_abi::layout::USAGE_FILE;
 use vgpu_abi::usage::UsageFile;
 
-use vgpu_cgroups::Cgroup;
 
 use vgpu_cgroups::Layout;
 use vgpu_store::compute::ComputePolicy;
@@ -149,17 +148,16 @@ pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> R
     row_with(store, &Pids::new(layout), w, all, Known::default())
 }
 
-/// Where a listing finds each workload's processes: in its cgroup, through one
-/// [`vgpu_cgroups::PidsReader`] per cgroup home (made at the first workload there, kept for
-/// the others), or for a Slurm step below its slurmstepd.
+/// Where a listing finds each workload's processes: in its cgroup (read through
+/// [`vgpu_cgroups::CgroupReaders`]: one reader per cgroup home), or for a Slurm step below
+/// its slurmstepd.
 pub struct Pids<'a> {
-    layout: Option<&'a Layout>,
-    readers: std::cell::RefCell<Vec<(vgpu_cgroups::CgroupHome, Option<vgpu_cgroups::PidsReader>)>>,
+    cgroups: Option<vgpu_cgroups::CgroupReaders<'a>>,
 }
 
 impl<'a> Pids<'a> {
     pub fn new(layout: Option<&'a Layout>) -> Pids<'a> {
-        Pids { layout, readers: Default::default() }
+        Pids { cgroups: layout.map(vgpu_cgroups::CgroupReaders::new) }
     }
 
     /// The processes of `w` (none where they cannot be read).
@@ -168,16 +166,11 @@ impl<'a> Pids<'a> {
             // A Slurm step's tasks are in Slurm's cgroups, below the step's slurmstepd.
             return vgpu_gpu::ancestry::descendants_of(w.supervisor.into());
         }
-        let Some(layout) = self.layout else { return Vec::new() };
-        let mut readers = self.readers.borrow_mut();
-        let at = match readers.iter().position(|(home, _)| *home == w.cgroup_home) {
-            Some(at) => at,
-            None => {
-                readers.push((w.cgroup_home.clone(), Cgroup::pids_reader(layout, &w.cgroup_home).ok()));
-                readers.len() - 1
-            }
-        };
-        readers[at].1.as_ref().and_then(|r| r.pids(&w.cgroup).ok()).map(|p| p.into_iter().map(|p| p as u32).collect()).unwrap_or_default()
+        self.cgroups
+            .as_ref()
+            .and_then(|c| c.pids(&w.cgroup_home, &w.cgroup).ok())
+            .map(|p| p.into_iter().map(|p| p as u32).collect())
+            .unwrap_or_default()
     }
 }
 

@@ -637,23 +637,28 @@ impl UsageFile {
         self.reclaim(LOCK_TIMEOUT, RECONCILE_ATTEMPTS)
     }
 
-    /// [`UsageFile::reclaim_dead`], skipped — no lock taken, no listing of `procs/` — while
-    /// [`UsageFile::never_registered`]: a listing of many vGPUs (`vgpu ps`) gives back what
-    /// their dead processes held without locking and listing the vGPUs no CUDA process ever
-    /// used.
+    /// [`UsageFile::reclaim_dead`], skipped — no lock taken — when it would find nothing to
+    /// do: [`UsageFile::never_registered`] and `procs/` empty. A listing of many vGPUs
+    /// (`vgpu ps`) then costs one look at the directory for each vGPU no CUDA process ever
+    /// used; a vGPU whose processes counted themselves is reclaimed as ever, with no look
+    /// more, and so is anything found in `procs/` (a registration killed before counting
+    /// itself, or what its tenant put there: reported and removed as a reclaim does).
     pub fn reclaim_dead_if_any(&self) -> ReclaimReport {
-        if self.never_registered() {
+        let empty = || match std::fs::read_dir(&self.procs_dir) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(_) => false,
+        };
+        if self.never_registered() && empty() {
             return ReclaimReport::default();
         }
         self.reclaim_dead()
     }
 
-    /// Whether a reclaim now could give nothing back and change nothing: no process ever
-    /// counted itself in this vGPU (`registrations` still 1, as made), no reconcile is
-    /// pending and no reclaim is under way or died half-way. A process counts itself before
-    /// its first reservation, so none holds bytes; what a registration killed before counting
-    /// may leave in `procs/` holds none either, and the next full reclaim removes it. A
-    /// file of an older vgpu (0: not counted) never qualifies.
+    /// Whether no process ever counted itself in this vGPU (`registrations` still 1, as
+    /// made), no reconcile is pending and no reclaim is under way or died half-way: then no
+    /// process holds bytes (a process counts itself before its first reservation), and a
+    /// reclaim could only remove what `procs/` holds. A file of an older vgpu (0: not
+    /// counted) never qualifies.
     pub fn never_registered(&self) -> bool {
         let header = self.header();
         header.registrations.load(Ordering::SeqCst) == 1

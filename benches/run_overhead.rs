@@ -3,10 +3,14 @@
 //! costs (`identity::as_user`: a thread that switches its own credentials), once per
 //! `vgpu run`. Needs root (cgroups, the switch).
 //!
-//!     cargo build --release --workspace && cargo bench --bench run_overhead [-- ROUNDS] [--running 0,100,1000] [--vgpu PATH]
+//!     cargo build --release --workspace && cargo bench --bench run_overhead [-- ROUNDS] [--running 0,100,1000] [--vgpu PATH] [--base PATH]
 //!
 //! `--vgpu PATH` measures another build of `vgpu` (e.g. a copy of an earlier commit's
 //! `target/release/`, with its `libvgpu.so` and `libfakegpu.so` beside it) the same way.
+//! `--base PATH` measures another build beside this one, in the same rounds (`true`, then
+//! the two builds in alternating order, on the same host with the same workloads running):
+//! a before/after comparison paired in one run, whatever else loads the machine. The
+//! running workloads are this build's.
 //!
 //! In one run, for each place of the state directory — on a tmpfs (`/dev/shm`, as `/run`
 //! is on real hosts) and on a disk (under cargo's target directory) — and for each number
@@ -36,6 +40,8 @@ use std::time::{Duration, Instant};
 
 /// The `vgpu` measured: this build's, or `--vgpu PATH`.
 static VGPU: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+/// `--base PATH`: the build measured beside it.
+static BASE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 fn vgpu_bin() -> &'static Path {
     VGPU.get().map(PathBuf::as_path).unwrap_or(Path::new(env!("CARGO_BIN_EXE_vgpu")))
@@ -47,7 +53,7 @@ fn main() {
     let rounds: usize = args
         .iter()
         .enumerate()
-        .filter(|(i, _)| *i == 0 || !matches!(args[i - 1].as_str(), "--running" | "--vgpu"))
+        .filter(|(i, _)| *i == 0 || !matches!(args[i - 1].as_str(), "--running" | "--vgpu" | "--base"))
         .find_map(|(_, a)| a.parse().ok())
         .unwrap_or(20);
     let running: Vec<usize> = match args.iter().position(|a| a == "--running") {
@@ -68,9 +74,19 @@ fn main() {
         fail(&format!("{} is not a file", vgpu.display()));
     }
     VGPU.set(vgpu.clone()).unwrap_or_else(|_| fail("the vgpu binary is set twice"));
+    if let Some(i) = args.iter().position(|a| a == "--base") {
+        let base = PathBuf::from(args.get(i + 1).unwrap_or_else(|| fail("--base needs the path of a vgpu binary")));
+        if !base.is_file() {
+            fail(&format!("{} is not a file", base.display()));
+        }
+        BASE.set(base).unwrap_or_else(|_| fail("the base binary is set twice"));
+    }
     let strace = which("strace");
     println!("vgpu run overhead: {rounds} rounds (interleaved) per figure, medians; state directory on a tmpfs and on a disk; N workloads running");
     println!("{vgpu}", vgpu = vgpu.display());
+    if let Some(base) = BASE.get() {
+        println!("base (measured in the same rounds): {}", base.display());
+    }
     if strace.is_none() {
         println!("(strace is not installed: no system call counts)");
     }
@@ -92,16 +108,31 @@ fn main() {
             workloads.grow_to(n);
             for held in [true, false] {
                 let holder = held.then(|| hold_history(&host.lib));
-                let (bare, run, added) = paired(rounds, || host.time("true", &[]), || host.time_vgpu(&["run", "--mem", "1G", "--", "true"]));
-                let counts = strace.as_deref().map(|s| host.strace_counts(s, &["run", "--mem", "1G", "--", "true"]));
+                let run_args = ["run", "--mem", "1G", "--", "true"];
+                let (bare, [(run, added), base]) = paired(
+                    rounds,
+                    || host.time("true", &[]),
+                    [&mut || host.time_vgpu(&run_args), &mut || BASE.get().map(|b| host.time_vgpu_with(b, &run_args)).unwrap_or_default()],
+                );
+                let counts = strace.as_deref().map(|s| host.strace_counts(s, &run_args));
                 drop(holder);
                 let (ps, ps_json) = if held {
                     let ps_rounds = rounds.clamp(5, 10);
-                    (Some(median((0..ps_rounds).map(|_| host.time_vgpu(&["ps"])).collect())), Some(median((0..ps_rounds).map(|_| host.time_vgpu(&["ps", "--json"])).collect())))
+                    let ps = |args: &[&str]| {
+                        let (_, [(this, _), (base, _)]) = paired(
+                            ps_rounds,
+                            || Duration::ZERO,
+                            [&mut || host.time_vgpu(args), &mut || BASE.get().map(|b| host.time_vgpu_with(b, args)).unwrap_or_default()],
+                        );
+                        (this, base)
+                    };
+                    (Some(ps(&["ps"])), Some(ps(&["ps", "--json"])))
                 } else {
                     (None, None)
                 };
-                let f = Figures { state: label, held, n, bare, run, added, ps, ps_json, counts };
+                let base = BASE.get().map(|_| Base { run: base.0, added: base.1, ps: ps.map(|p| p.1), ps_json: ps_json.map(|p| p.1) });
+                let (ps, ps_json) = (ps.map(|p| p.0), ps_json.map(|p| p.0));
+                let f = Figures { state: label, held, n, bare, run, added, ps, ps_json, counts, base };
                 f.print(results.is_empty());
                 results.push(f);
             }
@@ -125,17 +156,31 @@ struct Figures {
     ps_json: Option<Duration>,
     /// System calls and fsyncs of one `vgpu run -- true`.
     counts: Option<(u64, u64)>,
+    /// The `--base` build's figures, measured in the same rounds.
+    base: Option<Base>,
+}
+
+/// The `--base` build's figures of one line.
+struct Base {
+    run: Duration,
+    added: Duration,
+    ps: Option<Duration>,
+    ps_json: Option<Duration>,
 }
 
 impl Figures {
     fn print(&self, header: bool) {
         if header {
             println!();
-            println!("{:<6} {:<11} {:>5} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>7}", "state", "history", "N", "true ms", "run ms", "added ms", "ps ms", "ps json ms", "syscalls", "fsyncs");
+            print!("{:<6} {:<11} {:>5} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>7}", "state", "history", "N", "true ms", "run ms", "added ms", "ps ms", "ps json ms", "syscalls", "fsyncs");
+            if self.base.is_some() {
+                print!(" | {:>9} {:>9} {:>9} {:>11}", "base run", "b. added", "base ps", "b. ps json");
+            }
+            println!();
         }
         let opt = |d: Option<Duration>| d.map(|d| format!("{:.2}", ms(d))).unwrap_or_else(|| "-".into());
         let (calls, fsyncs) = self.counts.map(|(c, f)| (c.to_string(), f.to_string())).unwrap_or(("-".into(), "-".into()));
-        println!(
+        print!(
             "{:<6} {:<11} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>11} {:>9} {:>7}",
             self.state,
             if self.held { "held(watch)" } else { "not held" },
@@ -148,6 +193,10 @@ impl Figures {
             calls,
             fsyncs
         );
+        if let Some(b) = &self.base {
+            print!(" | {:>9.2} {:>9.2} {:>9} {:>11}", ms(b.run), ms(b.added), opt(b.ps), opt(b.ps_json));
+        }
+        println!();
     }
 }
 
@@ -167,8 +216,19 @@ fn slopes(results: &[Figures]) {
                 (Some(a), Some(b)) => format!(", vgpu ps {:+.4} ms", per(a, b)),
                 _ => String::new(),
             };
+            let base = match (&lo.base, &hi.base) {
+                (Some(a), Some(b)) => format!(
+                    "; base: vgpu run {:+.4} ms{}",
+                    per(a.added, b.added),
+                    match (a.ps, b.ps) {
+                        (Some(x), Some(y)) => format!(", vgpu ps {:+.4} ms", per(x, y)),
+                        _ => String::new(),
+                    }
+                ),
+                _ => String::new(),
+            };
             println!(
-                "slope, state on {state}, history {}: vgpu run {:+.4} ms per running workload (N {} -> {}){ps}",
+                "slope, state on {state}, history {}: vgpu run {:+.4} ms per running workload (N {} -> {}){ps}{base}",
                 if held { "held" } else { "not held" },
                 per(lo.added, hi.added),
                 lo.n,
@@ -178,22 +238,34 @@ fn slopes(results: &[Figures]) {
     }
 }
 
-/// `rounds` of `a` and `b` interleaved: the median of each and the median of `b - a`.
-fn paired(rounds: usize, mut a: impl FnMut() -> Duration, mut b: impl FnMut() -> Duration) -> (Duration, Duration, Duration) {
+/// `rounds` of `a` and each of `bs` interleaved (`a` first, then the `bs` in turn forwards
+/// and backwards, so that neither gains from going first): the median of `a`, and for each
+/// of `bs` its median and the median of its difference from `a` in the same round.
+fn paired<const N: usize>(rounds: usize, mut a: impl FnMut() -> Duration, bs: [&mut dyn FnMut() -> Duration; N]) -> (Duration, [(Duration, Duration); N]) {
+    let mut bs = bs;
     // Warm up (page cache, the simulated driver's link directory, the history file).
     a();
-    b();
+    bs.iter_mut().for_each(|b| {
+        b();
+    });
     let mut xs = Vec::new();
-    let mut ys = Vec::new();
-    let mut diffs = Vec::new();
-    for _ in 0..rounds {
+    let mut ys: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::new());
+    let mut diffs: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::new());
+    for round in 0..rounds {
         let x = a();
-        let y = b();
         xs.push(x);
-        ys.push(y);
-        diffs.push(y.saturating_sub(x));
+        for k in 0..N {
+            let i = if round % 2 == 0 { k } else { N - 1 - k };
+            let y = bs[i]();
+            ys[i].push(y);
+            diffs[i].push(y.saturating_sub(x));
+        }
     }
-    (median(xs), median(ys), median(diffs))
+    let mut out = [(Duration::ZERO, Duration::ZERO); N];
+    for i in 0..N {
+        out[i] = (median(std::mem::take(&mut ys[i])), median(std::mem::take(&mut diffs[i])));
+    }
+    (median(xs), out)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -278,6 +350,13 @@ impl Host {
 
     fn time_vgpu(&self, args: &[&str]) -> Duration {
         timed(self.vgpu(args))
+    }
+
+    /// [`Host::time_vgpu`] of another build.
+    fn time_vgpu_with(&self, vgpu: &Path, args: &[&str]) -> Duration {
+        let mut cmd = self.command(vgpu, &["--simulate"]);
+        cmd.args(args);
+        timed(cmd)
     }
 
     /// (system calls, fsyncs) of one `vgpu ARGS`, its children included.

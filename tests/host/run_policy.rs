@@ -50,6 +50,7 @@ fn env_cannot_replace_or_unset_the_shims_variables() {
         ("LD_PRELOAD=:", "LD_PRELOAD"),
         ("LD_LIBRARY_PATH=", "LD_LIBRARY_PATH"),
         ("VGPU_SHIM_TEST_PANIC=cuMemAlloc_v2:before_driver", "VGPU_SHIM_TEST_PANIC"),
+        ("VGPU_SHIM_TEST_STOP=register:opened", "VGPU_SHIM_TEST_STOP"),
     ] {
         let cmd = as_root(&sim, &["run", "--mem", "1G", "--env", kv, "--", "sh", "-c", &script]);
         assert_refused(&sim, cmd, &marker, needle);
@@ -77,15 +78,16 @@ fn env_ld_preload_is_added_after_the_shim() {
     assert!(libs.ends_with(":/some/libs") && libs.len() > ":/some/libs".len(), "{libs}");
     assert!(value("DIR").contains("/vgpus/"), "{stdout}");
     assert_eq!(value("FOO"), "bar");
-    // Inherited from vgpu's own environment, the shim's test hook never reaches the workload.
-    let out = as_root(&sim, &["run", "--mem", "1G", "--", "sh", "-c", "echo \"PANIC=${VGPU_SHIM_TEST_PANIC-unset}\""])
+    // Inherited from vgpu's own environment, the shim's test hooks never reach the workload.
+    let out = as_root(&sim, &["run", "--mem", "1G", "--", "sh", "-c", "echo \"PANIC=${VGPU_SHIM_TEST_PANIC-unset}\"; echo \"STOP=${VGPU_SHIM_TEST_STOP-unset}\""])
         .env("VGPU_SHIM_TEST_PANIC", "cuMemAlloc_v2:before_driver")
+        .env("VGPU_SHIM_TEST_STOP", "register:opened")
         .env("VGPU_DIR", "/tmp/inherited")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("PANIC=unset"), "{stdout}");
+    assert!(stdout.contains("PANIC=unset") && stdout.contains("STOP=unset"), "{stdout}");
 }
 
 #[test]

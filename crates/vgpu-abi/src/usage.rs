@@ -637,6 +637,35 @@ impl UsageFile {
         self.reclaim(LOCK_TIMEOUT, RECONCILE_ATTEMPTS)
     }
 
+    /// [`UsageFile::reclaim_dead`], skipped — no lock taken — when it would find nothing to
+    /// do: [`UsageFile::never_registered`] and `procs/` empty. A listing of many vGPUs
+    /// (`vgpu ps`) then costs one look at the directory for each vGPU no CUDA process ever
+    /// used; a vGPU whose processes counted themselves is reclaimed as ever, with no look
+    /// more, and so is anything found in `procs/` (a registration killed before counting
+    /// itself, or what its tenant put there: reported and removed as a reclaim does).
+    pub fn reclaim_dead_if_any(&self) -> ReclaimReport {
+        let empty = || match std::fs::read_dir(&self.procs_dir) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(_) => false,
+        };
+        if self.never_registered() && empty() {
+            return ReclaimReport::default();
+        }
+        self.reclaim_dead()
+    }
+
+    /// Whether no process ever counted itself in this vGPU (`registrations` still 1, as
+    /// made), no reconcile is pending and no reclaim is under way or died half-way: then no
+    /// process holds bytes (a process counts itself before its first reservation), and a
+    /// reclaim could only remove what `procs/` holds. A file of an older vgpu (0: not
+    /// counted) never qualifies.
+    pub fn never_registered(&self) -> bool {
+        let header = self.header();
+        header.registrations.load(Ordering::SeqCst) == 1
+            && header.needs_reconcile.load(Ordering::SeqCst) == 0
+            && header.reclaimer.load(Ordering::SeqCst) == 0
+    }
+
     /// [`UsageFile::reclaim_dead`] for a hot moment (the shim, before refusing an
     /// allocation): waits at most 50 ms for the lock and tries a pending reconcile only a
     /// few times, without sleeping. Whatever it leaves is over-counted, never under-counted,

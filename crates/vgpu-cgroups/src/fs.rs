@@ -27,8 +27,12 @@ pub(crate) fn read(path: &Path) -> Result<String> {
 /// files say 0 or 4096, whatever they hold), so one `fstat` fewer than
 /// `fs::read_to_string` per file: reconcile and the listings read one or more per workload.
 fn read_text(path: &Path) -> io::Result<String> {
+    read_all(fs::File::open(path)?)
+}
+
+/// [`read_text`] of a file opened already.
+fn read_all(mut file: fs::File) -> io::Result<String> {
     use std::io::Read;
-    let mut file = fs::File::open(path)?;
     let mut bytes = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -94,11 +98,64 @@ pub(crate) fn keyed_u64(path: &Path, text: &str, key: &str) -> Result<Option<u64
 pub(crate) fn procs(dir: &Path) -> Result<Vec<i32>> {
     let path = dir.join(PROCS);
     let Some(text) = read_opt(&path)? else { return Ok(Vec::new()) };
+    parse_procs(&path, &text)
+}
+
+/// [`procs_recursive`] of `parent/name`, with `parent` opened already (`at`): the file is
+/// opened relative to it, a walk of two path components through cgroupfs instead of the
+/// whole path. `parent` is what `at` was opened from, for errors and for the cgroups nested
+/// below (rare: looked at by their whole paths).
+pub(crate) fn procs_recursive_at(at: &std::os::fd::OwnedFd, parent: &Path, name: &str, into: &mut Vec<i32>) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let relative = Path::new(name).join(PROCS);
+    let Some(text) = read_opt_at(at, parent, &relative)? else { return Ok(()) };
+    into.extend(parse_procs(&parent.join(&relative), &text)?);
+    // Sub-cgroups: the directory's link count says whether there is any (`child_dirs`).
+    match nix::sys::stat::fstatat(Some(at.as_raw_fd()), Path::new(name), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_nlink == 2 => Ok(()),
+        Err(nix::errno::Errno::ENOENT) => Ok(()),
+        _ => {
+            for child in child_dirs(&parent.join(name))? {
+                procs_recursive(&child, into)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// [`read_opt`] of `parent/relative`, with `parent` opened already (`at`): the file is
+/// opened relative to it (never through a symlink at its last component).
+pub(crate) fn read_opt_at(at: &std::os::fd::OwnedFd, parent: &Path, relative: &Path) -> Result<Option<String>> {
+    use std::os::fd::AsRawFd as _;
+    let path = parent.join(relative);
+    let opened = nix::fcntl::openat(
+        Some(at.as_raw_fd()),
+        relative,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NOFOLLOW,
+        nix::sys::stat::Mode::empty(),
+    );
+    let fd = match opened {
+        Ok(fd) => fd,
+        // Gone, or being removed (as `read_opt`).
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENODEV) => return Ok(None),
+        Err(e) => return Err(io_error("read", &path, e.into())),
+    };
+    // SAFETY: `openat` returned a new descriptor that nothing else owns.
+    let file = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    match read_all(file) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(io_error("read", &path, e)),
+    }
+}
+
+/// The pids of a `cgroup.procs` file's text (`path`: for errors).
+fn parse_procs(path: &Path, text: &str) -> Result<Vec<i32>> {
     let mut pids = Vec::new();
     for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
-        let pid: i32 = line.parse().map_err(|_| parse_error(&path, line))?;
+        let pid: i32 = line.parse().map_err(|_| parse_error(path, line))?;
         if pid < 0 {
-            return Err(parse_error(&path, line));
+            return Err(parse_error(path, line));
         }
         if pid > 0 {
             pids.push(pid);

@@ -22,7 +22,7 @@ mod v2;
 pub mod fake;
 
 pub use error::CgroupError;
-pub use handle::{Cgroup, DEFAULT_TIMEOUT, PARENT};
+pub use handle::{Cgroup, CgroupReader, CgroupReaders, DEFAULT_TIMEOUT, PARENT};
 pub use home::{CgroupHome, ManagerKind};
 pub use layout::{Controller, Layout, Mode};
 pub use manager::{CgroupSpec, FreezerState, Limits, Stats, CPU_PERIOD_US, MIN_MEMORY_BYTES};

@@ -12,7 +12,7 @@ use super::layout::Controller;
 use super::manager::{unique, CgroupSpec, FreezerState, Limits, Manager, Stats, CPU_PERIOD_US};
 use super::PARENT;
 
-const FREEZER_STATE: &str = "freezer.state";
+pub(crate) const FREEZER_STATE: &str = "freezer.state";
 
 #[derive(Debug)]
 pub(crate) struct V1Cgroup {
@@ -81,6 +81,16 @@ pub(crate) fn dirs_in(mounts: &BTreeMap<Controller, PathBuf>, name: &str) -> BTr
         .iter()
         .filter_map(|c| mounts.get(c).map(|mount| (*c, mount.join(PARENT).join(name))))
         .collect()
+}
+
+/// What `freezer.state` (at `path`; None: it is gone) says.
+pub(crate) fn freezer_state_of(path: &Path, text: Option<&str>) -> Result<FreezerState> {
+    match text.map(str::trim) {
+        None | Some("THAWED") => Ok(FreezerState::Thawed),
+        Some("FREEZING") => Ok(FreezerState::Freezing),
+        Some("FROZEN") => Ok(FreezerState::Frozen),
+        Some(other) => Err(fs::parse_error(path, other)),
+    }
 }
 
 fn no_hierarchy(name: &str) -> CgroupError {
@@ -188,12 +198,7 @@ impl Manager for V1Cgroup {
         // No freezer hierarchy, or the cgroup is gone: nothing can be frozen.
         let Some(freezer) = self.dirs.get(&Controller::Freezer) else { return Ok(FreezerState::Thawed) };
         let path = freezer.join(FREEZER_STATE);
-        match self.freezer_state(freezer)?.as_deref() {
-            None | Some("THAWED") => Ok(FreezerState::Thawed),
-            Some("FREEZING") => Ok(FreezerState::Freezing),
-            Some("FROZEN") => Ok(FreezerState::Frozen),
-            Some(other) => Err(fs::parse_error(&path, other)),
-        }
+        freezer_state_of(&path, self.freezer_state(freezer)?.as_deref())
     }
 
     fn stats(&self) -> Result<Stats> {

@@ -272,7 +272,18 @@ pub fn reclaim_vgpu(store: &Store, vgpu: &str) {
 /// Give back the device memory of the dead processes of the vGPU whose usage file, at
 /// `path`, the caller opened.
 pub fn reclaim_in(path: &Path, usage: &UsageFile) {
-    let report = usage.reclaim_dead();
+    report_reclaim(path, &usage.reclaim_dead());
+}
+
+/// [`reclaim_in`] for a listing of every vGPU (`vgpu ps`): a vGPU no process ever counted
+/// itself in holds nothing to give back, and is neither locked nor listed
+/// ([`UsageFile::reclaim_dead_if_any`]). The full reclaims (`vgpu watch`'s, the clean-ups,
+/// the shim's before a refusal) still look at every vGPU.
+pub fn reclaim_listed(path: &Path, usage: &UsageFile) {
+    report_reclaim(path, &usage.reclaim_dead_if_any());
+}
+
+fn report_reclaim(path: &Path, report: &vgpu_abi::usage::ReclaimReport) {
     if report.processes > 0 {
         tracing::info!("reclaimed {} bytes from {} dead process(es) in {}", report.bytes, report.processes, path.display());
     }

@@ -13,7 +13,6 @@ use serde::Serialize;
 use vgpu_abi::layout::USAGE_FILE;
 use vgpu_abi::usage::UsageFile;
 
-use vgpu_cgroups::Cgroup;
 
 use vgpu_cgroups::Layout;
 use vgpu_store::compute::ComputePolicy;
@@ -146,7 +145,33 @@ pub fn ppm_to_pct(ppm: u64) -> f64 {
 /// One workload as `vgpu ps` lists it: the record, the live usage and limits the shim
 /// shares, the processes of its cgroup.
 pub fn row(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool) -> Row {
-    row_with(store, layout, w, all, Known::default())
+    row_with(store, &Pids::new(layout), w, all, Known::default())
+}
+
+/// Where a listing finds each workload's processes: in its cgroup (read through
+/// [`vgpu_cgroups::CgroupReaders`]: one reader per cgroup home), or for a Slurm step below
+/// its slurmstepd.
+pub struct Pids<'a> {
+    cgroups: Option<vgpu_cgroups::CgroupReaders<'a>>,
+}
+
+impl<'a> Pids<'a> {
+    pub fn new(layout: Option<&'a Layout>) -> Pids<'a> {
+        Pids { cgroups: layout.map(vgpu_cgroups::CgroupReaders::new) }
+    }
+
+    /// The processes of `w` (none where they cannot be read).
+    fn of(&self, w: &Workload) -> Vec<u32> {
+        if w.slurm.is_some() {
+            // A Slurm step's tasks are in Slurm's cgroups, below the step's slurmstepd.
+            return vgpu_gpu::ancestry::descendants_of(w.supervisor.into());
+        }
+        self.cgroups
+            .as_ref()
+            .and_then(|c| c.pids(&w.cgroup_home, &w.cgroup).ok())
+            .map(|p| p.into_iter().map(|p| p as u32).collect())
+            .unwrap_or_default()
+    }
 }
 
 /// What the caller of [`row_with`] knows of the workload already, and may do.
@@ -161,11 +186,11 @@ pub struct Known {
 
 /// [`row`], with what the caller knows: its usage file opened once, for the reclaim and
 /// the figures.
-pub fn row_with(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool, known: Known) -> Row {
+pub fn row_with(store: &Store, pids: &Pids<'_>, w: &Workload, all: bool, known: Known) -> Row {
     let usage_path = store.vgpu_dir(&w.vgpu).join(USAGE_FILE);
     let usage = UsageFile::open(&usage_path).ok();
     if let (true, Some(usage)) = (known.reclaim, &usage) {
-        crate::lifecycle::reclaim_in(&usage_path, usage);
+        crate::lifecycle::reclaim_listed(&usage_path, usage);
     }
     let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
     // The usage file is what the shim enforces; the record is the fallback.
@@ -197,14 +222,7 @@ pub fn row_with(store: &Store, layout: Option<&Layout>, w: &Workload, all: bool,
         .and_then(|g| devices.iter().find(|d| d.uuid == g.uuid))
         .map(|d| ComputePolicy::from_abi(d.policy))
         .unwrap_or(w.compute_policy);
-    let pids: Vec<u32> = match &w.slurm {
-        // A Slurm step's tasks are in Slurm's cgroups, below the step's slurmstepd.
-        Some(_) => vgpu_gpu::ancestry::descendants_of(w.supervisor.into()),
-        None => layout
-            .and_then(|l| Cgroup::pids_at(l, &w.cgroup_home, &w.cgroup).ok())
-            .map(|p| p.into_iter().map(|p| p as u32).collect())
-            .unwrap_or_default(),
-    };
+    let pids: Vec<u32> = pids.of(w);
     let processes = all.then(|| {
         usage
             .as_ref()

@@ -159,6 +159,7 @@ pub fn align_among(store: &Store, layout: Option<&Layout>, workloads: &[Workload
     let Some(layout) = layout else { return false };
     let mut pool = None;
     let mut rewrote = false;
+    let cgroups = vgpu_cgroups::CgroupReaders::new(layout);
     for w in workloads.iter().filter(|w| alive(w)) {
         match finish_end(layout, w) {
             Ok(Some(n)) => notes.push(Note::did(format!("{} ({}): killed {n} process(es) the vgpu watch that ended it left", w.name, w.id))),
@@ -166,7 +167,7 @@ pub fn align_among(store: &Store, layout: Option<&Layout>, workloads: &[Workload
             Err(e) => notes.push(Note::warn(format!("cannot finish ending {} ({}): {e:#}", w.name, w.id))),
         }
         let thawed = w.state != WorkloadState::Suspended
-            && matches!(Cgroup::freezer_state_at(layout, &w.cgroup_home, &w.cgroup), Ok(FreezerState::Thawed));
+            && matches!(cgroups.freezer_state(&w.cgroup_home, &w.cgroup), Ok(FreezerState::Thawed));
         if !thawed {
             let pool = pool.get_or_insert_with(|| Known::load(store));
             match align(store, layout, pool, workloads, w, false) {

@@ -722,3 +722,58 @@ fn a_reconcile_never_misses_a_process_that_registers_during_it() {
     assert_eq!(held, 1500);
     assert_eq!(v.usage.used_bytes(0), held, "the total is exactly what the records hold");
 }
+
+#[test]
+fn a_vgpu_no_process_ever_counted_itself_in_is_not_locked_to_reclaim() {
+    let v = vgpu(&[GIB]);
+    assert!(v.usage.never_registered());
+    // The vGPU lock held elsewhere: a full reclaim would wait for it and give up; this one
+    // does not look.
+    {
+        let _held = VgpuLock::acquire(v.usage.path(), LOCK_TIMEOUT).unwrap();
+        assert_eq!(v.usage.reclaim_dead_if_any(), ReclaimReport::default());
+    }
+    // A registration killed after publishing its record, before counting itself: it holds
+    // nothing, but `procs/` is not empty, and the reclaim removes it.
+    let half = ProcFile::create(v.usage.procs_dir(), ghost(1), 1, &mut |_| {}).unwrap();
+    assert!(v.usage.never_registered());
+    assert_eq!(v.usage.reclaim_dead_if_any().processes, 1);
+    assert!(!half.path().exists());
+    // Whatever else is in `procs/` (its tenant's), as a reclaim reports it.
+    std::os::unix::fs::symlink("/etc/passwd", v.usage.procs_dir().join("999998-1")).unwrap();
+    let report = v.usage.reclaim_dead_if_any();
+    assert!(report.errors.iter().any(|e| e.contains("999998-1")), "{report:?}");
+    // Once a process counted itself, its death is given back.
+    let dead = v.usage.register(ghost(2)).unwrap();
+    v.usage.try_reserve(&dead, 0, 1000).unwrap();
+    assert!(!v.usage.never_registered());
+    let report = v.usage.reclaim_dead_if_any();
+    assert_eq!((report.processes, report.bytes), (1, 1000), "{report:?}");
+    assert_eq!(v.usage.used_bytes(0), 0);
+    assert!(!dead.path().exists());
+}
+
+#[test]
+fn a_pending_reconcile_a_reclaimer_or_an_older_file_is_always_reclaimed() {
+    // A reconcile pending, or a reclaimer that died half-way: the reclaim runs and reconciles.
+    for (field, value) in [("needs_reconcile", 1), ("reclaimer", u64::from(ghost(3).pid))] {
+        let v = vgpu(&[GIB]);
+        let header = v.usage.header();
+        match field {
+            "needs_reconcile" => header.needs_reconcile.store(value, Ordering::SeqCst),
+            _ => header.reclaimer.store(value, Ordering::SeqCst),
+        }
+        assert!(!v.usage.never_registered(), "{field} = {value}");
+        let report = v.usage.reclaim_dead_if_any();
+        assert!(report.reconciled, "{field} = {value}: it did not reclaim: {report:?}");
+        assert!(v.usage.never_registered(), "{field} = {value}: nothing left to do");
+    }
+    // A file of an older vgpu, whose shims do not count themselves: a dead process's record
+    // is removed.
+    let v = vgpu(&[GIB]);
+    v.usage.header().registrations.store(0, Ordering::SeqCst);
+    let dead = v.usage.register(ghost(4)).unwrap();
+    assert!(!v.usage.never_registered());
+    assert_eq!(v.usage.reclaim_dead_if_any().processes, 1);
+    assert!(!dead.path().exists());
+}

@@ -35,6 +35,9 @@ pub const SHIM_ENV: &[(&str, ShimVar)] = &[
     // The shim's panic-injection test hook: a panic before the driver call falls back to the
     // unguarded driver call, so it must never reach a workload.
     ("VGPU_SHIM_TEST_PANIC", ShimVar::Owned),
+    // The shim's kill-at-a-registration-step test hook: a workload stopped there would leave
+    // a half-written per-process record behind at every start.
+    ("VGPU_SHIM_TEST_STOP", ShimVar::Owned),
 ];
 
 /// How vgpu guards variable `key`, if it is one of [`SHIM_ENV`].
@@ -99,4 +102,36 @@ pub fn workload_env(ctx: &Context, store: &Store, shim: &Path, w: &Workload, req
     }
     set("VGPU_DIR", store.vgpu_dir(&w.vgpu).into_os_string());
     Ok(env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every test hook the shim reads from its environment (`VGPU_SHIM_TEST_…` in its
+    /// sources) is one of vgpu's own variables: never set by `--env`, never inherited.
+    #[test]
+    fn every_shim_test_hook_is_owned() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../vgpu-shim/src");
+        let mut hooks = std::collections::BTreeSet::new();
+        let mut dirs = vec![src];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("the shim's sources") {
+                let path = entry.expect("an entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).expect("a source file");
+                    for (at, _) in text.match_indices("\"VGPU_SHIM_TEST_") {
+                        let name: String = text[at + 1..].chars().take_while(|c| c.is_ascii_uppercase() || *c == '_').collect();
+                        hooks.insert(name);
+                    }
+                }
+            }
+        }
+        assert!(hooks.len() >= 2, "the shim's test hooks were not found: {hooks:?}");
+        for hook in &hooks {
+            assert_eq!(shim_var(hook), Some(ShimVar::Owned), "{hook} reaches workloads: add it to SHIM_ENV");
+        }
+    }
 }

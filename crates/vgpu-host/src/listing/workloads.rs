@@ -65,7 +65,8 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
             reclaim: alive.is_some() && reclaimed.insert(w.vgpu.clone()),
         })
         .collect();
-    let mut rows: Vec<Row> = workloads.iter().zip(&known).map(|(w, k)| row_with(store, layout.as_ref(), w, options.processes, *k)).collect();
+    let pids = super::Pids::new(layout.as_ref());
+    let mut rows: Vec<Row> = workloads.iter().zip(&known).map(|(w, k)| row_with(store, &pids, w, options.processes, *k)).collect();
     if alive.is_some() {
         // The vGPUs no row read (a partition's without a workload).
         crate::lifecycle::reclaim_dead_processes_but(store, &reclaimed);

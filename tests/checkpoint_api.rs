@@ -74,6 +74,21 @@ fn a_workloads_memory_leaves_the_device_and_comes_back() {
     ckpt.resume(pid).expect("resume");
     assert_eq!(ckpt.state(pid).expect("state"), ProcessState::Running);
     assert_eq!(used(), GIB, "and came back");
+    // The driver works through a thread of the target: a process stopped by a signal (as a
+    // job scheduler suspends a job) cannot be locked; its lock gives up at its timeout and
+    // leaves it running; once it runs again it can. (The restore thread's id is the one
+    // a controller lets run, as CRIU's CUDA plugin does.)
+    assert_eq!(ckpt.restore_thread_id(pid).expect("the restore thread"), Some(pid), "the thread that started CUDA (its main thread)");
+    // SAFETY: kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    wait_for("the holder to stop", || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T'))));
+    let err = ckpt.lock(pid, Duration::from_millis(200)).expect_err("a stopped process cannot be locked");
+    assert_eq!(err.code(), Some(600), "CUDA_ERROR_NOT_READY: {err}");
+    assert_eq!(ckpt.state(pid).expect("state"), ProcessState::Running);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    ckpt.suspend(pid, Duration::from_secs(5)).expect("suspend once it runs");
+    ckpt.resume(pid).expect("resume");
     // A process without CUDA is not the driver's to checkpoint.
     let err = ckpt.state(std::process::id()).expect_err("no CUDA here");
     assert_eq!(err.code(), Some(1), "CUDA_ERROR_INVALID_VALUE: {err}");

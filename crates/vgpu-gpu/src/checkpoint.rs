@@ -71,6 +71,7 @@ type Lock = unsafe extern "C" fn(c_int, *mut CUcheckpointLockArgs) -> u32;
 type Checkpoint = unsafe extern "C" fn(c_int, *mut CUcheckpointCheckpointArgs) -> u32;
 type Restore = unsafe extern "C" fn(c_int, *mut CUcheckpointRestoreArgs) -> u32;
 type Unlock = unsafe extern "C" fn(c_int, *mut CUcheckpointUnlockArgs) -> u32;
+type GetRestoreThreadId = unsafe extern "C" fn(c_int, *mut c_int) -> u32;
 
 /// The checkpoint functions of a loaded driver.
 pub struct Checkpointer {
@@ -81,6 +82,7 @@ pub struct Checkpointer {
     checkpoint: Checkpoint,
     restore: Restore,
     unlock: Unlock,
+    restore_thread: Option<GetRestoreThreadId>,
 }
 
 impl std::fmt::Debug for Checkpointer {
@@ -130,6 +132,8 @@ impl Checkpointer {
             }
         }
         // SAFETY: see above.
+        let restore_thread = find(c"cuCheckpointProcessGetRestoreThreadId")?.map(|p| unsafe { std::mem::transmute::<*mut c_void, GetRestoreThreadId>(p) });
+        // SAFETY: see above.
         let checkpointer = unsafe {
             Checkpointer {
                 error_name,
@@ -138,6 +142,7 @@ impl Checkpointer {
                 checkpoint: std::mem::transmute::<*mut c_void, Checkpoint>(found[2]),
                 restore: std::mem::transmute::<*mut c_void, Restore>(found[3]),
                 unlock: std::mem::transmute::<*mut c_void, Unlock>(found[4]),
+                restore_thread,
                 _lib: lib,
             }
         };
@@ -171,6 +176,18 @@ impl Checkpointer {
         let code = unsafe { (self.get_state)(Self::pid(pid), &mut raw) };
         self.check("cuCheckpointProcessGetState", pid, code)?;
         Ok(ProcessState::from_raw(raw))
+    }
+
+    /// The thread of the process through which the driver does the checkpoint API's work
+    /// (it must be able to run while the process is locked, checkpointed or restored);
+    /// `Ok(None)` when the driver does not say.
+    pub fn restore_thread_id(&self, pid: u32) -> Result<Option<u32>, CheckpointError> {
+        let Some(get) = self.restore_thread else { return Ok(None) };
+        let mut tid: c_int = 0;
+        // SAFETY: a writable out-pointer.
+        let code = unsafe { get(Self::pid(pid), &mut tid) };
+        self.check("cuCheckpointProcessGetRestoreThreadId", pid, code)?;
+        Ok(u32::try_from(tid).ok().filter(|&t| t > 0))
     }
 
     /// Block the process's CUDA calls once its work in flight has finished; gives up after

@@ -30,6 +30,14 @@
 //! (like a timed-out lock), CHECKPOINTING finished (memory to the host, → CHECKPOINTED),
 //! RESTORING undone (memory off the device again, → CHECKPOINTED).
 //!
+//! **The target must run.** The real driver does an operation's work in a thread of the
+//! target process (the one `cuCheckpointProcessGetRestoreThreadId` names; CRIU's CUDA plugin
+//! lets exactly that thread run while it holds the rest of the process stopped). So while
+//! that thread is stopped — by a signal (SIGSTOP, SIGTSTP: `/proc` state `T`) or in a ptrace
+//! stop (`t`) — nothing happens: lock waits (and gives up at its timeout with
+//! `CUDA_ERROR_NOT_READY`, the target left RUNNING), and checkpoint, restore and unlock wait
+//! until it runs ([`wait_until_runs`]).
+//!
 //! **Copy time.** Checkpoint and restore copy the process's device memory over PCIe at the
 //! config's `checkpoint_gbps` ([`copy_time`]). Checkpoint copies first and frees after: the
 //! slots stay CHECKPOINTING for the copy with the memory still counted on the device, which
@@ -190,6 +198,43 @@ fn still_alive(driver: &Driver, pid: u32) -> CuResult {
     }
 }
 
+/// The `/proc` state letter of thread `tid` of `pid` (of the process when that thread is
+/// gone): `T` stopped by a signal, `t` in a ptrace stop.
+fn thread_state(pid: u32, tid: u32) -> Option<u8> {
+    let stat = std::fs::read(format!("/proc/{pid}/task/{tid}/stat"))
+        .or_else(|_| std::fs::read(format!("/proc/{pid}/stat")))
+        .ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
+}
+
+/// Whether the driver's thread in `pid` (its restore thread) is stopped, so that it cannot
+/// do an operation's work.
+fn target_stopped(driver: &Driver, pid: u32, slots: &[TargetSlot]) -> bool {
+    let tid = slots
+        .iter()
+        .find_map(|&(d, s)| driver.device(d)?.state.restore_tid(s, pid))
+        .filter(|&t| t > 0)
+        .unwrap_or(pid);
+    matches!(thread_state(pid, tid), Some(b'T' | b't'))
+}
+
+/// Wait until the driver's thread in `pid` runs (see the module's doc); INVALID_VALUE if
+/// the process dies meanwhile.
+fn wait_until_runs(driver: &Driver, pid: u32) -> CuResult {
+    loop {
+        driver.reclaim_dead();
+        let slots = slots_of(driver, pid);
+        if slots.is_empty() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        if !target_stopped(driver, pid, &slots) {
+            return Ok(());
+        }
+        std::thread::sleep(LOCK_POLL);
+    }
+}
+
 /// Reserved words of an optional argument struct must be zero.
 ///
 /// # Safety
@@ -317,14 +362,16 @@ fn lock(
             .filter_map(|&(d, s)| Some(driver.device(d)?.state.slot_busy_until(s)))
             .max()
             .unwrap_or(0);
-        if in_flight == 0 && queued_until <= now {
+        if in_flight == 0 && queued_until <= now && !target_stopped(driver, pid, &live) {
             break;
         }
         if deadline.is_some_and(|d| now >= d) {
             end_all(driver, pid, &slots, me, ckpt::LOCKING, ckpt::RUNNING);
             return Err(CUresult::CUDA_ERROR_NOT_READY);
         }
-        let mut wait = if in_flight > 0 {
+        // Calls in flight, or the driver's thread in it stopped: look again soon; else the
+        // queued kernels' end.
+        let mut wait = if in_flight > 0 || queued_until <= now {
             LOCK_POLL
         } else {
             Duration::from_nanos(queued_until - now)
@@ -348,7 +395,9 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
         // SAFETY: `args` is NULL or a readable CUcheckpointCheckpointArgs (driver API contract).
         unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
         let me = me()?;
-        let (pid, slots) = target(driver, pid)?;
+        let (pid, _) = target(driver, pid)?;
+        wait_until_runs(driver, pid)?;
+        let slots = slots_of(driver, pid);
         begin_all(driver, pid, &slots, me, ckpt::LOCKED, ckpt::CHECKPOINTING)?;
         // The copy: the memory stays on the device (and in `used`) until it is done.
         let (on_device, _) = bytes_of(driver, pid, &slots);
@@ -380,7 +429,9 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(
         // SAFETY: `args` is NULL or a readable CUcheckpointRestoreArgs (driver API contract).
         unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
         let me = me()?;
-        let (pid, slots) = target(driver, pid)?;
+        let (pid, _) = target(driver, pid)?;
+        wait_until_runs(driver, pid)?;
+        let slots = slots_of(driver, pid);
         begin_all(driver, pid, &slots, me, ckpt::CHECKPOINTED, ckpt::RESTORING)?;
         let (_, on_host) = bytes_of(driver, pid, &slots);
         // The memory is reserved on the device first, then copied.
@@ -414,7 +465,9 @@ pub unsafe extern "C" fn cuCheckpointProcessUnlock(
         // SAFETY: `args` is NULL or a readable CUcheckpointUnlockArgs (driver API contract).
         unsafe { reserved_zero(args, |a| a.reserved.to_vec()) }?;
         let me = me()?;
-        let (pid, slots) = target(driver, pid)?;
+        let (pid, _) = target(driver, pid)?;
+        wait_until_runs(driver, pid)?;
+        let slots = slots_of(driver, pid);
         begin_all(driver, pid, &slots, me, ckpt::LOCKED, ckpt::RUNNING)?;
         for &(d, s) in &slots {
             if let Some(dev) = driver.device(d) {

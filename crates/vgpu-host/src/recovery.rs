@@ -270,6 +270,11 @@ fn align(store: &Store, layout: &Layout, pool: &Known, all: &[Workload], w: &Wor
     if w.state == WorkloadState::Waiting || throttled_by_live_watch(w) {
         return Ok(None);
     }
+    // A Slurm step's tasks are not in its cgroup, which no suspension of it freezes: its
+    // record follows Slurm's stops (`slurm::follow_suspensions`).
+    if w.slurm.is_some() && w.state == WorkloadState::Suspended {
+        return Ok(None);
+    }
     let cgroup = match Cgroup::open_at(layout, &w.cgroup_home, &w.cgroup) {
         Ok(cgroup) => cgroup,
         Err(CgroupError::NotFound { .. }) => return Ok(None),

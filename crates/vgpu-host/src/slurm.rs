@@ -20,7 +20,7 @@ use vgpu_gpu::GpuInfo;
 use vgpu_pool::Priority;
 use vgpu_store::admission::MemSpec;
 use vgpu_store::compute::ComputePolicy;
-use vgpu_store::state::{SlurmStep, Store, Workload, WorkloadState};
+use vgpu_store::state::{SlurmStep, Store, SuspendedMemory, Workload, WorkloadState};
 
 use crate::context::Context;
 use crate::launch::{self, Placement, Request};
@@ -116,8 +116,52 @@ impl EnvChange {
     }
 }
 
+/// How long a step's admission waits for the steps of jobs Slurm is suspending (for it) to
+/// stop and have their memory moved to the host.
+const SUSPENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Admit `request`, following Slurm's suspensions first. Slurm starts a preemptor's step as
+/// soon as it has told the node to suspend the preempted job, whose tasks may still be
+/// stopping (slurmstepd's SIGTSTP, then SIGSTOP two seconds later): when admission is
+/// refused while a step of this node belongs to a job that slurmctld says is suspended
+/// (`job_suspended`) and still holds its memory, wait (at most [`SUSPENDING_WAIT`]) for its
+/// tasks to stop and its memory to go to the host, and try again.
+fn admit_past_suspensions(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], request: &Request, job_suspended: &dyn Fn(u32) -> bool) -> Result<launch::Launched> {
+    let follow = || -> Result<bool> {
+        let _lock = store.lock()?;
+        let notes = follow_suspensions(store);
+        for note in &notes {
+            tracing::info!("{}", note.text);
+        }
+        Ok(notes.iter().any(|n| !n.warning))
+    };
+    follow()?;
+    let deadline = std::time::Instant::now() + SUSPENDING_WAIT;
+    loop {
+        let refused = match launch::admit(ctx, store, layout, gpus, request) {
+            Ok(launched) => return Ok(launched),
+            Err(e) => e,
+        };
+        let (workloads, _) = store.workloads();
+        let stopping: Vec<&Workload> =
+            workloads.iter().filter(|w| w.state == WorkloadState::Running && w.slurm.as_ref().is_some_and(|s| job_suspended(s.job))).collect();
+        if stopping.is_empty() || std::time::Instant::now() > deadline {
+            return Err(refused);
+        }
+        tracing::info!("waiting for {} of a suspended job to stop before admitting this step", stopping.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(", "));
+        while !follow()? {
+            if std::time::Instant::now() > deadline {
+                return Err(refused);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
 /// Admit the step and make its vGPU; returns its record and the environment its tasks get.
-pub fn begin_step(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], shim: &Path, ask: &StepAsk) -> Result<(Workload, Vec<EnvChange>)> {
+/// `job_suspended` says whether slurmctld holds a job suspended (asked only when admission
+/// is refused while steps of other jobs run on this node).
+pub fn begin_step(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], shim: &Path, ask: &StepAsk, job_suspended: &dyn Fn(u32) -> bool) -> Result<(Workload, Vec<EnvChange>)> {
     let user = vgpu_store::identity::resolve(Some(&ask.uid.to_string()), None, &[]).context("the step's user")?;
     if ask.gpus.is_empty() {
         vgpu_store::usage!("the step holds no GPU on node {}: ask Slurm for one (--gres=gpu:N or --gres=shard:N) with --vgpu-* options", ask.step.node);
@@ -153,7 +197,7 @@ pub fn begin_step(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo
     let stepd = vgpu_abi::process::start_time(ask.stepd)
         .map(|start_time| ProcessId { pid: ask.stepd, start_time })
         .with_context(|| format!("slurmstepd (pid {}) is not running", ask.stepd))?;
-    let launched = launch::admit(ctx, store, layout, gpus, &request)?;
+    let launched = admit_past_suspensions(ctx, store, layout, gpus, &request, job_suspended)?;
     let mut w = launched.workload;
     {
         let _lock = store.lock()?;
@@ -218,6 +262,61 @@ pub fn end_step(ctx: &Context, store: &Store, layout: &Layout, step: &SlurmStep)
     launch::finish(ctx, store, layout, &w)?;
     launch::record_end(ctx, &w, &Ok(0));
     Ok(Some(w))
+}
+
+/// The reason in the record of a step whose tasks Slurm stopped (`scontrol suspend`,
+/// `PreemptMode=SUSPEND`).
+pub const SUSPENDED_BY_SLURM: &str = "suspended by Slurm";
+
+/// Follow Slurm's suspensions of this node's steps (call it under the store lock): a
+/// running step whose tasks are all stopped (slurmstepd sends SIGTSTP, then SIGSTOP, to
+/// each) has its device memory moved to host memory through the checkpoint API
+/// (`suspension::stopped`: vgpu sends no signal and changes no cgroup) and is recorded
+/// suspended; a step so recorded whose tasks run again (Slurm's SIGCONT) has its memory put
+/// back and is recorded running. Until then its tasks' CUDA calls wait in the driver (they
+/// are locked): they never run without their memory. Returns what it did (and, as
+/// warnings, what it could not).
+pub fn follow_suspensions(store: &Store) -> Vec<crate::recovery::Note> {
+    use crate::recovery::Note;
+    use crate::suspension::stopped;
+    let (workloads, _) = store.workloads();
+    let mut notes = Vec::new();
+    for w in workloads.iter().filter(|w| w.slurm.is_some()) {
+        let pids = vgpu_gpu::ancestry::descendants_of(ProcessId::from(w.supervisor));
+        let by_slurm = w.state == WorkloadState::Suspended && w.suspended_reason.as_deref() == Some(SUSPENDED_BY_SLURM);
+        let mut record = w.clone();
+        if w.state == WorkloadState::Running && stopped::all_stopped(&pids) {
+            let (memory, count) = stopped::checkpoint(&pids);
+            let said = match &memory {
+                SuspendedMemory::Host if count == 0 => "it has no CUDA context".to_string(),
+                SuspendedMemory::Host => format!("its device memory is in host memory ({count} CUDA process{})", if count == 1 { "" } else { "es" }),
+                SuspendedMemory::Device { why } => format!("its device memory stays on the GPU: {why}"),
+            };
+            record.set_suspended(SUSPENDED_BY_SLURM.into(), memory);
+            if let Err(e) = store.write_workload(&record) {
+                notes.push(Note::warn(format!("cannot record {} suspended: {e}", w.name)));
+                continue;
+            }
+            notes.push(Note::did(format!("{} ({}) suspended by Slurm: {said}", w.name, w.id)));
+        } else if by_slurm && !pids.is_empty() && !stopped::any_stopped(&pids) {
+            if w.suspended_memory == Some(SuspendedMemory::Host) {
+                if let Err(why) = stopped::restore(&pids) {
+                    notes.push(Note::warn(format!(
+                        "{} ({}) was resumed by Slurm, but its memory cannot go back on the GPU yet ({why}): its CUDA calls wait until it does",
+                        w.name, w.id
+                    )));
+                    continue;
+                }
+            }
+            record.set_resumed();
+            if let Err(e) = store.write_workload(&record) {
+                notes.push(Note::warn(format!("cannot record {} resumed: {e}", w.name)));
+                continue;
+            }
+            notes.push(Note::did(format!("{} ({}) resumed by Slurm: its memory is back on the GPU", w.name, w.id)));
+        }
+    }
+    notes
 }
 
 /// `vgpu slurm conf`: the node's gres.conf lines and its `NodeName` line's `Gres=`.

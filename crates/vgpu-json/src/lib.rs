@@ -74,6 +74,9 @@ pub enum SuspendedReason {
     Manual,
     /// A higher-priority pool workload took its blocks (`suspended_by` says which).
     Preempted,
+    /// Slurm suspended the job step (its tasks stopped: `scontrol suspend`, preemption by
+    /// suspension).
+    Slurm,
     /// Something else (a record written by another vgpu version).
     Other,
 }
@@ -85,6 +88,8 @@ impl SuspendedReason {
             SuspendedReason::Manual
         } else if text.starts_with("preempted") {
             SuspendedReason::Preempted
+        } else if text == "suspended by Slurm" {
+            SuspendedReason::Slurm
         } else {
             SuspendedReason::Other
         }
@@ -94,6 +99,7 @@ impl SuspendedReason {
         match self {
             SuspendedReason::Manual => "manual",
             SuspendedReason::Preempted => "preempted",
+            SuspendedReason::Slurm => "slurm",
             SuspendedReason::Other => "other",
         }
     }

@@ -381,6 +381,14 @@ impl Watch {
         if let Err(e) = vgpu_host::pool_effects::settle(&self.store, &lock) {
             warnings.insert(format!("cannot settle the compute pool: {e:#}"));
         }
+        // Slurm steps whose tasks Slurm stopped or continued: their memory to the host and back.
+        for note in vgpu_host::slurm::follow_suspensions(&self.store) {
+            if note.warning {
+                warnings.insert(note.text);
+            } else {
+                events.push(Event::info(note.text));
+            }
+        }
         events.extend(warnings.difference(&self.damaged).map(|message| Event::warn(message.clone())));
         self.damaged = warnings;
     }

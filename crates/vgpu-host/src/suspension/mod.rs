@@ -20,6 +20,7 @@
 //! that a killed vgpu left half-done.
 
 mod driver;
+pub mod stopped;
 
 use thiserror::Error;
 

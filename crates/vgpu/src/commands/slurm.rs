@@ -215,7 +215,7 @@ fn step_begin(ctx: &Context, args: &StepBeginArgs) -> Result<()> {
     let gpus = nvml.inventory()?;
     drop(nvml);
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    let (w, env) = slurm::begin_step(ctx, &store, &layout, &gpus, &shim, &ask)?;
+    let (w, env) = slurm::begin_step(ctx, &store, &layout, &gpus, &shim, &ask, &job_suspended)?;
     let slices: Vec<String> =
         w.gpus.iter().map(|g| format!("GPU {} {} compute {}%", g.index, vgpu_abi::size::format_size(g.mem_bytes), g.compute_pct)).collect();
     tracing::info!("admitted {} ({}): {}", w.name, w.id, slices.join(", "));
@@ -228,19 +228,26 @@ fn step_begin(ctx: &Context, args: &StepBeginArgs) -> Result<()> {
     Ok(())
 }
 
-/// The `tflops` GRES job `job` holds per node (`scontrol -o show job`); None when it holds
-/// none or scontrol cannot say.
-fn job_tflops(job: u32) -> Option<u64> {
+/// `scontrol -o show job JOB`'s line; None when scontrol cannot say.
+fn show_job(job: u32) -> Option<String> {
     let out = std::process::Command::new("scontrol")
         .args(["-o", "show", "job", &job.to_string()])
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .output()
         .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    slurm::tflops_of(&String::from_utf8_lossy(&out.stdout))
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The `tflops` GRES job `job` holds per node; None when it holds none or scontrol cannot
+/// say.
+fn job_tflops(job: u32) -> Option<u64> {
+    slurm::tflops_of(&show_job(job)?)
+}
+
+/// Whether slurmctld holds job `job` suspended (`JobState=SUSPENDED`).
+fn job_suspended(job: u32) -> bool {
+    show_job(job).is_some_and(|line| line.split_whitespace().any(|kv| kv == "JobState=SUSPENDED"))
 }
 
 fn step_end(ctx: &Context, args: &StepArgs) -> Result<()> {

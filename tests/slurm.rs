@@ -10,6 +10,8 @@
 //! `cargo test --test integration slurm::fence::`.
 
 
+#[path = "slurm/carbon.rs"]
+mod carbon;
 #[path = "slurm/cluster.rs"]
 mod cluster;
 #[path = "slurm/fence.rs"]

@@ -64,6 +64,13 @@ impl Cluster {
     /// [`Cluster::start`] with lines of slurm.conf of the test's (`{nodes}` in them is the
     /// node list); when they name partitions, the default partition `debug` is left out.
     pub fn start_with(nodes: &[(&str, &str, &str)], vgpu_toml: &str, conf_extra: &str) -> Cluster {
+        let gpus: Vec<(&str, Vec<(&str, &str)>)> = nodes.iter().map(|&(name, model, memory)| (name, vec![(model, memory)])).collect();
+        let gpus: Vec<(&str, &[(&str, &str)])> = gpus.iter().map(|(name, g)| (*name, g.as_slice())).collect();
+        Cluster::start_gpus(&gpus, vgpu_toml, conf_extra)
+    }
+
+    /// [`Cluster::start_with`] with nodes given as (name, their GPUs as (model, memory)).
+    pub fn start_gpus(nodes: &[(&str, &[(&str, &str)])], vgpu_toml: &str, conf_extra: &str) -> Cluster {
         let dir = tempfile::Builder::new().prefix("vgpu-slurm-").tempdir().expect("tempdir");
         open_to_all(dir.path());
         // Short, as Slurm compares SlurmctldHost with this host's short name.
@@ -98,8 +105,8 @@ impl Cluster {
 
         // The nodes: a Sim each, readable by the job's user (the shim reads the vGPU's files,
         // the simulated driver its config), their GPUs declared by `vgpu slurm conf`.
-        for (i, (name, model, memory)) in nodes.iter().enumerate() {
-            let sim = Sim::new(&[(model, memory)]);
+        for (i, (name, devices)) in nodes.iter().enumerate() {
+            let sim = Sim::new(devices);
             open_to_all(sim.dir.path());
             sim.write_vgpu_config(vgpu_toml);
             // The simulated driver's link directory (run/simulate) exists once vgpu ran.
@@ -107,11 +114,13 @@ impl Cluster {
             // A device file per GPU, as the driver makes them (/dev/nvidiaN, major 195).
             let dev = cluster.path(&format!("dev/{name}"));
             std::fs::create_dir_all(&dev).expect("mkdir dev");
-            let file = dev.join("nvidia0");
-            let c = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).expect("path");
-            // SAFETY: mknod(2) with a NUL-terminated path, a mode and a device number.
-            let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(195, i as u32)) };
-            assert_eq!(rc, 0, "mknod {}: {}", file.display(), std::io::Error::last_os_error());
+            for g in 0..devices.len() {
+                let file = dev.join(format!("nvidia{g}"));
+                let c = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).expect("path");
+                // SAFETY: mknod(2) with a NUL-terminated path, a mode and a device number.
+                let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(195, (i * 8 + g) as u32)) };
+                assert_eq!(rc, 0, "mknod {}: {}", file.display(), std::io::Error::last_os_error());
+            }
             let out = sim.vgpu(&["slurm", "conf", "--node", name, "--dev-dir"]).arg(&dev).output().expect("vgpu slurm conf");
             assert!(out.status.success(), "vgpu slurm conf: {}", String::from_utf8_lossy(&out.stderr));
             let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -129,7 +129,8 @@ const SUSPENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 fn admit_past_suspensions(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], request: &Request, job_suspended: &dyn Fn(u32) -> bool) -> Result<launch::Launched> {
     let follow = || -> Result<bool> {
         let _lock = store.lock()?;
-        let notes = follow_suspensions(store);
+        let (workloads, _) = store.workloads();
+        let notes = follow_suspensions(store, &workloads);
         for note in &notes {
             tracing::info!("{}", note.text);
         }
@@ -275,11 +276,10 @@ pub const SUSPENDED_BY_SLURM: &str = "suspended by Slurm";
 /// suspended; a step so recorded whose tasks run again (Slurm's SIGCONT) has its memory put
 /// back and is recorded running. Until then its tasks' CUDA calls wait in the driver (they
 /// are locked): they never run without their memory. Returns what it did (and, as
-/// warnings, what it could not).
-pub fn follow_suspensions(store: &Store) -> Vec<crate::recovery::Note> {
+/// warnings, what it could not). `workloads`: the records, read under that lock.
+pub fn follow_suspensions(store: &Store, workloads: &[Workload]) -> Vec<crate::recovery::Note> {
     use crate::recovery::Note;
     use crate::suspension::stopped;
-    let (workloads, _) = store.workloads();
     let mut notes = Vec::new();
     for w in workloads.iter().filter(|w| w.slurm.is_some()) {
         let pids = vgpu_gpu::ancestry::descendants_of(ProcessId::from(w.supervisor));

@@ -382,7 +382,8 @@ impl Watch {
             warnings.insert(format!("cannot settle the compute pool: {e:#}"));
         }
         // Slurm steps whose tasks Slurm stopped or continued: their memory to the host and back.
-        for note in vgpu_host::slurm::follow_suspensions(&self.store) {
+        // (Slurm steps are never the pool's: settling changed none of these records.)
+        for note in vgpu_host::slurm::follow_suspensions(&self.store, &found.workloads) {
             if note.warning {
                 warnings.insert(note.text);
             } else {

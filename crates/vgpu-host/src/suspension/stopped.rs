@@ -14,6 +14,10 @@
 //! detach), or lets it run if its stopper continued it meanwhile. A signal the thread
 //! received while traced is handed back to it on detach, not swallowed.
 //!
+//! The restore is done the same way: its stopper continued the process, but may stop it
+//! again at any time (gang scheduling's time slices), and the driver must not be left
+//! waiting on a stopped thread.
+//!
 //! A checkpointed process stays locked: when its stopper continues it, its CUDA calls block
 //! in the driver until [`restore`] puts its memory back and unlocks it. It cannot run CUDA
 //! work without its memory.
@@ -180,6 +184,25 @@ fn lock_and_checkpoint(checkpointer: &Checkpointer, timeout: Duration, processes
     result
 }
 
+/// Run `work` (the driver's calls) in a thread of its own while the restore threads of
+/// `processes` run under ptrace, kept running by this thread (the tracer) until it is done;
+/// then stop them again and let them go. `Err`: a thread could not be made to run.
+fn with_restore_threads<T: Send>(checkpointer: &Checkpointer, processes: &[(u32, ProcessState)], work: impl FnOnce() -> Result<T, String> + Send) -> Result<T, String> {
+    let mut running = Running { tids: Vec::new() };
+    for &(pid, _) in processes {
+        let tid = checkpointer.restore_thread_id(pid).map_err(|e| e.to_string())?.unwrap_or(pid);
+        running.add(tid).map_err(|why| format!("cannot let the driver's thread of process {pid} run: {why}"))?;
+    }
+    std::thread::scope(|scope| {
+        let work = scope.spawn(work);
+        while !work.is_finished() {
+            running.pump();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        work.join().unwrap_or_else(|_| Err("the driver's thread panicked".into()))
+    })
+}
+
 /// Checkpoint the CUDA processes among `pids`, all stopped by someone else: each one's
 /// restore thread is let run meanwhile (see the module's doc), every process locked, then
 /// every one checkpointed. Returns where their memory is and how many were checkpointed;
@@ -198,51 +221,37 @@ pub fn checkpoint(pids: &[u32]) -> (SuspendedMemory, usize) {
     if processes.is_empty() {
         return (SuspendedMemory::Host, 0);
     }
-    let mut running = Running { tids: Vec::new() };
-    for &(pid, _) in &processes {
-        let tid = match checkpointer.restore_thread_id(pid) {
-            Ok(tid) => tid.unwrap_or(pid),
-            Err(e) => return device(e.to_string()),
-        };
-        if let Err(why) = running.add(tid) {
-            return device(format!("cannot let the driver's thread of process {pid} run: {why}"));
-        }
-    }
-    // The driver's calls in a thread of their own; this one, the tracer, keeps the threads
-    // running until they are done.
-    let result = std::thread::scope(|scope| {
-        let work = scope.spawn(|| lock_and_checkpoint(checkpointer, timeout, &processes));
-        while !work.is_finished() {
-            running.pump();
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        work.join().unwrap_or_else(|_| Err("the checkpoint's thread panicked".into()))
-    });
-    drop(running);
-    match result {
+    match with_restore_threads(checkpointer, &processes, || lock_and_checkpoint(checkpointer, timeout, &processes)) {
         Ok(()) => (SuspendedMemory::Host, processes.len()),
         Err(why) => device(why),
     }
 }
 
-/// Restore and unlock the checkpointed CUDA processes among `pids`, which run again (none
-/// of them stopped: the driver needs their restore threads). Returns how many; a restore
-/// that does not fit leaves the rest checkpointed (their CUDA calls keep waiting) and says
-/// why.
+/// Restore and unlock the checkpointed CUDA processes among `pids`, which their stopper
+/// continued. Their restore threads are let run under ptrace all the same: a scheduler that
+/// stops them again meanwhile (gang scheduling's time slices) cannot leave the driver
+/// waiting on a stopped thread. Returns how many; a restore that does not fit leaves the
+/// rest checkpointed (their CUDA calls keep waiting) and says why.
 pub fn restore(pids: &[u32]) -> Result<usize, String> {
     let (checkpointer, _) = super::driver::checkpointer()?;
-    let mut count = 0;
-    for (pid, state) in cuda_processes(checkpointer, pids)? {
-        if state == ProcessState::Checkpointed {
-            tracing::info!("restoring process {pid}, continued by its job's scheduler");
-            checkpointer.restore(pid).map_err(|e| e.to_string())?;
-        }
-        if matches!(state, ProcessState::Checkpointed | ProcessState::Locked) {
-            checkpointer.unlock(pid).map_err(|e| e.to_string())?;
-            count += 1;
-        }
+    let processes: Vec<(u32, ProcessState)> =
+        cuda_processes(checkpointer, pids)?.into_iter().filter(|(_, s)| matches!(s, ProcessState::Checkpointed | ProcessState::Locked)).collect();
+    if processes.is_empty() {
+        return Ok(0);
     }
-    Ok(count)
+    with_restore_threads(checkpointer, &processes, || {
+        // Every one restored before any runs CUDA again, as `vgpu resume` does.
+        for &(pid, state) in &processes {
+            if state == ProcessState::Checkpointed {
+                tracing::info!("restoring process {pid}, continued by its job's scheduler");
+                checkpointer.restore(pid).map_err(|e| e.to_string())?;
+            }
+        }
+        for &(pid, _) in &processes {
+            checkpointer.unlock(pid).map_err(|e| e.to_string())?;
+        }
+        Ok(processes.len())
+    })
 }
 
 #[cfg(test)]

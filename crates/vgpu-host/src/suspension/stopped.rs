@@ -281,4 +281,83 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
     }
+
+    /// The `/proc` state of `pid`, once it is one of `wanted` (at most 10 s).
+    fn wait_state(pid: u32, wanted: &[u8]) -> u8 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = state_of(pid).unwrap_or(b'?');
+            if wanted.contains(&state) || Instant::now() > deadline {
+                return state;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn kill(pid: u32, signal: libc::c_int) {
+        // SAFETY: kill(2) of our own child.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, signal) }, 0);
+    }
+
+    /// Pump `running` until `pid`'s state is one of `wanted` (at most 10 s); that state.
+    fn pump_until(running: &mut Running, pid: u32, wanted: &[u8]) -> u8 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            running.pump();
+            let state = state_of(pid).unwrap_or(b'?');
+            if wanted.contains(&state) || Instant::now() > deadline {
+                return state;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A child killed when the test ends, pass or fail (a stopped child would hold the test
+    /// harness's output open).
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// The ptrace dance on a real stopped process: its thread runs while traced, a stop
+    /// signal sent meanwhile is handed on (it does not leave the thread in a ptrace stop),
+    /// and letting go puts it back into its stop; continued meanwhile, it runs on.
+    #[test]
+    fn a_stopped_process_runs_while_traced_and_stops_again_when_let_go() {
+        let child = Child(std::process::Command::new("sleep").arg("30").spawn().expect("sleep"));
+        let pid = child.0.id();
+        kill(pid, libc::SIGSTOP);
+        assert_eq!(wait_state(pid, b"T"), b'T');
+
+        let mut running = Running { tids: Vec::new() };
+        running.add(pid).expect("trace it");
+        assert_eq!(pump_until(&mut running, pid, b"S"), b'S', "it runs (sleeps in nanosleep) while traced");
+        // Its stopper stops it again: the signal reaches the traced thread, is handed on,
+        // and it runs on.
+        kill(pid, libc::SIGSTOP);
+        for _ in 0..100 {
+            running.pump();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(pump_until(&mut running, pid, b"S"), b'S', "it runs on, traced");
+        drop(running);
+        assert_eq!(wait_state(pid, b"T"), b'T', "let go, it is stopped as its stopper left it");
+
+        // Continued while traced: let go, it runs.
+        let mut running = Running { tids: Vec::new() };
+        running.add(pid).expect("trace it");
+        assert_eq!(pump_until(&mut running, pid, b"S"), b'S');
+        kill(pid, libc::SIGCONT);
+        for _ in 0..100 {
+            running.pump();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(running);
+        assert!(matches!(wait_state(pid, b"SR"), b'S' | b'R'), "continued, it runs");
+        assert!(!all_stopped(&[pid]));
+    }
 }

@@ -71,6 +71,12 @@ impl Cluster {
 
     /// [`Cluster::start_with`] with nodes given as (name, their GPUs as (model, memory)).
     pub fn start_gpus(nodes: &[(&str, &[(&str, &str)])], vgpu_toml: &str, conf_extra: &str) -> Cluster {
+        Cluster::start_with_driver(nodes, "", vgpu_toml, conf_extra)
+    }
+
+    /// [`Cluster::start_gpus`], each node's simulated driver configured with the top-level
+    /// keys `driver_keys` (e.g. `checkpoint_gbps = 400`) before its devices.
+    pub fn start_with_driver(nodes: &[(&str, &[(&str, &str)])], driver_keys: &str, vgpu_toml: &str, conf_extra: &str) -> Cluster {
         let dir = tempfile::Builder::new().prefix("vgpu-slurm-").tempdir().expect("tempdir");
         open_to_all(dir.path());
         // Short, as Slurm compares SlurmctldHost with this host's short name.
@@ -106,7 +112,8 @@ impl Cluster {
         // The nodes: a Sim each, readable by the job's user (the shim reads the vGPU's files,
         // the simulated driver its config), their GPUs declared by `vgpu slurm conf`.
         for (i, (name, devices)) in nodes.iter().enumerate() {
-            let sim = Sim::new(devices);
+            let tables: String = devices.iter().map(|(model, memory)| format!("[[device]]\nname = \"{model}\"\nmemory = \"{memory}\"\n\n")).collect();
+            let sim = Sim::with_config(&format!("{driver_keys}\n{tables}"));
             open_to_all(sim.dir.path());
             sim.write_vgpu_config(vgpu_toml);
             // The simulated driver's link directory (run/simulate) exists once vgpu ran.

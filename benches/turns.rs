@@ -2,7 +2,7 @@
 //! at the defaults (75 µs per switch between contexts, 1 ms slices: two saturating contexts
 //! lose ~7 % of the GPU, as an H100 did). Needs root (cgroups are real).
 //!
-//!     cargo bench --bench turns [-- --quick]
+//!     cargo bench --bench turns [-- [--quick] [--splits]]
 //!
 //! Every case runs twice, turns OFF (`VGPU_TURNS=off` in the tenants' environment: the
 //! vGPUs' shares as before, the GPU time-slicing between their contexts on its own: the
@@ -54,6 +54,7 @@ struct Report {
     busy: f64,
     p50_us: f64,
     p99_us: f64,
+    seconds: f64,
 }
 
 impl Report {
@@ -65,7 +66,41 @@ impl Report {
             busy: v["gpu_ns"].as_f64()? / (seconds * 1e9) * 100.0,
             p50_us: v["latency_p50_us"].as_f64().unwrap_or(0.0),
             p99_us: v["latency_p99_us"].as_f64().unwrap_or(0.0),
+            seconds,
         })
+    }
+}
+
+/// What the simulated GPU did during a run: context switches (per second, and their time
+/// in % of the run), hand-overs between processes (per second, the mean idle gap at one,
+/// their idle time in %), and the idle time between kernels of one process (%).
+#[derive(Debug, Clone, Copy, Default)]
+struct Gpu {
+    switches_per_s: f64,
+    switch_pct: f64,
+    handovers_per_s: f64,
+    handover_gap_us: f64,
+    /// The median and 90th percentile of those gaps (µs).
+    handover_p50_us: f64,
+    handover_p90_us: f64,
+    handover_idle_pct: f64,
+    own_idle_pct: f64,
+}
+
+impl std::fmt::Display for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.0} switches/s ({:.1} %); {:.0} hand-overs/s, {:.0} us idle each (p50 {:.0}, p90 {:.0}; {:.1} %); idle within a process's run {:.1} %",
+            self.switches_per_s,
+            self.switch_pct,
+            self.handovers_per_s,
+            self.handover_gap_us,
+            self.handover_p50_us,
+            self.handover_p90_us,
+            self.handover_idle_pct,
+            self.own_idle_pct
+        )
     }
 }
 
@@ -92,6 +127,95 @@ impl Bench {
     /// Run `tenants` at once (each its own `vgpu --simulate run --mem 10G …`), their timed
     /// loops started together; turns off with `VGPU_TURNS=off`.
     fn run(&self, tenants: &[Tenant], turns: bool) -> Vec<Report> {
+        self.run_counted(tenants, turns).0
+    }
+
+    /// The simulated GPU's context switches so far and their time (ns): two words of its
+    /// state file (offsets 160 and 168 of layout 5, as `tests/common::fakegpu_state` reads
+    /// them); zeros before the first run or if the layout is not the one known.
+    fn switches(&self) -> (u64, u64) {
+        let dir = self.env.iter().find(|(k, _)| *k == "FAKEGPU_STATE").map(|(_, v)| v.clone());
+        let file = dir
+            .and_then(|d| std::fs::read_dir(d).ok())
+            .and_then(|entries| entries.flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "state")));
+        let Some(bytes) = file.and_then(|f| std::fs::read(f).ok()) else { return (0, 0) };
+        if bytes.len() < 176 || &bytes[..8] != b"FAKEGPU\x01" || bytes[8..12] != 5u32.to_le_bytes() {
+            return (0, 0);
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+        (u64_at(160), u64_at(168))
+    }
+
+    /// The simulated GPU's timeline: its kernels' `(start, end, pid)` intervals (back to
+    /// back ones of a process merged), in start order. The ring of 65536 intervals of 32
+    /// bytes (sequence, start, end, pid) ends its state file.
+    fn timeline(&self) -> Vec<(u64, u64, u64)> {
+        let dir = self.env.iter().find(|(k, _)| *k == "FAKEGPU_STATE").map(|(_, v)| v.clone());
+        let file = dir
+            .and_then(|d| std::fs::read_dir(d).ok())
+            .and_then(|entries| entries.flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "state")));
+        let Some(bytes) = file.and_then(|f| std::fs::read(f).ok()) else { return Vec::new() };
+        const RING: usize = 65_536 * 32;
+        if bytes.len() < RING + 240 {
+            return Vec::new();
+        }
+        let ring = &bytes[bytes.len() - RING..];
+        let u64_at = |at: usize| u64::from_le_bytes(ring[at..at + 8].try_into().unwrap_or([0; 8]));
+        let mut v: Vec<(u64, u64, u64)> =
+            (0..65_536).map(|i| i * 32).filter(|&at| u64_at(at) != 0).map(|at| (u64_at(at + 8), u64_at(at + 16), u64_at(at + 24))).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// [`Bench::run`], and what the GPU did meanwhile ([`Gpu`]).
+    fn run_counted(&self, tenants: &[Tenant], turns: bool) -> (Vec<Report>, Gpu) {
+        let (n0, t0) = self.switches();
+        let last_end = self.timeline().iter().map(|i| i.1).max().unwrap_or(0);
+        let reports = self.run_tenants(tenants, turns);
+        let (n1, t1) = self.switches();
+        let secs = reports.iter().map(|r| r.seconds).fold(0.0, f64::max).max(1e-3);
+        let intervals: Vec<(u64, u64, u64)> = self.timeline().into_iter().filter(|i| i.0 >= last_end).collect();
+        if let Some(dir) = std::env::var_os("TURNS_BENCH_DUMP") {
+            let n = self.files.fetch_add(1, Ordering::Relaxed);
+            let text: String = intervals.iter().map(|(s, e, p)| format!("{s} {e} {p}\n")).collect();
+            let _ = std::fs::write(PathBuf::from(dir).join(format!("timeline.{n}.{}", if turns { "on" } else { "off" })), text);
+        }
+        // Idle between kernels while every tenant ran (from the last tenant's first kernel
+        // to the first tenant's last): at a change of process (a hand-over), or between two
+        // kernels of one process (its own gaps: a synchronize's return, its next launch).
+        let mut pids: Vec<u64> = intervals.iter().map(|i| i.2).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let from = pids.iter().filter_map(|p| intervals.iter().find(|i| i.2 == *p).map(|i| i.0)).max().unwrap_or(0);
+        let to = pids.iter().filter_map(|p| intervals.iter().rev().find(|i| i.2 == *p).map(|i| i.1)).min().unwrap_or(0);
+        let mut gpu = Gpu { switches_per_s: n1.saturating_sub(n0) as f64 / secs, switch_pct: t1.saturating_sub(t0) as f64 / (secs * 1e9) * 100.0, ..Gpu::default() };
+        let window: Vec<&(u64, u64, u64)> = intervals.iter().filter(|i| i.0 >= from && i.1 <= to).collect();
+        let span = to.saturating_sub(from).max(1) as f64;
+        let (mut handovers, mut handover_ns, mut own_ns) = (0u64, 0u64, 0u64);
+        let mut gaps: Vec<u64> = Vec::new();
+        for pair in window.windows(2) {
+            let gap = pair[1].0.saturating_sub(pair[0].1);
+            if pair[0].2 != pair[1].2 {
+                handovers += 1;
+                handover_ns += gap;
+                gaps.push(gap);
+            } else {
+                own_ns += gap;
+            }
+        }
+        if to > from {
+            gpu.handovers_per_s = handovers as f64 / (span / 1e9);
+            gpu.handover_gap_us = if handovers > 0 { handover_ns as f64 / handovers as f64 / 1e3 } else { 0.0 };
+            gpu.handover_idle_pct = handover_ns as f64 / span * 100.0;
+            gaps.sort_unstable();
+            let pct = |q: f64| gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize).map_or(0.0, |&g| g as f64 / 1e3);
+            (gpu.handover_p50_us, gpu.handover_p90_us) = (pct(0.5), pct(0.9));
+            gpu.own_idle_pct = own_ns as f64 / span * 100.0;
+        }
+        (reports, gpu)
+    }
+
+    fn run_tenants(&self, tenants: &[Tenant], turns: bool) -> Vec<Report> {
         let go = self.fresh("go");
         let ready: Vec<PathBuf> = tenants.iter().map(|_| self.fresh("ready")).collect();
         let mut children: Vec<Child> = Vec::new();
@@ -141,11 +265,13 @@ impl Bench {
 
 fn main() {
     let mut quick = false;
+    let mut splits_only = false;
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--quick" => quick = true,
+            "--splits" => splits_only = true,
             "--bench" => {}
-            other => fail(format!("unknown argument `{other}` (usage: cargo bench --bench turns [-- --quick])")),
+            other => fail(format!("unknown argument `{other}` (usage: cargo bench --bench turns [-- [--quick] [--splits]])")),
         }
     }
     let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
@@ -191,9 +317,10 @@ fn main() {
         if a.p99_us <= b.p99_us { a } else { b }
     };
     println!(
-        "turns{}: {secs} s runs, simulated H100 (timeslice 1 ms, context_switch 75 us); alone: sync 1 ms {:.1} kernels/s, storm 20 us {:.0} kernels/s, latency tenant p50 {:.0} us p99 {:.0} us",
+        "turns{}: {secs} s runs, simulated H100 (timeslice 1 ms, context_switch 75 us); alone: sync 1 ms {:.1} kernels/s (GPU busy {:.1} %), storm 20 us {:.0} kernels/s, latency tenant p50 {:.0} us p99 {:.0} us",
         if quick { " --quick" } else { "" },
         base.kps,
+        base.busy,
         base_storm.kps,
         lat_alone.p50_us,
         lat_alone.p99_us
@@ -203,13 +330,13 @@ fn main() {
         let name = shares.iter().map(u32::to_string).collect::<Vec<_>>().join("/");
         for turns in [false, true] {
             let tenants: Vec<Tenant> = shares.iter().map(|&p| batch(p, None, false)).collect();
-            let r = bench.run(&tenants, turns);
+            let (r, gpu) = bench.run_counted(&tenants, turns);
             let cells: Vec<String> = r.iter().zip(shares).map(|(r, p)| format!("{:.1} ({p}) / {:.1}", r.busy, r.kps / base.kps * 100.0)).collect();
             let total: f64 = r.iter().map(|r| r.kps / base.kps * 100.0).sum();
             let busy: f64 = r.iter().map(|r| r.busy).sum();
             let worst = r.iter().zip(shares).map(|(r, &p)| (r.busy - p as f64).abs()).fold(0.0, f64::max);
             println!(
-                "{:<26} {:>5} {:>44} {:>8.1}%   GPU busy {busy:.1} % (goal >= 98); worst |busy - share| {worst:.1} points (goal <= 2)",
+                "{:<26} {:>5} {:>44} {:>8.1}%   GPU busy {busy:.1} % (goal >= 98); worst |busy - share| {worst:.1} points (goal <= 2); {gpu}",
                 format!("split {name} strict"),
                 if turns { "on" } else { "off" },
                 cells.join("  "),
@@ -217,12 +344,15 @@ fn main() {
             );
         }
     }
+    if splits_only {
+        return;
+    }
     for storm in [false, true] {
         let base_b = if storm { base_storm.kps } else { base.kps };
         for turns in [false, true] {
-            let r = bench.run(&[latency(), batch(80, Some(10), storm)], turns);
+            let (r, gpu) = bench.run_counted(&[latency(), batch(80, Some(10), storm)], turns);
             println!(
-                "{:<26} {:>5} latency p50 {:.0} us ({:.2}x alone), p99 {:.0} us ({:.2}x) (goal <= 1.2x); batch {:.1} % of its share (goal >= 95)",
+                "{:<26} {:>5} latency p50 {:.0} us ({:.2}x alone), p99 {:.0} us ({:.2}x) (goal <= 1.2x); batch {:.1} % of its share (goal >= 95); {gpu}",
                 if storm { "latency + batch storm" } else { "latency + batch sync 1ms" },
                 if turns { "on" } else { "off" },
                 r[0].p50_us,

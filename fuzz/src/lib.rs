@@ -489,7 +489,7 @@ impl Fixture {
             std::fs::create_dir_all(vgpu_dir.join("procs")).expect("a vGPU directory is made");
             let quotas: Vec<DeviceQuota> = devices
                 .iter()
-                .map(|&(uuid, compute_pct, policy, priority)| DeviceQuota { uuid: uuid.into(), quota_bytes: 8 << 30, compute_pct, policy, priority })
+                .map(|&(uuid, compute_pct, policy, priority)| DeviceQuota { uuid: uuid.into(), quota_bytes: 8 << 30, compute_pct, policy, priority, turn_max_us: 0 })
                 .collect();
             UsageFile::create(&vgpu_dir.join("usage"), &quotas).expect("a usage file is created");
             vgpu_abi::board::ensure_slot(&state, GPU0, id, owner, false).expect("a board slot is made");
@@ -694,7 +694,7 @@ pub fn vgpu_dir(data: &[u8]) {
     let path = dir.path().join("usage");
     let quotas: Vec<DeviceQuota> = ["GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000002"]
         .iter()
-        .map(|uuid| DeviceQuota { uuid: (*uuid).into(), quota_bytes: quota, compute_pct: 100, policy: Policy::Strict, priority: 50 })
+        .map(|uuid| DeviceQuota { uuid: (*uuid).into(), quota_bytes: quota, compute_pct: 100, policy: Policy::Strict, priority: 50, turn_max_us: 0 })
         .collect();
     UsageFile::create(&path, &quotas).expect("a usage file is created");
     let usage = UsageFile::open(&path).expect("a fresh usage file opens");
@@ -861,7 +861,7 @@ fn proc_file_seed() -> Vec<u8> {
     let path = dir.path().join("usage");
     let quotas: Vec<DeviceQuota> = [GPU0, GPU1]
         .iter()
-        .map(|uuid| DeviceQuota { uuid: (*uuid).into(), quota_bytes: 8 << 30, compute_pct: 40, policy: Policy::Fair, priority: 70 })
+        .map(|uuid| DeviceQuota { uuid: (*uuid).into(), quota_bytes: 8 << 30, compute_pct: 40, policy: Policy::Fair, priority: 70, turn_max_us: 0 })
         .collect();
     UsageFile::create(&path, &quotas).expect("the seed's usage file is created");
     let usage = UsageFile::open(&path).expect("the seed's usage file opens");

@@ -317,3 +317,51 @@ fn a_tenant_that_never_lets_go_costs_one_wait() {
     eprintln!("honest: {}", r[1]);
     assert!(kernels(&r[1]) >= 300, "the honest tenant was held by the liar's claim: {}", r[1]);
 }
+
+/// `[compute] turn` bounds the turns of a vGPU while one of higher priority is active on the
+/// GPU, and `vgpu run --turn` sets it per workload: a batch tenant (priority 10, 80 %: 12 ms
+/// turns of the 15 ms cycle otherwise) beside a latency tenant (priority 90) never holds a
+/// claim reaching more than 2 ms ahead, sampled from its board slot while they run. Without
+/// the bound its claims reach up to 12 ms ahead (the first claim seen above 2 ms fails it).
+#[test]
+fn the_turn_setting_bounds_a_low_priority_turn() {
+    let _serial = serial();
+    let sim = Sim::with_config(H100);
+    sim.write_vgpu_config("[compute]\nturn = \"2ms\"\n");
+    let run = Running::start(
+        &sim,
+        &[
+            Tenant {
+                vgpu: &["--name", "latency", "--compute", "20", "--priority", "90", "--turn", "15ms"],
+                workload: &["sync", "2", "--kernel-us", "1000", "--period-us", "5000"],
+            },
+            Tenant { vgpu: &["--name", "batch", "--compute", "80", "--priority", "10"], workload: &["sync", "2", "--kernel-us", "1000"] },
+        ],
+    );
+    wait_for("both to run", || run.progress(0) >= 5 && run.progress(1) >= 5);
+    let ids: Vec<String> = ["latency", "batch"].iter().map(|n| row(&sim, n).expect("in ps")["id"].as_str().expect("id").to_string()).collect();
+    // Each vGPU's bound as its root-owned limits hold it: --turn over the config's.
+    let bound = |id: &str| {
+        let usage = vgpu_abi::usage::UsageFile::open(&sim.path("run").join("vgpus").join(id).join("usage")).expect("the vGPU's usage file");
+        usage.turn_max_ns(0)
+    };
+    assert_eq!((bound(&ids[0]), bound(&ids[1])), (15_000_000, 2_000_000));
+    let slot = board_slot(&sim, &ids[1]);
+    let (mut held, mut longest) = (0u32, 0u64);
+    let deadline = Instant::now() + Duration::from_millis(1000);
+    while Instant::now() < deadline {
+        let (turn_until, _) = turn_words(&slot);
+        // Read after the slot: a claim made at or before this moment ends at most its
+        // bound after it.
+        let now = vgpu_abi::layout::now_mono_ns();
+        if turn_until > now {
+            held += 1;
+            longest = longest.max(turn_until - now);
+        }
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    drop(run);
+    eprintln!("the batch held the turn at {held} samples; its claim reached at most {} us ahead", longest / 1000);
+    assert!(held >= 20, "the batch hardly held a turn ({held} samples)");
+    assert!(longest <= 2_000_000, "a claim reached {} us ahead: more than the 2 ms bound", longest / 1000);
+}

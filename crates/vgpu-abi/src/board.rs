@@ -673,6 +673,7 @@ mod tests {
                 compute_pct: pct,
                 policy: Policy::Fair,
                 priority: 50,
+                turn_max_us: 0,
             })
             .collect();
         crate::usage::UsageFile::create(&dir.join(crate::layout::USAGE_FILE), &quotas).unwrap();

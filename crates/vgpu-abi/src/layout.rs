@@ -93,7 +93,8 @@ pub struct UsageHeader {
 }
 
 /// One device of the vGPU: 192 bytes. The `limits` file and the `usage` file hold the same
-/// records; the limit fields (`quota_bytes`, `compute_pct`, `compute_policy`, `priority`)
+/// records; the limit fields (`quota_bytes`, `compute_pct`, `compute_policy`, `priority`,
+/// `turn_max_us`)
 /// are read from `limits` only (zero in `usage`, where the workload's user could rewrite
 /// them), the counters and the ledger from `usage` only (zero in `limits`). `uuid` is in
 /// both and must agree.
@@ -118,7 +119,10 @@ pub struct DeviceRecord {
     pub compute_policy: AtomicU32,
     /// The workload's pool priority (0..=100): served first when the GPU is oversubscribed.
     pub priority: AtomicU32,
-    pub _pad: u32,
+    /// The longest turn (`crate::turn`) the vGPU takes while a vGPU of higher priority is
+    /// active on the GPU, µs (`[compute] turn`, `vgpu run --turn`); 0: none beyond its share
+    /// of the cycle (what this word, padding before, says in files of older vgpus).
+    pub turn_max_us: AtomicU32,
     /// The vGPU's GPU-time ledger on this device, shared by all its processes.
     pub ledger: ComputeLedger,
     /// Turns (`crate::board`, issue 27), counters in `usage` only: turns this vGPU took on

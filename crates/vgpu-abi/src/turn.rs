@@ -63,6 +63,17 @@ pub const MIN_TURN_NS: u64 = 1_000_000;
 /// …and at most this (ns).
 pub const DEFAULT_TURN_NS: u64 = CYCLE_NS;
 
+/// A waiter that is this close to the moment it waits for (the previous holder's drain, the
+/// end of a turn) stops sleeping and yields until then (ns): a sleep oversleeps by ~60–100
+/// µs, and every hand-over would leave the GPU idle that long.
+pub const SPIN_NS: u64 = 60_000;
+/// The next holder launches this long after the previous holder's queued work should have
+/// ended (ns): that end is computed from the launch's time and the kernels' measured
+/// durations, and the kernel starts a few µs after the launch call began; a launch that
+/// arrives before the GPU has drained costs a context switch (75 µs on an H100), one that
+/// arrives this late costs this much idle.
+pub const DRAIN_MARGIN_NS: u64 = 15_000;
+
 /// A vGPU whose own work ended this long ago asks for a turn at once, without gathering
 /// [`min_work_ns`] first (a latency-sensitive service's request after a rest), ns.
 pub const REST_NS: u64 = 2_000_000;
@@ -73,6 +84,27 @@ pub const REST_NS: u64 = 2_000_000;
 pub fn min_work_ns(share_ppm: u64) -> u64 {
     let bankable = u128::from(crate::compute::BURST_NS) * u128::from(share_ppm.min(PPM)) / u128::from(PPM) * 4 / 5;
     (bankable as u64).min(2_000_000)
+}
+
+/// The bound on a turn `me` claims among `peers`: `limit_ns` (its `[compute] turn`, `vgpu
+/// run --turn`; 0: none) while a vGPU of higher priority is active on the GPU, else
+/// [`DEFAULT_TURN_NS`].
+pub fn max_turn_ns(limit_ns: u64, me: &Me, peers: &[Peer]) -> u64 {
+    if limit_ns != 0 && peers.iter().any(|p| p.priority > me.priority) {
+        limit_ns.clamp(MIN_TURN_NS, DEFAULT_TURN_NS)
+    } else {
+        DEFAULT_TURN_NS
+    }
+}
+
+/// The length of a turn claimed with `budget_ns` of GPU time in the bank: its share's part
+/// of the cycle ([`turn_ns`]), or longer when it banked more while it waited (the others'
+/// turns ran longer than theirs: they kept them while it gathered its budget), so that it
+/// can spend what it banked and its share does not shrink with the cycle's stretch; bounded
+/// by `max_turn_ns`. What it can bank is its share of `crate::compute::BURST_NS`, so the
+/// others' credit covers their wait.
+pub fn turn_with_budget_ns(share_ppm: u64, max_turn_ns: u64, budget_ns: u64) -> u64 {
+    turn_ns(share_ppm, max_turn_ns).max(budget_ns.min(max_turn_ns.max(1)))
 }
 
 /// The length of a turn of a vGPU of share `share_ppm`, bounded by `max_turn_ns`.
@@ -139,7 +171,7 @@ pub fn decide(me: &Me, peers: &[Peer], now: u64) -> Decision {
             return Decision::Wait { until: now.saturating_add(POLL_NS / 4), release: true };
         }
         // A claim made while another vGPU's last launch was on its way: its work drains first.
-        if let Some(q) = peers.iter().map(|p| p.queued_until_ns).filter(|&q| q > now).max() {
+        if let Some(q) = peers.iter().map(|p| p.queued_until_ns.saturating_add(DRAIN_MARGIN_NS)).filter(|&q| q > now).max() {
             return Decision::Wait { until: q.min(now.saturating_add(MAX_WAIT_NS)), release: false };
         }
         let above_active = peers.iter().any(|p| p.priority > me.priority);
@@ -164,7 +196,7 @@ pub fn decide(me: &Me, peers: &[Peer], now: u64) -> Decision {
     if ahead {
         return Decision::Wait { until: poll, release: false };
     }
-    let drained = peers.iter().map(|p| p.queued_until_ns).max().unwrap_or(0);
+    let drained = peers.iter().map(|p| p.queued_until_ns).max().unwrap_or(0).saturating_add(DRAIN_MARGIN_NS);
     if drained > now {
         return Decision::Wait { until: drained.min(now.saturating_add(MAX_WAIT_NS)), release: false };
     }
@@ -194,6 +226,31 @@ mod tests {
     }
 
     #[test]
+    fn the_turn_setting_bounds_a_turn_beside_a_higher_priority_only() {
+        let me = Me { priority: 10, ..Me::default() };
+        let above = Peer { priority: 90, ..Peer::default() };
+        let beside = Peer { priority: 10, ..Peer::default() };
+        assert_eq!(max_turn_ns(2_000_000, &me, &[beside, above]), 2_000_000);
+        assert_eq!(turn_ns(800_000, max_turn_ns(2_000_000, &me, &[above])), 2_000_000);
+        // Beside equals or lower only, or with no setting: the share's part of the cycle.
+        assert_eq!(max_turn_ns(2_000_000, &me, &[beside]), DEFAULT_TURN_NS);
+        assert_eq!(max_turn_ns(0, &me, &[above]), DEFAULT_TURN_NS);
+        assert_eq!(turn_ns(800_000, max_turn_ns(0, &me, &[above])), 12_000_000);
+        // Out of range in a file: clamped.
+        assert_eq!(max_turn_ns(1, &me, &[above]), MIN_TURN_NS);
+        assert_eq!(max_turn_ns(u64::MAX, &me, &[above]), DEFAULT_TURN_NS);
+    }
+
+    #[test]
+    fn a_turn_covers_what_was_banked_within_the_bound() {
+        // 30 %: 4.5 ms of the cycle, but 5.2 ms banked while the other kept its turn.
+        assert_eq!(turn_with_budget_ns(300_000, DEFAULT_TURN_NS, 5_200_000), 5_200_000);
+        assert_eq!(turn_with_budget_ns(300_000, DEFAULT_TURN_NS, 1_000_000), 4_500_000);
+        assert_eq!(turn_with_budget_ns(900_000, DEFAULT_TURN_NS, 18_000_000), DEFAULT_TURN_NS);
+        assert_eq!(turn_with_budget_ns(300_000, 2_000_000, 5_200_000), 2_000_000);
+    }
+
+    #[test]
     fn a_turn_is_asked_for_with_a_run_worth_a_hand_over() {
         assert_eq!(min_work_ns(700_000), 2_000_000);
         assert_eq!(min_work_ns(100_000), 1_600_000);
@@ -204,7 +261,7 @@ mod tests {
     fn alone_or_nobody_holding_and_nothing_queued_claims() {
         let me = Me { priority: 50, ..Me::default() };
         assert_eq!(decide(&me, &[], NOW), Decision::Claim);
-        assert_eq!(decide(&me, &[holder(NOW - 1, NOW - 10)], NOW), Decision::Claim);
+        assert_eq!(decide(&me, &[holder(NOW - 1, NOW - 10 - DRAIN_MARGIN_NS)], NOW), Decision::Claim);
     }
 
     #[test]
@@ -213,7 +270,7 @@ mod tests {
         assert_eq!(decide(&me, &[waiter(50, NOW - 100)], NOW), Decision::Go);
         // A launch of another that crossed its claim drains first.
         let crossed = Peer { queued_until_ns: NOW + 800, ..waiter(50, NOW - 100) };
-        assert_eq!(decide(&me, &[crossed], NOW), Decision::Wait { until: NOW + 800, release: false });
+        assert_eq!(decide(&me, &[crossed], NOW), Decision::Wait { until: NOW + 800 + DRAIN_MARGIN_NS, release: false });
         let other = Me { priority: 50, ..Me::default() };
         match decide(&other, &[holder(NOW + 5_000_000, NOW + 1_000_000)], NOW) {
             Decision::Wait { until, release: false } => assert_eq!(until, NOW + POLL_NS),
@@ -234,7 +291,11 @@ mod tests {
         assert_eq!(decide(&me, &[idle], NOW), Decision::Claim);
         // A released turn whose work still runs: wait exactly for its end.
         let draining = holder(0, NOW + 700_000);
-        assert_eq!(decide(&me, &[draining], NOW), Decision::Wait { until: NOW + 700_000, release: false });
+        assert_eq!(decide(&me, &[draining], NOW), Decision::Wait { until: NOW + 700_000 + DRAIN_MARGIN_NS, release: false });
+        // Just drained, within the margin: still waits (a launch that arrives before the
+        // GPU drained pays a switch), until the margin has passed.
+        let just = holder(0, NOW - 1);
+        assert_eq!(decide(&me, &[just], NOW), Decision::Wait { until: NOW - 1 + DRAIN_MARGIN_NS, release: false });
     }
 
     #[test]
@@ -254,7 +315,7 @@ mod tests {
         assert!(matches!(decide(&me, &[waiter(90, NOW - 10)], NOW), Decision::Wait { release: true, .. }));
         let newer = holder(NOW + 6_000_000, NOW);
         assert!(matches!(decide(&me, &[newer], NOW), Decision::Wait { release: true, .. }));
-        let older = holder(NOW + 4_000_000, NOW);
+        let older = holder(NOW + 4_000_000, NOW - DRAIN_MARGIN_NS);
         assert_eq!(decide(&me, &[older], NOW), Decision::Go);
     }
 

@@ -62,6 +62,9 @@ pub struct DeviceQuota {
     pub policy: Policy,
     /// Pool priority (0..=100).
     pub priority: u32,
+    /// The longest turn while a higher priority is active, µs (0: no bound beyond the
+    /// share's part of the cycle; see `crate::turn`).
+    pub turn_max_us: u32,
 }
 
 /// One device's figures.
@@ -431,6 +434,13 @@ impl UsageFile {
     #[inline]
     pub fn priority(&self, index: usize) -> u32 {
         self.limit(index).priority.load(Ordering::Relaxed).min(100)
+    }
+
+    /// The longest turn of the vGPU on device `index` while a higher priority is active
+    /// there (ns; 0: no bound beyond its share of the cycle).
+    #[inline]
+    pub fn turn_max_ns(&self, index: usize) -> u64 {
+        u64::from(self.limit(index).turn_max_us.load(Ordering::Relaxed)) * 1000
     }
 
     /// Change the priority of device `index` live. Root only (the limits file).
@@ -973,7 +983,7 @@ fn layout_bytes(magic: [u8; 8], created_unix_ns: u64, devices: &[DeviceQuota], l
             compute_pct: AtomicU32::new(limit(dev.compute_pct)),
             compute_policy: AtomicU32::new(limit(dev.policy.code())),
             priority: AtomicU32::new(limit(dev.priority.min(100))),
-            _pad: 0,
+            turn_max_us: AtomicU32::new(limit(dev.turn_max_us)),
             ledger: ComputeLedger::default(),
             turns_taken: AtomicU64::new(0),
             turn_wait_ns: AtomicU64::new(0),
@@ -1155,6 +1165,7 @@ mod safety_tests {
                 compute_pct: 100,
                 policy: Policy::Strict,
                 priority: 50,
+                turn_max_us: 0,
             }],
         )
         .unwrap();

@@ -188,6 +188,7 @@ pub fn begin_step(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo
         limits: Limits::default(),
         priority: Priority::default(),
         compute_policy: ask.compute_policy,
+        turn_max_us: None,
         freq_sensitivity: ask.freq_sensitivity,
         mem,
         mem_cap: None,

@@ -211,6 +211,7 @@ fn a_gpu_outside_the_vgpu_offers_nothing() {
             compute_pct: 100,
             policy: Default::default(),
             priority: 0,
+            turn_max_us: 0,
         }],
     )
     .unwrap();

@@ -63,6 +63,44 @@ impl std::fmt::Display for ComputePolicy {
 pub struct ComputeConfig {
     /// The policy of workloads and partitions that do not name one (`--compute-policy`).
     pub policy: ComputePolicy,
+    /// The longest turn (`docs/turns.md`) a vGPU takes on a GPU while a vGPU of higher
+    /// priority is active there (`"2ms"`, from [`MIN_TURN`] to [`MAX_TURN`]), for workloads
+    /// that do not name one (`vgpu run --turn`) [default: none beyond its share of the
+    /// 15 ms cycle].
+    pub turn: Option<String>,
+}
+
+/// The shortest bound `[compute] turn` and `--turn` take: a turn is never shorter than this
+/// anyway (`vgpu_abi::turn::MIN_TURN_NS`)…
+pub const MIN_TURN: std::time::Duration = std::time::Duration::from_nanos(vgpu_abi::turn::MIN_TURN_NS);
+/// …and the longest: no turn is longer than the cycle (`vgpu_abi::turn::CYCLE_NS`).
+pub const MAX_TURN: std::time::Duration = std::time::Duration::from_nanos(vgpu_abi::turn::CYCLE_NS);
+
+/// Parse a turn bound (`[compute] turn`, `--turn`): a duration from [`MIN_TURN`] to
+/// [`MAX_TURN`], in whole µs as the limits file stores it. The error is one line naming
+/// what is wrong.
+pub fn parse_turn(text: &str) -> Result<u32, String> {
+    let d = humantime::parse_duration(text.trim()).map_err(|e| format!("`{text}` is not a duration such as \"2ms\" ({e})"))?;
+    if d < MIN_TURN || d > MAX_TURN {
+        return Err(format!(
+            "`{text}`: a turn bound must be from {} to {}",
+            humantime::format_duration(MIN_TURN),
+            humantime::format_duration(MAX_TURN)
+        ));
+    }
+    Ok(u32::try_from(d.as_micros()).unwrap_or(u32::MAX))
+}
+
+impl ComputeConfig {
+    /// Values serde cannot check; the message names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        self.turn_us().map(|_| ()).map_err(|e| format!("[compute] turn: {e}"))
+    }
+
+    /// `turn` in µs (0: not set).
+    pub fn turn_us(&self) -> Result<u32, String> {
+        self.turn.as_deref().map_or(Ok(0), parse_turn)
+    }
 }
 
 /// A workload's pool priority as the usage file stores it (0..=100).
@@ -140,7 +178,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join(vgpu_abi::layout::PROCS_DIR)).unwrap();
         let path = dir.path().join("usage");
-        let quota = |uuid: &str| DeviceQuota { uuid: uuid.into(), quota_bytes: 1 << 30, compute_pct: 30, policy: Policy::Strict, priority: 50 };
+        let quota = |uuid: &str| DeviceQuota { uuid: uuid.into(), quota_bytes: 1 << 30, compute_pct: 30, policy: Policy::Strict, priority: 50, turn_max_us: 0 };
         UsageFile::create(&path, &[quota("GPU-a"), quota("GPU-b")]).unwrap();
         let usage = UsageFile::open(&path).unwrap();
         apply_live(&usage, Some(&["GPU-b"]), LiveChange { compute_pct: Some(60), policy: Some(ComputePolicy::Fair) }).unwrap();

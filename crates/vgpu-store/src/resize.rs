@@ -221,7 +221,7 @@ mod tests {
     fn usage_file(dir: &std::path::Path, quota: u64) -> UsageFile {
         std::fs::create_dir_all(dir.join(vgpu_abi::layout::PROCS_DIR)).unwrap();
         let path = dir.join("usage");
-        UsageFile::create(&path, &[DeviceQuota { uuid: "GPU-0".into(), quota_bytes: quota, compute_pct: 100, policy: Policy::Strict, priority: 50 }]).unwrap();
+        UsageFile::create(&path, &[DeviceQuota { uuid: "GPU-0".into(), quota_bytes: quota, compute_pct: 100, policy: Policy::Strict, priority: 50, turn_max_us: 0 }]).unwrap();
         UsageFile::open(&path).unwrap()
     }
 

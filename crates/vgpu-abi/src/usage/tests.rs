@@ -26,6 +26,7 @@ fn vgpu(quotas: &[u64]) -> Vgpu {
             compute_pct: 100,
             policy: Policy::Strict,
             priority: 50,
+            turn_max_us: 0,
         })
         .collect();
     let path = dir.path().join(USAGE_FILE);
@@ -87,6 +88,7 @@ fn create_rejects_bad_definitions() {
         compute_pct: pct,
         policy: Policy::Fair,
         priority: 50,
+        turn_max_us: 0,
     };
     assert!(UsageFile::create(&path, &[]).is_err());
     assert!(UsageFile::create(&path, &[dev(UUID0, 0)]).is_err());

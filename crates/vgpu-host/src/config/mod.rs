@@ -166,6 +166,7 @@ impl Config {
         self.carbon.validate().map_err(|e| e.to_string())?;
         self.pool.validate().map_err(|e| e.to_string())?;
         self.policy.validate()?;
+        self.compute.validate()?;
         self.watch.validate()?;
         self.history.validate()?;
         self.slurm.validate()?;
@@ -253,6 +254,19 @@ mod tests {
         assert!(err.contains("compute.policy") && err.contains("bogus") && err.contains("line 2"), "{err}");
         let err = Config::parse("[compute]\npolcy = \"fair\"\n").unwrap_err();
         assert!(err.contains("polcy"), "{err}");
+    }
+
+    #[test]
+    fn compute_turn_is_a_bounded_duration() {
+        let checked = |text: &str| Config::parse(text).and_then(|c| c.validate().map(|()| c.compute.turn_us()));
+        assert_eq!(checked(""), Ok(Ok(0)));
+        assert_eq!(checked("[compute]\nturn = \"2ms\"\n"), Ok(Ok(2000)));
+        let err = checked("[compute]\nturn = \"500us\"\n").unwrap_err();
+        assert!(err.contains("[compute] turn") && err.contains("1ms") && err.contains("15ms"), "{err}");
+        let err = checked("[compute]\nturn = \"1h\"\n").unwrap_err();
+        assert!(err.contains("[compute] turn"), "{err}");
+        let err = checked("[compute]\nturn = \"soon\"\n").unwrap_err();
+        assert!(err.contains("[compute] turn") && err.contains("soon"), "{err}");
     }
 
     #[test]

@@ -113,7 +113,11 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
     }
     // Who may write the vGPU's counters, and whether this workload may use the partition.
     let tenant = vgpu_store::access::tenant_for(&workload, partition.as_ref()).map_err(|e| UsageError::new(e.to_string()))?;
-    let cgroup = create(store, layout, &mut tx, &workload, tenant, &request.limits)?;
+    let turn_max_us = match request.turn_max_us {
+        Some(us) => us,
+        None => ctx.config.compute.turn_us().map_err(|e| anyhow::anyhow!("[compute] turn: {e}"))?,
+    };
+    let cgroup = create(store, layout, &mut tx, &workload, tenant, &request.limits, turn_max_us)?;
     tx.commit();
     vgpu_store::stop_point::stop_point("run:recorded");
     Ok(Launched { workload, cgroup })
@@ -194,14 +198,14 @@ fn unenforceable(limits: &Limits, controller: vgpu_cgroups::Controller, mode: vg
 /// Create the vGPU, the cgroup and the record, in the order reconcile relies on: the start
 /// intent first (if this process dies before the record exists, reconcile removes the
 /// cgroup: `recovery.rs`), the record last.
-fn create(store: &Store, layout: &Layout, tx: &mut Admission, workload: &Workload, tenant: Tenant, limits: &Limits) -> Result<Cgroup> {
+fn create(store: &Store, layout: &Layout, tx: &mut Admission, workload: &Workload, tenant: Tenant, limits: &Limits, turn_max_us: u32) -> Result<Cgroup> {
     tx.wrote_intent(intent::begin(store, intent::Op::Start, &[&workload.id])?);
     let vgpu_dir = store.vgpu_dir(&workload.vgpu);
     if workload.partition.is_none() {
         tx.made_vgpu(vgpu_dir.clone());
     }
     if !workload.gpus.is_empty() {
-        super::ensure_vgpu(store, &vgpu_dir, workload, tenant)?;
+        super::ensure_vgpu(store, &vgpu_dir, workload, tenant, turn_max_us)?;
     }
     // Inside the systemd unit or scope vgpu runs in when it delegates its subtree (home.rs).
     let layout = layout.within(&workload.cgroup_home).context("the workload's cgroup home")?;

@@ -58,6 +58,8 @@ pub struct Request {
     pub priority: Priority,
     /// `--compute-policy`; else the config's.
     pub compute_policy: Option<ComputePolicy>,
+    /// `--turn` in µs (`vgpu_store::compute::parse_turn`); else the config's `[compute] turn`.
+    pub turn_max_us: Option<u32>,
     pub freq_sensitivity: Option<f64>,
     /// Device memory per GPU.
     pub mem: Option<MemSpec>,

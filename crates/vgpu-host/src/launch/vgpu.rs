@@ -14,8 +14,9 @@ use vgpu_store::state::Workload;
 /// Create the vGPU directory, its limits and usage files and `procs/`, owned as the
 /// user guide's table (docs/security.md) says ([`vgpu_store::access`]) — a partition's exist after its first use — and
 /// its slot on the board of each of its GPUs, the tenant's (one that cannot be made is only
-/// a warning).
-pub fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload, tenant: Tenant) -> Result<()> {
+/// a warning). `turn_max_us`: the longest turn while a higher priority is active
+/// (`[compute] turn`, `--turn`; 0: none), for a vGPU made now.
+pub fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload, tenant: Tenant, turn_max_us: u32) -> Result<()> {
     vgpu_store::compute::ensure_slots(&store.state_dir, &w.vgpu, w.gpus.iter().map(|g| g.uuid.as_str()), (tenant.uid, tenant.gid), tenant.group_writable);
     let usage_path = dir.join(USAGE_FILE);
     if w.partition.is_some() && std::fs::symlink_metadata(&usage_path).is_ok() {
@@ -43,6 +44,7 @@ pub fn ensure_vgpu(store: &Store, dir: &Path, w: &Workload, tenant: Tenant) -> R
             compute_pct: g.compute_pct,
             policy: w.compute_policy.abi(),
             priority: vgpu_store::compute::abi_priority(w.priority),
+            turn_max_us,
         })
         .collect();
     UsageFile::create_for(&usage_path, &quotas, tenant).with_context(|| format!("creating {}", usage_path.display()))?;

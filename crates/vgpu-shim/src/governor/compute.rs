@@ -391,8 +391,14 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
         };
         if let Some(until) = turn {
             drop(g);
-            let nap = until.saturating_sub(now).clamp(1_000, turn::POLL_NS.max(MAX_SLEEP_NS));
-            std::thread::sleep(Duration::from_nanos(nap));
+            // Close to the moment it waits for (a drain, a turn's end): yield until then
+            // rather than oversleep it (every hand-over would leave the GPU idle that long).
+            let left = until.saturating_sub(now);
+            if left <= turn::SPIN_NS {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_nanos((left - turn::SPIN_NS).min(turn::POLL_NS.max(MAX_SLEEP_NS))));
+            }
             turn_waited_ns = turn_waited_ns.saturating_add(now_mono_ns().saturating_sub(now));
             continue;
         }
@@ -704,7 +710,13 @@ impl Governor {
                 turn::Decision::Go => return None,
                 turn::Decision::Claim => {
                     let share = arith::pct_to_ppm(vgpu.usage.compute_pct(device));
-                    board.claim_turn(now.saturating_add(turn::turn_ns(share, turn::DEFAULT_TURN_NS)), now);
+                    let max = turn::max_turn_ns(vgpu.usage.turn_max_ns(device), &me, &peers[..n]);
+                    // What it banked: its credit (wall time, at most the burst) at its allowance.
+                    let tat = vgpu.usage.ledger(device).tat_ns.load(Ordering::Acquire);
+                    let credit = now.saturating_sub(tat).min(vgpu_abi::compute::BURST_NS);
+                    let banked = u64::try_from(u128::from(credit) * u128::from(self.share(vgpu, device)) / u128::from(PPM)).unwrap_or(u64::MAX);
+                    let length = turn::turn_with_budget_ns(share, max, banked.saturating_sub(self.in_flight_ns[device]));
+                    board.claim_turn(now.saturating_add(length), now);
                     if waited_ns > 0 {
                         // Handed over once the others' work drained: no switch on the GPU.
                         counters[0].fetch_add(1, Ordering::Relaxed);

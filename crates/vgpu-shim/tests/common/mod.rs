@@ -149,6 +149,7 @@ impl Bench {
                 compute_pct: 100,
                 policy: Default::default(),
                 priority: 0,
+                turn_max_us: 0,
             })
             .collect();
         UsageFile::create(&vgpu_dir.join(USAGE_FILE), &devices).expect("create usage file");

@@ -110,6 +110,9 @@ pub fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<RunArgs, cla
 pub struct RunArgs {
     #[command(flatten)]
     pub opts: WorkloadOptions,
+    /// The longest turn on a GPU while a vGPU of higher priority is active there (1ms-15ms, e.g. 2ms; docs/turns.md) [default: the config's [compute] turn, else none beyond its share of a 15 ms cycle]
+    #[arg(long, value_name = "DURATION", value_parser = turn_bound, conflicts_with = "partition", help_heading = GPU_SLICE)]
+    pub turn: Option<u32>,
     /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks and memory instead of refusing
     #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops", help_heading = COMPUTE_POOL)]
     pub wait: Option<String>,
@@ -437,6 +440,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         limits: Limits { cpus: args.opts.cpus, memory, pids: args.opts.pids },
         priority,
         compute_policy: args.opts.compute_policy,
+        turn_max_us: args.turn,
         freq_sensitivity: args.opts.freq_sensitivity,
         mem,
         mem_cap: vgpu_host::policy::mem_cap(&ctx.config.policy, caller.as_ref()),
@@ -444,6 +448,11 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         placement,
         service,
     })
+}
+
+/// `--turn`'s value, in µs.
+fn turn_bound(text: &str) -> Result<u32, String> {
+    vgpu_store::compute::parse_turn(text)
 }
 
 /// What `--gpus` asks for.

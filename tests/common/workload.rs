@@ -1,6 +1,6 @@
 //! `tests/fakegpu/examples/gpu_workload.rs`, built once per test binary in the test's own
-//! profile (with the shim and the driver, which `cargo test` does not build for this
-//! package's tests).
+//! profile (with the workspace: the shim and the driver, which `cargo test` does not build
+//! for this package's tests).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,10 +17,11 @@ pub fn workload_bin() -> &'static Path {
             Some("debug") | None => "dev".to_string(),
             Some(other) => other.to_string(),
         };
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "--quiet", "-p", "vgpu-shim", "-p", "fakegpu", "--lib", "--example", "gpu_workload", "--profile", &profile])
-            .arg("--manifest-path")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+        // The whole workspace (see `cargo_build_workspace`): a build of `-p fakegpu -p
+        // vgpu-shim` alone recompiled the driver and the shim (15 s of each CI run) and
+        // overwrote the libraries every other test loads.
+        let mut cmd = super::process::cargo_build_workspace(&Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"), &profile);
+        cmd.args(["--example", "gpu_workload"]);
         super::process::run_ok(&mut cmd);
         let bin = dir.join("examples/gpu_workload");
         assert!(bin.is_file(), "{} missing after building it", bin.display());

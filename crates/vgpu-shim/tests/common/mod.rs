@@ -38,8 +38,8 @@ pub fn artifact(name: &str) -> PathBuf {
 }
 
 /// The shim, freshly built. `cargo test` does not build a cdylib-only package's library
-/// for its integration tests, so the first call runs `cargo build` for it (and the driver)
-/// in the same profile; cargo no longer holds the target lock while tests run.
+/// for its integration tests, so the first call runs `cargo build --workspace` (the shim,
+/// the driver) in the same profile; cargo no longer holds the target lock while tests run.
 pub fn shim_library() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
@@ -53,20 +53,9 @@ pub fn shim_library() -> PathBuf {
                 Some("debug") | None => "dev".to_string(),
                 Some(other) => other.to_string(),
             };
-            let mut cmd = Command::new(env!("CARGO"));
-            cmd.args([
-                "build",
-                "--quiet",
-                "-p",
-                "vgpu-shim",
-                "-p",
-                "fakegpu",
-                "--profile",
-                &profile,
-            ])
-            .arg("--manifest-path")
-            .arg(repo_root().join("Cargo.toml"));
-            run_ok(&mut cmd);
+            // The whole workspace (see `cargo_build_workspace`): a build of `-p vgpu-shim -p
+            // fakegpu` alone recompiled both libraries after the README's build.
+            run_ok(&mut process::cargo_build_workspace(&repo_root().join("Cargo.toml"), &profile));
             artifact("libvgpu.so")
         })
         .clone()

@@ -192,6 +192,36 @@ fn a_listing_into_a_closed_pipe_ends_quietly() {
 /// `vgpu run` whose stderr is a closed pipe (a supervisor that went away) still relays a
 /// SIGTERM to its workload and ends with it: no message it cannot write (`-vv` logs the
 /// relay) may take the relaying thread down.
+/// A signal sent to `vgpu run` right after its workload started (here: while it is paused
+/// at `run:spawned`, before it records the workload's pid) is relayed, not fatal: the
+/// relay catches it from before the spawn. Before, it killed `vgpu run` by its default
+/// action and left the workload without its supervisor.
+#[test]
+fn a_signal_just_after_the_spawn_is_relayed() {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu"))
+        .args(["--simulate", "run", "--mem", "1G", "--name", "early", "--", "sleep", "600"])
+        .envs(sim.env())
+        .env("VGPU_TEST_PAUSE_AT", "run:spawned")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(sim.path("early.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = run.id();
+    let stopped = || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T')));
+    wait_for("vgpu run to pause at run:spawned", stopped);
+    // SAFETY: kill(2) on our own child: the SIGTERM waits while it is stopped, and arrives
+    // once it is continued, at that point.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGTERM) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    // Not its output's end: a workload left without its supervisor would hold that open.
+    let status = run.wait().unwrap();
+    let stderr = std::fs::read_to_string(sim.path("early.err")).unwrap_or_default();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}: {stderr}");
+    assert!(sim.ps().iter().all(|w| w["name"] != "early"), "torn down");
+}
+
 #[test]
 fn run_relays_a_signal_even_when_its_stderr_is_a_closed_pipe() {
     use std::os::fd::OwnedFd;

@@ -11,6 +11,11 @@ use nix::sys::signal::{raise, Signal};
 /// The environment variable naming the step to die at.
 pub const ENV: &str = "VGPU_TEST_STOP_AT";
 
+/// The environment variable naming a step to pause at instead: vgpu stops itself there
+/// (SIGSTOP) until it is continued, so that a test can act at that exact point (send a
+/// signal, change a file) and then let it go on.
+pub const PAUSE_ENV: &str = "VGPU_TEST_PAUSE_AT";
+
 /// Every stop point, in the order a command meets them.
 pub const STOP_POINTS: &[&str] = &[
     // vgpu run: its start intent is recorded, the cgroup exists, the record does not yet.
@@ -57,11 +62,15 @@ pub const STOP_POINTS: &[&str] = &[
     "history:mid-rollup",
 ];
 
-/// Die here, by SIGKILL, when `VGPU_TEST_STOP_AT` names this step.
+/// Die here, by SIGKILL, when `VGPU_TEST_STOP_AT` names this step; stop here until
+/// continued when `VGPU_TEST_PAUSE_AT` does.
 pub fn stop_point(name: &str) {
     debug_assert!(STOP_POINTS.contains(&name), "unlisted stop point {name}");
     if std::env::var_os(ENV).is_some_and(|v| v == name) {
         // SIGKILL cannot be caught: nothing after this line runs, as in a real crash.
         let _ = raise(Signal::SIGKILL);
+    }
+    if std::env::var_os(PAUSE_ENV).is_some_and(|v| v == name) {
+        let _ = raise(Signal::SIGSTOP);
     }
 }

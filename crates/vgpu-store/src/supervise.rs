@@ -91,6 +91,19 @@ pub fn spawn(launch: Launch) -> io::Result<Child> {
     child
 }
 
+/// The signals `vgpu run` relays ([`FORWARDED`]), caught from [`CaughtSignals::catch`] on
+/// and queued until [`wait_relaying_signals`] relays them. Caught before the workload is
+/// spawned: one sent to `vgpu run` right after its workload started (by systemd, `kill`)
+/// used to arrive before the relay was in place and kill `vgpu run` by its default action,
+/// leaving the workload without its supervisor until a reconcile found it.
+pub struct CaughtSignals(SignalsInfo<WithOrigin>);
+
+impl CaughtSignals {
+    pub fn catch() -> io::Result<CaughtSignals> {
+        Ok(CaughtSignals(SignalsInfo::<WithOrigin>::new(FORWARDED)?))
+    }
+}
+
 /// Relay signals to `child` until it exits; return its status. Signals the terminal sends
 /// to the whole foreground process group (Ctrl-C, Ctrl-\, window resize) already reach
 /// the child, which shares our process group, so only signals sent to `vgpu run` itself
@@ -101,9 +114,9 @@ pub fn spawn(launch: Launch) -> io::Result<Child> {
 /// process that sent a relayed one (`None`: the terminal's): `vgpu run` says who asked the
 /// workload to end, and thaws a suspended workload there, since a frozen process acts on a
 /// signal only once it runs again.
-pub fn wait_relaying_signals(child: &mut Child, after_terminating: impl Fn(i32, Option<i32>) + Send + 'static) -> io::Result<ExitStatus> {
+pub fn wait_relaying_signals(child: &mut Child, caught: CaughtSignals, after_terminating: impl Fn(i32, Option<i32>) + Send + 'static) -> io::Result<ExitStatus> {
     let pidfd = pidfd_open(child.id())?;
-    let mut signals = SignalsInfo::<WithOrigin>::new(FORWARDED)?;
+    let mut signals = caught.0;
     let handle = signals.handle();
     let relay = std::thread::spawn(move || {
         let act = |origin: signal_hook::low_level::siginfo::Origin| {

@@ -55,7 +55,8 @@ pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, req
 
 /// Wait for the workload's first process, relaying the signals vgpu gets to it (resuming a
 /// suspended workload first, so that it can act on them).
-pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitStatus> {
+/// `caught`: the signals caught before the workload was spawned.
+pub fn supervise(store: &Store, w: &Workload, child: &mut Child, caught: vgpu_store::supervise::CaughtSignals) -> Result<ExitStatus> {
     let wake = {
         let (store, id, name, cgroup, unit) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone(), w.cgroup_home.unit.clone());
         move |signal: i32, sender: Option<i32>| {
@@ -70,7 +71,7 @@ pub fn supervise(store: &Store, w: &Workload, child: &mut Child) -> Result<ExitS
         }
     };
     let told = super::told::Told::start(store, w);
-    let status = vgpu_store::supervise::wait_relaying_signals(child, wake).context("waiting for the workload");
+    let status = vgpu_store::supervise::wait_relaying_signals(child, caught, wake).context("waiting for the workload");
     if let Some(told) = told {
         told.stop();
     }

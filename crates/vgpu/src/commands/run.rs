@@ -507,9 +507,11 @@ fn all_gpus(request: &mut Request, gpus: &[vgpu_gpu::GpuInfo]) {
 }
 
 fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<u8> {
+    // Caught before the spawn: a signal sent right after the workload starts is relayed.
+    let caught = vgpu_store::supervise::CaughtSignals::catch().context("installing the signal relay")?;
     let mut child = launch::start(ctx, store, shim, launched, request)?;
     tracing::info!("started {:?} as pid {}", launched.workload.command, child.id());
-    let status = launch::supervise(store, &launched.workload, &mut child)?;
+    let status = launch::supervise(store, &launched.workload, &mut child, caught)?;
     tracing::debug!("pid {} ended: {status}", child.id());
     explain_oom_kills(&launched.cgroup, &launched.workload, request);
     explain_enforcement(store, &launched.workload);

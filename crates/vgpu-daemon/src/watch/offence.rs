@@ -218,17 +218,17 @@ impl OffenceEnforcer {
             // let out of the freezer to die (v1; v2 kills them frozen).
             // Only pids inside the frozen cgroup: a frozen task cannot die, so its pid is
             // not reused meanwhile (an offender outside it, a Slurm task say, is not moved).
-            let inside = c.pids().unwrap_or_default();
-            let pids: Vec<i32> = killed.iter().filter_map(|p| i32::try_from(p.pid).ok()).filter(|pid| inside.contains(pid)).collect();
-            let released = suspended
-                && frozen
-                && match c.release_killed(&pids) {
+            let released = suspended && frozen && {
+                let inside = c.pids().unwrap_or_default();
+                let pids: Vec<i32> = killed.iter().filter_map(|p| i32::try_from(p.pid).ok()).filter(|pid| inside.contains(pid)).collect();
+                match c.release_killed(&pids) {
                     Ok(()) => true,
                     Err(e) => {
                         events.push(Event::warn(format!("cannot let the offenders of suspended {whose} die frozen: {e}; thawing it for them")));
                         false
                     }
-                };
+                }
+            };
             if released {
                 wait_gone(&killed, REAP_TIMEOUT);
             } else {

@@ -14,14 +14,16 @@
 //! report` says the same of it, byte for byte, from its rows and through its rollups.
 //!
 //! Synchronisation: the watch's `ready` and `round N done` lines, its warnings, and `vgpu
-//! run` exiting. The tests run one at a time (each keeps a simulated GPU or a mount busy).
+//! run` exiting. Each test has its own simulated GPU, state directory and mount, so they run
+//! beside the harness's other tests; what they count in rounds allows for rounds stretched
+//! by a busy machine (a 200 ms round is a timer, not a promise).
 
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::common::{self, serial, Sim};
+use crate::common::{self, Sim};
 use rusqlite::Connection;
 use crate::common::watch::Watch;
 use crate::common::workload::workload_bin;
@@ -93,7 +95,6 @@ fn assert_energy_adds_up(rows: &[(i64, i64, i64, String, Option<i64>)]) {
 
 #[test]
 fn energy_adds_up_across_rounds_and_a_restart_and_workload_time_is_the_ledger() {
-    let _serial = serial();
     let w = workload_bin().to_str().unwrap().to_string();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config(""));
@@ -111,7 +112,8 @@ fn energy_adds_up_across_rounds_and_a_restart_and_workload_time_is_the_ledger() 
     let conn = open(&sim);
     assert_eq!(integrity(&conn), "ok");
     let first = gpu_rows(&conn);
-    assert!(first.len() >= 10, "2 s at 200 ms rounds: {first:?}");
+    // About 10 (2 s at 200 ms rounds); at least half of them on a busy machine.
+    assert!(first.len() >= 5, "2 s at 200 ms rounds: {first:?}");
     assert_energy_adds_up(&first);
     let (id, ended, outcome): (String, Option<i64>, Option<String>) =
         conn.query_row("SELECT id, ended_ms, outcome FROM workloads WHERE name = 'hist'", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap();
@@ -166,7 +168,6 @@ fn energy_adds_up_across_rounds_and_a_restart_and_workload_time_is_the_ledger() 
 
 #[test]
 fn a_watch_killed_inside_a_round_leaves_a_sound_database_without_that_round() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config(""));
     let mut watch = Watch::start(&sim, &[]);
@@ -233,7 +234,6 @@ fn fill(path: &Path) {
 
 #[test]
 fn a_full_disk_is_one_clear_warning_enforcement_goes_on_and_recording_resumes() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     let prom = sim.path("vgpu.prom");
     sim.write_vgpu_config(&config(&format!("textfile = \"{}\"\n", prom.display())));
@@ -267,7 +267,6 @@ fn a_full_disk_is_one_clear_warning_enforcement_goes_on_and_recording_resumes() 
 
 #[test]
 fn retention_deletes_old_rows_only_and_disabled_records_nothing() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config("[history]\nenabled = false\n"));
     let mut watch = Watch::start(&sim, &[]);
@@ -320,7 +319,6 @@ fn retention_deletes_old_rows_only_and_disabled_records_nothing() {
 
 #[test]
 fn a_link_in_place_of_the_database_is_refused_not_followed() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config(""));
     let target = sim.path("elsewhere.db");
@@ -339,7 +337,6 @@ fn a_link_in_place_of_the_database_is_refused_not_followed() {
 
 #[test]
 fn carbon_apply_records_the_intensity_it_used_and_its_decision() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config("[carbon]\nsource = \"static\"\nvalue = 250\nbudget_g_per_hour = 500\n");
     for args in [&["carbon", "apply", "--json"][..], &["carbon", "apply", "--json", "--intensity", "300"]] {
@@ -359,7 +356,6 @@ fn carbon_apply_records_the_intensity_it_used_and_its_decision() {
 
 #[test]
 fn a_history_interval_adds_rounds_up_and_the_stop_writes_the_rest() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config("[history]\ninterval = \"1s\"\n"));
     let mut watch = Watch::start(&sim, &[]);
@@ -369,13 +365,15 @@ fn a_history_interval_adds_rounds_up_and_the_stop_writes_the_rest() {
     assert!(rows.len() >= 2, "{rows:?}");
     // 200 ms rounds, a row per second at least; the last, written at the stop, may be shorter.
     assert!(rows[..rows.len() - 1].iter().all(|r| r.1 - r.0 >= 1000), "{rows:?}");
-    assert!(rows.len() <= 4, "13 rounds of 200 ms in rows of 1 s: {rows:?}");
+    // Rounds added up, not a row each: 13 rounds of 200 ms make 3 or 4 rows of 1 s (more if a
+    // busy machine stretched the rounds, never more than a row per second they spanned).
+    let span = rows.last().unwrap().1 - rows[0].0;
+    assert!(rows.len() < 13 && rows.len() as i64 <= span / 1000 + 1, "13 rounds of 200 ms in rows of 1 s over {span} ms: {rows:?}");
     assert_energy_adds_up(&rows);
 }
 
 #[test]
 fn a_workload_whose_supervisor_died_is_recorded_ended_by_the_watch() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config(""));
     let mut watch = Watch::start(&sim, &[]);
@@ -397,7 +395,6 @@ fn a_workload_whose_supervisor_died_is_recorded_ended_by_the_watch() {
 
 #[test]
 fn a_database_locked_elsewhere_is_one_warning_and_nothing_is_lost() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config(""));
     let mut watch = Watch::start(&sim, &[]);
@@ -418,7 +415,6 @@ fn a_database_locked_elsewhere_is_one_warning_and_nothing_is_lost() {
 
 #[test]
 fn a_damaged_database_is_one_warning_and_moved_aside_a_new_one_records() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config(""));
     std::fs::write(db_path(&sim), vec![0xA5u8; 8192]).unwrap();
@@ -513,7 +509,6 @@ fn watch_killed_at(sim: &Sim, stop_at: &str) {
 
 #[test]
 fn a_version_1_history_is_migrated_and_rolled_up_by_the_watch_killed_anywhere_and_reports_the_same() {
-    let _serial = serial();
     let sim = Sim::new(ONE_GPU);
     sim.write_vgpu_config(&config(""));
     let lib = sim.path("lib");

@@ -33,8 +33,9 @@ use crate::common::watch::Watch;
 /// Fast rounds; the context allowance left at its default ("auto": measured).
 const FAST: &str = "[watch]\ninterval = \"200ms\"\ngrace = \"200ms\"\ncompute_window = \"1s\"\nlisten = \"\"\n";
 
-// One test at a time, alone in the harness (`serial()`): several of them keep simulated
-// GPUs busy or hold gigabytes, and they measure what the watch does in time.
+// Two tests run alone in the harness (`serial()`): the respawning bypasser's and the launch
+// storm's, which measure what the watch does in time. The others wait on events (a line, a
+// file, a state), each on its own simulated GPUs, and run beside the harness's other tests.
 
 fn bin() -> String {
     workload::workload_bin().display().to_string()
@@ -173,7 +174,6 @@ fn frozen(id: &str) -> bool {
 /// allowance is now one measured context each, so they are over by 5.6 GiB and killed.
 #[test]
 fn memory_split_over_twelve_bypassing_processes_is_over_the_quota() {
-    let _serial = serial();
     let sim = Sim::with_config("[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\ncontext_overhead = \"64MiB\"\n");
     sim.write_vgpu_config(FAST);
     let mut runs = Runs::new(&sim);
@@ -291,7 +291,6 @@ fn a_respawning_bypasser_is_ended_at_its_second_offence_and_the_neighbour_gets_i
 /// used to skip GPUs without a share; outside its vGPU the share is now 0.
 #[test]
 fn kernels_on_a_gpu_outside_the_vgpu_are_an_offence() {
-    let _serial = serial();
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB"), ("NVIDIA H100 80GB HBM3", "80GiB")]);
     sim.write_vgpu_config(FAST);
     let mut watch = Watch::start(&sim, &[]);
@@ -323,7 +322,6 @@ fn kernels_on_a_gpu_outside_the_vgpu_are_an_offence() {
 /// of 0 and no allowance.
 #[test]
 fn memory_on_a_gpu_outside_the_vgpu_gets_no_allowance() {
-    let _serial = serial();
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB"), ("NVIDIA H100 80GB HBM3", "80GiB")]);
     sim.write_vgpu_config(FAST);
     let mut watch = Watch::start(&sim, &[]);
@@ -384,7 +382,6 @@ fn a_launch_storm_is_seen_and_acted_on() {
 /// neither blamed nor touched.
 #[test]
 fn in_a_shared_partition_offences_are_the_offending_workloads() {
-    let _serial = serial();
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     sim.write_vgpu_config(FAST);
     sim.vgpu(&["partition", "create", "shared", "--gpu", "0", "--mem", "2G"]).assert().success();
@@ -415,7 +412,6 @@ fn in_a_shared_partition_offences_are_the_offending_workloads() {
 /// (frozen again once the offender is gone); it carries on where it was once resumed.
 #[test]
 fn a_suspended_workload_stays_suspended_through_its_offence() {
-    let _serial = serial();
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     sim.write_vgpu_config(&format!("{FAST}\n[suspend]\ncheckpoint = false\n"));
     let mut runs = Runs::new(&sim);
@@ -491,7 +487,6 @@ fn watch_until_stop_point(sim: &Sim) -> std::process::ExitStatus {
 /// its record: the next command's reconcile thaws it (nothing stays frozen forever).
 #[test]
 fn a_watch_killed_at_an_offence_leaves_nothing_frozen() {
-    let _serial = serial();
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     sim.write_vgpu_config(FAST);
     let mut runs = Runs::new(&sim);
@@ -515,7 +510,6 @@ fn a_watch_killed_at_an_offence_leaves_nothing_frozen() {
 /// its record; reconcile kills what is left, and `vgpu run` says why.
 #[test]
 fn a_watch_killed_while_ending_a_workload_leaves_it_ended() {
-    let _serial = serial();
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     sim.write_vgpu_config(FAST);
     let mut runs = Runs::new(&sim);

@@ -18,8 +18,8 @@ use crate::common::workload::workload_bin;
 const GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 const NOBODY: u32 = 65534;
 
-// The tests of this file one at a time, alone in the harness (`serial()`): rates are
-// compared, and each runs two workloads.
+// The test that compares rates runs alone in the harness (`serial()`); the one that checks
+// the slots' owners and modes waits on states only and runs beside the others.
 
 /// `vgpu --simulate run --name NAME VGPU_ARGS… -- gpu_workload sync SECONDS` in the
 /// background, fair at 30 %, its output collected.
@@ -114,7 +114,6 @@ fn first_window(run: Child, what: &str) -> (u64, String) {
 
 #[test]
 fn a_tenant_cannot_write_truncate_or_add_to_another_tenants_board_slot() {
-    let _serial = serial();
     workload_bin();
     let (sim, uuid) = sim_for_nobody();
 

@@ -14,7 +14,8 @@
 //! One executable, so a change to vgpu links it once, and the areas' tests share the test
 //! threads (`RUST_TEST_THREADS`, .cargo/config.toml): while one area's last slow tests run,
 //! the others' fill the threads, where six executables in a row each waited for its own
-//! slowest. The tests that measure time or rates still run alone (`common::serial()`).
+//! slowest. The tests that measure time or rates run one at a time and ahead of the others on
+//! the CPU (`common::serial()`: nice -15).
 //! One area: `cargo test --test integration daemon::`; one file:
 //! `cargo test --test integration daemon::watch_memory::`.
 

@@ -16,9 +16,8 @@ pub mod process;
 pub mod watch;
 pub mod workload;
 
-use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use assert_cmd::Command;
 use tempfile::TempDir;
@@ -43,11 +42,9 @@ pub fn artefact(file: &str) -> PathBuf {
 /// One simulation: its temporary directory holds the simulated driver's config and state
 /// and vgpu's config, state and lib directories. Dropping it (when the test ends, passed or
 /// failed) kills every process it started and thaws its frozen workloads, then removes the
-/// directory: see its `Drop`. While a test has one, no [`serial`] test runs.
+/// directory: see its `Drop`.
 pub struct Sim {
     pub dir: TempDir,
-    /// Whether this Sim counts in its thread's share of [`ALONE`].
-    shared: bool,
 }
 
 impl Sim {
@@ -75,7 +72,7 @@ impl Sim {
         for sub in ["fakegpu-state", "run", "lib"] {
             std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
         }
-        Sim { dir, shared: share() }
+        Sim { dir }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -235,9 +232,6 @@ impl Drop for Sim {
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        if self.shared {
-            unshare();
-        }
     }
 }
 
@@ -258,73 +252,42 @@ pub fn fakegpu_state(sim: &Sim) -> Vec<u8> {
     bytes
 }
 
-/// Held exclusively by a [`serial`] test, shared by every other test while it has a [`Sim`].
-static ALONE: RwLock<()> = RwLock::new(());
+/// Held by the [`serial`] test that runs now.
+static SERIAL: Mutex<()> = Mutex::new(());
 
-/// This thread's hold on [`ALONE`]: none, shared for its N live Sims, or exclusive.
-enum Hold {
-    None,
-    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>, usize),
-    Alone,
-}
+/// The nice value of a [`serial`] test's thread, and so of every process it starts (a child
+/// keeps its parent's): under CFS a task at -15 weighs about 29 times one at 0.
+const SERIAL_NICE: libc::c_int = -15;
 
-thread_local! {
-    static HOLD: RefCell<Hold> = const { RefCell::new(Hold::None) };
-}
-
-/// One test at a time, alone in its test executable: no other test that has a [`Sim`] runs
-/// meanwhile. For tests that measure time or rates or keep simulated GPUs busy (they used
-/// to be one at a time within their file, and each file was an executable of its own, run
-/// alone). Take it first thing in the test (`let _serial = serial();`), before any Sim.
+/// One test at a time among the tests that take it, ahead of every other test on the CPU.
+/// For tests that measure time or rates: their thread, and every process it starts (`vgpu
+/// run`, the watch, the workloads), run at nice -15, so the harness's other tests (which
+/// spend most of their time waiting) take only the CPU time they leave. The others go on
+/// meanwhile: they used to wait, and the threads stood idle for a third of the run.
+/// Take it first thing in the test (`let _serial = serial();`), before it starts anything.
 pub fn serial() -> Serial {
-    HOLD.with(|h| {
-        assert!(matches!(*h.borrow(), Hold::None), "serial() is taken first in a test, before any Sim");
-    });
-    let guard = ALONE.write().unwrap_or_else(PoisonError::into_inner);
-    HOLD.with(|h| *h.borrow_mut() = Hold::Alone);
+    let guard = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    set_thread_nice(SERIAL_NICE);
     Serial(guard)
 }
 
-/// What [`serial`] returns: the test is alone until it is dropped.
-pub struct Serial(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+/// This thread's nice value (Linux's is per thread; a thread or process it starts keeps it).
+fn set_thread_nice(nice: libc::c_int) {
+    // SAFETY: gettid(2) and setpriority(2) on this thread's id, no memory involved.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    assert_eq!(rc, 0, "setpriority({nice}) for a serial test (run as root): {}", std::io::Error::last_os_error());
+}
+
+/// What [`serial`] returns: the test runs ahead of the others until it is dropped.
+pub struct Serial(#[allow(dead_code)] MutexGuard<'static, ()>);
 
 impl Drop for Serial {
     fn drop(&mut self) {
-        HOLD.with(|h| *h.borrow_mut() = Hold::None);
+        // Back to the harness's nice value, before the next serial test may start (the
+        // guard is dropped after this body). The thread may run another test (one thread).
+        // SAFETY: as in set_thread_nice.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 0) };
     }
-}
-
-/// A new Sim's share of [`ALONE`]: the thread's first Sim waits for any serial test to end;
-/// further ones only count. `false` when the thread runs a serial test (or holds nothing).
-fn share() -> bool {
-    HOLD.with(|h| {
-        let mut hold = h.borrow_mut();
-        match &mut *hold {
-            Hold::Alone => false,
-            Hold::Shared(_, n) => {
-                *n += 1;
-                true
-            }
-            Hold::None => {
-                *hold = Hold::Shared(ALONE.read().unwrap_or_else(PoisonError::into_inner), 1);
-                true
-            }
-        }
-    })
-}
-
-/// A Sim's share given back; the thread's last one releases [`ALONE`].
-fn unshare() {
-    // Not while the thread is being torn down (its hold goes with it then).
-    let _ = HOLD.try_with(|h| {
-        let mut hold = h.borrow_mut();
-        if let Hold::Shared(_, n) = &mut *hold {
-            *n -= 1;
-            if *n == 0 {
-                *hold = Hold::None;
-            }
-        }
-    });
 }
 
 /// The processes (other than this one) whose environment holds the path `dir` (followed by

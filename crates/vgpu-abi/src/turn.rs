@@ -372,10 +372,11 @@ pub mod processes {
                 }
                 continue;
             }
-            if next == 0 && now.saturating_sub(me.handed_ns) >= DEFER_NS {
-                if word.compare_exchange(w, held(holder, id), Ordering::AcqRel, Ordering::Acquire).is_err() {
-                    continue;
-                }
+            if next == 0
+                && now.saturating_sub(me.handed_ns) >= DEFER_NS
+                && word.compare_exchange(w, held(holder, id), Ordering::AcqRel, Ordering::Acquire).is_err()
+            {
+                continue;
             }
             // Just after the holder's queued work ends: it may have handed the turn over with
             // its last launch (then this one goes at once), or launch again.

@@ -1,7 +1,10 @@
 //! How closely `vgpu run --compute P` holds a workload to P % of one GPU's busy time, on the
 //! simulated driver (`vgpu --simulate`). Needs root (cgroups are real).
 //!
-//!     cargo bench --bench compute_accuracy [-- --quick]
+//!     cargo bench --bench compute_accuracy [-- [--quick] [--only LETTERS]]
+//!
+//! `--only LETTERS` runs only the parts named (`e`: shape (e); `f`: the splits; `o`: the
+//! launch overhead; e.g. `--only eo`); the summary lines of the parts left out are not printed.
 //!
 //! It first builds what it runs (`cargo build --release -p vgpu-shim -p fakegpu --lib
 //! --example gpu_workload`, through the `CARGO` cargo sets), then prints one table, a row
@@ -340,13 +343,17 @@ fn row(label: &str, target: &str, share: f64, err: Option<f64>, cell: Option<&Ce
 fn main() {
     let started = Instant::now();
     let mut quick = false;
-    for arg in std::env::args().skip(1) {
+    let mut only: Option<String> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
+            "--only" => only = Some(args.next().unwrap_or_else(|| fail("--only needs letters, e.g. --only eo"))),
             "--bench" => {} // what `cargo bench` passes to every bench program
-            other => fail(format!("unknown argument `{other}` (usage: cargo bench --bench compute_accuracy [-- --quick])")),
+            other => fail(format!("unknown argument `{other}` (usage: cargo bench --bench compute_accuracy [-- [--quick] [--only LETTERS]])")),
         }
     }
+    let part = |c: char| only.as_deref().is_none_or(|o| o.contains(c));
 
     // What it runs: the CLI (built by cargo for this bench), the shim and the simulated
     // driver beside it, and the workload in its examples/ directory.
@@ -400,7 +407,7 @@ fn main() {
     let mut errors: Vec<(String, f64)> = Vec::new();
     let mut per_shape: Vec<(&str, f64, f64)> = Vec::new();
     let mut base_a = 0.0;
-    for shape in &shapes {
+    for shape in shapes.iter().filter(|s| part(s.key.chars().next().unwrap_or('?'))) {
         // "Alone": the better of two unlimited runs (other load on the host only slows one).
         let base = [bench.cell(shape, shape.seconds, None), bench.cell(shape, shape.seconds, None)]
             .into_iter()
@@ -425,7 +432,13 @@ fn main() {
     let mut split_errors: Vec<(String, f64)> = Vec::new();
     let mut fair_busy: Vec<(String, f64)> = Vec::new();
     let tenant_shape = &shapes[0];
-    for policy in ["strict", "fair"] {
+    if part('f') && !part('a') {
+        base_a = [bench.cell(tenant_shape, tenant_shape.seconds, None), bench.cell(tenant_shape, tenant_shape.seconds, None)]
+            .into_iter()
+            .map(|r| r.kps)
+            .fold(0.0, f64::max);
+    }
+    for policy in ["strict", "fair"].into_iter().filter(|_| part('f')) {
         for shares in splits {
             let name = shares.iter().map(u32::to_string).collect::<Vec<_>>().join("/");
             let reports = bench.tenants(tenant_shape, cell_s + 1.0, shares, policy);
@@ -447,52 +460,58 @@ fn main() {
 
     let rounds = if quick { 3 } else { 5 };
     let overhead_s = if quick { 0.5 } else { 1.0 };
-    let [bare, unlimited, limited] = bench.launch_overhead(rounds, overhead_s);
+    let overhead = part('o').then(|| bench.launch_overhead(rounds, overhead_s));
 
     // Summary.
     println!();
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
-    let within = errors.iter().filter(|(_, e)| e.abs() <= 3.0).count();
-    let mean = errors.iter().map(|(_, e)| e.abs()).sum::<f64>() / errors.len() as f64;
-    let worst = errors.iter().max_by(|a, b| a.1.abs().total_cmp(&b.1.abs())).expect("cells");
-    println!(
-        "(a)-(e): {within}/{} cells within 3 points (goal: all, {}); mean |err| {mean:.2} points (goal <= 2, {}); worst {} {:+.1}",
-        errors.len(),
-        verdict(within == errors.len()),
-        verdict(mean <= 2.0),
-        worst.0,
-        worst.1
-    );
-    println!(
-        "  per shape mean|max |err|: {}",
-        per_shape.iter().map(|(k, m, x)| format!("({k}) {m:.1}|{x:.1}")).collect::<Vec<_>>().join("  ")
-    );
-    let split_within = split_errors.iter().filter(|(_, e)| e.abs() <= 3.0).count();
-    let split_worst = split_errors.iter().max_by(|a, b| a.1.abs().total_cmp(&b.1.abs())).expect("tenants");
-    println!(
-        "(f) splits: {split_within}/{} tenants within +-3 points (goal: all, {}); worst {} {:+.1}",
-        split_errors.len(),
-        verdict(split_within == split_errors.len()),
-        split_worst.0,
-        split_worst.1
-    );
-    let min_busy = fair_busy.iter().map(|(_, b)| *b).fold(f64::INFINITY, f64::min);
-    println!(
-        "(f) fair: GPU busy {} (goal >= 95 % when demand exceeds it, {})",
-        fair_busy.iter().map(|(n, b)| format!("{n} {b:.1} %")).collect::<Vec<_>>().join(", "),
-        verdict(min_busy >= 95.0)
-    );
-    let added_unlimited = unlimited.0 - bare.0;
-    let added_limited = limited.0 - bare.0;
-    println!(
-        "launch overhead (sync 1 us kernels, median of {rounds} x {overhead_s} s): bare {:.0} ns, --compute 100 {:.0} ns, --compute 99 {:.0} ns (GPU busy {:.0} %, so the budget never binds)",
-        bare.0, unlimited.0, limited.0, limited.1
-    );
-    println!(
-        "  added per launch: unlimited {added_unlimited:+.0} ns (goal <= 15 ns, {}), limited {added_limited:+.0} ns (goal <= 1000 ns, {})",
-        verdict(added_unlimited <= 15.0),
-        verdict(added_limited <= 1000.0)
-    );
+    if !errors.is_empty() {
+        let within = errors.iter().filter(|(_, e)| e.abs() <= 3.0).count();
+        let mean = errors.iter().map(|(_, e)| e.abs()).sum::<f64>() / errors.len() as f64;
+        let worst = errors.iter().max_by(|a, b| a.1.abs().total_cmp(&b.1.abs())).expect("cells");
+        println!(
+            "(a)-(e): {within}/{} cells within 3 points (goal: all, {}); mean |err| {mean:.2} points (goal <= 2, {}); worst {} {:+.1}",
+            errors.len(),
+            verdict(within == errors.len()),
+            verdict(mean <= 2.0),
+            worst.0,
+            worst.1
+        );
+        println!(
+            "  per shape mean|max |err|: {}",
+            per_shape.iter().map(|(k, m, x)| format!("({k}) {m:.1}|{x:.1}")).collect::<Vec<_>>().join("  ")
+        );
+    }
+    if !split_errors.is_empty() {
+        let split_within = split_errors.iter().filter(|(_, e)| e.abs() <= 3.0).count();
+        let split_worst = split_errors.iter().max_by(|a, b| a.1.abs().total_cmp(&b.1.abs())).expect("tenants");
+        println!(
+            "(f) splits: {split_within}/{} tenants within +-3 points (goal: all, {}); worst {} {:+.1}",
+            split_errors.len(),
+            verdict(split_within == split_errors.len()),
+            split_worst.0,
+            split_worst.1
+        );
+        let min_busy = fair_busy.iter().map(|(_, b)| *b).fold(f64::INFINITY, f64::min);
+        println!(
+            "(f) fair: GPU busy {} (goal >= 95 % when demand exceeds it, {})",
+            fair_busy.iter().map(|(n, b)| format!("{n} {b:.1} %")).collect::<Vec<_>>().join(", "),
+            verdict(min_busy >= 95.0)
+        );
+    }
+    if let Some([bare, unlimited, limited]) = overhead {
+        let added_unlimited = unlimited.0 - bare.0;
+        let added_limited = limited.0 - bare.0;
+        println!(
+            "launch overhead (sync 1 us kernels, median of {rounds} x {overhead_s} s): bare {:.0} ns, --compute 100 {:.0} ns, --compute 99 {:.0} ns (GPU busy {:.0} %, so the budget never binds)",
+            bare.0, unlimited.0, limited.0, limited.1
+        );
+        println!(
+            "  added per launch: unlimited {added_unlimited:+.0} ns (goal <= 15 ns, {}), limited {added_limited:+.0} ns (goal <= 1000 ns, {})",
+            verdict(added_unlimited <= 15.0),
+            verdict(added_limited <= 1000.0)
+        );
+    }
     println!(
         "note: a 1 s window holds ~20 kernels of (c) at full speed, so one kernel more or less is 5 points there; (b) completes 1000 kernels (20 ms) at a time"
     );

@@ -15,11 +15,21 @@
 //!   between a kernel and the next launch, ~4 %: two tenants fill those gaps), their total
 //!   throughput, and the GPU's busy time in all, its throughput delivered (goal: each within
 //!   2 points of its share, together ≥ 98 % busy);
+//!   The same split of two tenants that queue ahead (`storm`: 1000 × 20 µs kernels per
+//!   synchronize), whose round trips leave a GPU alone idle ~0.1 % of the time, not ~2 %:
+//!   with them the GPU's busy time itself can reach 98 %. Beside each, what one alone
+//!   keeps the GPU busy, and the idle gaps between its kernels (its synchronize's return and
+//!   next launch);
+//! * two processes of ONE vGPU (unlimited, then `--compute 90`), each `sync` of 1 ms
+//!   kernels: turns between a vGPU's processes;
 //! * a latency tenant (`--priority 90 --compute 20`, a 2 ms kernel every 10 ms) beside a
 //!   saturating batch tenant (`--priority 10 --compute 80`, 1 ms kernels, and again with a
 //!   storm of 1000 × 20 µs kernels per synchronize): the latency tenant's p50 and p99 time
 //!   from a request's start to its kernel's completion ÷ what it gets alone (goal ≤ 1.2×),
 //!   and the batch tenant's throughput ÷ its share of the unlimited throughput (goal ≥ 95 %).
+//!   "Alone" is the median of three runs' p50 and p99 (a 3 s run's p99 is its 3rd-worst
+//!   request), printed with the unlimited tenant's: at exactly its share (2 ms of every 10), a
+//!   request of the limited tenant now and then waits for its budget.
 //!
 //! It prints the figures with the goals beside them; it judges nothing and fails only when
 //! a run fails.
@@ -85,13 +95,17 @@ struct Gpu {
     handover_p90_us: f64,
     handover_idle_pct: f64,
     own_idle_pct: f64,
+    /// The median and 90th percentile of the idle gaps between two kernels of one process
+    /// (µs): its synchronize's return and its next launch.
+    own_p50_us: f64,
+    own_p90_us: f64,
 }
 
 impl std::fmt::Display for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:.0} switches/s ({:.1} %); {:.0} hand-overs/s, {:.0} us idle each (p50 {:.0}, p90 {:.0}; {:.1} %); idle within a process's run {:.1} %",
+            "{:.0} switches/s ({:.1} %); {:.0} hand-overs/s, {:.0} us idle each (p50 {:.0}, p90 {:.0}; {:.1} %); idle within a process's run {:.1} % (gaps p50 {:.0} us, p90 {:.0})",
             self.switches_per_s,
             self.switch_pct,
             self.handovers_per_s,
@@ -99,7 +113,9 @@ impl std::fmt::Display for Gpu {
             self.handover_p50_us,
             self.handover_p90_us,
             self.handover_idle_pct,
-            self.own_idle_pct
+            self.own_idle_pct,
+            self.own_p50_us,
+            self.own_p90_us
         )
     }
 }
@@ -193,6 +209,7 @@ impl Bench {
         let span = to.saturating_sub(from).max(1) as f64;
         let (mut handovers, mut handover_ns, mut own_ns) = (0u64, 0u64, 0u64);
         let mut gaps: Vec<u64> = Vec::new();
+        let mut own_gaps: Vec<u64> = Vec::new();
         for pair in window.windows(2) {
             let gap = pair[1].0.saturating_sub(pair[0].1);
             if pair[0].2 != pair[1].2 {
@@ -201,6 +218,9 @@ impl Bench {
                 gaps.push(gap);
             } else {
                 own_ns += gap;
+                // Back-to-back kernels of a storm are merged into one interval: a gap here
+                // is a synchronize's round trip.
+                own_gaps.push(gap);
             }
         }
         if to > from {
@@ -208,8 +228,10 @@ impl Bench {
             gpu.handover_gap_us = if handovers > 0 { handover_ns as f64 / handovers as f64 / 1e3 } else { 0.0 };
             gpu.handover_idle_pct = handover_ns as f64 / span * 100.0;
             gaps.sort_unstable();
-            let pct = |q: f64| gaps.get(((gaps.len() as f64 - 1.0) * q).round() as usize).map_or(0.0, |&g| g as f64 / 1e3);
-            (gpu.handover_p50_us, gpu.handover_p90_us) = (pct(0.5), pct(0.9));
+            own_gaps.sort_unstable();
+            let pct = |v: &[u64], q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).map_or(0.0, |&g| g as f64 / 1e3);
+            (gpu.handover_p50_us, gpu.handover_p90_us) = (pct(&gaps, 0.5), pct(&gaps, 0.9));
+            (gpu.own_p50_us, gpu.own_p90_us) = (pct(&own_gaps, 0.5), pct(&own_gaps, 0.9));
             gpu.own_idle_pct = own_ns as f64 / span * 100.0;
         }
         (reports, gpu)
@@ -254,8 +276,15 @@ impl Bench {
             .map(|c| {
                 let out = c.wait_with_output().unwrap_or_else(|e| fail(format!("waiting: {e}")));
                 let stdout = String::from_utf8_lossy(&out.stdout);
-                match stdout.lines().find_map(Report::parse) {
-                    Some(r) if out.status.success() => r,
+                // A tenant of several processes prints a line each: their sum.
+                let all: Vec<Report> = stdout.lines().filter_map(Report::parse).collect();
+                match all.first() {
+                    Some(&first) if out.status.success() => all[1..].iter().fold(first, |a, r| Report {
+                        kps: a.kps + r.kps,
+                        busy: a.busy + r.busy,
+                        seconds: a.seconds.max(r.seconds),
+                        ..a
+                    }),
                     _ => fail(format!("a tenant failed ({}): {stdout:?}", out.status)),
                 }
             })
@@ -305,60 +334,96 @@ fn main() {
     // Warm up, then what "alone" is: the better of two runs.
     bench.run(&[Tenant { compute: None, priority: None, args: bench.args("sync", 0.5, 1000, &[]) }], true);
     let best = |t: &dyn Fn() -> Tenant| {
-        let a = bench.run(&[t()], true)[0];
-        let b = bench.run(&[t()], true)[0];
-        if a.kps >= b.kps { a } else { b }
+        let a = bench.run_counted(&[t()], true);
+        let b = bench.run_counted(&[t()], true);
+        if a.0[0].kps >= b.0[0].kps { (a.0[0], a.1) } else { (b.0[0], b.1) }
     };
-    let base = best(&|| Tenant { compute: None, priority: None, args: bench.args("sync", secs, 1000, &[]) });
-    let base_storm = best(&|| Tenant { compute: None, priority: None, args: bench.args("storm", secs, 20, &["--batch", "1000"]) });
-    let lat_alone = {
-        let a = bench.run(&[latency()], true)[0];
-        let b = bench.run(&[latency()], true)[0];
-        if a.p99_us <= b.p99_us { a } else { b }
-    };
+    let (base, base_gpu) = best(&|| Tenant { compute: None, priority: None, args: bench.args("sync", secs, 1000, &[]) });
+    let (base_storm, storm_gpu) = best(&|| Tenant { compute: None, priority: None, args: bench.args("storm", secs, 20, &["--batch", "1000"]) });
     println!(
-        "turns{}: {secs} s runs, simulated H100 (timeslice 1 ms, context_switch 75 us); alone: sync 1 ms {:.1} kernels/s (GPU busy {:.1} %), storm 20 us {:.0} kernels/s, latency tenant p50 {:.0} us p99 {:.0} us",
-        if quick { " --quick" } else { "" },
-        base.kps,
-        base.busy,
-        base_storm.kps,
-        lat_alone.p50_us,
-        lat_alone.p99_us
+        "turns{}: {secs} s runs, simulated H100 (timeslice 1 ms, context_switch 75 us)",
+        if quick { " --quick" } else { "" }
     );
-    println!("{:<26} {:>5} {:>44} {:>9}", "case", "turns", "tenants: busy% (share) / throughput% of alone", "thru%");
-    for shares in [&[30u32, 70][..], &[10, 90], &[20, 30, 50]] {
+    println!(
+        "alone: sync 1 ms {:.1} kernels/s, GPU busy {:.1} % (idle between its kernels: p50 {:.0} us, p90 {:.0} us: each synchronize's return and the next launch); storm 1000 x 20 us {:.0} kernels/s, GPU busy {:.1} % (one round trip per 1000 kernels: p50 {:.0} us)",
+        base.kps, base.busy, base_gpu.own_p50_us, base_gpu.own_p90_us, base_storm.kps, base_storm.busy, storm_gpu.own_p50_us
+    );
+    println!("{:<30} {:>5} {:>44} {:>9}", "case", "turns", "tenants: busy% (share) / throughput% of alone", "thru%");
+    let split_cases: [(&[u32], bool); 4] = [(&[30, 70], false), (&[10, 90], false), (&[20, 30, 50], false), (&[30, 70], true)];
+    for (shares, storm) in split_cases {
         let name = shares.iter().map(u32::to_string).collect::<Vec<_>>().join("/");
+        let (alone, alone_busy) = if storm { (base_storm.kps, base_storm.busy) } else { (base.kps, base.busy) };
         for turns in [false, true] {
-            let tenants: Vec<Tenant> = shares.iter().map(|&p| batch(p, None, false)).collect();
+            let tenants: Vec<Tenant> = shares.iter().map(|&p| batch(p, None, storm)).collect();
             let (r, gpu) = bench.run_counted(&tenants, turns);
-            let cells: Vec<String> = r.iter().zip(shares).map(|(r, p)| format!("{:.1} ({p}) / {:.1}", r.busy, r.kps / base.kps * 100.0)).collect();
-            let total: f64 = r.iter().map(|r| r.kps / base.kps * 100.0).sum();
+            let cells: Vec<String> = r.iter().zip(shares).map(|(r, p)| format!("{:.1} ({p}) / {:.1}", r.busy, r.kps / alone * 100.0)).collect();
+            let total: f64 = r.iter().map(|r| r.kps / alone * 100.0).sum();
             let busy: f64 = r.iter().map(|r| r.busy).sum();
             let worst = r.iter().zip(shares).map(|(r, &p)| (r.busy - p as f64).abs()).fold(0.0, f64::max);
             println!(
-                "{:<26} {:>5} {:>44} {:>8.1}%   GPU busy {busy:.1} % (goal >= 98); worst |busy - share| {worst:.1} points (goal <= 2); {gpu}",
-                format!("split {name} strict"),
+                "{:<30} {:>5} {:>44} {:>8.1}%   GPU busy {busy:.1} % (goal >= 98; one alone {alone_busy:.1} %); throughput {total:.1} % of one alone (goal >= 98); worst |busy - share| {worst:.1} points (goal <= 2); {gpu}",
+                format!("split {name} strict{}", if storm { " storm" } else { "" }),
                 if turns { "on" } else { "off" },
                 cells.join("  "),
                 total
             );
         }
     }
+    // Two processes of ONE vGPU (unlimited, then --compute 90), each `sync` of 1 ms kernels.
+    for compute in [None, Some(90)] {
+        let w = bench.workload.display().to_string();
+        let one = |tag: &str| format!("{w} sync {secs} --kernel-us 1000 --ready \"$1.{tag}\" --go \"$3\"");
+        let script = format!(
+            "{} & a=$!; {} & b=$!; while [ ! -e \"$1.a\" ] || [ ! -e \"$1.b\" ]; do sleep 0.005; done; : > \"$1\"; wait $a && wait $b",
+            one("a"),
+            one("b")
+        );
+        for turns in [false, true] {
+            let tenant = Tenant { compute, priority: None, args: vec!["sh".into(), "-c".into(), script.clone()] };
+            let (r, gpu) = bench.run_counted(&[tenant], turns);
+            println!(
+                "{:<30} {:>5} {:>44} {:>8.1}%   GPU busy {:.1} % (one process alone {:.1} %); {gpu}",
+                format!("one vGPU, 2 procs, {}", compute.map_or("unlimited".to_string(), |p| format!("--compute {p}"))),
+                if turns { "on" } else { "off" },
+                format!("{:.1} / {:.1}", r[0].busy, r[0].kps / base.kps * 100.0),
+                r[0].kps / base.kps * 100.0,
+                r[0].busy,
+                base.busy
+            );
+        }
+    }
     if splits_only {
         return;
     }
+    // The latency tenant alone: the median of three runs' p50 and p99 (a run's p99 is about
+    // its 3rd-worst request of 300), and unlimited alone beside it for the cause of a slow one.
+    let mut lat_runs: Vec<Report> = (0..3).map(|_| bench.run(&[latency()], true)[0]).collect();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let lat_p50 = median(&mut lat_runs.iter().map(|r| r.p50_us).collect());
+    let lat_p99 = median(&mut lat_runs.iter().map(|r| r.p99_us).collect());
+    lat_runs.sort_by(|a, b| a.p99_us.total_cmp(&b.p99_us));
+    let free = bench.run(&[Tenant { compute: None, priority: Some(90), args: bench.args("sync", secs, 2000, &["--period-us", "10000"]) }], true)[0];
+    println!(
+        "latency tenant alone (--compute 20 --priority 90, a 2 ms kernel every 10 ms): p50 {lat_p50:.0} us, p99 {lat_p99:.0} us (medians of 3 runs; their p99s {}); unlimited alone: p50 {:.0} us, p99 {:.0} us",
+        lat_runs.iter().map(|r| format!("{:.0}", r.p99_us)).collect::<Vec<_>>().join(", "),
+        free.p50_us,
+        free.p99_us
+    );
     for storm in [false, true] {
         let base_b = if storm { base_storm.kps } else { base.kps };
         for turns in [false, true] {
             let (r, gpu) = bench.run_counted(&[latency(), batch(80, Some(10), storm)], turns);
             println!(
-                "{:<26} {:>5} latency p50 {:.0} us ({:.2}x alone), p99 {:.0} us ({:.2}x) (goal <= 1.2x); batch {:.1} % of its share (goal >= 95); {gpu}",
+                "{:<30} {:>5} latency p50 {:.0} us ({:.2}x alone), p99 {:.0} us ({:.2}x) (goal <= 1.2x); batch {:.1} % of its share (goal >= 95); {gpu}",
                 if storm { "latency + batch storm" } else { "latency + batch sync 1ms" },
                 if turns { "on" } else { "off" },
                 r[0].p50_us,
-                r[0].p50_us / lat_alone.p50_us,
+                r[0].p50_us / lat_p50,
                 r[0].p99_us,
-                r[0].p99_us / lat_alone.p99_us,
+                r[0].p99_us / lat_p99,
                 r[1].kps / (0.8 * base_b) * 100.0
             );
         }

@@ -300,6 +300,8 @@ fn bad_values_are_refused_naming_the_option_with_nothing_written() {
         (vec!["--replicas", "1-2", "--memory", "1M"], "--memory"),
         (vec!["--replicas", "1-2", "--cpus", "-1"], "--cpus"),
         (vec!["--replicas", "1-2", "--priority", "101"], "priority"),
+        (vec!["--replicas", "1-2", "--turn", "500us"], "--turn"),
+        (vec!["--replicas", "1-2", "--partition", "p", "--turn", "2ms"], "--partition"),
         (
             vec!["--replicas", "1-2", "--env", "VGPU_DIR=/x"],
             "--env VGPU_DIR",
@@ -352,6 +354,27 @@ fn bad_values_are_refused_naming_the_option_with_nothing_written() {
         "not found",
     );
     assert!(!sim.path("lib/services").exists());
+}
+
+/// `--turn` for a service's replicas, as `vgpu run` takes it: kept in the definition (its
+/// file and its JSON), passed to every replica's `vgpu run`, changed by `service update`.
+#[test]
+fn the_turn_bound_is_a_replica_option() {
+    let sim = Sim::new(GPU16);
+    let created = json(
+        &sim,
+        &["service", "create", "batch", "--replicas", "1", "--compute", "80", "--turn", "2ms", "--json", "--", "sleep", "30"],
+    );
+    assert_eq!(created["options"]["turn"], "2ms", "{created}");
+    let text = std::fs::read_to_string(sim.path("lib/services/batch.toml")).unwrap();
+    assert!(text.contains("turn = \"2ms\""), "{text}");
+    let def = vgpu_daemon::service::Services::new(&sim.path("lib")).load("batch").unwrap();
+    assert!(def.run_args(0).contains(&"--turn=2ms".to_string()), "{:?}", def.run_args(0));
+    let updated = json(&sim, &["service", "update", "batch", "--turn", "4500us", "--json"]);
+    assert_eq!(updated["options"]["turn"], "4500us", "{updated}");
+    let updated = json(&sim, &["service", "update", "batch", "--turn", "3ms", "--json"]);
+    assert_eq!(updated["options"]["turn"], "3ms", "{updated}");
+    assert_refused(&sim, as_root(&sim, &["service", "update", "batch", "--turn", "16ms"]), "--turn");
 }
 
 /// `{replica}` in the command and in `--env` values: what a replica is started with is the

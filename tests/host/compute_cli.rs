@@ -144,6 +144,45 @@ fn update_changes_a_running_workloads_share_live() {
     held.stop();
 }
 
+/// `vgpu update --turn` changes a running vGPU's longest turn beside a higher priority live
+/// (in its root-owned limits, the mapping its shims read at each claim of a turn), with the
+/// checks of `vgpu run --turn`; a refused one changes nothing.
+#[test]
+fn update_changes_a_running_workloads_turn_live() {
+    let sim = Sim::new(TWO_GPUS);
+    sim.vgpu(&["partition", "create", "svc", "--gpu", "1", "--mem", "2G", "--compute", "50"]).assert().success();
+    let held = Held::start(&sim, "batch", &["--gpu", "0", "--mem", "1G", "--compute", "80", "--turn", "5ms"]);
+    let inpart = Held::start(&sim, "inpart", &["--partition", "svc"]);
+    let id = sim.row("batch")["id"].as_str().unwrap().to_string();
+    let usage = usage_of(&sim, &id);
+    assert_eq!(usage.turn_max_ns(0), 5_000_000);
+
+    sim.vgpu(&["update", "batch", "--turn", "2ms"]).assert().success().stdout(predicate::str::contains("turn beside a higher priority 5ms → 2ms"));
+    assert_eq!(usage.turn_max_ns(0), 2_000_000);
+    let out = sim.json(&["update", "batch", "--turn", "3ms", "--json"])["workloads"].clone();
+    assert_eq!((out[0]["turn_max_us"].as_u64(), out[0]["previous_turn_max_us"].as_u64()), (Some(3000), Some(2000)));
+    assert_eq!(usage.turn_max_ns(0), 3_000_000);
+    // Other changes leave it alone, and say nothing of it.
+    let out = sim.json(&["update", "batch", "--compute", "70", "--json"])["workloads"].clone();
+    assert!(out[0].get("turn_max_us").is_none(), "{out}");
+    assert_eq!(usage.turn_max_ns(0), 3_000_000);
+
+    for (args, needle) in [
+        (&["update", "batch", "--turn", "500us"][..], "--turn"),
+        (&["update", "batch", "--turn", "20ms"], "--turn"),
+        (&["update", "batch", "--turn", "soon"], "--turn"),
+        (&["update", "inpart", "--turn", "2ms"], "vgpu partition update svc"),
+    ] {
+        let out = sim.vgpu(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    assert_eq!(usage.turn_max_ns(0), 3_000_000);
+    held.stop();
+    inpart.stop();
+}
+
 #[test]
 fn update_refuses_bad_requests_and_changes_nothing() {
     let sim = Sim::new(TWO_GPUS);

@@ -143,6 +143,53 @@ fn two_tenants_take_turns_and_the_gpu_hardly_switches() {
     assert!(n * 20 <= all, "{n} switches for {all} kernels: more than one in 20");
 }
 
+/// Two processes of ONE vGPU are two contexts too: left to the GPU they alternate kernel by
+/// kernel and it pays a switch at almost every kernel (with `VGPU_TURNS=off`: a switch for
+/// 50–90 % of the kernels, as before turns between a vGPU's processes); taking turns through
+/// their vGPU's `process_turn` word, it hardly switches — unlimited (no budget, its
+/// processes governed only while both launch) and limited alike.
+#[test]
+fn two_processes_of_one_vgpu_take_turns() {
+    let _serial = serial();
+    for compute in [None, Some("90")] {
+        let sim = Sim::with_config(H100);
+        let w = workload_bin().display().to_string();
+        let (r1, r2, go) = (sim.path("ready1"), sim.path("ready2"), sim.path("go"));
+        let one = |r: &Path| format!("{w} sync 1 --kernel-us 1000 --ready {} --go {}", r.display(), go.display());
+        let script = format!("{} & a=$!; {} & b=$!; wait $a && wait $b", one(&r1), one(&r2));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+        cmd.arg("--simulate").arg("run").args(["--mem", "10G"]);
+        if let Some(p) = compute {
+            cmd.args(["--compute", p]);
+        }
+        cmd.args(["--", "sh", "-c", &script]);
+        cmd.env_remove("VGPU_SIMULATE").env_remove("LD_PRELOAD").env("VGPU_LOG", "vgpu=warn");
+        for (k, v) in sim.env() {
+            cmd.env(k, v);
+        }
+        let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn vgpu run");
+        let mut run = Running { children: vec![child], progress: Vec::new() };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !(r1.exists() && r2.exists()) {
+            assert!(matches!(run.children[0].try_wait(), Ok(None)), "the workload exited before it was ready");
+            assert!(Instant::now() < deadline, "not ready after 60 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::write(&go, "go").expect("go file");
+        let child = run.children.remove(0);
+        let out = child.wait_with_output().expect("wait for vgpu run");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "vgpu run failed: {}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        let r: Vec<serde_json::Value> = stdout.lines().filter(|l| l.starts_with('{')).map(parse).collect();
+        assert_eq!(r.len(), 2, "{stdout}");
+        let all = kernels(&r[0]) + kernels(&r[1]);
+        let (n, ns) = switches(&sim);
+        eprintln!("--compute {compute:?}: {all} kernels ({} + {}), {n} context switches ({} ms)", kernels(&r[0]), kernels(&r[1]), ns / 1_000_000);
+        assert!(kernels(&r[0]) > 100 && kernels(&r[1]) > 100, "both ran: {r:?}");
+        assert!(n * 10 <= all, "--compute {compute:?}: {n} switches for {all} kernels: more than one in 10");
+    }
+}
+
 /// A latency tenant (priority 90, 20 %: a 2 ms kernel every 10 ms) beside a batch tenant
 /// (priority 10, 80 %: storms of 1000 × 20 µs kernels). Left to the GPU, each request
 /// queues behind up to 20 ms of the batch's kernels (with `VGPU_TURNS=off`: a median of

@@ -530,6 +530,17 @@ impl Board {
         self.slot().waiting_since_ns.store(0, Ordering::Release);
     }
 
+    /// The word of turns between the vGPU's own processes (`crate::turn::processes`), in
+    /// its own slot's mapping (which lives as long as this board).
+    pub fn process_turn(&self) -> &std::sync::atomic::AtomicU32 {
+        &self.slot().process_turn
+    }
+
+    /// When the work the vGPU queued on the GPU is expected to end (monotonic ns).
+    pub fn queued_until(&self) -> u64 {
+        self.slot().queued_until_ns.load(Ordering::Acquire)
+    }
+
     /// `gpu_ns` more work queued at `now`: the vGPU's queue on the GPU ends that much later.
     pub fn queue(&self, gpu_ns: u64, now_mono: u64) {
         let _ = self.slot().queued_until_ns.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {

@@ -226,7 +226,10 @@ pub struct BoardSlot {
     pub share_ppm: AtomicU32,
     pub priority: AtomicU32,
     pub policy: AtomicU32,
-    pub _pad: u32,
+    /// Turns between the vGPU's own processes on this GPU (`crate::turn::processes`): which
+    /// process holds the turn and which waits, written by the vGPU's processes only, read by
+    /// nobody else. Was padding, 0: "nobody took part yet".
+    pub process_turn: AtomicU32,
     /// Until when the vGPU is known to want more GPU time than it got (monotonic ns): it
     /// had to wait for its budget.
     pub hungry_until_ns: AtomicU64,

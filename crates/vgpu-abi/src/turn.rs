@@ -203,6 +203,207 @@ pub fn decide(me: &Me, peers: &[Peer], now: u64) -> Decision {
     Decision::Claim
 }
 
+/// Turns between the processes of **one** vGPU on a GPU (issue 27): two processes are two
+/// CUDA contexts, and the GPU time-slices between them as between two vGPUs. The vGPU's
+/// processes share one word of its board slot (`BoardSlot::process_turn`, all of them map
+/// the slot read-write; nobody else writes it), and the slot's `queued_until_ns`, where
+/// every process of the vGPU that takes part adds what it queues (`Board::queue`):
+///
+/// * `0`: nobody took part yet;
+/// * [`alone`]`(id)`: process `id` launches alone; an unlimited one on its fast path,
+///   without reading the clock (`vgpu-shim`: a load and a compare per launch);
+/// * [`held`]`(id, next)`: process `id` holds the turn, `next` (0: none) waits for it.
+///
+/// The holder launches; at the end of its turn ([`TURN_NS`]) it hands the turn to `next`
+/// if one waits, which launches once the holder's queued work has drained (the slot's
+/// `queued_until_ns`, plus [`DRAIN_MARGIN_NS`]), so the GPU never has two of the vGPU's
+/// contexts' work queued. A process that finds another holding registers as `next` (when
+/// that is free) and waits; one that finds the word `0` or another's `alone` claims the
+/// turn. A holder nobody waited for during [`QUIET_NS`] writes `alone(id)` again. A holder
+/// whose queued work ended [`IDLE_NS`] ago (idle, or dead) has given its turn up: the
+/// next takes it; and no launch waits more than [`MAX_WAIT_NS`] in all. Ids are random 15-bit
+/// numbers per process: two processes with the same id only lose what turns save.
+pub mod processes {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::{DRAIN_MARGIN_NS, MAX_WAIT_NS, POLL_NS};
+
+    /// A process's turn within its vGPU's (ns): hand-overs every 10 ms cost ~0.5 % (a drain
+    /// margin and a wake-up each), where the GPU's own time-slicing switches every 1 ms.
+    pub const TURN_NS: u64 = 10_000_000;
+    /// A holder that nobody waited for during this long launches alone again (ns).
+    pub const QUIET_NS: u64 = 100_000_000;
+    /// A holder whose queued work ended this long ago, and that launched nothing since, has
+    /// given its turn up (ns), as between vGPUs. Where a holder's synchronize returns later
+    /// than that (a host whose CPUs are oversubscribed), the turn goes at every kernel: 50 µs
+    /// made two processes hand over at nearly every 1 ms kernel on the 2-CPU development
+    /// machine under a load of 7, each hand-over costing the grace and a wake-up.
+    pub const IDLE_NS: u64 = super::IDLE_GRACE_NS;
+    /// After handing its turn over, a process waits this long before it asks to be next
+    /// (ns): a third process that waits (and looks every [`POLL_NS`]) gets its go first.
+    pub const DEFER_NS: u64 = 2 * POLL_NS;
+
+    const ID_MASK: u32 = 0x7fff;
+    const ALONE: u32 = 0x8000;
+    const NEXT_SHIFT: u32 = 16;
+
+    /// The word of process `id` launching alone.
+    pub const fn alone(id: u32) -> u32 {
+        (id & ID_MASK) | ALONE
+    }
+
+    /// The word of process `id` holding the turn, `next` waiting (0: none).
+    pub const fn held(id: u32, next: u32) -> u32 {
+        (id & ID_MASK) | ((next & ID_MASK) << NEXT_SHIFT)
+    }
+
+    /// A process id from `seed` (its pid and the time): 1..=0x7fff.
+    pub fn id_from(seed: u64) -> u32 {
+        let h = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        ((h >> 40) as u32 % ID_MASK) + 1
+    }
+
+    /// A process's own side (process memory, not shared).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Local {
+        /// 1..=0x7fff.
+        pub id: u32,
+        /// Its turn ends then (monotonic ns); 0: it has not started one (handed the turn, it
+        /// first waits for the drain).
+        pub turn_until_ns: u64,
+        /// Since when this launch waits (0: it does not).
+        pub waiting_since_ns: u64,
+        /// Last time another process waited for its turn, or took one.
+        pub contended_ns: u64,
+        /// It handed its turn over then: it asks to be next only [`DEFER_NS`] later.
+        pub handed_ns: u64,
+    }
+
+    /// What to do with a launch.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Step {
+        /// Launch. `alone`: the process launches alone now (an unlimited one may take its
+        /// fast path again).
+        Go { alone: bool },
+        /// Launch, the last of its turn: once what it queues is published (the slot's
+        /// `queued_until_ns`), hand the turn to the process waiting ([`hand_over`]), which
+        /// launches when this launch's work has drained.
+        GoLast,
+        /// Look again at `until` (monotonic ns) at the latest.
+        Wait { until: u64 },
+    }
+
+    /// The step of a launch at `now` of the process `me` in `word`, its vGPU's slot's
+    /// `queued_until_ns` being `queued_until`. Changes the word by compare-and-swap only.
+    pub fn step(word: &AtomicU32, me: &mut Local, queued_until: u64, now: u64) -> Step {
+        let id = me.id & ID_MASK;
+        for _ in 0..8 {
+            let w = word.load(Ordering::Acquire);
+            let holder = w & ID_MASK;
+            let next = (w >> NEXT_SHIFT) & ID_MASK;
+            if w == alone(id) {
+                me.waiting_since_ns = 0;
+                return Step::Go { alone: true };
+            }
+            if w == 0 || w & ALONE != 0 {
+                // Nobody holds the turn: claim it. Another's `alone`: it launched without
+                // turns (its queued work is not known); from now on it waits for them.
+                if word.compare_exchange(w, held(id, 0), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    if w == 0 {
+                        me.turn_until_ns = now.saturating_add(TURN_NS);
+                        me.waiting_since_ns = 0;
+                        return Step::Go { alone: false };
+                    }
+                    // What the other queued (if it published it) drains first.
+                    me.turn_until_ns = 0;
+                    me.contended_ns = now;
+                    if me.waiting_since_ns == 0 {
+                        me.waiting_since_ns = now;
+                    }
+                }
+                continue;
+            }
+            if holder == id {
+                if next != 0 {
+                    me.contended_ns = now;
+                }
+                if me.turn_until_ns == 0 {
+                    // Handed the turn: the previous holder's work drains first.
+                    let drained = queued_until.saturating_add(DRAIN_MARGIN_NS);
+                    if drained > now && now.saturating_sub(me.waiting_since_ns) < MAX_WAIT_NS {
+                        return Step::Wait { until: drained };
+                    }
+                    me.turn_until_ns = now.saturating_add(TURN_NS);
+                    me.waiting_since_ns = 0;
+                    me.contended_ns = now;
+                }
+                if now < me.turn_until_ns {
+                    return Step::Go { alone: false };
+                }
+                if next != 0 && next != id {
+                    // Its turn is over and another waits: this is the last launch of it.
+                    return Step::GoLast;
+                }
+                if now.saturating_sub(me.contended_ns) >= QUIET_NS {
+                    if word.compare_exchange(w, alone(id), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                        me.turn_until_ns = 0;
+                        return Step::Go { alone: true };
+                    }
+                    continue;
+                }
+                me.turn_until_ns = now.saturating_add(TURN_NS);
+                return Step::Go { alone: false };
+            }
+            // Another holds the turn.
+            me.turn_until_ns = 0;
+            if me.waiting_since_ns == 0 {
+                me.waiting_since_ns = now;
+            }
+            me.contended_ns = now;
+            let idle = queued_until.saturating_add(IDLE_NS) < now;
+            if idle || now.saturating_sub(me.waiting_since_ns) >= MAX_WAIT_NS {
+                // Its work ended a while ago and it launched nothing since (idle, or gone),
+                // or this launch waited its most: take the turn (keeping whoever is next).
+                let keep = if next == id { 0 } else { next };
+                if word.compare_exchange(w, held(id, keep), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    me.turn_until_ns = now.saturating_add(TURN_NS);
+                    me.waiting_since_ns = 0;
+                    return Step::Go { alone: false };
+                }
+                continue;
+            }
+            if next == 0
+                && now.saturating_sub(me.handed_ns) >= DEFER_NS
+                && word.compare_exchange(w, held(holder, id), Ordering::AcqRel, Ordering::Acquire).is_err()
+            {
+                continue;
+            }
+            // Just after the holder's queued work ends: it may have handed the turn over with
+            // its last launch (then this one goes at once), or launch again.
+            let relaunch = if queued_until > now { queued_until + DRAIN_MARGIN_NS } else { queued_until.saturating_add(IDLE_NS + 1) };
+            return Step::Wait { until: now.saturating_add(POLL_NS).min(relaunch.max(now + 1)) };
+        }
+        // The word kept changing under it: launch (a miss costs a switch, not correctness).
+        Step::Go { alone: false }
+    }
+
+    /// After the last launch of its turn ([`Step::GoLast`]) and its publication: give the
+    /// turn to the process waiting next (still its holder, with one waiting).
+    pub fn hand_over(word: &AtomicU32, me: &mut Local, now: u64) {
+        let id = me.id & ID_MASK;
+        let w = word.load(Ordering::Acquire);
+        let next = (w >> NEXT_SHIFT) & ID_MASK;
+        if w & (ID_MASK | ALONE) != id || next == 0 || next == id {
+            return;
+        }
+        if word.compare_exchange(w, held(next, 0), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            me.turn_until_ns = 0;
+            me.handed_ns = now;
+            me.waiting_since_ns = now;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,5 +529,92 @@ mod tests {
             Decision::Wait { until: NOW + 1_000_000 - QUEUE_AHEAD_NS, release: false }
         );
         assert_eq!(decide(&Me { queued_until_ns: NOW + 100_000, ..me }, &[quiet], NOW), Decision::Go);
+    }
+
+    mod processes_turns {
+        use super::super::processes::*;
+        use super::super::{DRAIN_MARGIN_NS, MAX_WAIT_NS};
+        use std::sync::atomic::{AtomicU32, Ordering};
+
+        const T0: u64 = 1_000_000_000;
+
+        fn local(id: u32) -> Local {
+            Local { id, ..Local::default() }
+        }
+
+        #[test]
+        fn ids_are_15_bit_and_never_zero() {
+            for seed in [0u64, 1, 42, u64::MAX, 0x7fff, 1 << 40] {
+                let id = id_from(seed);
+                assert!((1..=0x7fff).contains(&id), "{id}");
+            }
+            assert_ne!(id_from(1), id_from(2));
+        }
+
+        #[test]
+        fn one_process_claims_then_launches_alone_after_a_quiet_while() {
+            let word = AtomicU32::new(0);
+            let mut a = local(7);
+            assert_eq!(step(&word, &mut a, 0, T0), Step::Go { alone: false });
+            assert_eq!(word.load(Ordering::Relaxed), held(7, 0));
+            assert_eq!(step(&word, &mut a, T0, T0 + TURN_NS / 2), Step::Go { alone: false });
+            // Nobody waited: alone again at the end of its turn, and from then on.
+            assert_eq!(step(&word, &mut a, T0, T0 + QUIET_NS), Step::Go { alone: true });
+            assert_eq!(word.load(Ordering::Relaxed), alone(7));
+            assert_eq!(step(&word, &mut a, T0, T0 + QUIET_NS + 1), Step::Go { alone: true });
+        }
+
+        #[test]
+        fn two_processes_alternate_after_the_drain() {
+            let word = AtomicU32::new(alone(7));
+            let (mut a, mut b) = (local(7), local(9));
+            // B comes: A's `alone` is claimed; what A queued (until T0 + 500 us) drains first.
+            let q = T0 + 500_000;
+            assert_eq!(step(&word, &mut b, q, T0), Step::Wait { until: q + DRAIN_MARGIN_NS });
+            assert_eq!(word.load(Ordering::Relaxed), held(9, 0));
+            assert_eq!(step(&word, &mut b, q, q + DRAIN_MARGIN_NS), Step::Go { alone: false });
+            // A waits, and is next.
+            let t = q + DRAIN_MARGIN_NS + 100_000;
+            let bq = t + 1_000_000;
+            assert!(matches!(step(&word, &mut a, bq, t), Step::Wait { .. }));
+            assert_eq!(word.load(Ordering::Relaxed), held(9, 7));
+            // B keeps its turn until it ends; its launch then is the last of it, and once
+            // published it hands the turn to A, and waits itself.
+            assert_eq!(step(&word, &mut b, bq, t + 1000), Step::Go { alone: false });
+            let end = q + DRAIN_MARGIN_NS + TURN_NS;
+            assert_eq!(step(&word, &mut b, bq, end), Step::GoLast);
+            assert_eq!(word.load(Ordering::Relaxed), held(9, 7));
+            hand_over(&word, &mut b, end);
+            assert_eq!(word.load(Ordering::Relaxed), held(7, 0));
+            let bq = end + 800_000;
+            assert!(matches!(step(&word, &mut b, bq, end + 10), Step::Wait { .. }));
+            // A launches once B's queued work drained, not before.
+            assert_eq!(step(&word, &mut a, bq, end + 10), Step::Wait { until: bq + DRAIN_MARGIN_NS });
+            assert_eq!(step(&word, &mut a, bq, bq + DRAIN_MARGIN_NS), Step::Go { alone: false });
+            // B asks to be next only a little later (a third process would get in first).
+            assert!(matches!(step(&word, &mut b, bq + 1_000_000, end + 100), Step::Wait { .. }));
+            assert_eq!(word.load(Ordering::Relaxed), held(7, 0));
+            assert!(matches!(step(&word, &mut b, bq + 1_000_000, end + DEFER_NS), Step::Wait { .. }));
+            assert_eq!(word.load(Ordering::Relaxed), held(7, 9));
+        }
+
+        #[test]
+        fn an_idle_or_dead_holder_loses_the_turn_and_no_wait_is_endless() {
+            let word = AtomicU32::new(held(3, 0));
+            let mut b = local(9);
+            // Its queued work ended more than the grace ago: taken at once.
+            assert!(matches!(step(&word, &mut b, T0 - IDLE_NS + 1, T0), Step::Wait { .. }));
+            assert_eq!(step(&word, &mut b, T0 - IDLE_NS - 1, T0), Step::Go { alone: false });
+            assert_eq!(word.load(Ordering::Relaxed), held(9, 0));
+            // A holder that keeps its queue full but never hands over: taken after the most
+            // a launch waits.
+            let word = AtomicU32::new(held(3, 0));
+            let mut c = local(11);
+            let full = T0 + MAX_WAIT_NS + 10_000_000;
+            assert!(matches!(step(&word, &mut c, full, T0), Step::Wait { .. }));
+            assert!(matches!(step(&word, &mut c, full, T0 + MAX_WAIT_NS - 1), Step::Wait { .. }));
+            assert_eq!(step(&word, &mut c, full, T0 + MAX_WAIT_NS), Step::Go { alone: false });
+            assert_eq!(word.load(Ordering::Relaxed), held(11, 0));
+        }
     }
 }

@@ -450,6 +450,15 @@ impl UsageFile {
         Ok(())
     }
 
+    /// Change the longest turn of device `index` beside a higher priority (`crate::turn`),
+    /// µs (0: none beyond its share of the cycle) live: its processes read it at their next
+    /// claim of a turn. Root only (the limits file).
+    pub fn set_turn_max_us(&self, index: usize, us: u32) -> io::Result<()> {
+        self.check_limits_writable()?;
+        self.limit(index).turn_max_us.store(us, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// The vGPU's GPU-time ledger on device `index` (shared by all its processes).
     #[inline]
     pub fn ledger(&self, index: usize) -> &ComputeLedger {

@@ -81,6 +81,7 @@ pub struct WorkloadFile {
     pub mem: Option<Text>,
     pub compute: Option<u32>,
     pub compute_policy: Option<ComputePolicy>,
+    pub turn: Option<Text>,
     pub partition: Option<String>,
     pub tflops: Option<Text>,
     pub kind: Option<String>,
@@ -110,6 +111,8 @@ pub struct Options {
     pub mem: Option<String>,
     pub compute: Option<u32>,
     pub compute_policy: Option<ComputePolicy>,
+    /// The longest turn beside a higher priority (`--turn`), as written (`"2ms"`).
+    pub turn: Option<String>,
     pub partition: Option<String>,
     pub tflops: Option<String>,
     pub kind: Option<String>,
@@ -262,6 +265,7 @@ impl WorkloadFile {
             mem: text(self.mem),
             compute: self.compute,
             compute_policy: self.compute_policy,
+            turn: text(self.turn),
             partition: self.partition,
             tflops: text(self.tflops),
             kind: self.kind,
@@ -284,7 +288,7 @@ impl WorkloadFile {
 /// those that need another, by key: checked again on a file and on the merged options,
 /// which clap never saw.
 const CONFLICTS: [(&str, &[&str]); 3] = [
-    ("partition", &["gpu", "gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"]),
+    ("partition", &["gpu", "gpus", "mem", "compute", "compute_policy", "turn", "oversubscribe", "tflops"]),
     ("tflops", &["gpu", "compute", "gpus"]),
     ("gpus", &["gpu"]),
 ];
@@ -315,6 +319,7 @@ impl Options {
             "mem" => self.mem.is_some(),
             "compute" => self.compute.is_some(),
             "compute_policy" => self.compute_policy.is_some(),
+            "turn" => self.turn.is_some(),
             "partition" => self.partition.is_some(),
             "tflops" => self.tflops.is_some(),
             "kind" => self.kind.is_some(),
@@ -335,6 +340,9 @@ impl Options {
         }
         if let Some(memory) = &self.memory {
             vgpu_abi::size::parse_size(memory).map_err(|e| format!("key `memory`: {e}"))?;
+        }
+        if let Some(turn) = &self.turn {
+            vgpu_store::compute::parse_turn(turn).map_err(|e| format!("key `turn`: {e}"))?;
         }
         if let Some(pct) = self.compute.filter(|p| !(1..=100).contains(p)) {
             return Err(format!("key `compute`: a percentage from 1 to 100, got {pct}"));
@@ -380,6 +388,7 @@ mod tests {
         assert!(o.oversubscribe);
         assert_eq!(o.command, vec!["python", "serve.py"]);
         assert_eq!(parse_ok("gpu = 1\ncommand = [\"x\"]\n").gpu, vec!["1"]);
+        assert_eq!(parse_ok("turn = \"2ms\"\ncommand = [\"x\"]\n").turn.as_deref(), Some("2ms"));
     }
 
     #[test]
@@ -393,6 +402,8 @@ mod tests {
             ("mem = \"4G\"\n", "command"),
             ("command = []\n", "command"),
             ("compute_policy = \"nice\"\ncommand = [\"x\"]\n", "compute_policy"),
+            ("turn = \"500us\"\ncommand = [\"x\"]\n", "key `turn`"),
+            ("partition = \"p\"\nturn = \"2ms\"\ncommand = [\"x\"]\n", "key `partition` cannot be used with key `turn`"),
             ("partition = \"p\"\nmem = \"1G\"\ncommand = [\"x\"]\n", "key `partition` cannot be used with key `mem`"),
             ("kind = \"npu\"\ncommand = [\"x\"]\n", "key `kind` needs key `tflops`"),
         ] {

@@ -237,6 +237,7 @@ impl ServiceDef {
         flag("mem", r.mem.clone());
         flag("compute", r.compute.map(|c| c.to_string()));
         flag("compute-policy", r.compute_policy.map(policy_name));
+        flag("turn", r.turn.clone());
         flag("partition", r.partition.clone());
         flag("tflops", r.tflops.clone());
         flag("kind", r.kind.clone());
@@ -357,6 +358,7 @@ impl ServiceDef {
             "compute_policy",
             r.compute_policy.map(|p| s(&policy_name(p))),
         );
+        opt("turn", r.turn.as_deref().map(s));
         opt("partition", r.partition.as_deref().map(s));
         opt("tflops", r.tflops.as_deref().map(s));
         opt("kind", r.kind.as_deref().map(s));

@@ -38,7 +38,7 @@
 use std::collections::HashMap;
 use std::ffi::c_uint;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::time::Duration;
 
 use vgpu_abi::board::{Board, MAX_COMPETITORS};
@@ -119,7 +119,7 @@ const EVENT_POOL: usize = 2 * MAX_IN_FLIGHT;
 #[inline(always)]
 pub fn launch(mode: Mode, stream: CUstream, work: Work, call: impl FnOnce() -> CuResult) -> CuResult {
     match mode {
-        Mode::Enforce(vgpu) if any_limited(vgpu) => launch_limited(vgpu, &[(stream, work)], call),
+        Mode::Enforce(vgpu) if any_limited(vgpu) || !processes_alone(vgpu) => launch_limited(vgpu, &[(stream, work)], call),
         _ => call(),
     }
 }
@@ -130,7 +130,7 @@ pub fn launch(mode: Mode, stream: CUstream, work: Work, call: impl FnOnce() -> C
 #[inline(always)]
 pub fn launch_many(mode: Mode, items: &[(CUstream, Work)], call: impl FnOnce() -> CuResult) -> CuResult {
     match mode {
-        Mode::Enforce(vgpu) if any_limited(vgpu) => launch_limited(vgpu, items, call),
+        Mode::Enforce(vgpu) if any_limited(vgpu) || !processes_alone(vgpu) => launch_limited(vgpu, items, call),
         _ => call(),
     }
 }
@@ -141,9 +141,43 @@ pub fn launch_many(mode: Mode, items: &[(CUstream, Work)], call: impl FnOnce() -
 #[inline(always)]
 pub fn unlimited(mode: Mode) -> bool {
     match mode {
-        Mode::Enforce(vgpu) => !any_limited(vgpu),
+        Mode::Enforce(vgpu) => !any_limited(vgpu) && processes_alone(vgpu),
         _ => true,
     }
+}
+
+// ---- turns between the processes of one vGPU -----------------------------------------------
+
+/// This process has looked for its vGPU's process-turn words (`turn::processes`).
+static PROCESS_TURNS_READY: AtomicBool = AtomicBool::new(false);
+/// Per device: the vGPU's process-turn word in its board slot (null: none, or turns off).
+static PROCESS_TURN_WORD: [AtomicPtr<AtomicU32>; MAX_DEVICES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVICES];
+/// Per device: the word's value while this process launches alone there (`alone(id)`), or
+/// `NOT_ALONE` (bit 31 is never set in a word).
+static PROCESS_TURN_ALONE: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(NOT_ALONE) }; MAX_DEVICES];
+const NOT_ALONE: u32 = u32::MAX;
+
+/// An unlimited launch needs no turns: this process launches alone on each device of the
+/// vGPU (its word says `alone(id)`, or there is no word). A load and a compare per device;
+/// before the process looked for its words (its first launch), no.
+#[inline(always)]
+fn processes_alone(vgpu: &Vgpu) -> bool {
+    if !PROCESS_TURNS_READY.load(Ordering::Acquire) {
+        return false;
+    }
+    (0..vgpu.usage.device_count().min(MAX_DEVICES)).all(|d| {
+        let word = PROCESS_TURN_WORD[d].load(Ordering::Relaxed);
+        // SAFETY: a non-null pointer here points into a board mapping the governor owns and
+        // never unmaps (the governor is leaked, never freed).
+        word.is_null() || unsafe { (*word).load(Ordering::Relaxed) } == PROCESS_TURN_ALONE[d].load(Ordering::Relaxed)
+    })
+}
+
+/// Whether this process takes turns with the vGPU's other processes on `device` now.
+fn processes_take_turns(device: usize) -> bool {
+    let word = PROCESS_TURN_WORD[device].load(Ordering::Relaxed);
+    // SAFETY: as in `processes_alone`.
+    !word.is_null() && unsafe { (*word).load(Ordering::Relaxed) } != PROCESS_TURN_ALONE[device].load(Ordering::Relaxed)
 }
 
 /// Whether any device of the vGPU has a compute limit now (shares change live).
@@ -270,6 +304,18 @@ struct Governor {
     /// Average measured GPU time per launch: the estimate of a launch never seen before.
     average_ns: u64,
     boards: Vec<BoardView>,
+    /// Per device: turns between the vGPU's processes (`turn::processes`), if it has a slot.
+    process_turns: Vec<Option<ProcessTurns>>,
+}
+
+/// This process's side of the turns between its vGPU's processes on one device.
+struct ProcessTurns {
+    /// Its own mapping of the vGPU's slot (the word's pointer in `PROCESS_TURN_WORD` points
+    /// into it; never dropped).
+    board: Board,
+    local: turn::processes::Local,
+    /// The launch being admitted is the last of its turn: once queued, hand the turn over.
+    last_of_turn: bool,
 }
 
 static GOVERNOR: AtomicPtr<SpinLock<Governor>> = AtomicPtr::new(std::ptr::null_mut());
@@ -287,6 +333,7 @@ fn governor() -> &'static SpinLock<Governor> {
         in_flight_ns: [0; MAX_DEVICES],
         average_ns: 0,
         boards: (0..MAX_DEVICES).map(|_| BoardView::new()).collect(),
+        process_turns: (0..MAX_DEVICES).map(|_| None).collect(),
     })));
     match GOVERNOR.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
         // SAFETY: just leaked.
@@ -305,6 +352,11 @@ fn governor() -> &'static SpinLock<Governor> {
 /// parent may have held its lock at the fork).
 pub fn reset_in_child() {
     GOVERNOR.store(std::ptr::null_mut(), Ordering::Release);
+    PROCESS_TURNS_READY.store(false, Ordering::Release);
+    for d in 0..MAX_DEVICES {
+        PROCESS_TURN_WORD[d].store(std::ptr::null_mut(), Ordering::Release);
+        PROCESS_TURN_ALONE[d].store(NOT_ALONE, Ordering::Release);
+    }
     super::meter::reset_in_child();
 }
 
@@ -322,6 +374,9 @@ fn give_back(pool: &mut Vec<CUevent>, e: CUevent) {
 
 fn prepare(vgpu: &'static Vgpu, items: &[(CUstream, Work)]) -> Tickets {
     let mut tickets = Tickets::default();
+    if !PROCESS_TURNS_READY.load(Ordering::Acquire) {
+        governor().lock().find_process_turns(vgpu);
+    }
     for &(stream, work) in items.iter().take(tickets.items.len()) {
         if capturing(stream) {
             continue;
@@ -331,7 +386,10 @@ fn prepare(vgpu: &'static Vgpu, items: &[(CUstream, Work)]) -> Tickets {
             _ => continue,
         };
         let base = arith::pct_to_ppm(vgpu.usage.compute_pct(device));
-        if base >= PPM {
+        // Unlimited: governed only to take turns with the vGPU's other processes (its work
+        // measured for the hand-overs, never held to a budget).
+        let unlimited = base >= PPM;
+        if unlimited && !processes_take_turns(device) {
             continue;
         }
         let mut ctx: CUcontext = std::ptr::null_mut();
@@ -339,8 +397,10 @@ fn prepare(vgpu: &'static Vgpu, items: &[(CUstream, Work)]) -> Tickets {
         if unsafe { real::cuCtxGetCurrent(&mut ctx) } != CUDA_SUCCESS || ctx.is_null() {
             continue;
         }
-        super::meter::ensure_started(vgpu);
-        if let Some(ticket) = admit(vgpu, ctx, stream, device, work) {
+        if !unlimited {
+            super::meter::ensure_started(vgpu);
+        }
+        if let Some(ticket) = admit(vgpu, ctx, stream, device, work, unlimited) {
             tickets.items[tickets.count] = Some(ticket);
             tickets.count += 1;
         }
@@ -358,32 +418,45 @@ fn capturing(stream: CUstream) -> bool {
 
 /// Wait until the launch fits the budget, then take its start event. `None`: do not
 /// govern it (no event could be had).
-fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, work: Work) -> Option<Ticket> {
+fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, work: Work, unlimited: bool) -> Option<Ticket> {
     let key = work.key();
     let ledger = vgpu.usage.ledger(device);
     let mut waited_ns = 0u64;
     let mut turn_waited_ns = 0u64;
+    let mut process_waited_ns = 0u64;
     let lock = governor();
     loop {
         let mut g = lock.lock();
         let now = now_mono_ns();
-        let allowance = g.allowance(vgpu, device, now);
+        // An unlimited vGPU neither publishes on the board (the others' allowances do not
+        // count it) nor waits for a budget or for the other vGPUs' turns.
+        let allowance = if unlimited { PPM } else { g.allowance(vgpu, device, now) };
         g.harvest(vgpu, now);
         let estimate = g.estimate(key);
         // The launch itself is paid when it is measured; what must fit now is the ledger
         // plus this process's earlier work that is queued and not yet measured.
-        let mut wait = arith::wait_ns(ledger.tat_ns.load(Ordering::Acquire), g.in_flight_ns[device], allowance, now);
+        let mut wait = if unlimited { 0 } else { arith::wait_ns(ledger.tat_ns.load(Ordering::Acquire), g.in_flight_ns[device], allowance, now) };
         if g.in_flight >= MAX_IN_FLIGHT {
             wait = wait.max(50_000);
         }
-        if wait == 0 {
+        // Turns between the vGPU's own processes: one of them has work on the GPU at a time.
+        let process_turn = if wait == 0 { g.process_turn(device, now) } else { None };
+        if let Some(until) = process_turn {
+            drop(g);
+            let slept = nap_until(until, now);
+            process_waited_ns = process_waited_ns.saturating_add(slept);
+            continue;
+        }
+        if wait == 0 && !unlimited {
             // Taking turns, a vGPU without the turn asks for one only with budget for a
             // turn's worth of work (`turn::min_work_ns`): hand-overs stay rare, and a lower
             // priority beside it gets runs long enough to use its share.
             wait = g.turn_budget_wait(vgpu, device, now, allowance);
         }
         // Turns: only with other vGPUs active on the GPU; out of budget, the turn goes.
-        let turn = if wait == 0 {
+        let turn = if unlimited {
+            None
+        } else if wait == 0 {
             g.turn(vgpu, device, now, turn_waited_ns)
         } else {
             g.release_turn(device);
@@ -391,15 +464,7 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
         };
         if let Some(until) = turn {
             drop(g);
-            // Close to the moment it waits for (a drain, a turn's end): yield until then
-            // rather than oversleep it (every hand-over would leave the GPU idle that long).
-            let left = until.saturating_sub(now);
-            if left <= turn::SPIN_NS {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_nanos((left - turn::SPIN_NS).min(turn::POLL_NS.max(MAX_SLEEP_NS))));
-            }
-            turn_waited_ns = turn_waited_ns.saturating_add(now_mono_ns().saturating_sub(now));
+            turn_waited_ns = turn_waited_ns.saturating_add(nap_until(until, now));
             continue;
         }
         if wait == 0 {
@@ -407,11 +472,20 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
                 ledger.throttled_ns.fetch_add(waited_ns, Ordering::Relaxed);
                 ledger.throttled_launches.fetch_add(1, Ordering::Relaxed);
             }
-            if turn_waited_ns > 0 {
-                vgpu.usage.turn_counters(device)[1].fetch_add(turn_waited_ns, Ordering::Relaxed);
+            if turn_waited_ns + process_waited_ns > 0 {
+                vgpu.usage.turn_counters(device)[1].fetch_add(turn_waited_ns + process_waited_ns, Ordering::Relaxed);
+            }
+            // What it queues, for the hand-overs of turns (between vGPUs, between its processes).
+            if let Some(pt) = g.process_turns[device].as_mut() {
+                pt.board.queue(estimate, now);
+                if std::mem::take(&mut pt.last_of_turn) {
+                    turn::processes::hand_over(pt.board.process_turn(), &mut pt.local, now);
+                }
             }
             if let Some(board) = g.boards[device].board.as_ref().filter(|_| g.boards[device].peers_active) {
-                board.queue(estimate, now);
+                if g.process_turns[device].is_none() {
+                    board.queue(estimate, now);
+                }
                 // The launch after this one (once this one ran) would have to wait for the
                 // budget: this is the last of the turn; the next vGPU waits for its drain.
                 let in_flight = g.in_flight_ns[device].saturating_add(estimate.saturating_mul(2));
@@ -444,6 +518,18 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
         std::thread::sleep(Duration::from_nanos(nap));
         waited_ns = waited_ns.saturating_add(nap);
     }
+}
+
+/// Sleep until about `until` (monotonic ns; it is `now`): close to it, yield rather than
+/// oversleep it (every hand-over would leave the GPU idle that long). Returns the time spent.
+fn nap_until(until: u64, now: u64) -> u64 {
+    let left = until.saturating_sub(now);
+    if left <= turn::SPIN_NS {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_nanos((left - turn::SPIN_NS).min(turn::POLL_NS.max(MAX_SLEEP_NS))));
+    }
+    now_mono_ns().saturating_sub(now)
 }
 
 /// Whether vGPUs take turns (`VGPU_TURNS=off` in the shim's environment turns them off: the
@@ -754,6 +840,61 @@ impl Governor {
         }
         let work = turn::min_work_ns(allowance).max(self.in_flight_ns[device]);
         arith::wait_ns(vgpu.usage.ledger(device).tat_ns.load(Ordering::Acquire), work, allowance, now)
+    }
+
+    /// Look for the vGPU's process-turn word on each of its devices (once per process): its
+    /// own mapping of the vGPU's slot there. An unlimited process that finds the word unused
+    /// says it launches alone (and keeps its fast path); `VGPU_TURNS=off`: none.
+    fn find_process_turns(&mut self, vgpu: &'static Vgpu) {
+        if PROCESS_TURNS_READY.load(Ordering::Acquire) {
+            return;
+        }
+        if turns_enabled() {
+            let now = now_mono_ns();
+            let id = turn::processes::id_from(u64::from(std::process::id()) << 32 ^ now);
+            for d in 0..vgpu.usage.device_count().min(MAX_DEVICES) {
+                let Some(board) = vgpu.usage.path().parent().and_then(|dir| Board::open(dir, vgpu.usage.device_uuid(d)).ok()) else {
+                    continue;
+                };
+                let word = board.process_turn();
+                let alone = turn::processes::alone(id);
+                let unlimited = arith::pct_to_ppm(vgpu.usage.compute_pct(d)) >= PPM;
+                if unlimited && word.compare_exchange(0, alone, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    PROCESS_TURN_ALONE[d].store(alone, Ordering::Relaxed);
+                }
+                PROCESS_TURN_WORD[d].store((word as *const AtomicU32).cast_mut(), Ordering::Release);
+                self.process_turns[d] = Some(ProcessTurns {
+                    board,
+                    local: turn::processes::Local { id, ..Default::default() },
+                    last_of_turn: false,
+                });
+            }
+        }
+        PROCESS_TURNS_READY.store(true, Ordering::Release);
+    }
+
+    /// Turns between the vGPU's processes at a launch on `device` that may go now: `None`
+    /// to launch, `Some(until)` to look again by then.
+    fn process_turn(&mut self, device: usize, now: u64) -> Option<u64> {
+        let pt = self.process_turns[device].as_mut()?;
+        let queued = pt.board.queued_until();
+        pt.last_of_turn = false;
+        match turn::processes::step(pt.board.process_turn(), &mut pt.local, queued, now) {
+            turn::processes::Step::Go { alone } => {
+                let word = if alone { turn::processes::alone(pt.local.id) } else { NOT_ALONE };
+                PROCESS_TURN_ALONE[device].store(word, Ordering::Relaxed);
+                None
+            }
+            turn::processes::Step::GoLast => {
+                PROCESS_TURN_ALONE[device].store(NOT_ALONE, Ordering::Relaxed);
+                pt.last_of_turn = true;
+                None
+            }
+            turn::processes::Step::Wait { until } => {
+                PROCESS_TURN_ALONE[device].store(NOT_ALONE, Ordering::Relaxed);
+                Some(until)
+            }
+        }
     }
 
     /// Out of budget: give the turn up at once (the others need not wait for it).

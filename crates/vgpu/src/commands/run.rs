@@ -53,8 +53,11 @@ pub struct WorkloadOptions {
     /// How the compute share is applied: strict (never above it) or fair (a floor; idle GPU time is shared out) [default: the config's [compute] policy, else strict]
     #[arg(long, value_name = "POLICY", value_enum, help_heading = GPU_SLICE)]
     pub compute_policy: Option<ComputePolicy>,
+    /// The longest turn on a GPU while a vGPU of higher priority is active there (1ms-15ms, e.g. 2ms; docs/turns.md); `vgpu update --turn` changes it live [default: the config's [compute] turn, else none beyond its share of a 15 ms cycle]
+    #[arg(long, value_name = "DURATION", value_parser = turn_bound, conflicts_with = "partition", help_heading = GPU_SLICE)]
+    pub turn: Option<u32>,
     /// Run inside a partition (a persistent vGPU shared by all its workloads)
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "compute_policy", "oversubscribe", "tflops"], help_heading = GPU_SLICE, add = crate::args::partition_candidates())]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["gpus", "mem", "compute", "compute_policy", "turn", "oversubscribe", "tflops"], help_heading = GPU_SLICE, add = crate::args::partition_candidates())]
     pub partition: Option<String>,
     /// Admit even when the GPU's memory is already fully reserved; through sudo, only if the config's [policy] grants it
     #[arg(long, help_heading = GPU_SLICE)]
@@ -110,9 +113,6 @@ pub fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<RunArgs, cla
 pub struct RunArgs {
     #[command(flatten)]
     pub opts: WorkloadOptions,
-    /// The longest turn on a GPU while a vGPU of higher priority is active there (1ms-15ms, e.g. 2ms; docs/turns.md) [default: the config's [compute] turn, else none beyond its share of a 15 ms cycle]
-    #[arg(long, value_name = "DURATION", value_parser = turn_bound, conflicts_with = "partition", help_heading = GPU_SLICE)]
-    pub turn: Option<u32>,
     /// With --tflops: wait (up to DURATION, e.g. 10m; default forever) for blocks and memory instead of refusing
     #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "forever", requires = "tflops", help_heading = COMPUTE_POOL)]
     pub wait: Option<String>,
@@ -176,6 +176,11 @@ fn with_workload_file(args: &RunArgs, workload: &str, caller: Option<&vgpu_store
     fill(&mut merged.opts.mem, file.mem);
     merged.opts.compute = merged.opts.compute.or(file.compute);
     merged.opts.compute_policy = merged.opts.compute_policy.or(file.compute_policy);
+    if merged.opts.turn.is_none() {
+        if let Some(text) = &file.turn {
+            merged.opts.turn = Some(turn_bound(text).map_err(|e| UsageError::new(format!("key `turn` in {}: {e}", file.path.display())))?);
+        }
+    }
     fill(&mut merged.opts.partition, file.partition);
     fill(&mut merged.opts.tflops, file.tflops);
     fill(&mut merged.opts.kind, file.kind);
@@ -201,6 +206,7 @@ fn with_workload_file(args: &RunArgs, workload: &str, caller: Option<&vgpu_store
         "mem" => merged.opts.mem.is_some(),
         "compute" => merged.opts.compute.is_some(),
         "compute_policy" => merged.opts.compute_policy.is_some(),
+        "turn" => merged.opts.turn.is_some(),
         "partition" => merged.opts.partition.is_some(),
         "tflops" => merged.opts.tflops.is_some(),
         "kind" => merged.opts.kind.is_some(),
@@ -440,7 +446,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
         limits: Limits { cpus: args.opts.cpus, memory, pids: args.opts.pids },
         priority,
         compute_policy: args.opts.compute_policy,
-        turn_max_us: args.turn,
+        turn_max_us: args.opts.turn,
         freq_sensitivity: args.opts.freq_sensitivity,
         mem,
         mem_cap: vgpu_host::policy::mem_cap(&ctx.config.policy, caller.as_ref()),
@@ -451,7 +457,7 @@ pub(crate) fn validate(ctx: &Context, args: &RunArgs) -> Result<Request> {
 }
 
 /// `--turn`'s value, in µs.
-fn turn_bound(text: &str) -> Result<u32, String> {
+pub(crate) fn turn_bound(text: &str) -> Result<u32, String> {
     vgpu_store::compute::parse_turn(text)
 }
 

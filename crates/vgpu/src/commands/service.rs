@@ -195,6 +195,9 @@ fn apply_options(def: &mut ServiceDef, o: &WorkloadOptions) {
     set(&mut r.mem, &o.mem);
     r.compute = o.compute.or(r.compute);
     r.compute_policy = o.compute_policy.or(r.compute_policy);
+    if let Some(us) = o.turn {
+        r.turn = Some(if us % 1000 == 0 { format!("{}ms", us / 1000) } else { format!("{us}us") });
+    }
     set(&mut r.partition, &o.partition);
     set(&mut r.tflops, &o.tflops);
     set(&mut r.kind, &o.kind);
@@ -518,6 +521,8 @@ struct OptionsJson<'a> {
     mem: Option<&'a str>,
     compute_pct: Option<u32>,
     compute_policy: Option<ComputePolicy>,
+    /// `--turn`, as given (`"2ms"`).
+    turn: Option<&'a str>,
     partition: Option<&'a str>,
     tflops: Option<&'a str>,
     kind: Option<&'a str>,
@@ -617,6 +622,7 @@ impl<'a> Listed<'a> {
                 mem: r.mem.as_deref(),
                 compute_pct: r.compute,
                 compute_policy: r.compute_policy,
+                turn: r.turn.as_deref(),
                 partition: r.partition.as_deref(),
                 tflops: r.tflops.as_deref(),
                 kind: r.kind.as_deref(),

@@ -1,5 +1,5 @@
 //! `vgpu update ID… [--mem SIZE|PCT%] [--compute PCT] [--compute-policy POLICY]
-//! [--priority P] [--tflops N] [--wait[=DURATION]]`: change running workloads' limits live.
+//! [--turn DURATION] [--priority P] [--tflops N] [--wait[=DURATION]]`: change running workloads' limits live.
 //!
 //! Under the store lock, every workload named is checked and its vGPU's usage file opened
 //! before anything is written, so a bad ID, a damaged file or a refused GPU changes
@@ -50,7 +50,7 @@ use vgpu_store::state::Workload;
 use vgpu_store::state::WorkloadState;
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy", "priority", "tflops"]).required(true).multiple(true)))]
+#[command(group(clap::ArgGroup::new("change").args(["mem", "compute", "compute_policy", "turn", "priority", "tflops"]).required(true).multiple(true)))]
 pub struct UpdateArgs {
     /// Workloads, by id (a unique prefix is enough) or name; through sudo, only ones that run as the caller
     #[arg(required = true, value_name = "ID", add = crate::args::workload_candidates())]
@@ -64,6 +64,9 @@ pub struct UpdateArgs {
     /// New policy: strict (never above the share) or fair (a floor; idle GPU time is shared out)
     #[arg(long, value_name = "POLICY", value_enum, help_heading = crate::commands::run::GPU_SLICE)]
     pub compute_policy: Option<ComputePolicy>,
+    /// New longest turn on a GPU while a vGPU of higher priority is active there (1ms-15ms, as for `vgpu run --turn`; docs/turns.md)
+    #[arg(long, value_name = "DURATION", value_parser = crate::commands::run::turn_bound, help_heading = crate::commands::run::GPU_SLICE)]
+    pub turn: Option<u32>,
     /// New priority, 0-100 (higher is served first and may preempt in the pool); through sudo, at most the config's [policy] max_priority
     #[arg(long, value_name = "P", allow_hyphen_values = true, help_heading = crate::commands::run::COMPUTE_POOL)]
     pub priority: Option<String>,
@@ -87,6 +90,11 @@ struct Updated {
     previous_compute_policy: ComputePolicy,
     priority: i32,
     previous_priority: i32,
+    /// `--turn`: the longest turn beside a higher priority, µs (0: none), now and before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    turn_max_us: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_turn_max_us: Option<u32>,
     /// Pool workloads: TFLOPS (and blocks) held, now and before.
     #[serde(skip_serializing_if = "Option::is_none")]
     tflops: Option<f64>,
@@ -313,7 +321,7 @@ fn attempt(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[Admission
                 w.id
             );
         }
-        let limits_only = mem.is_none() && args.compute.is_none() && args.compute_policy.is_none();
+        let limits_only = mem.is_none() && args.compute.is_none() && args.compute_policy.is_none() && args.turn.is_none();
         // A waiting workload has no vGPU yet: only its priority (its place in the pool's
         // queue) can change. One whose pool blocks are all on declared devices has none
         // either: its priority and its blocks can.
@@ -423,7 +431,17 @@ fn attempt(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[Admission
             Some(r) => r.pool.gpu_shares(&w.id).iter().filter_map(|s| Some((s.device.uuid()?.to_string(), u32::from(s.compute_percent())))).collect(),
             None => Vec::new(),
         };
+        let mut turns = (None, None);
         if let Some(usage) = &usage {
+            if let Some(us) = args.turn {
+                for uuid in &uuids {
+                    if let Some(i) = usage.find_device_str(uuid) {
+                        let before = u32::try_from(usage.turn_max_ns(i) / 1000).unwrap_or(u32::MAX);
+                        turns = (Some(us), turns.1.or(Some(before)));
+                        usage.set_turn_max_us(i, us).with_context(|| format!("{}", usage.path().display()))?;
+                    }
+                }
+            }
             if change.compute_pct.is_some() || change.policy.is_some() {
                 vgpu_store::compute::apply_live(usage, Some(&uuids), change)?;
             }
@@ -474,6 +492,8 @@ fn attempt(args: &UpdateArgs, asked: &Asked, store: &Store, devices: &[Admission
             previous_compute_policy: before.compute_policy,
             priority: w.priority,
             previous_priority: before.priority,
+            turn_max_us: turns.0,
+            previous_turn_max_us: turns.1,
             tflops: tflops(pool_figures.1),
             previous_tflops: tflops(pool_figures.0),
             blocks: pool_figures.1,
@@ -575,6 +595,10 @@ fn describe(u: &Updated, asked: &Asked, args: &UpdateArgs) -> String {
             shares(|g| g.previous_compute_pct),
             u.previous_compute_policy
         ));
+    }
+    if let (Some(now), Some(before)) = (u.turn_max_us, u.previous_turn_max_us) {
+        let text = |us: u32| if us == 0 { "none".to_string() } else { format!("{}ms", f64::from(us) / 1000.0) };
+        parts.push(format!("turn beside a higher priority {} → {}", text(before), text(now)));
     }
     if asked.priority.is_some() {
         parts.push(format!("priority {} → {}", u.previous_priority, u.priority));

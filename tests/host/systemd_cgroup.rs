@@ -296,66 +296,130 @@ fn a_bad_workload_file_is_refused_naming_the_key() {
 /// What the stand-in was asked: (unit, Delegate=, PIDs).
 type Calls = std::sync::Arc<std::sync::Mutex<Vec<(String, bool, Vec<u32>)>>>;
 
-/// A minimal `org.freedesktop.systemd1.Manager`: StartTransientUnit makes the scope's
-/// cgroup (`<mount>/<slice>/<unit>` in every hierarchy vgpu uses, real cgroups), moves the
-/// PIDs there, and emits JobRemoved(…, "done") as systemd does when the job ends.
+/// A minimal `org.freedesktop.systemd1.Manager`, served on a thread of its own until dropped:
+/// StartTransientUnit makes the scope's cgroup (`<mount>/<slice>/<unit>` in every hierarchy
+/// vgpu uses, real cgroups), moves the PIDs there, and emits JobRemoved(…, "done") as systemd
+/// does when the job ends, here before its reply (a client that listens only after the reply
+/// misses it) and after another job's failed JobRemoved (a client that takes any job's
+/// signal for its own fails); Subscribe and `org.freedesktop.DBus.Peer.Ping` answer empty.
 struct StandIn {
-    slice: String,
-    mounts: Vec<PathBuf>,
-    calls: Calls,
-    jobs: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-#[zbus::interface(name = "org.freedesktop.systemd1.Manager")]
+const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+
 impl StandIn {
-    fn subscribe(&self) {}
-
-    async fn start_transient_unit(
-        &mut self,
-        #[zbus(signal_emitter)] emitter: zbus::object_server::SignalEmitter<'_>,
-        name: String,
-        _mode: String,
-        properties: Vec<(String, zbus::zvariant::OwnedValue)>,
-        _aux: Vec<(String, Vec<(String, zbus::zvariant::OwnedValue)>)>,
-    ) -> zbus::fdo::Result<zbus::zvariant::OwnedObjectPath> {
-        use zbus::zvariant::Value;
-        let mut delegate = false;
-        let mut pids = Vec::new();
-        for (key, value) in &properties {
-            match (key.as_str(), &**value) {
-                ("Delegate", Value::Bool(b)) => delegate = *b,
-                ("PIDs", Value::Array(array)) => pids.extend(array.iter().filter_map(|v| if let Value::U32(p) = v { Some(*p) } else { None })),
-                _ => {}
+    /// On the bus at `address` (`unix:path=…`) as `org.freedesktop.systemd1`, once this returns.
+    fn serve(address: &str, slice: String, mounts: Vec<PathBuf>, calls: Calls) -> StandIn {
+        use rustbus::connection::{ll_conn::force_finish_on_error, Timeout};
+        let wait = Timeout::Duration(std::time::Duration::from_secs(30));
+        let path = address.strip_prefix("unix:path=").and_then(|a| a.split(',').next()).expect("a unix:path= address");
+        let addr = rustbus_nix::sys::socket::UnixAddr::new(path).expect("the bus's socket address");
+        let mut conn = rustbus::RpcConn::connect_to_path(addr, wait).expect("the stand-in for systemd on the bus");
+        let serial = conn
+            .send_message(&mut rustbus::standard_messages::request_name("org.freedesktop.systemd1", 0))
+            .and_then(|ctx| ctx.write_all().map_err(force_finish_on_error))
+            .expect("RequestName");
+        let reply = conn.wait_response(serial, wait).expect("RequestName's reply");
+        // 1: DBUS_REQUEST_NAME_REPLY_PRIMARY_OWNER
+        assert_eq!(reply.body.parser().get::<u32>().ok(), Some(1), "the stand-in owns org.freedesktop.systemd1");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut jobs = 0u32;
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                // Woken now and then to see whether the test is over.
+                let call = match conn.wait_call(Timeout::Duration(std::time::Duration::from_millis(100))) {
+                    Ok(call) => call,
+                    Err(rustbus::connection::Error::TimedOut) => continue,
+                    Err(e) => panic!("the stand-in's connection: {e}"),
+                };
+                let mut replies = Vec::new();
+                match call.dynheader.member.as_deref().unwrap_or_default() {
+                    "Ping" | "Subscribe" => replies.push(call.dynheader.make_response()),
+                    "StartTransientUnit" => match start_transient_unit(&call, &slice, &mounts) {
+                        Ok((name, delegate, pids)) => {
+                            calls.lock().expect("calls").push((name.clone(), delegate, pids));
+                            jobs += 1;
+                            let job = format!("/org/freedesktop/systemd1/job/{jobs}");
+                            // Another unit's job ending first, failed: not the one vgpu waits for.
+                            let mut other = rustbus::MessageBuilder::new().signal(MANAGER, "JobRemoved", "/org/freedesktop/systemd1").build();
+                            let other_path = rustbus::wire::ObjectPath::new("/org/freedesktop/systemd1/job/0").expect("a job path");
+                            other.body.push_param4(0u32, other_path, "other.service", "failed").expect("JobRemoved's body");
+                            replies.push(other);
+                            let mut signal = rustbus::MessageBuilder::new().signal(MANAGER, "JobRemoved", "/org/freedesktop/systemd1").build();
+                            let path = rustbus::wire::ObjectPath::new(job.as_str()).expect("a job path");
+                            signal.body.push_param4(jobs, path, name.as_str(), "done").expect("JobRemoved's body");
+                            replies.push(signal);
+                            let mut reply = call.dynheader.make_response();
+                            reply.body.push_param(path).expect("the job's path");
+                            replies.push(reply);
+                        }
+                        Err(e) => {
+                            let mut error = call.dynheader.make_error_response("org.freedesktop.DBus.Error.Failed", Some(e));
+                            error.typ = rustbus::MessageType::Error;
+                            replies.push(error);
+                        }
+                    },
+                    _ => {
+                        let mut error = rustbus::standard_messages::unknown_method(&call.dynheader);
+                        error.typ = rustbus::MessageType::Error;
+                        replies.push(error);
+                    }
+                }
+                for mut message in replies {
+                    conn.send_message(&mut message).and_then(|ctx| ctx.write_all().map_err(force_finish_on_error)).expect("the stand-in's answer");
+                }
             }
-        }
-        for mount in &self.mounts {
-            let slice = mount.join(&self.slice);
-            let scope = slice.join(&name);
-            let made = std::fs::create_dir_all(&scope);
-            // What systemd does for a delegated unit on v2: its controllers handed down.
-            let _ = std::fs::write(slice.join("cgroup.subtree_control"), "+cpu +memory +pids");
-            for pid in &pids {
-                made.as_ref().map_err(|e| zbus::fdo::Error::Failed(format!("mkdir {}: {e}", scope.display())))?;
-                std::fs::write(scope.join("cgroup.procs"), pid.to_string())
-                    .map_err(|e| zbus::fdo::Error::Failed(format!("move {pid} to {}: {e}", scope.display())))?;
-            }
-        }
-        self.calls.lock().expect("calls").push((name.clone(), delegate, pids));
-        self.jobs += 1;
-        let job = zbus::zvariant::OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/job/{}", self.jobs))
-            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
-        Self::job_removed(&emitter, self.jobs, job.as_ref(), &name, "done").await.map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
-        Ok(job)
+        });
+        StandIn { stop, thread: Some(thread) }
     }
+}
 
-    #[zbus(signal)]
-    async fn job_removed(
-        emitter: &zbus::object_server::SignalEmitter<'_>,
-        id: u32,
-        job: zbus::zvariant::ObjectPath<'_>,
-        unit: &str,
-        result: &str,
-    ) -> zbus::Result<()>;
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let outcome = thread.join();
+            if !std::thread::panicking() {
+                outcome.expect("the stand-in for systemd");
+            }
+        }
+    }
+}
+
+/// StartTransientUnit(s name, s mode, a(sv) properties, a(sa(sv)) aux): the scope's cgroup
+/// made and the PIDs moved there; (name, Delegate=, PIDs), or why not.
+fn start_transient_unit(call: &rustbus::message_builder::MarshalledMessage, slice: &str, mounts: &[PathBuf]) -> Result<(String, bool, Vec<u32>), String> {
+    use rustbus::wire::unmarshal::traits::Variant;
+    type Properties<'a, 'b> = Vec<(&'a str, Variant<'b, 'a>)>;
+    let (name, _mode, properties, _aux) = call
+        .body
+        .parser()
+        .get4::<&str, &str, Properties, Vec<(&str, Properties)>>()
+        .map_err(|e| format!("StartTransientUnit's arguments: {e:?}"))?;
+    let mut delegate = false;
+    let mut pids = Vec::new();
+    for (key, value) in &properties {
+        match *key {
+            "Delegate" => delegate = value.get::<bool>().map_err(|e| format!("Delegate: {e:?}"))?,
+            "PIDs" => pids.extend(value.get::<Vec<u32>>().map_err(|e| format!("PIDs: {e:?}"))?),
+            _ => {}
+        }
+    }
+    for mount in mounts {
+        let slice = mount.join(slice);
+        let scope = slice.join(name);
+        let made = std::fs::create_dir_all(&scope);
+        // What systemd does for a delegated unit on v2: its controllers handed down.
+        let _ = std::fs::write(slice.join("cgroup.subtree_control"), "+cpu +memory +pids");
+        for pid in &pids {
+            made.as_ref().map_err(|e| format!("mkdir {}: {e}", scope.display()))?;
+            std::fs::write(scope.join("cgroup.procs"), pid.to_string()).map_err(|e| format!("move {pid} to {}: {e}", scope.display()))?;
+        }
+    }
+    Ok((name.to_string(), delegate, pids))
 }
 
 /// A private `dbus-daemon` on a socket in `dir`, ended when dropped.
@@ -414,12 +478,7 @@ fn a_run_from_a_shell_gets_a_transient_scope_over_dbus() {
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB")]);
     let bus = Bus::start(sim.dir.path());
     let calls = Calls::default();
-    let stand_in = StandIn { slice: slice.clone(), mounts: mounts.clone(), calls: calls.clone(), jobs: 0 };
-    let _systemd = zbus::blocking::connection::Builder::address(bus.address.as_str())
-        .and_then(|b| b.name("org.freedesktop.systemd1"))
-        .and_then(|b| b.serve_at("/org/freedesktop/systemd1", stand_in))
-        .and_then(|b| b.build())
-        .expect("the stand-in for systemd on the bus");
+    let _systemd = StandIn::serve(&bus.address, slice.clone(), mounts.clone(), calls.clone());
 
     let systemd_env = |cmd: &mut Command| {
         cmd.env("VGPU_CGROUP_MANAGER", "systemd").env("VGPU_SYSTEMD_BUS", &bus.address).env_remove("VGPU_CGROUP_SELF");

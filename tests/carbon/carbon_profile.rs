@@ -54,8 +54,9 @@ fn within(got: &Value, want: f64, share: f64) -> bool {
     got.as_f64().is_some_and(|g| (g - want).abs() <= share * want.abs())
 }
 
-/// Alone (`serial()`): the fit's speed is kernels per second at each clock in 0.3 s, which a
-/// loaded machine skews (σ 0.56 for 0.60 beside the other tests).
+/// Serial (`serial()`, ahead of the other tests on the CPU): the fit's speed is kernels per
+/// second at each clock in 0.3 s, which a loaded machine skews (σ 0.56 for 0.60 beside the
+/// other tests, when they shared the CPU equally).
 #[test]
 fn the_fit_recovers_the_configured_curve_and_the_clocks_are_restored() {
     let _serial = serial();

@@ -29,7 +29,8 @@ const TWO_GPUS: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB"), ("NVIDIA H100-
 const KERNEL_MS: f64 = 2.0;
 const WINDOW_MS: f64 = 500.0;
 
-// One test at a time, alone in the harness: `serial()` (see the module's documentation).
+// One test at a time, ahead of the harness's other tests on the CPU: `serial()` (see the
+// module's documentation).
 
 /// Short rounds and window; the metrics in a textfile (no endpoint).
 fn config(sim: &Sim, policy: &str) -> String {

@@ -33,7 +33,7 @@ use crate::common::watch::Watch;
 /// Fast rounds; the context allowance left at its default ("auto": measured).
 const FAST: &str = "[watch]\ninterval = \"200ms\"\ngrace = \"200ms\"\ncompute_window = \"1s\"\nlisten = \"\"\n";
 
-// Two tests run alone in the harness (`serial()`): the respawning bypasser's and the launch
+// Two tests run serially, ahead of the others on the CPU (`serial()`): the respawning bypasser's and the launch
 // storm's, which measure what the watch does in time. The others wait on events (a line, a
 // file, a state), each on its own simulated GPUs, and run beside the harness's other tests.
 

@@ -18,7 +18,7 @@ use crate::common::workload::workload_bin;
 const GPU: &[(&str, &str)] = &[("NVIDIA H100-sim", "80GiB")];
 const NOBODY: u32 = 65534;
 
-// The test that compares rates runs alone in the harness (`serial()`); the one that checks
+// The test that compares rates is serial (`serial()`, ahead of the others on the CPU); the one that checks
 // the slots' owners and modes waits on states only and runs beside the others.
 
 /// `vgpu --simulate run --name NAME VGPU_ARGS… -- gpu_workload sync SECONDS` in the

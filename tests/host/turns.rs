@@ -3,7 +3,8 @@
 //! one at a time. The GPU's own count of the context switches it paid (two words of the
 //! simulated driver's state file) shows whether they did; `VGPU_TURNS=off` in the
 //! tenants' environment is the "before" (each test says what it does then). Each measures
-//! time or rates on a busy simulated GPU, so each runs alone (`serial()`).
+//! time or rates on a busy simulated GPU, so each is serial (`serial()`: one at a time,
+//! ahead of the other tests on the CPU).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

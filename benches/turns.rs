@@ -2,7 +2,7 @@
 //! at the defaults (75 µs per switch between contexts, 1 ms slices: two saturating contexts
 //! lose ~7 % of the GPU, as an H100 did). Needs root (cgroups are real).
 //!
-//!     cargo bench --bench turns [-- [--quick] [--splits]]
+//!     cargo bench --bench turns [-- [--quick] [--splits | --latency]]
 //!
 //! Every case runs twice, turns OFF (`VGPU_TURNS=off` in the tenants' environment: the
 //! vGPUs' shares as before, the GPU time-slicing between their contexts on its own: the
@@ -28,8 +28,15 @@
 //!   from a request's start to its kernel's completion ÷ what it gets alone (goal ≤ 1.2×),
 //!   and the batch tenant's throughput ÷ its share of the unlimited throughput (goal ≥ 95 %).
 //!   "Alone" is the median of three runs' p50 and p99 (a 3 s run's p99 is its 3rd-worst
-//!   request), printed with the unlimited tenant's: at exactly its share (2 ms of every 10), a
-//!   request of the limited tenant now and then waits for its budget.
+//!   request), printed with the unlimited tenant's: at exactly its share (2 ms of every 10),
+//!   a request of the limited tenant now and then waits for its budget. Each case beside a
+//!   batch is the median of three runs likewise (and the batch's share the median of
+//!   theirs): a run's tail is a few late wake-ups of the host, alone as beside a batch.
+//!
+//! `--splits` runs the splits and the one-vGPU cases only, `--latency` the latency cases
+//! only. `TURNS_BENCH_DUMP=DIR` writes each case's GPU timeline (`timeline.N.on|off`: its
+//! kernels' start, end and process) and each latency case's requests (`requests.sync|storm
+//! .on|off`: start and end, on the timeline's clock) into DIR.
 //!
 //! It prints the figures with the goals beside them; it judges nothing and fails only when
 //! a run fails.
@@ -51,6 +58,7 @@ fn fail(msg: impl std::fmt::Display) -> ! {
 }
 
 /// One tenant: `vgpu run` options and the workload's arguments.
+#[derive(Clone)]
 struct Tenant {
     compute: Option<u32>,
     priority: Option<u32>,
@@ -295,12 +303,14 @@ impl Bench {
 fn main() {
     let mut quick = false;
     let mut splits_only = false;
+    let mut latency_only = false;
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--quick" => quick = true,
             "--splits" => splits_only = true,
+            "--latency" => latency_only = true,
             "--bench" => {}
-            other => fail(format!("unknown argument `{other}` (usage: cargo bench --bench turns [-- [--quick] [--splits]])")),
+            other => fail(format!("unknown argument `{other}` (usage: cargo bench --bench turns [-- [--quick] [--splits | --latency]])")),
         }
     }
     let vgpu = PathBuf::from(env!("CARGO_BIN_EXE_vgpu"));
@@ -350,7 +360,7 @@ fn main() {
     );
     println!("{:<30} {:>5} {:>44} {:>9}", "case", "turns", "tenants: busy% (share) / throughput% of alone", "thru%");
     let split_cases: [(&[u32], bool); 4] = [(&[30, 70], false), (&[10, 90], false), (&[20, 30, 50], false), (&[30, 70], true)];
-    for (shares, storm) in split_cases {
+    for (shares, storm) in split_cases.into_iter().filter(|_| !latency_only) {
         let name = shares.iter().map(u32::to_string).collect::<Vec<_>>().join("/");
         let (alone, alone_busy) = if storm { (base_storm.kps, base_storm.busy) } else { (base.kps, base.busy) };
         for turns in [false, true] {
@@ -370,7 +380,7 @@ fn main() {
         }
     }
     // Two processes of ONE vGPU (unlimited, then --compute 90), each `sync` of 1 ms kernels.
-    for compute in [None, Some(90)] {
+    for compute in [None, Some(90)].into_iter().filter(|_| !latency_only) {
         let w = bench.workload.display().to_string();
         let one = |tag: &str| format!("{w} sync {secs} --kernel-us 1000 --ready \"$1.{tag}\" --go \"$3\"");
         let script = format!(
@@ -415,16 +425,25 @@ fn main() {
     for storm in [false, true] {
         let base_b = if storm { base_storm.kps } else { base.kps };
         for turns in [false, true] {
-            let (r, gpu) = bench.run_counted(&[latency(), batch(80, Some(10), storm)], turns);
+            let mut lat = latency();
+            if let Some(dir) = std::env::var_os("TURNS_BENCH_DUMP") {
+                let trace = PathBuf::from(dir).join(format!("requests.{}.{}", if storm { "storm" } else { "sync" }, if turns { "on" } else { "off" }));
+                lat.args.extend(["--trace".to_string(), trace.display().to_string()]);
+            }
+            // Three runs, as for "alone": the medians of their p50s and p99s (a run's p99 is
+            // its 3rd- or 6th-worst request, where a host's late wake-ups show as they do alone).
+            let runs: Vec<(Vec<Report>, Gpu)> = (0..3).map(|_| bench.run_counted(&[lat.clone(), batch(80, Some(10), storm)], turns)).collect();
+            let p50 = median(&mut runs.iter().map(|(r, _)| r[0].p50_us).collect());
+            let p99 = median(&mut runs.iter().map(|(r, _)| r[0].p99_us).collect());
+            let share = median(&mut runs.iter().map(|(r, _)| r[1].kps / (0.8 * base_b) * 100.0).collect());
+            let gpu = runs[runs.len() / 2].1;
             println!(
-                "{:<30} {:>5} latency p50 {:.0} us ({:.2}x alone), p99 {:.0} us ({:.2}x) (goal <= 1.2x); batch {:.1} % of its share (goal >= 95); {gpu}",
+                "{:<30} {:>5} latency p50 {p50:.0} us ({:.2}x alone), p99 {p99:.0} us ({:.2}x) (goal <= 1.2x; medians of 3 runs, their p99s {}); batch {share:.1} % of its share (goal >= 95); {gpu}",
                 if storm { "latency + batch storm" } else { "latency + batch sync 1ms" },
                 if turns { "on" } else { "off" },
-                r[0].p50_us,
-                r[0].p50_us / lat_p50,
-                r[0].p99_us,
-                r[0].p99_us / lat_p99,
-                r[1].kps / (0.8 * base_b) * 100.0
+                p50 / lat_p50,
+                p99 / lat_p99,
+                runs.iter().map(|(r, _)| format!("{:.0}", r[0].p99_us)).collect::<Vec<_>>().join(", "),
             );
         }
     }

@@ -37,6 +37,9 @@
 //! `--period-us N`: start each step on a boundary of N µs (a latency-sensitive service's
 //! requests) and add `"latency_p50_us"` and `"latency_p99_us"` to the JSON: the median and
 //! 99th percentile of a step's time from its start to its synchronize's return.
+//! `--trace FILE` (with `--period-us`): write each step's start and end to FILE, a line
+//! each, in ns of the realtime clock (the simulated GPU's timeline's), to find why a
+//! request was slow.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr, CString};
 use std::process::ExitCode;
@@ -83,12 +86,13 @@ struct Args {
     stop: Option<String>,
     real_dlsym: bool,
     period_us: u64,
+    trace: Option<String>,
 }
 
 const USAGE: &str = "usage: gpu_workload sync|storm|ex|coop|legacy|graph|multi|idle|churn SECONDS \
                      [--kernel-us N] [--batch N] [--device N] [--ready FILE] \
                      [--window-ms N] [--go FILE] [--alloc-mib N] [--churn-mib N] [--period-us N] \
-                     [--progress FILE] [--stop FILE] [--real-dlsym]";
+                     [--trace FILE] [--progress FILE] [--stop FILE] [--real-dlsym]";
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let [shape, seconds, rest @ ..] = args else {
@@ -120,6 +124,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         ready: None,
         window_ms: 1000,
         period_us: 0,
+        trace: None,
         go: None,
         alloc_mib: 0,
         churn_mib: 64,
@@ -157,6 +162,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--progress" => parsed.progress = Some(value.clone()),
             "--stop" => parsed.stop = Some(value.clone()),
             "--period-us" => parsed.period_us = number()?,
+            "--trace" => parsed.trace = Some(value.clone()),
             other => return Err(format!("unknown option `{other}`")),
         }
     }
@@ -626,6 +632,8 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
     let mut steps: u64 = 0;
     let stopped = || args.stop.as_deref().is_some_and(|f| std::path::Path::new(f).exists());
     let period = Duration::from_micros(args.period_us);
+    let realtime = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let mut trace = String::new();
     while start.elapsed() < limit && !stopped() {
         let began = if period.is_zero() {
             None
@@ -636,12 +644,15 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
                 break;
             }
             std::thread::sleep(due.saturating_sub(start.elapsed()));
-            Some(Instant::now())
+            Some((Instant::now(), realtime()))
         };
         let kernels = step(&mut stats)?;
         call!(sync, stream);
-        if let Some(t) = began {
+        if let Some((t, wall)) = began {
             stats.latencies.push(t.elapsed().as_nanos() as u64);
+            if args.trace.is_some() {
+                trace.push_str(&format!("{wall} {}\n", realtime()));
+            }
         }
         stats.completed(kernels, start.elapsed());
         steps += 1;
@@ -651,6 +662,11 @@ fn run(driver: &Driver, args: &Args) -> Result<(Stats, f64), Failure> {
             if std::fs::write(&tmp, format!("{steps}\n")).and_then(|()| std::fs::rename(&tmp, path)).is_err() {
                 eprintln!("gpu_workload: cannot write {path}");
             }
+        }
+    }
+    if let Some(path) = &args.trace {
+        if std::fs::write(path, trace).is_err() {
+            eprintln!("gpu_workload: cannot write {path}");
         }
     }
     // The allocation held all along is still valid: freeing it proves it came back intact

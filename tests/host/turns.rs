@@ -220,6 +220,50 @@ fn a_latency_tenant_is_served_first() {
     assert!(p50 <= 4_000, "median request {p50} us for a 2 ms kernel: {}", r[0]);
 }
 
+/// A vGPU of higher priority on the GPU that has launched nothing yet (a service waiting for
+/// its first request) already keeps a batch's queue short: the batch, a storm of 1000 × 20
+/// µs kernels per synchronize that would otherwise queue 20 ms at once, publishes what it
+/// queues in its board slot and keeps it within `turn::QUEUE_AHEAD_NS` (a kernel more at
+/// most) of now, so that the service's first request is served at once. Before, a vGPU
+/// that had not published counted for nothing: the batch queued whole storms, unpublished.
+#[test]
+fn a_resting_higher_priority_keeps_a_lower_ones_queue_short() {
+    let _serial = serial();
+    let sim = Sim::with_config(H100);
+    let run = Running::start(
+        &sim,
+        &[
+            Tenant { vgpu: &["--name", "service", "--compute", "20", "--priority", "90"], workload: &["idle", "30"] },
+            Tenant {
+                vgpu: &["--name", "batch", "--compute", "80", "--priority", "10"],
+                workload: &["storm", "30", "--kernel-us", "20", "--batch", "1000"],
+            },
+        ],
+    );
+    wait_for("two storms of the batch", || run.progress(1) >= 2);
+    let slot = board_slot(&sim, row(&sim, "batch").expect("batch in ps")["id"].as_str().expect("id"));
+    // The batch's queue as it publishes it, looked at until it has run 3 storms more.
+    let (mut looks, mut ahead, mut most) = (0u32, 0u32, 0u64);
+    let until = run.progress(1) + 3;
+    while run.progress(1) < until {
+        let (_, queued_until) = turn_words(&slot);
+        let now = vgpu_abi::layout::now_mono_ns();
+        looks += 1;
+        if queued_until > now {
+            ahead += 1;
+            most = most.max(queued_until - now);
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    eprintln!("{looks} looks, {ahead} with work queued, at most {most} ns ahead");
+    assert!(ahead > looks / 4, "the batch published its queue at {ahead} of {looks} looks");
+    assert!(
+        most <= vgpu_abi::turn::QUEUE_AHEAD_NS + 1_000_000,
+        "the batch queued {most} ns ahead beside a resting higher priority"
+    );
+    drop(run);
+}
+
 /// A tenant SIGKILLed while it holds the turn (its slot on the GPU's board says so, its
 /// kernel queued) stalls the other for at most a turn: its claim expires and its queued
 /// work drains, and the other goes on.

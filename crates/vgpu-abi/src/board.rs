@@ -415,6 +415,9 @@ pub struct Board {
     others: Vec<Other>,
     next_list_ns: u64,
     relist_ns: u64,
+    /// The directory's modification time at the last listing (ns since the epoch): a vGPU
+    /// made or removed since changes it, and the next [`Board::snapshot`] lists again.
+    listed_mtime_ns: i128,
 }
 
 impl Board {
@@ -469,6 +472,7 @@ impl Board {
             others: Vec::with_capacity(BOARD_SLOTS),
             next_list_ns: 0,
             relist_ns: RELIST_NS,
+            listed_mtime_ns: 0,
         })
     }
 
@@ -506,11 +510,12 @@ impl Board {
         }
     }
 
-    /// Claim the turn until `until` (its queued work counts from `now`, so that the grace of
-    /// an idle holder starts at the claim); no longer waiting.
-    pub fn claim_turn(&self, until: u64, now_mono: u64) {
+    /// Claim the turn until `until` (its queued work counts from `queue_from`, now or the
+    /// end of the work it follows, `crate::turn::queue_start`, so that the grace of an idle
+    /// holder starts at the claim); no longer waiting.
+    pub fn claim_turn(&self, until: u64, queue_from: u64) {
         let slot = self.slot();
-        slot.queued_until_ns.fetch_max(now_mono, Ordering::AcqRel);
+        slot.queued_until_ns.fetch_max(queue_from, Ordering::AcqRel);
         slot.waiting_since_ns.store(0, Ordering::Release);
         slot.turn_until_ns.store(until, Ordering::Release);
     }
@@ -542,16 +547,27 @@ impl Board {
     }
 
     /// `gpu_ns` more work queued at `now`: the vGPU's queue on the GPU ends that much later.
-    pub fn queue(&self, gpu_ns: u64, now_mono: u64) {
-        let _ = self.slot().queued_until_ns.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-            Some(q.max(now_mono).saturating_add(gpu_ns))
-        });
+    /// Returns when it ends now.
+    pub fn queue(&self, gpu_ns: u64, now_mono: u64) -> u64 {
+        let next = |q: u64| q.max(now_mono).saturating_add(gpu_ns);
+        match self.slot().queued_until_ns.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| Some(next(q))) {
+            Ok(q) | Err(q) => next(q),
+        }
     }
 
-    /// The turn states of the other vGPUs active on the GPU (published within
-    /// [`ACTIVE_NS`], with a limits record of this GPU) into `out`, with their priority from
-    /// their limits; returns how many. One `pread` per other vGPU known at the last listing
-    /// ([`Board::snapshot`] lists), no allocation.
+    /// The vGPU's queue on the GPU runs `late_ns` behind what it published (a kernel of its
+    /// that was expected to end by now has not): it ends that much later.
+    pub fn queue_late(&self, late_ns: u64) {
+        self.slot().queued_until_ns.fetch_add(late_ns, Ordering::AcqRel);
+    }
+
+    /// The turn states of the other vGPUs on the GPU (with a limits record of this GPU) into
+    /// `out`, with their priority from their limits; returns how many. One that has not
+    /// published within [`ACTIVE_NS`] (idle, or not started yet) is listed with no turn,
+    /// queue or wait: only its priority counts (a vGPU of higher priority that exists keeps a
+    /// lower one's queue short, so that its first request after a rest is served at once).
+    /// One `pread` per other vGPU known at the last listing ([`Board::snapshot`] lists), no
+    /// allocation.
     pub fn turn_peers(&self, now_mono: u64, out: &mut [crate::turn::Peer]) -> usize {
         let mut n = 0;
         let mut image = Image::new();
@@ -560,30 +576,39 @@ impl Board {
                 break;
             }
             let Some(limits) = other.limits else { continue };
-            if !image.read(&other.file) || image.competitor(now_mono).is_none() {
-                continue;
-            }
+            let active = image.read(&other.file) && image.competitor(now_mono).is_some();
+            let word = |offset: usize| if active { image.slot_u64(offset) } else { 0 };
             out[n] = crate::turn::Peer {
                 priority: limits.priority,
                 before_me: other.name < self.own_name,
-                turn_until_ns: image.slot_u64(offset_of!(BoardSlot, turn_until_ns)),
-                queued_until_ns: image.slot_u64(offset_of!(BoardSlot, queued_until_ns)),
-                waiting_since_ns: image.slot_u64(offset_of!(BoardSlot, waiting_since_ns)),
+                turn_until_ns: word(offset_of!(BoardSlot, turn_until_ns)),
+                queued_until_ns: word(offset_of!(BoardSlot, queued_until_ns)),
+                waiting_since_ns: word(offset_of!(BoardSlot, waiting_since_ns)),
             };
             n += 1;
         }
         n
     }
 
+    /// Whether another vGPU of higher priority than `priority` is on the GPU (at the last
+    /// listing), active or not.
+    pub fn outranked(&self, priority: u32) -> bool {
+        self.others.iter().any(|o| o.limits.is_some_and(|l| l.priority > priority))
+    }
+
     /// The vGPUs competing for the GPU into `out`: `me` first (index 0), then every other
     /// vGPU that published within [`ACTIVE_NS`] of `now_mono`, with the share, policy and
     /// priority of its limits file (read at the last listing: a `vgpu update` of another
     /// vGPU is seen within [`RELIST_NS`]). Returns how many. Lists the directory again when
-    /// [`RELIST_NS`] has passed (that may allocate); otherwise one `pread` per other vGPU
-    /// and no allocation.
+    /// [`RELIST_NS`] has passed or the directory changed (a vGPU made or removed: its
+    /// modification time, one `lstat`), which may allocate; otherwise one `pread` per other
+    /// vGPU and no allocation.
     pub fn snapshot(&mut self, me: Competitor, now_mono: u64, out: &mut [Competitor; MAX_COMPETITORS]) -> usize {
-        if now_mono >= self.next_list_ns {
+        // A vGPU made or removed since the last listing (the directory changed): list now.
+        let mtime = std::fs::symlink_metadata(&self.dir).map_or(0, |m| i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()));
+        if now_mono >= self.next_list_ns || mtime != self.listed_mtime_ns {
             self.next_list_ns = now_mono.saturating_add(self.relist_ns);
+            self.listed_mtime_ns = mtime;
             self.relist();
         }
         out[0] = me;
@@ -957,23 +982,43 @@ mod tests {
         assert_eq!(n, 3);
     }
 
+    /// Set the GPU directory's modification time back to 1970: the next change of its
+    /// entries gives it a different one, however coarse the filesystem's clock.
+    fn age_dir(dir: &Path) {
+        let old = std::fs::FileTimes::new().set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1));
+        std::fs::File::open(dir).unwrap().set_times(old).unwrap();
+    }
+
     #[test]
-    fn vgpus_that_come_and_go_are_seen_after_the_relist_interval() {
+    fn vgpus_that_come_and_go_are_seen_at_the_next_snapshot() {
         let (state, dirs) = state_with(&[("a", 30)]);
         let dir = gpu_dir(&state);
         let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
         a.set_relist_interval(50_000_000);
         let t0 = 10 * ACTIVE_NS;
         let mut out = [fig(0); MAX_COMPETITORS];
+        age_dir(&dir);
         assert_eq!(a.snapshot(fig(1), t0, &mut out), 1);
-        // c arrives and publishes: not listed yet.
+        // c arrives and publishes: its slot changes the directory, which is listed again.
         let c_dir = make_vgpu(state.path(), "c", &[("GPU-x", 40)]);
         ensure_slot(state.path(), "GPU-x", "c", me(), false).unwrap();
         let c = Board::open(&c_dir, "GPU-x").unwrap();
         c.publish(fig(400_000), 0, t0 + 10_000_000);
-        assert_eq!(a.snapshot(fig(1), t0 + 10_000_000, &mut out), 1, "not listed again yet");
-        assert_eq!(a.snapshot(fig(1), t0 + 50_000_000, &mut out), 2, "found at the next listing");
+        assert_eq!(a.snapshot(fig(1), t0 + 10_000_000, &mut out), 2, "found at once");
         assert_eq!(out[1].share_ppm, 400_000);
+        // Nothing changed: no listing before the interval (a file put back under the same
+        // modification time is not seen until then).
+        age_dir(&dir);
+        assert_eq!(a.snapshot(fig(1), t0 + 20_000_000, &mut out), 2);
+        let extra = make_vgpu(state.path(), "d", &[("GPU-x", 10)]);
+        ensure_slot(state.path(), "GPU-x", "d", me(), false).unwrap();
+        Board::open(&extra, "GPU-x").unwrap().publish(fig(100_000), 0, t0 + 30_000_000);
+        age_dir(&dir);
+        assert_eq!(a.snapshot(fig(1), t0 + 30_000_000, &mut out), 2, "not listed again yet");
+        assert_eq!(a.snapshot(fig(1), t0 + 70_000_000, &mut out), 3, "found at the next listing");
+        std::fs::remove_file(dir.join("d")).unwrap();
+        age_dir(&dir);
+        assert_eq!(a.snapshot(fig(1), t0 + 130_000_000, &mut out), 2);
         // c's slot is removed (its vGPU is gone) and made again (a new vGPU of that name,
         // at 60 %): the old file, still open, is forgotten; the new one is read.
         std::fs::remove_file(dir.join("c")).unwrap();
@@ -981,19 +1026,50 @@ mod tests {
         make_vgpu(state.path(), "c", &[("GPU-x", 60)]);
         ensure_slot(state.path(), "GPU-x", "c", me(), false).unwrap();
         let c2 = Board::open(&c_dir, "GPU-x").unwrap();
-        c2.publish(fig(600_000), 0, t0 + 60_000_000);
-        c.publish(fig(400_000), t0 + 200_000_000, t0 + 60_000_000);
-        assert_eq!(a.snapshot(fig(1), t0 + 60_000_000, &mut out), 2);
-        assert!(out[1].hungry, "the open file until the next listing");
-        assert_eq!(out[1].share_ppm, 400_000, "and the limits found with it");
-        assert_eq!(a.snapshot(fig(1), t0 + 100_000_000, &mut out), 2);
-        assert!(!out[1].hungry, "the new file after it");
+        c2.publish(fig(600_000), 0, t0 + 140_000_000);
+        c.publish(fig(400_000), t0 + 200_000_000, t0 + 140_000_000);
+        assert_eq!(a.snapshot(fig(1), t0 + 140_000_000, &mut out), 2);
+        assert!(!out[1].hungry, "the new file");
         assert_eq!(out[1].share_ppm, 600_000, "with the new vGPU's limits");
-        // Removed for good: gone at the next listing, though its old file is still fresh.
+        // Removed for good: gone at once, though its old file is still fresh.
+        age_dir(&dir);
+        assert_eq!(a.snapshot(fig(1), t0 + 145_000_000, &mut out), 2);
         std::fs::remove_file(dir.join("c")).unwrap();
         c.publish(fig(400_000), 0, t0 + 150_000_000);
         c2.publish(fig(600_000), 0, t0 + 150_000_000);
         assert_eq!(a.snapshot(fig(1), t0 + 150_000_000, &mut out), 1);
+    }
+
+    #[test]
+    fn every_vgpu_on_the_gpu_is_a_turn_peer_and_a_resting_one_only_by_its_priority() {
+        let (state, dirs) = state_with(&[("a", 30), ("b", 70)]);
+        let mut a = Board::open(&dirs[0], "GPU-x").unwrap();
+        let b = Board::open(&dirs[1], "GPU-x").unwrap();
+        let now = 10 * ACTIVE_NS;
+        let mut out = [fig(0); MAX_COMPETITORS];
+        a.snapshot(fig(300_000), now, &mut out);
+        let mut peers = [crate::turn::Peer::default(); MAX_COMPETITORS];
+        // b never published (its process has not launched yet): listed, with no turn words.
+        b.claim_turn(now + 5_000_000, now);
+        b.queue(1_000_000, now);
+        assert_eq!(a.turn_peers(now, &mut peers), 1);
+        assert_eq!(peers[0], crate::turn::Peer { priority: 50, before_me: false, ..Default::default() });
+        // Published: its words.
+        b.publish(fig(700_000), 0, now);
+        assert_eq!(a.turn_peers(now + 1, &mut peers), 1);
+        assert_eq!((peers[0].turn_until_ns, peers[0].queued_until_ns), (now + 5_000_000, now + 1_000_000));
+        // Resting for longer than ACTIVE_NS: its priority only again.
+        assert_eq!(a.turn_peers(now + ACTIVE_NS + 1, &mut peers), 1);
+        assert_eq!((peers[0].turn_until_ns, peers[0].queued_until_ns), (0, 0));
+        // Outranked by a vGPU of higher priority on the GPU, resting or not (its limits).
+        assert!(!a.outranked(50));
+        let usage = crate::usage::UsageFile::open(&dirs[1].join(crate::layout::USAGE_FILE)).unwrap();
+        usage.set_priority(0, 90).unwrap();
+        a.snapshot(fig(300_000), now + 2 * ACTIVE_NS, &mut out);
+        assert!(a.outranked(50) && !a.outranked(90));
+        assert_eq!(a.turn_peers(now + 2 * ACTIVE_NS, &mut peers), 1);
+        assert_eq!(peers[0].priority, 90);
+        drop(state);
     }
 
     #[test]

@@ -95,6 +95,11 @@ pub const MAX_IN_FLIGHT: usize = 256;
 const MAX_SLEEP_NS: u64 = 2_000_000;
 /// How often a process publishes on the GPU's board and re-reads the other vGPUs' slots.
 const BOARD_REFRESH_NS: u64 = 20_000_000;
+/// A launch found this late (ns) moves the vGPU's published queue end (`Governor::harvest`).
+const LATE_NS: u64 = 50_000;
+/// Taking turns, a launch of unknown duration looks again this often (ns) for the work in
+/// flight to be measured (`Governor::turn`).
+const UNKNOWN_POLL_NS: u64 = 20_000;
 /// A vGPU that waited for its budget counts as wanting more for this long.
 const HUNGRY_NS: u64 = 300_000_000;
 /// A kernel and grid measured this often is charged its learned time between measurements…
@@ -220,6 +225,9 @@ struct Ticket {
     start: Option<CUevent>,
     /// Measure it with events; otherwise it is charged its learned exclusive time.
     measure: bool,
+    /// When the vGPU's queue on the GPU was published to end once this launch was queued
+    /// (monotonic ns; 0: not published).
+    queued_until: u64,
 }
 
 // ---- per-process state ------------------------------------------------------------------
@@ -231,6 +239,8 @@ struct Pending {
     estimate: u64,
     start: Option<CUevent>,
     end: CUevent,
+    /// It should have ended by then ([`Ticket::queued_until`], moved on as it is found late).
+    queued_until: u64,
 }
 
 /// A stream's launches in flight, in launch order.
@@ -457,7 +467,7 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
         let turn = if unlimited {
             None
         } else if wait == 0 {
-            g.turn(vgpu, device, now, turn_waited_ns)
+            g.turn(vgpu, device, now, turn_waited_ns, estimate == 0)
         } else {
             g.release_turn(device);
             None
@@ -475,17 +485,19 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
             if turn_waited_ns + process_waited_ns > 0 {
                 vgpu.usage.turn_counters(device)[1].fetch_add(turn_waited_ns + process_waited_ns, Ordering::Relaxed);
             }
-            // What it queues, for the hand-overs of turns (between vGPUs, between its processes).
+            // What it queues, for the hand-overs of turns (between vGPUs, between its
+            // processes); published even alone: a vGPU that arrives, or wakes, finds how
+            // long the GPU stays busy with this one's work.
+            let mut queued_until = 0;
             if let Some(pt) = g.process_turns[device].as_mut() {
-                pt.board.queue(estimate, now);
+                queued_until = pt.board.queue(estimate, now);
                 if std::mem::take(&mut pt.last_of_turn) {
                     turn::processes::hand_over(pt.board.process_turn(), &mut pt.local, now);
                 }
+            } else if let Some(board) = g.boards[device].board.as_ref() {
+                queued_until = board.queue(estimate, now);
             }
             if let Some(board) = g.boards[device].board.as_ref().filter(|_| g.boards[device].peers_active) {
-                if g.process_turns[device].is_none() {
-                    board.queue(estimate, now);
-                }
                 // The launch after this one (once this one ran) would have to wait for the
                 // budget: this is the last of the turn; the next vGPU waits for its drain.
                 let in_flight = g.in_flight_ns[device].saturating_add(estimate.saturating_mul(2));
@@ -510,6 +522,7 @@ fn admit(vgpu: &'static Vgpu, ctx: CUcontext, stream: CUstream, device: usize, w
                 estimate,
                 start,
                 measure,
+                queued_until,
             });
         }
         g.boards[device].hungry_until_ns = now + HUNGRY_NS;
@@ -572,6 +585,7 @@ fn finish(vgpu: &'static Vgpu, tickets: &Tickets, rc: CuResult) {
             estimate: t.estimate,
             start: t.start,
             end,
+            queued_until: t.queued_until,
         });
     }
 }
@@ -644,9 +658,13 @@ impl Governor {
         self.learned.get(&key).map_or(self.average_ns, |l| l.exclusive_ns)
     }
 
-    /// Charge every launch whose end event has completed (never waits).
+    /// Charge every launch whose end event has completed (never waits). A launch that
+    /// should have ended a while ago and has not (its first kernel's duration was not known
+    /// yet, another vGPU's work ran before it, a switch) makes the vGPU's published queue
+    /// end that much later, so that the others wait for its real drain.
     fn harvest(&mut self, vgpu: &'static Vgpu, now: u64) {
         let mut done: Vec<(usize, u64, u64)> = Vec::new(); // (device, key, measured)
+        let mut late: [u64; MAX_DEVICES] = [0; MAX_DEVICES];
         for cstate in self.contexts.values_mut() {
             let ContextState { free_events, streams } = cstate;
             for stream in streams.values_mut() {
@@ -654,6 +672,10 @@ impl Governor {
                     // SAFETY: an event this governor recorded and owns.
                     let q = unsafe { real::cuEventQuery(front.end) };
                     if q == CUDA_ERROR_NOT_READY {
+                        if front.queued_until != 0 && now > front.queued_until.saturating_add(LATE_NS) {
+                            let d = front.device.min(MAX_DEVICES - 1);
+                            late[d] = late[d].max(now - front.queued_until);
+                        }
                         break;
                     }
                     let Some(p) = stream.pending.pop_front() else { break };
@@ -675,6 +697,22 @@ impl Governor {
                     self.in_flight = self.in_flight.saturating_sub(1);
                     self.in_flight_ns[p.device] = self.in_flight_ns[p.device].saturating_sub(p.estimate);
                     done.push((p.device, p.key, measured));
+                }
+            }
+        }
+        if late.iter().any(|&ns| ns != 0) {
+            // Everything queued after it on the device is that late too (once: the launches
+            // in flight move with the queue's end).
+            for (device, &ns) in late.iter().enumerate().filter(|(_, &ns)| ns != 0) {
+                if let Some(pt) = self.process_turns[device].as_ref() {
+                    pt.board.queue_late(ns);
+                } else if let Some(board) = self.boards[device].board.as_ref() {
+                    board.queue_late(ns);
+                }
+            }
+            for p in self.contexts.values_mut().flat_map(|c| c.streams.values_mut()).flat_map(|s| s.pending.iter_mut()) {
+                if p.queued_until != 0 {
+                    p.queued_until = p.queued_until.saturating_add(late[p.device.min(MAX_DEVICES - 1)]);
                 }
             }
         }
@@ -774,7 +812,10 @@ impl Governor {
     /// Turns (`vgpu_abi::turn`) at a launch that fits the budget: `None` to launch now,
     /// `Some(until)` to look again by then. Without other active vGPUs on the GPU: `None`,
     /// nothing read. `waited_ns`: how long this launch has waited for turns so far.
-    fn turn(&mut self, vgpu: &'static Vgpu, device: usize, now: u64, waited_ns: u64) -> Option<u64> {
+    /// `unknown`: nothing is known of how long the launch runs (the process's first
+    /// kernels): it goes only once the work in flight has been measured, so that what it
+    /// queues is known to the others (a storm of its first kernels would queue unseen).
+    fn turn(&mut self, vgpu: &'static Vgpu, device: usize, now: u64, waited_ns: u64, unknown: bool) -> Option<u64> {
         let view = &self.boards[device];
         let board = view.board.as_ref().filter(|_| view.peers_active)?;
         let counters = vgpu.usage.turn_counters(device);
@@ -793,6 +834,7 @@ impl Governor {
             let me = board.own_turn(vgpu.usage.priority(device));
             let d = turn::decide(&me, &peers[..n], now);
             match d {
+                turn::Decision::Go if unknown && self.in_flight > 0 => return Some(now.saturating_add(UNKNOWN_POLL_NS)),
                 turn::Decision::Go => return None,
                 turn::Decision::Claim => {
                     let share = arith::pct_to_ppm(vgpu.usage.compute_pct(device));
@@ -802,7 +844,7 @@ impl Governor {
                     let credit = now.saturating_sub(tat).min(vgpu_abi::compute::BURST_NS);
                     let banked = u64::try_from(u128::from(credit) * u128::from(self.share(vgpu, device)) / u128::from(PPM)).unwrap_or(u64::MAX);
                     let length = turn::turn_with_budget_ns(share, max, banked.saturating_sub(self.in_flight_ns[device]));
-                    board.claim_turn(now.saturating_add(length), now);
+                    board.claim_turn(now.saturating_add(length), turn::queue_start(&me, &peers[..n], now));
                     if waited_ns > 0 {
                         // Handed over once the others' work drained: no switch on the GPU.
                         counters[0].fetch_add(1, Ordering::Relaxed);
@@ -943,7 +985,10 @@ impl Governor {
         // Itself first, then the other vGPUs that published within a second (read, never mapped).
         let mut all = [me; MAX_COMPETITORS];
         let n = board.snapshot(me, now, &mut all);
-        view.peers_active = n > 1 && turns_enabled() && now >= view.turns_off_until_ns;
+        // Turns with the others active on the GPU, and with a vGPU of higher priority even
+        // while it rests: its next request finds at most `turn::QUEUE_AHEAD_NS` queued.
+        let others = n > 1 || board.outranked(me.priority);
+        view.peers_active = others && turns_enabled() && now >= view.turns_off_until_ns;
         if !view.peers_active {
             board.release_turn();
             board.stop_waiting();

@@ -98,8 +98,11 @@ const BOARD_REFRESH_NS: u64 = 20_000_000;
 /// A launch found this late (ns) moves the vGPU's published queue end (`Governor::harvest`).
 const LATE_NS: u64 = 50_000;
 /// Taking turns, a launch of unknown duration looks again this often (ns) for the work in
-/// flight to be measured (`Governor::turn`).
+/// flight to be measured (`Governor::turn`)…
 const UNKNOWN_POLL_NS: u64 = 20_000;
+/// …for at most this long (ns): a long first kernel does not hold the next one back (what
+/// it queued unseen is found late at a harvest, `Governor::harvest`).
+const UNKNOWN_WAIT_NS: u64 = 2_000_000;
 /// A vGPU that waited for its budget counts as wanting more for this long.
 const HUNGRY_NS: u64 = 300_000_000;
 /// A kernel and grid measured this often is charged its learned time between measurements…
@@ -813,8 +816,9 @@ impl Governor {
     /// `Some(until)` to look again by then. Without other active vGPUs on the GPU: `None`,
     /// nothing read. `waited_ns`: how long this launch has waited for turns so far.
     /// `unknown`: nothing is known of how long the launch runs (the process's first
-    /// kernels): it goes only once the work in flight has been measured, so that what it
-    /// queues is known to the others (a storm of its first kernels would queue unseen).
+    /// kernels): it goes once the work in flight has been measured (or after
+    /// [`UNKNOWN_WAIT_NS`]), so that what it queues is known to the others (a storm of its
+    /// first kernels would queue unseen).
     fn turn(&mut self, vgpu: &'static Vgpu, device: usize, now: u64, waited_ns: u64, unknown: bool) -> Option<u64> {
         let view = &self.boards[device];
         let board = view.board.as_ref().filter(|_| view.peers_active)?;
@@ -834,7 +838,9 @@ impl Governor {
             let me = board.own_turn(vgpu.usage.priority(device));
             let d = turn::decide(&me, &peers[..n], now);
             match d {
-                turn::Decision::Go if unknown && self.in_flight > 0 => return Some(now.saturating_add(UNKNOWN_POLL_NS)),
+                turn::Decision::Go if unknown && self.in_flight > 0 && waited_ns < UNKNOWN_WAIT_NS => {
+                    return Some(now.saturating_add(UNKNOWN_POLL_NS));
+                }
                 turn::Decision::Go => return None,
                 turn::Decision::Claim => {
                     let share = arith::pct_to_ppm(vgpu.usage.compute_pct(device));

@@ -30,7 +30,16 @@ fn read_text(path: &Path) -> io::Result<String> {
     read_all(fs::File::open(path)?)
 }
 
-/// [`read_text`] of a file opened already.
+/// Room left in a read's buffer that proves the read reached the end of a cgroup file:
+/// more than any one line of one (a pid, a counter, a key and its value).
+const LINE_ROOM: usize = 256;
+
+/// [`read_text`] of a file opened already. A read that leaves more than [`LINE_ROOM`] of
+/// its buffer unfilled got the rest of the file, and no read that only confirms the end
+/// follows (one system call fewer per file: `vgpu ps` reads ~6,000 with 1,000 workloads):
+/// cgroupfs files are seq_files, whose read fills the buffer until the next line does not
+/// fit or the file ends (`seq_read_iter`); a regular file (the tests' fake trees) is read
+/// to its end alike.
 fn read_all(mut file: fs::File) -> io::Result<String> {
     use std::io::Read;
     let mut bytes = Vec::new();
@@ -38,6 +47,10 @@ fn read_all(mut file: fs::File) -> io::Result<String> {
     loop {
         match file.read(&mut buf) {
             Ok(0) => break,
+            Ok(n) if n < buf.len() - LINE_ROOM => {
+                bytes.extend_from_slice(&buf[..n]);
+                break;
+            }
             Ok(n) => bytes.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),

@@ -192,11 +192,14 @@ pub fn kind_name(kind: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// `MAP_SHARED` mapping of `len` bytes of a file, read-write or read-only. Unmapped on drop.
+/// `MAP_SHARED` mapping of `len` bytes of a file, read-write or read-only, unmapped on
+/// drop; or a private copy of them ([`SharedMapping::copy_of`]), freed on drop.
 pub struct SharedMapping {
     ptr: *mut u8,
     len: usize,
     writable: bool,
+    /// The copy `ptr` points into (8-aligned words), for [`SharedMapping::copy_of`].
+    copy: Option<Box<[u64]>>,
 }
 
 // SAFETY: the mapping is plain shared memory; every access through it goes through atomics
@@ -235,6 +238,31 @@ impl SharedMapping {
             ptr: ptr.cast(),
             len,
             writable,
+            copy: None,
+        })
+    }
+
+    /// A read-only copy of the first `len` bytes of `file`, read with `pread` instead of
+    /// mapped: for a single look at a small file (`vgpu ps`' rows), one system call instead
+    /// of a mapping, its page fault and its unmapping, and nothing a truncation of the file
+    /// can fault (a file shorter than `len` now is an `UnexpectedEof` error). Accessed as a
+    /// read-only mapping is: loads only.
+    pub fn copy_of(file: &File, len: usize) -> io::Result<SharedMapping> {
+        use std::os::unix::fs::FileExt;
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "cannot copy an empty file"));
+        }
+        let mut words = vec![0u64; len.div_ceil(8)].into_boxed_slice();
+        let ptr = words.as_mut_ptr().cast::<u8>();
+        // SAFETY: `words` holds at least `len` bytes (len.div_ceil(8) words of 8), owned here
+        // and initialized; any bytes are valid u64s.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        file.read_exact_at(bytes, 0)?;
+        Ok(SharedMapping {
+            ptr,
+            len,
+            writable: false,
+            copy: Some(words),
         })
     }
 
@@ -297,6 +325,10 @@ impl SharedMapping {
 
 impl Drop for SharedMapping {
     fn drop(&mut self) {
+        if self.copy.is_some() {
+            // A copy: its words are freed with it.
+            return;
+        }
         truncation_guard::unregister(self.ptr as usize);
         // SAFETY: ptr/len are exactly what mmap returned; no reference outlives self.
         unsafe {

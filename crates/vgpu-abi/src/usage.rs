@@ -241,11 +241,22 @@ impl UsageFile {
     /// when the caller may write it, i.e. root; else read-only), and check both layouts and
     /// that they describe the same devices. Its per-process files are in `procs/` beside it.
     pub fn open(path: &Path) -> Result<UsageFile, LayoutError> {
-        let (map, device_count) = map_layout(path, USAGE_MAGIC, "vgpu usage file", true)?;
+        UsageFile::open_as(path, Access::Map)
+    }
+
+    /// [`UsageFile::open`], both files read into copies of this moment instead of mapped:
+    /// for one look (a row of `vgpu ps`). Reads only: what it would write (a reclaim, a
+    /// limit) is lost with the copy, so a caller that must write opens the files.
+    pub fn open_copy(path: &Path) -> Result<UsageFile, LayoutError> {
+        UsageFile::open_as(path, Access::Copy)
+    }
+
+    fn open_as(path: &Path, access: Access) -> Result<UsageFile, LayoutError> {
+        let (map, device_count) = map_layout(path, USAGE_MAGIC, "vgpu usage file", access)?;
         let limits_path = path.parent().unwrap_or(Path::new(".")).join(LIMITS_FILE);
-        let (limits, limits_count) = match map_layout(&limits_path, LIMITS_MAGIC, "vgpu limits file", true) {
-            Err(LayoutError::Io { source, .. }) if source.kind() == io::ErrorKind::PermissionDenied => {
-                map_layout(&limits_path, LIMITS_MAGIC, "vgpu limits file", false)?
+        let (limits, limits_count) = match map_layout(&limits_path, LIMITS_MAGIC, "vgpu limits file", access) {
+            Err(LayoutError::Io { source, .. }) if access == Access::Map && source.kind() == io::ErrorKind::PermissionDenied => {
+                map_layout(&limits_path, LIMITS_MAGIC, "vgpu limits file", Access::MapReadOnly)?
             }
             other => other?,
         };
@@ -663,14 +674,22 @@ impl UsageFile {
     /// more, and so is anything found in `procs/` (a registration killed before counting
     /// itself, or what its tenant put there: reported and removed as a reclaim does).
     pub fn reclaim_dead_if_any(&self) -> ReclaimReport {
+        if self.nothing_listed_to_reclaim() {
+            return ReclaimReport::default();
+        }
+        self.reclaim_dead()
+    }
+
+    /// Whether a reclaim would find nothing to do: [`UsageFile::never_registered`] and
+    /// `procs/` empty (see [`UsageFile::reclaim_dead_if_any`]). True of a copy
+    /// ([`UsageFile::open_copy`]) as of the files: a listing looks at a copy first and opens
+    /// the files to reclaim only where this is false.
+    pub fn nothing_listed_to_reclaim(&self) -> bool {
         let empty = || match std::fs::read_dir(&self.procs_dir) {
             Ok(mut entries) => entries.next().is_none(),
             Err(_) => false,
         };
-        if self.never_registered() && empty() {
-            return ReclaimReport::default();
-        }
-        self.reclaim_dead()
+        self.never_registered() && empty()
     }
 
     /// Whether no process ever counted itself in this vGPU (`registrations` still 1, as
@@ -1003,10 +1022,23 @@ fn layout_bytes(magic: [u8; 8], created_unix_ns: u64, devices: &[DeviceQuota], l
     bytes
 }
 
-/// Open `path` (never through a link, never blocking) and map it, checking the common
-/// header of `usage` and `limits` files (`magic`) and the length its device count implies.
-fn map_layout(path: &Path, magic: [u8; 8], what: &'static str, writable: bool) -> Result<(SharedMapping, usize), LayoutError> {
+/// How [`map_layout`] gets a file's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Mapped read-write.
+    Map,
+    /// Mapped read-only.
+    MapReadOnly,
+    /// Read into a copy (`SharedMapping::copy_of`).
+    Copy,
+}
+
+/// Open `path` (never through a link, never blocking) and map it (or copy it, `access`),
+/// checking the common header of `usage` and `limits` files (`magic`) and the length its
+/// device count implies.
+fn map_layout(path: &Path, magic: [u8; 8], what: &'static str, access: Access) -> Result<(SharedMapping, usize), LayoutError> {
     let err_path = || path.to_path_buf();
+    let writable = access == Access::Map;
     let (file, len) = crate::mapping::open_regular(path, writable).map_err(|e| LayoutError::from_open(path, e))?;
     let len = len as usize;
     let header_size = std::mem::size_of::<UsageHeader>();
@@ -1018,7 +1050,11 @@ fn map_layout(path: &Path, magic: [u8; 8], what: &'static str, writable: bool) -
             expected: header_size,
         });
     }
-    let map = SharedMapping::new(&file, len, writable).map_err(|e| LayoutError::Io { path: err_path(), source: e })?;
+    let map = match access {
+        Access::Copy => SharedMapping::copy_of(&file, len),
+        _ => SharedMapping::new(&file, len, writable),
+    }
+    .map_err(|e| LayoutError::Io { path: err_path(), source: e })?;
     // SAFETY: UsageHeader is plain data valid for any bytes, at page-aligned offset 0.
     let header: &UsageHeader = unsafe { map.at(0) };
     if header.magic != magic {
@@ -1179,6 +1215,33 @@ mod safety_tests {
         )
         .unwrap();
         path
+    }
+
+    /// A copy holds what the files held when it was read: the same figures as the mapping,
+    /// none of the later changes, nothing it can change; a file truncated since is an
+    /// error to it, never a fault.
+    #[test]
+    fn a_copy_reads_the_files_as_they_were_and_cannot_be_faulted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = make(dir.path());
+        let live = UsageFile::open(&path).unwrap();
+        live.set_quota(0, 2 << 30).unwrap();
+        let copy = UsageFile::open_copy(&path).unwrap();
+        assert_eq!(copy.devices(), live.devices());
+        assert_eq!((copy.quota_bytes(0), copy.device_uuid(0)), (2 << 30, live.device_uuid(0)));
+        live.set_quota(0, 3 << 30).unwrap();
+        assert_eq!(copy.quota_bytes(0), 2 << 30, "a copy of that moment");
+        assert!(!copy.limits_writable());
+        assert!(copy.set_quota(0, 1).is_err());
+        assert_eq!(live.quota_bytes(0), 3 << 30);
+        assert!(copy.nothing_listed_to_reclaim(), "nobody registered, procs/ empty");
+        // Truncated between the size check and the read: an error.
+        let file = std::fs::File::open(&path).unwrap();
+        let len = file.metadata().unwrap().len() as usize;
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(8).unwrap();
+        let err = crate::mapping::SharedMapping::copy_of(&file, len).err().expect("a short file");
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(UsageFile::open_copy(&path).is_err());
     }
 
     #[test]

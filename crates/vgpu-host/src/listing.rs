@@ -188,9 +188,14 @@ pub struct Known {
 /// the figures.
 pub fn row_with(store: &Store, pids: &Pids<'_>, w: &Workload, all: bool, known: Known) -> Row {
     let usage_path = store.vgpu_dir(&w.vgpu).join(USAGE_FILE);
-    let usage = UsageFile::open(&usage_path).ok();
-    if let (true, Some(usage)) = (known.reclaim, &usage) {
-        crate::lifecycle::reclaim_listed(&usage_path, usage);
+    // A copy of the files for the figures (read, not mapped: a row looks once); the files
+    // themselves where the vGPU has dead processes' memory to give back first.
+    let mut usage = UsageFile::open_copy(&usage_path).ok();
+    if known.reclaim && usage.as_ref().is_some_and(|u| !u.nothing_listed_to_reclaim()) {
+        usage = UsageFile::open(&usage_path).ok();
+        if let Some(usage) = &usage {
+            crate::lifecycle::reclaim_listed(&usage_path, usage);
+        }
     }
     let devices = usage.as_ref().map(|u| u.devices()).unwrap_or_default();
     // The usage file is what the shim enforces; the record is the fallback.

@@ -64,8 +64,23 @@ pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, StateError> {
     if meta.len() > max {
         return Err(StateError::Damaged { path: path.to_path_buf(), message: format!("{} bytes (at most {max} expected)", meta.len()) });
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| StateError::io(path, e))?;
+    // One read of the size it has and a byte more: a regular file read short is at its end
+    // (`read_to_end` would ask once more to be sure: a system call per record, and a listing
+    // reads every record). A file that grew since is read on to its end.
+    let mut file = file.take(max + 1);
+    let want = meta.len() as usize + 1;
+    let mut bytes = vec![0u8; want];
+    let n = loop {
+        match file.read(&mut bytes) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(StateError::io(path, e)),
+        }
+    };
+    bytes.truncate(n);
+    if n == want {
+        file.read_to_end(&mut bytes).map_err(|e| StateError::io(path, e))?;
+    }
     Ok(bytes)
 }
 
@@ -100,6 +115,22 @@ mod tests {
         let back: Vec<i32> = read_json(&path).unwrap();
         assert_eq!(back, vec![3]);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// One read of the file's size and a byte more gets it whole, whatever its size (a
+    /// short read ends it); more than `max` is refused.
+    #[test]
+    fn a_file_is_read_whole_at_every_size_and_not_past_the_most() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0usize, 1, 797, 4095, 4096, 4097, 200_000] {
+            let path = dir.path().join(format!("f{len}"));
+            let content: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            std::fs::write(&path, &content).unwrap();
+            assert_eq!(read_regular(&path, 1 << 20).unwrap(), content, "{len} bytes");
+        }
+        let path = dir.path().join("f4097");
+        assert!(matches!(read_regular(&path, 4096), Err(StateError::Damaged { .. })));
+        assert_eq!(read_regular(&path, 4097).unwrap().len(), 4097);
     }
 
     #[test]

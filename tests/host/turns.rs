@@ -245,7 +245,9 @@ fn a_resting_higher_priority_keeps_a_lower_ones_queue_short() {
     // The batch's queue as it publishes it, looked at until it has run 3 storms more.
     let (mut looks, mut ahead, mut most) = (0u32, 0u32, 0u64);
     let until = run.progress(1) + 3;
+    let deadline = Instant::now() + Duration::from_secs(20);
     while run.progress(1) < until {
+        assert!(Instant::now() < deadline, "the batch stopped: {} storms of {until}", run.progress(1));
         let (_, queued_until) = turn_words(&slot);
         let now = vgpu_abi::layout::now_mono_ns();
         looks += 1;

@@ -287,7 +287,8 @@ struct BoardView {
     next_open_ns: u64,
     allowance_ppm: u64,
     hungry_until_ns: u64,
-    /// Other vGPUs were active on the GPU at the last refresh: take turns.
+    /// Other vGPUs were active on the GPU at the last refresh, or one of higher priority was
+    /// on it (resting or not): take turns.
     peers_active: bool,
     /// A launch waited `turn::MAX_WAIT_NS` for turns (a holder that never lets go, dead or
     /// lying): no turns on this GPU until then (monotonic ns).
@@ -813,8 +814,9 @@ impl Governor {
     }
 
     /// Turns (`vgpu_abi::turn`) at a launch that fits the budget: `None` to launch now,
-    /// `Some(until)` to look again by then. Without other active vGPUs on the GPU: `None`,
-    /// nothing read. `waited_ns`: how long this launch has waited for turns so far.
+    /// `Some(until)` to look again by then. Without turns to take
+    /// (`BoardView::peers_active`): `None`, nothing read. `waited_ns`: how long this launch
+    /// has waited for turns so far.
     /// `unknown`: nothing is known of how long the launch runs (the process's first
     /// kernels): it goes once the work in flight has been measured (or after
     /// [`UNKNOWN_WAIT_NS`]), so that what it queues is known to the others (a storm of its

@@ -37,7 +37,7 @@ pub struct GpuProcess {
 /// Read what NVML offers; optional readings that the device does not support are `None`
 /// rather than a failure of the whole listing.
 pub fn snapshot(device: &Device<'_>, index: u32) -> Result<GpuInfo, NvmlError> {
-    let memory = device.memory_info()?;
+    let identity = identity(device, index)?;
     let processes = optional(device.running_compute_processes())
         .unwrap_or_default()
         .into_iter()
@@ -50,17 +50,33 @@ pub fn snapshot(device: &Device<'_>, index: u32) -> Result<GpuInfo, NvmlError> {
         })
         .collect();
     Ok(GpuInfo {
-        index,
-        uuid: device.uuid()?,
-        name: device.name()?,
-        memory_total: memory.total,
-        memory_used: memory.used,
         sm_clock_mhz: optional(device.clock_info(Clock::SM)),
         sm_clock_max_mhz: optional(device.max_clock_info(Clock::SM)),
         power_draw_w: optional(device.power_usage()).map(milliwatts),
         power_limit_w: optional(device.enforced_power_limit()).map(milliwatts),
         utilization_pct: optional(device.utilization_rates()).map(|u| u.gpu),
         processes,
+        ..identity
+    })
+}
+
+/// The GPU's index, UUID, name and memory only: what admitting a workload reads. The
+/// readings [`snapshot`] adds are `None` and the process list empty. Each is a driver call
+/// (the process list one of the slowest) that no admission decision depends on.
+pub fn identity(device: &Device<'_>, index: u32) -> Result<GpuInfo, NvmlError> {
+    let memory = device.memory_info()?;
+    Ok(GpuInfo {
+        index,
+        uuid: device.uuid()?,
+        name: device.name()?,
+        memory_total: memory.total,
+        memory_used: memory.used,
+        sm_clock_mhz: None,
+        sm_clock_max_mhz: None,
+        power_draw_w: None,
+        power_limit_w: None,
+        utilization_pct: None,
+        processes: Vec::new(),
     })
 }
 

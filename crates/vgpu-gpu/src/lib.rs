@@ -75,6 +75,12 @@ impl Nvml {
     pub fn inventory(&self) -> Result<Vec<GpuInfo>, NvmlError> {
         (0..self.count()?).map(|i| inventory::snapshot(&self.device(i)?, i)).collect()
     }
+
+    /// Every GPU's identity and memory, without the readings an admission does not use
+    /// (clocks, power, utilization, processes: [`inventory::identity`]).
+    pub fn identities(&self) -> Result<Vec<GpuInfo>, NvmlError> {
+        (0..self.count()?).map(|i| inventory::identity(&self.device(i)?, i)).collect()
+    }
 }
 
 /// NVML's error as one line a user can act on.

@@ -120,7 +120,7 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
     let devices: Vec<AdmissionGpu> = nvml
-        .inventory()?
+        .identities()?
         .into_iter()
         .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
         .collect();

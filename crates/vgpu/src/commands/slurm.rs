@@ -212,7 +212,7 @@ fn step_begin(ctx: &Context, args: &StepBeginArgs) -> Result<()> {
     let Some(nvml) = ctx.nvml()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1) on node {}", args.step.node);
     };
-    let gpus = nvml.inventory()?;
+    let gpus = nvml.identities()?;
     drop(nvml);
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let (w, env) = slurm::begin_step(ctx, &store, &layout, &gpus, &shim, &ask, &job_suspended)?;

@@ -613,7 +613,7 @@ pub(crate) fn admission_devices(ctx: &Context) -> Result<Vec<AdmissionGpu>> {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
     Ok(nvml
-        .inventory()?
+        .identities()?
         .into_iter()
         .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
         .collect())

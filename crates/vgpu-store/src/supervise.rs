@@ -114,8 +114,18 @@ impl CaughtSignals {
 /// process that sent a relayed one (`None`: the terminal's): `vgpu run` says who asked the
 /// workload to end, and thaws a suspended workload there, since a frozen process acts on a
 /// signal only once it runs again.
-pub fn wait_relaying_signals(child: &mut Child, caught: CaughtSignals, after_terminating: impl Fn(i32, Option<i32>) + Send + 'static) -> io::Result<ExitStatus> {
+///
+/// While the child runs, `look()` runs on this thread every `every` (not at its end): what
+/// would otherwise need a thread of its own, which a short workload would pay for.
+pub fn wait_relaying_signals(
+    child: &mut Child,
+    caught: CaughtSignals,
+    after_terminating: impl Fn(i32, Option<i32>) + Send + 'static,
+    every: std::time::Duration,
+    mut look: impl FnMut(),
+) -> io::Result<ExitStatus> {
     let pidfd = pidfd_open(child.id())?;
+    let ended = pidfd.try_clone()?;
     let mut signals = caught.0;
     let handle = signals.handle();
     let relay = std::thread::spawn(move || {
@@ -142,10 +152,28 @@ pub fn wait_relaying_signals(child: &mut Child, caught: CaughtSignals, after_ter
             act(origin);
         }
     });
+    wait_readable(&ended, every, &mut look);
     let status = child.wait();
     handle.close();
     let _ = relay.join();
     status
+}
+
+/// Until `ended` (a pidfd) is readable, its process ended: `look()` every `every` meanwhile.
+/// Returns at once where it cannot be polled (the caller's wait then blocks, and the looks
+/// stop).
+fn wait_readable(ended: &OwnedFd, every: std::time::Duration, look: &mut impl FnMut()) {
+    use std::os::fd::AsFd as _;
+    let timeout = nix::poll::PollTimeout::try_from(every).unwrap_or(nix::poll::PollTimeout::MAX);
+    loop {
+        let mut fds = [nix::poll::PollFd::new(ended.as_fd(), nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, timeout) {
+            Ok(0) => look(),
+            // A signal caught meanwhile (the relay's): the look may come a little later.
+            Err(nix::errno::Errno::EINTR) => {}
+            Ok(_) | Err(_) => return,
+        }
+    }
 }
 
 /// Our exit code for the workload's status: its code, or 128+N when killed by signal N.
@@ -205,5 +233,29 @@ mod tests {
         assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
         assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
+    }
+
+    #[test]
+    fn the_waiter_looks_while_the_child_runs_and_returns_once_it_ended() {
+        use std::process::Stdio;
+        use std::time::Duration;
+        // The child ends when its stdin closes, which the third look does.
+        let mut child = Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::null()).spawn().expect("cat");
+        let mut stdin = child.stdin.take();
+        let mut looks = 0;
+        let look = || {
+            looks += 1;
+            if looks == 3 {
+                stdin.take();
+            }
+        };
+        let status = wait_relaying_signals(&mut child, CaughtSignals::catch().expect("signals"), |_, _| {}, Duration::from_millis(20), look).expect("wait");
+        assert!(status.success(), "{status}");
+        assert!(looks >= 3, "{looks} looks");
+        // One that ends long before the first look is due: none.
+        let mut child = Command::new("true").spawn().expect("true");
+        let mut looks = 0;
+        let status = wait_relaying_signals(&mut child, CaughtSignals::catch().expect("signals"), |_, _| {}, Duration::from_secs(600), || looks += 1).expect("wait");
+        assert!(status.success() && looks == 0, "{status}, {looks} looks");
     }
 }

@@ -14,8 +14,9 @@ use vgpu_store::state::WorkloadState;
 
 use super::{workload_env, Launched, Request};
 
-/// Spawn the workload's command into its cgroup, as its user, and record its pid.
-pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<Child> {
+/// Spawn the workload's command into its cgroup, as its user, and record its pid; with the
+/// state its record has then (running, or suspended by a preemption meanwhile).
+pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<(Child, WorkloadState)> {
     let w = &launched.workload;
     let env = workload_env(ctx, store, shim, w, request)?;
     let procs = launched.cgroup.self_join_files().context("opening the cgroup's process lists")?;
@@ -40,7 +41,7 @@ pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, req
         }
     })?;
     vgpu_store::stop_point::stop_point("run:spawned");
-    {
+    let state = {
         // Re-read: a preemption may have changed the record since admission.
         let _lock = store.lock()?;
         let mut record = Workload::read(&store.workload_path(&w.id)).unwrap_or_else(|_| w.clone());
@@ -49,14 +50,16 @@ pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, req
             record.state = WorkloadState::Running;
         }
         store.write_workload(&record)?;
-    }
-    Ok(child)
+        record.state
+    };
+    Ok((child, state))
 }
 
 /// Wait for the workload's first process, relaying the signals vgpu gets to it (resuming a
 /// suspended workload first, so that it can act on them).
-/// `caught`: the signals caught before the workload was spawned.
-pub fn supervise(store: &Store, w: &Workload, child: &mut Child, caught: vgpu_store::supervise::CaughtSignals) -> Result<ExitStatus> {
+/// `state`: its record's when it started ([`start`]); `caught`: the signals caught before
+/// the workload was spawned.
+pub fn supervise(store: &Store, w: &Workload, state: WorkloadState, child: &mut Child, caught: vgpu_store::supervise::CaughtSignals) -> Result<ExitStatus> {
     let wake = {
         let (store, id, name, cgroup, unit) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone(), w.cgroup_home.unit.clone());
         move |signal: i32, sender: Option<i32>| {
@@ -70,11 +73,10 @@ pub fn supervise(store: &Store, w: &Workload, child: &mut Child, caught: vgpu_st
             }
         }
     };
-    let told = super::told::Told::start(store, w);
-    let status = vgpu_store::supervise::wait_relaying_signals(child, caught, wake).context("waiting for the workload");
-    if let Some(told) = told {
-        told.stop();
-    }
+    let mut told = super::told::Told::new(store, w, state);
+    let status = vgpu_store::supervise::wait_relaying_signals(child, caught, wake, super::told::LOOK_EVERY, || told.look()).context("waiting for the workload");
+    // One last look: a resumption just before the end is said.
+    told.look();
     status
 }
 

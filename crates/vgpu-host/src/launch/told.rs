@@ -6,53 +6,68 @@
 //! only when they changed) and says each change of state, so that a person whose training
 //! stops for half a minute learns it from their own terminal, not from someone else's.
 //!
+//! The looks are made by the thread that waits for the workload (between its waits for the
+//! workload's end, [`vgpu_store::supervise::wait_relaying_signals`]), not by a thread of
+//! their own: a workload that ends within [`LOOK_EVERY`] costs one `lstat` at its end.
+//!
 //! Not inotify: closing an inotify instance waits for the kernel's SRCU grace period (about
 //! 17 ms measured here), which every `vgpu run` would pay at its end.
 
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use vgpu_store::state::{Store, SuspendedMemory, Workload, WorkloadState};
 
-/// The watcher of one workload's record; [`Told::stop`] ends it (before the workload's
-/// teardown, which is not news).
+/// The watch of one workload's record: [`Told::look`] every [`LOOK_EVERY`] while it runs,
+/// and once more when it ended (before its teardown, which is not news), so that a
+/// resumption just before the end is said.
 pub struct Told {
-    stop: OwnedFd,
-    thread: JoinHandle<()>,
+    path: PathBuf,
+    seen: Option<(u64, i64, i64)>,
+    state: WorkloadState,
+    since: Option<Instant>,
+    name: String,
+    id: String,
 }
 
 impl Told {
-    /// Watch workload `w`'s record. None (said at debug level) when no thread or pipe can be
-    /// had: the workload runs as ever, its suspensions unsaid.
-    pub fn start(store: &Store, w: &Workload) -> Option<Told> {
-        let (wake, stop) = match nix::unistd::pipe() {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!("cannot watch the record of {} for suspensions: {e}", w.id);
-                return None;
-            }
-        };
+    /// Watch workload `w`'s record, whose state is `state` now (as its starter wrote it): a
+    /// change from here on is seen.
+    pub fn new(store: &Store, w: &Workload, state: WorkloadState) -> Told {
         let path = store.workload_path(&w.id);
-        // The state now: a change from here on is seen.
         let seen = stamp(&path);
-        let first = Workload::read(&path).map(|r| r.state).unwrap_or(w.state);
-        let (name, id) = (w.name.clone(), w.id.clone());
-        let thread = std::thread::Builder::new()
-            .name("vgpu-told".into())
-            .spawn(move || watch(wake, path, seen, first, &name, &id))
-            .ok()?;
-        Some(Told { stop, thread })
+        Told { path, seen, state, since: None, name: w.name.clone(), id: w.id.clone() }
     }
 
-    /// End the watch and wait for it.
-    pub fn stop(self) {
-        drop(self.stop);
-        let _ = self.thread.join();
+    /// When the record's stamp changed: read it, and say a change between running and
+    /// suspended.
+    pub fn look(&mut self) {
+        let now = stamp(&self.path);
+        if now == self.seen {
+            return;
+        }
+        self.seen = now;
+        let Ok(record) = Workload::read(&self.path) else {
+            return;
+        };
+        let (name, id) = (&self.name, &self.id);
+        match (self.state, record.state) {
+            (WorkloadState::Suspended, WorkloadState::Suspended) => {}
+            (_, WorkloadState::Suspended) => {
+                self.since = Some(Instant::now());
+                crate::notice!(
+                    "{name} ({id}) is suspended: {}",
+                    suspended_line(id, record.suspended_reason.as_deref(), record.suspended_by.as_deref(), record.suspended_memory.as_ref())
+                );
+            }
+            (WorkloadState::Suspended, WorkloadState::Running) => {
+                let after = self.since.take().map(|t| format!(" after {:.1} s", t.elapsed().as_secs_f64())).unwrap_or_default();
+                crate::notice!("{name} ({id}) is resumed{after}: it runs again");
+            }
+            _ => {}
+        }
+        self.state = record.state;
     }
 }
 
@@ -62,49 +77,6 @@ pub const LOOK_EVERY: Duration = Duration::from_millis(250);
 /// The record's inode and modification time: what a rename over it or a write changes.
 fn stamp(path: &Path) -> Option<(u64, i64, i64)> {
     std::fs::symlink_metadata(path).ok().map(|m| (m.ino(), m.mtime(), m.mtime_nsec()))
-}
-
-/// Until `wake` reads end of file (its writer dropped), and once more then: every
-/// [`LOOK_EVERY`], when the record's stamp changed, read it and say a change between running
-/// and suspended.
-fn watch(wake: OwnedFd, path: PathBuf, mut seen: Option<(u64, i64, i64)>, mut state: WorkloadState, name: &str, id: &str) {
-    let mut since: Option<Instant> = None;
-    let every = PollTimeout::try_from(LOOK_EVERY).unwrap_or(PollTimeout::MAX);
-    loop {
-        let mut fds = [PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
-        // Stopped (or no poll): one last look, so a resumption just before the end is said.
-        let last = !matches!(nix::poll::poll(&mut fds, every), Ok(0) | Err(nix::errno::Errno::EINTR));
-        let now = stamp(&path);
-        if now == seen {
-            if last {
-                return;
-            }
-            continue;
-        }
-        seen = now;
-        let Ok(record) = Workload::read(&path) else {
-            continue;
-        };
-        match (state, record.state) {
-            (WorkloadState::Suspended, WorkloadState::Suspended) => {}
-            (_, WorkloadState::Suspended) => {
-                since = Some(Instant::now());
-                crate::notice!(
-                    "{name} ({id}) is suspended: {}",
-                    suspended_line(id, record.suspended_reason.as_deref(), record.suspended_by.as_deref(), record.suspended_memory.as_ref())
-                );
-            }
-            (WorkloadState::Suspended, WorkloadState::Running) => {
-                let after = since.take().map(|t| format!(" after {:.1} s", t.elapsed().as_secs_f64())).unwrap_or_default();
-                crate::notice!("{name} ({id}) is resumed{after}: it runs again");
-            }
-            _ => {}
-        }
-        state = record.state;
-        if last {
-            return;
-        }
-    }
 }
 
 /// Why and by whom workload `id` was suspended, and where its memory is, from its record's

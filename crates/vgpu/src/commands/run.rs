@@ -286,7 +286,7 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     let Some(nvml) = ctx.nvml()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
-    let gpus = nvml.inventory()?;
+    let gpus = nvml.identities()?;
     drop(nvml);
     if args.opts.gpu_count.as_deref().map(parse_gpu_count) == Some(Ok(GpuCount::All)) {
         all_gpus(&mut request, &gpus);
@@ -515,9 +515,9 @@ fn all_gpus(request: &mut Request, gpus: &[vgpu_gpu::GpuInfo]) {
 fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<u8> {
     // Caught before the spawn: a signal sent right after the workload starts is relayed.
     let caught = vgpu_store::supervise::CaughtSignals::catch().context("installing the signal relay")?;
-    let mut child = launch::start(ctx, store, shim, launched, request)?;
+    let (mut child, state) = launch::start(ctx, store, shim, launched, request)?;
     tracing::info!("started {:?} as pid {}", launched.workload.command, child.id());
-    let status = launch::supervise(store, &launched.workload, &mut child, caught)?;
+    let status = launch::supervise(store, &launched.workload, state, &mut child, caught)?;
     tracing::debug!("pid {} ended: {status}", child.id());
     explain_oom_kills(&launched.cgroup, &launched.workload, request);
     explain_enforcement(store, &launched.workload);

@@ -67,40 +67,103 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List GPUs: memory, clocks, power, utilization, processes
-    Devices(crate::commands::devices::DevicesArgs),
+    Devices(Lazy<crate::commands::devices::DevicesArgs>),
     /// Check the host: driver, cgroups, shim, permissions, state files, MPS/MIG; --repair removes damaged state files
-    Doctor(crate::commands::doctor::DoctorArgs),
+    Doctor(Lazy<crate::commands::doctor::DoctorArgs>),
     /// Run a command in a vGPU: cgroup, quota shim, signals, exit code, clean-up
-    Run(Box<crate::commands::run::RunArgs>),
+    Run(Lazy<Box<crate::commands::run::RunArgs>>),
     /// List workloads with their quotas and usage
-    Ps(crate::commands::ps::PsArgs),
+    Ps(Lazy<crate::commands::ps::PsArgs>),
     /// Suspend a workload: its GPU memory moved to host memory where the driver can (CUDA checkpoint API), then frozen
-    Suspend(crate::commands::control::IdArgs),
+    Suspend(Lazy<crate::commands::control::IdArgs>),
     /// Resume a suspended workload, once its memory fits back on the GPU
-    Resume(crate::commands::control::ResumeArgs),
+    Resume(Lazy<crate::commands::control::ResumeArgs>),
     /// Send a signal to every process of a workload
-    Kill(crate::commands::control::KillArgs),
+    Kill(Lazy<crate::commands::control::KillArgs>),
     /// Change running workloads' GPU memory, compute share, TFLOPS or priority, live
-    Update(crate::commands::update::UpdateArgs),
+    Update(Lazy<crate::commands::update::UpdateArgs>),
     /// Persistent named vGPUs shared by workloads
-    Partition(crate::commands::partition::PartitionArgs),
+    Partition(Lazy<crate::commands::partition::PartitionArgs>),
     /// Carbon intensity, the clock plan, applying and undoing caps
-    Carbon(CarbonArgs),
+    Carbon(Lazy<CarbonArgs>),
     /// The compute pool of 1-TFLOPS blocks
-    Pool(PoolArgs),
+    Pool(Lazy<PoolArgs>),
     /// Services: a command kept running as MIN..MAX replicas, each in its own vGPU, scaled by CPU, memory or GPU utilization
-    Service(crate::commands::service::ServiceArgs),
+    Service(Lazy<crate::commands::service::ServiceArgs>),
     /// Slurm: this node's gres.conf and Gres= from vgpu's inventory (spank_vgpu.so fences job steps)
-    Slurm(crate::commands::slurm::SlurmArgs),
+    Slurm(Lazy<crate::commands::slurm::SlurmArgs>),
     /// Run the enforcer in the foreground: audit GPU memory and compute through NVML, kill what escapes the shim, reconcile continuously, serve metrics
-    Watch(crate::commands::watch::WatchArgs),
+    Watch(Lazy<crate::commands::watch::WatchArgs>),
     /// Print the shell's completion script: `source <(vgpu completions bash)`; it asks vgpu at each completion, so workload IDs and names and partitions complete as they are now
-    Completions(CompletionsArgs),
+    Completions(Lazy<CompletionsArgs>),
+}
+
+/// A command's arguments, defined when clap first needs them while [`parsing_command`]
+/// builds the command line (`Command::defer`): a start of vgpu builds the arguments of the
+/// one command given, not those of all sixteen and their subcommands, which every
+/// `vgpu run` and `vgpu ps` paid for (0.3 ms). Everywhere else (help, usage errors,
+/// completions, the man page) they are defined at once, as clap orders their help
+/// headings that way (a deferred command's own headings would come after the global ones).
+#[derive(Debug, Clone)]
+pub struct Lazy<T>(pub T);
+
+impl<T> std::ops::Deref for Lazy<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// Whether [`Lazy`] defers: only while [`parsing_command`] builds its command.
+static DEFER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl<T: clap::Args> clap::Args for Lazy<T> {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        match DEFER.load(std::sync::atomic::Ordering::Relaxed) {
+            true => cmd.defer(T::augment_args),
+            false => T::augment_args(cmd),
+        }
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        match DEFER.load(std::sync::atomic::Ordering::Relaxed) {
+            true => cmd.defer(T::augment_args_for_update),
+            false => T::augment_args_for_update(cmd),
+        }
+    }
+    fn group_id() -> Option<clap::Id> {
+        T::group_id()
+    }
+}
+
+impl<T: clap::FromArgMatches> clap::FromArgMatches for Lazy<T> {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(matches).map(Lazy)
+    }
+    fn from_arg_matches_mut(matches: &mut clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches_mut(matches).map(Lazy)
+    }
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
+    fn update_from_arg_matches_mut(&mut self, matches: &mut clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches_mut(matches)
+    }
 }
 
 /// The clap command, for man page and completion generation.
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+/// The command to parse vgpu's command line with: each command's arguments defined only
+/// once it is the one given ([`Lazy`]). What clap prints (help, a usage error) must come
+/// from [`command`], whose help lists each command's options before the global ones.
+pub fn parsing_command() -> clap::Command {
+    use std::sync::atomic::Ordering::Relaxed;
+    DEFER.store(true, Relaxed);
+    let cmd = Cli::command();
+    DEFER.store(false, Relaxed);
+    cmd
 }
 
 /// What a command that only root may run does, to say why it needs root: `None` for the
@@ -196,5 +259,55 @@ pub fn dispatch(ctx: &Context, command: &Command) -> Result<u8> {
         Command::Slurm(args) => done(slurm::run(ctx, args)),
         Command::Watch(args) => done(watch::run(ctx, args)),
         Command::Completions(args) => done(completions::run(args)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::FromArgMatches as _;
+
+    /// Every command's arguments, as `path id heading` lines, sorted: what parsing sees.
+    fn arguments(mut cmd: clap::Command) -> Vec<String> {
+        fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+            out.extend(cmd.get_arguments().map(|a| format!("{path} {} {:?}", a.get_id(), a.get_help_heading())));
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), out);
+            }
+        }
+        cmd.build();
+        let mut out = Vec::new();
+        walk(&cmd, "vgpu", &mut out);
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn the_parsing_command_defines_every_argument_of_the_whole_one() {
+        let whole = arguments(super::command());
+        assert!(whole.len() > 300 && whole.iter().any(|a| a.starts_with("vgpu partition create mem ")), "{} arguments", whole.len());
+        assert_eq!(arguments(super::parsing_command()), whole);
+    }
+
+    #[test]
+    fn a_command_line_parses_the_same_through_either() {
+        for line in [
+            "vgpu --simulate run --mem 4G --compute 30 --name t -- python train.py --epochs 3",
+            "vgpu -v run --gpus all --env A=1 --cwd /tmp true",
+            "vgpu ps -a --json",
+            "vgpu --state-dir /tmp/s partition create p --gpu 0 --mem 50%",
+            "vgpu service create web --replicas 1-3 -- python serve.py",
+            "vgpu carbon report --since 7d --json",
+            "vgpu update train --compute 60 --compute-policy fair",
+            "vgpu slurm step-begin --help-not-a-flag",
+        ] {
+            let argv: Vec<&str> = line.split(' ').collect();
+            let parse = |cmd: clap::Command| match cmd.try_get_matches_from(&argv) {
+                Ok(m) => format!("{:?}", super::Cli::from_arg_matches(&m).map_err(|e| e.kind())),
+                Err(e) => format!("{:?}", e.kind()),
+            };
+            let parsed = parse(super::parsing_command());
+            assert_eq!(parsed, parse(super::command()), "{line}");
+            assert_eq!(parsed.starts_with("Ok("), !line.contains("not-a-flag"), "{line}: {parsed}");
+        }
     }
 }

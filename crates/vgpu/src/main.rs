@@ -19,7 +19,9 @@ fn main() -> ExitCode {
     // A shell asking for completions (COMPLETE=SHELL, from `vgpu completions SHELL`'s
     // script) is answered here, and vgpu exits: nothing below runs.
     clap_complete::CompleteEnv::with_factory(vgpu::cli::command).var(vgpu::commands::completions::COMPLETE_VAR).complete();
-    let matches = match vgpu::cli::command().try_get_matches() {
+    let cmd = vgpu::cli::parsing_command();
+    // What clap has to say (help, a usage error) it says from the whole command.
+    let matches = match cmd.try_get_matches().or_else(|_| vgpu::cli::command().try_get_matches()) {
         Ok(m) => m,
         Err(e) => return clap_error(e),
     };

@@ -53,20 +53,120 @@ pub fn best_effort<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig,
 /// [`crate::query::Reader::from_history`], rather than open the database a second time);
 /// `None` where nothing was recorded.
 pub fn best_effort_then<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig, what: &str, f: impl FnOnce(History) -> Result<T, WriteError>) -> Option<T> {
-    if !config.enabled {
-        return None;
+    Ahead::none(lib_dir, config).then(what, f)
+}
+
+/// The history opened ahead of a best-effort record, on a thread of its own: `vgpu run`
+/// opens it while its workload runs, so that a workload's end is not also kept waiting for
+/// the open (most of it SQLite reading the schema: 0.6 ms here), which every short workload
+/// paid. The connection is kept for [`KEEP_AHEAD`], then closed; [`Ahead::then`] opens it
+/// again where it is no longer there (a longer workload).
+pub struct Ahead {
+    lib_dir: std::path::PathBuf,
+    config: config::HistoryConfig,
+    opening: Option<(std::thread::JoinHandle<Option<Result<History, WriteError>>>, std::sync::mpsc::Sender<()>)>,
+}
+
+/// How long a connection opened ahead is kept for its record.
+pub const KEEP_AHEAD: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Ahead {
+    /// Start opening `<lib_dir>/history.db` (nothing when `[history] enabled = false`, or
+    /// where no thread can be had: [`Ahead::then`] opens it then).
+    pub fn open(lib_dir: &std::path::Path, config: &config::HistoryConfig) -> Ahead {
+        Ahead::open_keeping(lib_dir, config, KEEP_AHEAD)
     }
-    let deadline = std::time::Instant::now() + BEST_EFFORT_BUDGET;
-    match History::open_within(lib_dir, deadline).and_then(f) {
-        Ok(kept) => Some(kept),
-        // Root's watch and commands record; a user's command may not write there.
-        Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => {
-            tracing::debug!("history: cannot record {what}: {e}");
-            None
+
+    fn open_keeping(lib_dir: &std::path::Path, config: &config::HistoryConfig, keep: std::time::Duration) -> Ahead {
+        let mut ahead = Ahead::none(lib_dir, config);
+        if !config.enabled {
+            return ahead;
         }
-        Err(e) => {
-            tracing::warn!("history: cannot record {what}: {e}");
-            None
+        let (take, taken) = std::sync::mpsc::channel();
+        let dir = lib_dir.to_path_buf();
+        let opening = std::thread::Builder::new().name("vgpu-history".into()).spawn(move || {
+            let opened = History::open_within(&dir, std::time::Instant::now() + BEST_EFFORT_BUDGET);
+            match taken.recv_timeout(keep) {
+                Ok(()) => Some(opened),
+                // Not asked for in time (or no longer wanted): closed here.
+                Err(_) => None,
+            }
+        });
+        ahead.opening = opening.ok().map(|thread| (thread, take));
+        ahead
+    }
+
+    /// Nothing opened ahead: [`Ahead::then`] opens the history itself.
+    pub fn none(lib_dir: &std::path::Path, config: &config::HistoryConfig) -> Ahead {
+        Ahead { lib_dir: lib_dir.to_path_buf(), config: config.clone(), opening: None }
+    }
+
+    /// [`best_effort_then`] through the connection opened ahead, if it is still kept (its
+    /// waits bounded by [`BEST_EFFORT_BUDGET`] from now on, as a connection opened now);
+    /// else through one opened now.
+    pub fn then<T>(self, what: &str, f: impl FnOnce(History) -> Result<T, WriteError>) -> Option<T> {
+        if !self.config.enabled {
+            return None;
         }
+        let ahead = self.opening.and_then(|(thread, take)| {
+            let _ = take.send(());
+            thread.join().ok().flatten()
+        });
+        let deadline = std::time::Instant::now() + BEST_EFFORT_BUDGET;
+        let opened = match ahead {
+            Some(Ok(history)) => Ok(history.bounded_by(deadline)),
+            // Closed meanwhile, or it failed then (the database busy, say): now.
+            Some(Err(_)) | None => History::open_within(&self.lib_dir, deadline),
+        };
+        match opened.and_then(f) {
+            Ok(kept) => Some(kept),
+            // Root's watch and commands record; a user's command may not write there.
+            Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => {
+                tracing::debug!("history: cannot record {what}: {e}");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("history: cannot record {what}: {e}");
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod ahead_tests {
+    use super::*;
+
+    fn info(id: &str) -> store::WorkloadInfo {
+        store::WorkloadInfo { id: id.into(), name: id.into(), uid: 0, user: "root".into(), service: None, command: "true".into(), gpus: Vec::new(), started_ms: 1 }
+    }
+
+    /// Whether workload `id` is recorded as ended, as a reader opened now sees it.
+    fn ended(lib: &std::path::Path, id: &str) -> bool {
+        let conn = db::open_live_ro(lib).expect("read").expect("a database");
+        conn.query_row("SELECT ended_ms IS NOT NULL FROM workloads WHERE id = ?1", [id], |r| r.get(0)).unwrap_or(false)
+    }
+
+    #[test]
+    fn a_record_goes_through_the_connection_opened_ahead_or_one_opened_then() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = config::HistoryConfig::default();
+        // Kept: the record is made through it.
+        let ahead = Ahead::open_keeping(dir.path(), &config, std::time::Duration::from_secs(600));
+        assert_eq!(ahead.then("a test", |h| h.record_ended(&info("kept"), 5, Some("exit 0"))), Some(true));
+        assert!(ended(dir.path(), "kept"));
+        // Closed before it was asked for (a workload longer than KEEP_AHEAD): opened again.
+        let ahead = Ahead::open_keeping(dir.path(), &config, std::time::Duration::ZERO);
+        while !ahead.opening.as_ref().is_some_and(|(thread, _)| thread.is_finished()) {
+            std::thread::yield_now();
+        }
+        assert_eq!(ahead.then("a test", |h| h.record_ended(&info("reopened"), 5, Some("exit 0"))), Some(true));
+        assert!(ended(dir.path(), "reopened"));
+        // Disabled: nothing opened, nothing recorded.
+        let off = config::HistoryConfig { enabled: false, ..config::HistoryConfig::default() };
+        let ahead = Ahead::open_keeping(dir.path(), &off, std::time::Duration::from_secs(600));
+        assert!(ahead.opening.is_none());
+        assert_eq!(ahead.then("a test", |h| h.record_ended(&info("off"), 5, None)), None);
+        assert!(!ended(dir.path(), "off"));
     }
 }

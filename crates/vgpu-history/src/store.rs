@@ -175,6 +175,13 @@ impl History {
         Ok(History { conn, path, deadline: Some(deadline) })
     }
 
+    /// This connection with every wait from now on ending by `deadline` in total, as though
+    /// it were opened now with [`History::open_within`] (a connection opened ahead of its use,
+    /// [`crate::Ahead`]).
+    pub fn bounded_by(self, deadline: Instant) -> History {
+        History { deadline: Some(deadline), ..self }
+    }
+
     /// Before a statement: what is left of the deadline becomes the connection's busy wait
     /// (none left: busy).
     fn bound(&self) -> Result<(), WriteError> {

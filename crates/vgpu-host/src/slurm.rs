@@ -262,7 +262,7 @@ pub fn end_step(ctx: &Context, store: &Store, layout: &Layout, step: &SlurmStep)
         return Ok(None);
     };
     launch::finish(ctx, store, layout, &w)?;
-    launch::record_end(ctx, &w, &Ok(0));
+    launch::record_end(ctx, &w, &Ok(0), None);
     Ok(Some(w))
 }
 

@@ -301,9 +301,10 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
         w.gpus.iter().map(|g| format!("GPU {} {} compute {}%", g.index, vgpu_abi::size::format_size(g.mem_bytes), g.compute_pct)).collect();
     tracing::info!("admitted {} ({}): {}{}", w.name, w.id, slices.join(", "), w.pool_blocks.map(|b| format!(", {b} pool blocks")).unwrap_or_default());
     tracing::debug!("cgroup {}, vGPU {}, priority {}", w.cgroup, w.vgpu, w.priority);
-    let result = start_and_supervise(ctx, &store, &shim, &launched, &request);
+    let mut history = None;
+    let result = start_and_supervise(ctx, &store, &shim, &launched, &request, &mut history);
     let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
-    let history = launch::record_end(ctx, w, &result);
+    let history = launch::record_end(ctx, w, &result, history);
     let code = result?;
     cleanup?;
     tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);
@@ -512,10 +513,13 @@ fn all_gpus(request: &mut Request, gpus: &[vgpu_gpu::GpuInfo]) {
     }
 }
 
-fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<u8> {
+/// `history`: the history, opened while the workload runs for its end to be recorded.
+fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request, history: &mut Option<vgpu_history::Ahead>) -> Result<u8> {
     // Caught before the spawn: a signal sent right after the workload starts is relayed.
     let caught = vgpu_store::supervise::CaughtSignals::catch().context("installing the signal relay")?;
     let (mut child, state) = launch::start(ctx, store, shim, launched, request)?;
+    // Not before: no thread of vgpu's runs while the workload's process is forked.
+    *history = Some(vgpu_history::Ahead::open(&ctx.lib_dir, &ctx.config.history));
     tracing::info!("started {:?} as pid {}", launched.workload.command, child.id());
     let status = launch::supervise(store, &launched.workload, state, &mut child, caught)?;
     tracing::debug!("pid {} ended: {status}", child.id());

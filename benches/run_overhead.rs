@@ -7,6 +7,11 @@
 //!
 //! `--vgpu PATH` measures another build of `vgpu` (e.g. a copy of an earlier commit's
 //! `target/release/`, with its `libvgpu.so` and `libfakegpu.so` beside it) the same way.
+//! Without it, the `vgpu` measured is the one `cargo bench` builds for this bench: with the
+//! test fixtures (`test-support`) and the dependency features of the tests, and measured
+//! 0.3 ms slower than the one `install.sh` builds (`cargo build --release --workspace
+//! --exclude workspace-hack`). For the installed binary's figures, copy that build's three
+//! files to a directory first (`cargo bench` rebuilds `target/release/vgpu`) and pass it.
 //! `--base PATH` measures another build beside this one, in the same rounds (`true`, then
 //! the two builds in alternating order, on the same host with the same workloads running):
 //! a before/after comparison paired in one run, whatever else loads the machine. The

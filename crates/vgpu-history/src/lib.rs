@@ -64,8 +64,13 @@ pub fn best_effort_then<T>(lib_dir: &std::path::Path, config: &config::HistoryCo
 pub struct Ahead {
     lib_dir: std::path::PathBuf,
     config: config::HistoryConfig,
-    opening: Option<(std::thread::JoinHandle<Option<Result<History, WriteError>>>, std::sync::mpsc::Sender<()>)>,
+    /// The thread that opens it (its result: the connection, or `None` once closed
+    /// unasked), and how it is asked for.
+    opening: Option<(std::thread::JoinHandle<Opened>, std::sync::mpsc::Sender<()>)>,
 }
+
+/// What the thread of an [`Ahead`] ends with.
+type Opened = Option<Result<History, WriteError>>;
 
 /// How long a connection opened ahead is kept for its record.
 pub const KEEP_AHEAD: std::time::Duration = std::time::Duration::from_secs(1);

@@ -31,7 +31,10 @@
 //! - `vgpu ps` (the table) and `vgpu ps --json`, medians;
 //! - where `strace` is installed, the system calls and `fsync`s of one `vgpu run -- true`
 //!   (`strace -f -c`, the child included);
-//! - the slope: what each running workload adds to `vgpu run` and to `vgpu ps`.
+//! - the slope: what each running workload adds to `vgpu run` and to `vgpu ps`;
+//! - the floor: what the mechanism alone adds (this bench run again as a program that makes
+//!   the workload's cgroups, starts `true` in them with the shim and removes them), which no
+//!   `vgpu run` can go under on the same host.
 //!
 //! The running workloads are real: each one a `vgpu run --mem 16M -- sh -c 'echo up; exec
 //! sleep …'` (its supervisor, record, vGPU directory, board slot and cgroups, as any
@@ -54,6 +57,9 @@ fn vgpu_bin() -> &'static Path {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(FLOOR) {
+        floor_runner(&args[1..]);
+    }
     // ROUNDS: the first number that is not the value of an option.
     let rounds: usize = args
         .iter()
@@ -145,7 +151,72 @@ fn main() {
         drop(workloads);
     }
     slopes(&results);
+    floor_figures(rounds);
     as_user_figures();
+}
+
+/// The argument that makes this bench the floor's runner ([`floor_runner`]).
+const FLOOR: &str = "--floor-runner";
+
+/// What the mechanism of `vgpu run` alone adds, in a Rust program as `vgpu` is (this bench,
+/// run again as [`floor_runner`]): the lower bound of `vgpu run`'s fixed cost on this host,
+/// for the figures above to be read against.
+fn floor_figures(rounds: usize) {
+    let shim = vgpu_bin().with_file_name("libvgpu.so");
+    let me = std::env::current_exe().unwrap_or_else(|e| fail(&format!("this bench's path: {e}")));
+    let (bare, [(floor, added)]) = paired(rounds, || timed(Command::new("true")), [&mut || {
+        let mut cmd = Command::new(&me);
+        cmd.arg(FLOOR).arg(&shim).arg("true");
+        timed(cmd)
+    }]);
+    println!(
+        "\nthe mechanism alone (a program that makes the cgroups, forks a child that joins them and runs `true` with the shim, waits, removes them): {:.2} ms, {:.2} ms added to `true` ({:.2} ms)",
+        ms(floor),
+        ms(added),
+        ms(bare)
+    );
+}
+
+/// `FLOOR SHIM PROGRAM…`: a cgroup in each hierarchy `vgpu run` uses, the program run in
+/// them with `SHIM` preloaded (forked, joining them before it executes, as `vgpu run`'s
+/// child does), waited for; the cgroups removed. Exits with the program's status.
+fn floor_runner(args: &[String]) -> ! {
+    use std::os::unix::process::CommandExt as _;
+    use vgpu_cgroups::layout::{Controller, Layout};
+    let (Some(shim), Some(program)) = (args.first(), args.get(1)) else { fail("--floor-runner SHIM PROGRAM [ARGS…]") };
+    let layout = Layout::detect().unwrap_or_else(|| fail("no cgroup filesystem"));
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for mount in Controller::USED.iter().filter(|&&c| layout.has(c)).filter_map(|&c| layout.mount_of(c)) {
+        let dir = mount.join("vgpu").join(format!("floor-{}", std::process::id()));
+        if !dirs.contains(&dir) {
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&format!("{}: {e}", dir.display())));
+            dirs.push(dir);
+        }
+    }
+    let procs: Vec<std::fs::File> = dirs
+        .iter()
+        .map(|d| std::fs::OpenOptions::new().write(true).open(d.join("cgroup.procs")).unwrap_or_else(|e| fail(&format!("{}: {e}", d.display()))))
+        .collect();
+    let fds: Vec<i32> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+    let mut cmd = Command::new(program);
+    cmd.args(&args[2..]).env("LD_PRELOAD", shim);
+    // SAFETY: between fork and exec the child only writes to descriptors opened before.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &fds {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let status = cmd.status().unwrap_or_else(|e| fail(&format!("{program}: {e}")));
+    drop(procs);
+    for dir in &dirs {
+        let _ = std::fs::remove_dir(dir);
+    }
+    std::process::exit(status.code().unwrap_or(1))
 }
 
 /// One line of the table.

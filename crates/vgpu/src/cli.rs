@@ -114,18 +114,21 @@ impl<T> std::ops::Deref for Lazy<T> {
     }
 }
 
-/// Whether [`Lazy`] defers: only while [`parsing_command`] builds its command.
-static DEFER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+thread_local! {
+    /// Whether [`Lazy`] defers: only while [`parsing_command`] builds its command, on the
+    /// thread that builds it (another thread's [`command`] is built whole meanwhile).
+    static DEFER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 impl<T: clap::Args> clap::Args for Lazy<T> {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        match DEFER.load(std::sync::atomic::Ordering::Relaxed) {
+        match DEFER.get() {
             true => cmd.defer(T::augment_args),
             false => T::augment_args(cmd),
         }
     }
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        match DEFER.load(std::sync::atomic::Ordering::Relaxed) {
+        match DEFER.get() {
             true => cmd.defer(T::augment_args_for_update),
             false => T::augment_args_for_update(cmd),
         }
@@ -159,10 +162,9 @@ pub fn command() -> clap::Command {
 /// once it is the one given ([`Lazy`]). What clap prints (help, a usage error) must come
 /// from [`command`], whose help lists each command's options before the global ones.
 pub fn parsing_command() -> clap::Command {
-    use std::sync::atomic::Ordering::Relaxed;
-    DEFER.store(true, Relaxed);
+    DEFER.set(true);
     let cmd = Cli::command();
-    DEFER.store(false, Relaxed);
+    DEFER.set(false);
     cmd
 }
 

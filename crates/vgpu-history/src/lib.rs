@@ -63,7 +63,8 @@ pub fn best_effort_then<T>(lib_dir: &std::path::Path, config: &config::HistoryCo
 /// again where it is no longer there (a longer workload).
 pub struct Ahead {
     lib_dir: std::path::PathBuf,
-    config: config::HistoryConfig,
+    /// `[history] enabled`: nothing is opened or recorded where it is false.
+    enabled: bool,
     /// The thread that opens it (its result: the connection, or `None` once closed
     /// unasked), and how it is asked for.
     opening: Option<(std::thread::JoinHandle<Opened>, std::sync::mpsc::Sender<()>)>,
@@ -103,14 +104,14 @@ impl Ahead {
 
     /// Nothing opened ahead: [`Ahead::then`] opens the history itself.
     pub fn none(lib_dir: &std::path::Path, config: &config::HistoryConfig) -> Ahead {
-        Ahead { lib_dir: lib_dir.to_path_buf(), config: config.clone(), opening: None }
+        Ahead { lib_dir: lib_dir.to_path_buf(), enabled: config.enabled, opening: None }
     }
 
     /// [`best_effort_then`] through the connection opened ahead, if it is still kept (its
     /// waits bounded by [`BEST_EFFORT_BUDGET`] from now on, as a connection opened now);
     /// else through one opened now.
     pub fn then<T>(self, what: &str, f: impl FnOnce(History) -> Result<T, WriteError>) -> Option<T> {
-        if !self.config.enabled {
+        if !self.enabled {
             return None;
         }
         let ahead = self.opening.and_then(|(thread, take)| {

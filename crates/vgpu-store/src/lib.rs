@@ -8,6 +8,7 @@ pub mod error;
 pub mod identity;
 pub mod read_only;
 pub mod resize;
+pub mod spawn;
 pub mod state;
 pub mod stop_point;
 pub mod supervise;

@@ -2,14 +2,15 @@
 //! before it executes anything; signals sent to `vgpu run` are relayed to it; its exit
 //! status becomes ours.
 
-use std::ffi::{CString, OsString};
+use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus};
+use std::process::ExitStatus;
+
+pub use crate::spawn::Spawned;
 
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
 use signal_hook::iterator::exfiltrator::origin::WithOrigin;
@@ -37,56 +38,18 @@ pub struct Launch {
     pub cgroup_procs: Vec<File>,
 }
 
-/// Fork and exec the workload.
-pub fn spawn(launch: Launch) -> io::Result<Child> {
-    let mut cmd = Command::new(&launch.argv[0]);
-    cmd.args(&launch.argv[1..]).env_clear().envs(launch.env.iter().map(|(k, v)| (k, v)));
-    // Not `Command::current_dir`: std changes directory before `pre_exec` runs, that is as
-    // root, and a sudo caller's `--cwd /root/private/sub` would then be entered for them.
-    // The child enters it itself once it is the workload's user (below).
-    let cwd: Option<CString> = match &launch.cwd {
-        Some(dir) => Some(CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?),
-        None => None,
-    };
+/// Start the workload: its first process joins its cgroup and becomes its user before it
+/// executes anything, without a copy of `vgpu run`'s memory ([`crate::spawn`]).
+pub fn spawn(launch: Launch) -> io::Result<Spawned> {
     let procs: Vec<RawFd> = launch.cgroup_procs.iter().map(|f| f.as_raw_fd()).collect();
-    let user = launch.user.clone();
-    let groups: Vec<libc::gid_t> = user.groups.clone();
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (write, setgroups, setgid, setuid, chdir) on data
-    // prepared before the fork; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            for &fd in &procs {
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if libc::geteuid() == 0 && user.uid != 0 {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::setgid(user.gid) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::setuid(user.uid) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            } else if libc::geteuid() == 0
-                && user.gid != 0
-                && (libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(user.gid) != 0)
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // Only now, as the workload's user: a directory closed to them stays closed.
-            if let Some(dir) = &cwd {
-                if libc::chdir(dir.as_ptr()) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn();
+    // Not a change of directory before the user's: a sudo caller's `--cwd
+    // /root/private/sub` entered as root would be entered for them.
+    let steps = crate::spawn::Steps {
+        join: &procs,
+        user: Some(crate::spawn::Ids { uid: launch.user.uid, gid: launch.user.gid, groups: &launch.user.groups }),
+        cwd: launch.cwd.as_deref().map(|d| d.as_os_str()),
+    };
+    let child = crate::spawn::spawn(&launch.argv, &launch.env, &steps);
     drop(launch.cgroup_procs);
     child
 }
@@ -118,7 +81,7 @@ impl CaughtSignals {
 /// While the child runs, `look()` runs on this thread every `every` (not at its end): what
 /// would otherwise need a thread of its own, which a short workload would pay for.
 pub fn wait_relaying_signals(
-    child: &mut Child,
+    child: &mut Spawned,
     caught: CaughtSignals,
     after_terminating: impl Fn(i32, Option<i32>) + Send + 'static,
     every: std::time::Duration,
@@ -235,25 +198,33 @@ mod tests {
         assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
     }
 
+    fn start(argv: &[&str]) -> Spawned {
+        let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+        let steps = crate::spawn::Steps { join: &[], user: None, cwd: None };
+        crate::spawn::spawn(&argv, &std::env::vars_os().collect::<Vec<_>>(), &steps).expect("spawn")
+    }
+
     #[test]
     fn the_waiter_looks_while_the_child_runs_and_returns_once_it_ended() {
-        use std::process::Stdio;
         use std::time::Duration;
-        // The child ends when its stdin closes, which the third look does.
-        let mut child = Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::null()).spawn().expect("cat");
-        let mut stdin = child.stdin.take();
+        // The child ends when the FIFO it reads is closed by its writer, the third look.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        let mut child = start(&["sh", "-c", "cat \"$0\" >/dev/null", fifo.to_str().expect("utf-8")]);
         let mut looks = 0;
         let look = || {
             looks += 1;
             if looks == 3 {
-                stdin.take();
+                // Opened once the child opened it for reading, then closed: its end of file.
+                drop(std::fs::OpenOptions::new().write(true).open(&fifo).expect("fifo"));
             }
         };
         let status = wait_relaying_signals(&mut child, CaughtSignals::catch().expect("signals"), |_, _| {}, Duration::from_millis(20), look).expect("wait");
         assert!(status.success(), "{status}");
         assert!(looks >= 3, "{looks} looks");
         // One that ends long before the first look is due: none.
-        let mut child = Command::new("true").spawn().expect("true");
+        let mut child = start(&["true"]);
         let mut looks = 0;
         let status = wait_relaying_signals(&mut child, CaughtSignals::catch().expect("signals"), |_, _| {}, Duration::from_secs(600), || looks += 1).expect("wait");
         assert!(status.success() && looks == 0, "{status}, {looks} looks");

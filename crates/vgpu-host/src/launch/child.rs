@@ -2,7 +2,9 @@
 //! workload held removed after it.
 
 use std::path::Path;
-use std::process::{Child, ExitStatus};
+use std::process::ExitStatus;
+
+use vgpu_store::supervise::Spawned;
 
 use anyhow::{Context as _, Result};
 
@@ -16,7 +18,7 @@ use super::{workload_env, Launched, Request};
 
 /// Spawn the workload's command into its cgroup, as its user, and record its pid; with the
 /// state its record has then (running, or suspended by a preemption meanwhile).
-pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<(Child, WorkloadState)> {
+pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request) -> Result<(Spawned, WorkloadState)> {
     let w = &launched.workload;
     let env = workload_env(ctx, store, shim, w, request)?;
     let procs = launched.cgroup.self_join_files().context("opening the cgroup's process lists")?;
@@ -59,7 +61,7 @@ pub fn start(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, req
 /// suspended workload first, so that it can act on them).
 /// `state`: its record's when it started ([`start`]); `caught`: the signals caught before
 /// the workload was spawned.
-pub fn supervise(store: &Store, w: &Workload, state: WorkloadState, child: &mut Child, caught: vgpu_store::supervise::CaughtSignals) -> Result<ExitStatus> {
+pub fn supervise(store: &Store, w: &Workload, state: WorkloadState, child: &mut Spawned, caught: vgpu_store::supervise::CaughtSignals) -> Result<ExitStatus> {
     let wake = {
         let (store, id, name, cgroup, unit) = (store.clone(), w.id.clone(), w.name.clone(), w.cgroup.clone(), w.cgroup_home.unit.clone());
         move |signal: i32, sender: Option<i32>| {

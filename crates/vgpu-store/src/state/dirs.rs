@@ -59,6 +59,14 @@ pub fn check_dir(dir: &Path) -> Result<(), StateError> {
     Ok(())
 }
 
+/// [`check_dir`]'s test of `dir` alone, from its metadata (not followed if a link): for a
+/// directory whose parent was just checked, with every one above it.
+pub fn check_meta(dir: &Path, meta: &std::fs::Metadata) -> Result<(), StateError> {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    check_one(dir, dir, meta, me, false)
+}
+
 fn check_one(dir: &Path, path: &Path, meta: &std::fs::Metadata, me: u32, ancestor: bool) -> Result<(), StateError> {
     let mode = meta.mode() & 0o7777;
     let owner = meta.uid();

@@ -150,16 +150,10 @@ pub fn remove(path: &Path) -> Result<(), StateError> {
 }
 
 /// `<state-dir>/intents`, created 0755 if missing and checked like the store's other
-/// directories (`dirs::ensure_dir`); a symlink there is refused, never followed.
+/// directories ([`Store::ensure_subdir`]); a symlink there is refused, never followed.
 fn ensure_dir(store: &Store) -> Result<PathBuf, StateError> {
     let dir = store.intents_dir();
-    if let Ok(meta) = std::fs::symlink_metadata(&dir) {
-        if !meta.file_type().is_dir() {
-            let kind = vgpu_abi::mapping::kind_name(&meta.file_type());
-            return Err(StateError::Damaged { path: dir, message: format!("a {kind}, not a directory; not followed") });
-        }
-    }
-    super::dirs::ensure_dir(&dir, super::dirs::DIR_MODE)?;
+    store.ensure_subdir(&dir)?;
     Ok(dir)
 }
 

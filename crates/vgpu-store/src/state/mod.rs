@@ -91,11 +91,20 @@ impl StateError {
 pub struct Store {
     pub state_dir: PathBuf,
     pub lib_dir: PathBuf,
+    /// When [`Store::ensure_dirs`] last found every directory safe (shared by clones).
+    checked: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
+
+/// How long a check of the store's directories ([`Store::ensure_dirs`]) stands for this
+/// process: the directories and every one above them were found writable by root (or this
+/// user) alone, so only they could make one unsafe meanwhile. A short command (`vgpu run`
+/// takes the lock three times) checks once; a long-lived one (`vgpu watch`) checks again
+/// at its next use after this.
+pub const DIRS_CHECK_STANDS: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Store {
     pub fn new(state_dir: &Path, lib_dir: &Path) -> Store {
-        Store { state_dir: state_dir.to_path_buf(), lib_dir: lib_dir.to_path_buf() }
+        Store { state_dir: state_dir.to_path_buf(), lib_dir: lib_dir.to_path_buf(), checked: Default::default() }
     }
 
     pub fn workloads_dir(&self) -> PathBuf {
@@ -127,11 +136,48 @@ impl Store {
     /// Create the directories unless they exist (mode 0755, whatever the umask; vGPU
     /// directories are made per vGPU) and check them all, and every directory above them,
     /// like sshd's `StrictModes` ([`dirs::check_dir`]): owned by root, writable by nobody else.
+    ///
+    /// A check that passed stands for [`DIRS_CHECK_STANDS`] in this store and its clones.
     pub fn ensure_dirs(&self) -> Result<(), StateError> {
-        for dir in [&self.state_dir, &self.workloads_dir(), &self.vgpus_dir(), &self.lib_dir] {
+        let mut checked = self.checked.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if checked.is_some_and(|at| at.elapsed() < DIRS_CHECK_STANDS) {
+            return Ok(());
+        }
+        for dir in [&self.state_dir, &self.lib_dir] {
             dirs::ensure_dir(dir, dirs::DIR_MODE)?;
         }
+        for dir in [&self.workloads_dir(), &self.vgpus_dir()] {
+            self.ensure_child(dir)?;
+        }
+        *checked = Some(std::time::Instant::now());
         Ok(())
+    }
+
+    /// Create `dir`, a directory right under the state directory, unless it exists (mode
+    /// 0755), and check it as [`dirs::check_dir`] would, after [`Store::ensure_dirs`]: it is
+    /// a directory, not a link (one is refused, never followed), owned by root or this user
+    /// and writable by nobody else. Its parent is the state directory, whose own check
+    /// stands for every directory above, so only it is looked at.
+    pub fn ensure_subdir(&self, dir: &Path) -> Result<(), StateError> {
+        self.ensure_dirs()?;
+        self.ensure_child(dir)
+    }
+
+    /// [`Store::ensure_subdir`] once the state directory is checked.
+    fn ensure_child(&self, dir: &Path) -> Result<(), StateError> {
+        debug_assert_eq!(dir.parent(), Some(self.state_dir.as_path()));
+        let meta = match std::fs::symlink_metadata(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                dirs::ensure_dir(dir, dirs::DIR_MODE)?;
+                std::fs::symlink_metadata(dir).map_err(|e| StateError::io(dir, e))?
+            }
+            other => other.map_err(|e| StateError::io(dir, e))?,
+        };
+        if !meta.file_type().is_dir() {
+            let kind = vgpu_abi::mapping::kind_name(&meta.file_type());
+            return Err(StateError::Damaged { path: dir.to_path_buf(), message: format!("a {kind}, not a directory; not followed") });
+        }
+        dirs::check_meta(dir, &meta)
     }
 
     /// Check, never create, the store's directories that exist, as [`Store::ensure_dirs`]
@@ -214,5 +260,57 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(StateError::io(&path, e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_passed_check_of_the_directories_stands_for_a_while_then_is_made_again() {
+        let (_dir, store) = temp_store();
+        // Made unsafe (by root: nobody else could) right after a check that passed.
+        chmod(&store.state_dir, 0o777);
+        store.ensure_dirs().expect("the check of a moment ago stands");
+        store.clone().ensure_dirs().expect("for its clones too");
+        let unsafe_dir = |r: Result<(), StateError>| matches!(r, Err(StateError::UnsafeDir { .. }));
+        assert!(unsafe_dir(Store::new(&store.state_dir, &store.lib_dir).ensure_dirs()), "another store checks anew");
+        // Once it no longer stands, the same store checks again and refuses.
+        *store.checked.lock().unwrap() = std::time::Instant::now().checked_sub(DIRS_CHECK_STANDS);
+        assert!(unsafe_dir(store.ensure_dirs()));
+        assert!(unsafe_dir(store.lock().map(drop)), "nor is the lock taken");
+        // A refusal is not remembered: fixed, it passes.
+        chmod(&store.state_dir, 0o755);
+        store.ensure_dirs().expect("fixed");
+    }
+
+    #[test]
+    fn a_directory_under_the_state_directory_is_checked_itself_and_never_followed() {
+        let (dir, store) = temp_store();
+        // Made when missing, 0755.
+        store.ensure_subdir(&store.intents_dir()).expect("made");
+        assert_eq!(std::fs::metadata(store.intents_dir()).unwrap().permissions().mode() & 0o7777, 0o755);
+        chmod(&store.intents_dir(), 0o775);
+        let e = store.ensure_subdir(&store.intents_dir()).expect_err("group-writable");
+        assert!(e.to_string().contains("its group"), "{e}");
+        std::fs::remove_dir(store.intents_dir()).unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, store.intents_dir()).unwrap();
+        let e = store.ensure_subdir(&store.intents_dir()).expect_err("a link");
+        assert!(e.to_string().contains("not followed"), "{e}");
+        // The store's own: a link for its workloads directory is refused at its first check.
+        let (dir, _) = temp_store();
+        let fresh = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+        std::fs::remove_dir(fresh.workloads_dir()).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, fresh.workloads_dir()).unwrap();
+        let e = fresh.ensure_dirs().expect_err("a link");
+        assert!(e.to_string().contains("not followed"), "{e}");
     }
 }

@@ -59,26 +59,29 @@ pub fn best_effort_then<T>(lib_dir: &std::path::Path, config: &config::HistoryCo
 /// The history opened ahead of a best-effort record, on a thread of its own: `vgpu run`
 /// opens it while its workload runs, so that a workload's end is not also kept waiting for
 /// the open (most of it SQLite reading the schema: 0.6 ms here), which every short workload
-/// paid. The connection is kept for [`KEEP_AHEAD`], then closed; [`Ahead::then`] opens it
-/// again where it is no longer there (a longer workload).
+/// paid. The connection is kept for [`KEEP_AHEAD`], then closed; where it is no longer there
+/// (a longer workload), the record opens it again.
+///
+/// The record can be made on that thread ([`Ahead::begin`]), while the caller does
+/// something else (`vgpu run` removes the workload's cgroup and records meanwhile), or
+/// on the caller's ([`Ahead::then`]).
 pub struct Ahead {
     lib_dir: std::path::PathBuf,
     /// `[history] enabled`: nothing is opened or recorded where it is false.
     enabled: bool,
-    /// The thread that opens it (its result: the connection, or `None` once closed
-    /// unasked), and how it is asked for.
-    opening: Option<(std::thread::JoinHandle<Opened>, std::sync::mpsc::Sender<()>)>,
+    /// The thread that opens it, and how it is given its job (dropped unrun: closed).
+    opening: Option<(std::thread::JoinHandle<()>, std::sync::mpsc::Sender<Job>)>,
 }
 
-/// What the thread of an [`Ahead`] ends with.
-type Opened = Option<Result<History, WriteError>>;
+/// What the thread of an [`Ahead`] does with what it opened, once asked in time.
+type Job = Box<dyn FnOnce(Result<History, WriteError>) + Send>;
 
 /// How long a connection opened ahead is kept for its record.
 pub const KEEP_AHEAD: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Ahead {
     /// Start opening `<lib_dir>/history.db` (nothing when `[history] enabled = false`, or
-    /// where no thread can be had: [`Ahead::then`] opens it then).
+    /// where no thread can be had: the record opens it then).
     pub fn open(lib_dir: &std::path::Path, config: &config::HistoryConfig) -> Ahead {
         Ahead::open_keeping(lib_dir, config, KEEP_AHEAD)
     }
@@ -88,53 +91,125 @@ impl Ahead {
         if !config.enabled {
             return ahead;
         }
-        let (take, taken) = std::sync::mpsc::channel();
+        let (give, given) = std::sync::mpsc::channel::<Job>();
         let dir = lib_dir.to_path_buf();
         let opening = std::thread::Builder::new().name("vgpu-history".into()).spawn(move || {
             let opened = History::open_within(&dir, std::time::Instant::now() + BEST_EFFORT_BUDGET);
-            match taken.recv_timeout(keep) {
-                Ok(()) => Some(opened),
-                // Not asked for in time (or no longer wanted): closed here.
-                Err(_) => None,
+            // Not asked in time (or no longer wanted): closed here, with a job given just
+            // too late, which its caller then does itself.
+            if let Ok(job) = given.recv_timeout(keep) {
+                job(opened);
             }
         });
-        ahead.opening = opening.ok().map(|thread| (thread, take));
+        ahead.opening = opening.ok().map(|thread| (thread, give));
         ahead
     }
 
-    /// Nothing opened ahead: [`Ahead::then`] opens the history itself.
+    /// Nothing opened ahead: the record opens the history itself.
     pub fn none(lib_dir: &std::path::Path, config: &config::HistoryConfig) -> Ahead {
         Ahead { lib_dir: lib_dir.to_path_buf(), enabled: config.enabled, opening: None }
     }
 
     /// [`best_effort_then`] through the connection opened ahead, if it is still kept (its
     /// waits bounded by [`BEST_EFFORT_BUDGET`] from now on, as a connection opened now);
-    /// else through one opened now.
+    /// else through one opened now. On this thread.
     pub fn then<T>(self, what: &str, f: impl FnOnce(History) -> Result<T, WriteError>) -> Option<T> {
         if !self.enabled {
             return None;
         }
-        let ahead = self.opening.and_then(|(thread, take)| {
-            let _ = take.send(());
-            thread.join().ok().flatten()
-        });
+        let mut ahead = None;
+        if let Some((thread, give)) = self.opening {
+            let (back, opened) = std::sync::mpsc::channel();
+            let job: Job = Box::new(move |history| {
+                let _ = back.send(history);
+            });
+            if give.send(job).is_ok() {
+                ahead = opened.recv().ok();
+            }
+            let _ = thread.join();
+        }
         let deadline = std::time::Instant::now() + BEST_EFFORT_BUDGET;
         let opened = match ahead {
             Some(Ok(history)) => Ok(history.bounded_by(deadline)),
             // Closed meanwhile, or it failed then (the database busy, say): now.
             Some(Err(_)) | None => History::open_within(&self.lib_dir, deadline),
         };
-        match opened.and_then(f) {
-            Ok(kept) => Some(kept),
-            // Root's watch and commands record; a user's command may not write there.
-            Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => {
-                tracing::debug!("history: cannot record {what}: {e}");
-                None
+        said(what, opened.and_then(f))
+    }
+
+    /// [`Ahead::then`] on the thread that opened the history, which `f` is given to now:
+    /// the caller goes on meanwhile and takes the result with [`Pending::wait`]. Where that
+    /// thread closed the connection already (or none was opened), `f` runs at `wait`, on
+    /// the caller's thread, through a connection opened then.
+    pub fn begin<T: Send + 'static>(self, what: &'static str, f: impl Fn(History) -> Result<T, WriteError> + Send + Sync + 'static) -> Pending<T> {
+        let f = std::sync::Arc::new(f);
+        let mut pending = Pending { lib_dir: self.lib_dir.clone(), enabled: self.enabled, what, f: f.clone(), result: None, thread: None };
+        if !self.enabled {
+            return pending;
+        }
+        if let Some((thread, give)) = self.opening {
+            let (back, result) = std::sync::mpsc::channel();
+            let dir = self.lib_dir;
+            let job: Job = Box::new(move |opened| {
+                let deadline = std::time::Instant::now() + BEST_EFFORT_BUDGET;
+                let opened = match opened {
+                    Ok(history) => Ok(history.bounded_by(deadline)),
+                    Err(_) => History::open_within(&dir, deadline),
+                };
+                let _ = back.send(opened.and_then(|h| f(h)));
+            });
+            if give.send(job).is_ok() {
+                pending.result = Some(result);
             }
-            Err(e) => {
-                tracing::warn!("history: cannot record {what}: {e}");
-                None
-            }
+            pending.thread = Some(thread);
+        }
+        pending
+    }
+}
+
+/// A record begun by [`Ahead::begin`].
+pub struct Pending<T> {
+    lib_dir: std::path::PathBuf,
+    enabled: bool,
+    what: &'static str,
+    f: std::sync::Arc<dyn Fn(History) -> Result<T, WriteError> + Send + Sync>,
+    /// Where the thread was given the record, its result.
+    result: Option<std::sync::mpsc::Receiver<Result<T, WriteError>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl<T> Pending<T> {
+    /// The record's result, once made: `None` where nothing was recorded (disabled, or it
+    /// failed: a warning, or a debug line where this caller may not write the database).
+    pub fn wait(self) -> Option<T> {
+        if !self.enabled {
+            return None;
+        }
+        let done = self.result.and_then(|result| result.recv().ok());
+        if let Some(thread) = self.thread {
+            let _ = thread.join();
+        }
+        let done = match done {
+            Some(done) => done,
+            // Not given in time: here, now.
+            None => History::open_within(&self.lib_dir, std::time::Instant::now() + BEST_EFFORT_BUDGET).and_then(|h| (self.f)(h)),
+        };
+        said(self.what, done)
+    }
+}
+
+/// A best-effort record's result, its failure said.
+fn said<T>(what: &str, done: Result<T, WriteError>) -> Option<T> {
+    match done {
+        Ok(kept) => Some(kept),
+        // Root's watch and commands record; a user's command may not write there.
+        Err(e) if e.is_permission() || !nix::unistd::geteuid().is_root() => {
+            tracing::debug!("history: cannot record {what}: {e}");
+            None
+        }
+        Err(e) => {
+            tracing::warn!("history: cannot record {what}: {e}");
+            None
         }
     }
 }
@@ -173,6 +248,37 @@ mod ahead_tests {
         let ahead = Ahead::open_keeping(dir.path(), &off, std::time::Duration::from_secs(600));
         assert!(ahead.opening.is_none());
         assert_eq!(ahead.then("a test", |h| h.record_ended(&info("off"), 5, None)), None);
+        assert!(!ended(dir.path(), "off"));
+    }
+
+    #[test]
+    fn a_record_begun_is_made_on_the_thread_that_opened_the_history_or_at_the_wait() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = config::HistoryConfig::default();
+        let on = |id: &'static str| {
+            move |h: History| {
+                h.record_ended(&info(id), 5, Some("exit 0"))?;
+                Ok(std::thread::current().name().map(str::to_string))
+            }
+        };
+        // Kept: made on its thread, while this one goes on.
+        let ahead = Ahead::open_keeping(dir.path(), &config, std::time::Duration::from_secs(600));
+        let pending = ahead.begin("a test", on("there"));
+        assert_eq!(pending.wait(), Some(Some("vgpu-history".to_string())));
+        assert!(ended(dir.path(), "there"));
+        // The thread closed it before it was given the record: made at the wait, here.
+        let ahead = Ahead::open_keeping(dir.path(), &config, std::time::Duration::ZERO);
+        while !ahead.opening.as_ref().is_some_and(|(thread, _)| thread.is_finished()) {
+            std::thread::yield_now();
+        }
+        let here = std::thread::current().name().map(str::to_string);
+        assert_eq!(ahead.begin("a test", on("here")).wait(), Some(here.clone()));
+        assert!(ended(dir.path(), "here"));
+        // None opened ahead: at the wait too. Disabled: nothing.
+        assert_eq!(Ahead::none(dir.path(), &config).begin("a test", on("none")).wait(), Some(here));
+        assert!(ended(dir.path(), "none"));
+        let off = config::HistoryConfig { enabled: false, ..config::HistoryConfig::default() };
+        assert_eq!(Ahead::open_keeping(dir.path(), &off, std::time::Duration::from_secs(600)).begin("a test", on("off")).wait(), None);
         assert!(!ended(dir.path(), "off"));
     }
 }

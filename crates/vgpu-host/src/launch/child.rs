@@ -100,16 +100,19 @@ fn relayed(signal: i32, sender: i32, unit: Option<&str>, name: &str, id: &str) -
 
 /// Record in the history that the workload ended, and how (best effort: a failure is a
 /// warning). It is recorded there too when it ended before the watch saw it. `history`: the
-/// history as opened while the workload ran ([`vgpu_history::Ahead::open`]), if it was.
-pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>, history: Option<vgpu_history::Ahead>) -> Option<vgpu_history::query::Reader> {
+/// history as opened while the workload ran ([`vgpu_history::Ahead::open`]), if it was: the
+/// record is made on its thread, while the caller removes the workload ([`finish`]); the
+/// result ([`vgpu_history::Pending::wait`]) is the connection, to read its use back through.
+pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>, history: Option<vgpu_history::Ahead>) -> vgpu_history::Pending<vgpu_history::query::Reader> {
     let outcome = match result {
         Ok(code) => format!("exit {code}"),
         Err(e) => format!("failed: {e}"),
     };
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let info = vgpu_history::store::WorkloadInfo::of(w);
     let history = history.unwrap_or_else(|| vgpu_history::Ahead::none(&ctx.lib_dir, &ctx.config.history));
-    history.then("the workload's end", |h| {
-        h.record_ended(&vgpu_history::store::WorkloadInfo::of(w), now, Some(&outcome))?;
+    history.begin("the workload's end", move |h| {
+        h.record_ended(&info, now, Some(&outcome))?;
         // Kept to read the workload's use back (its last line): one open, not two.
         Ok(vgpu_history::query::Reader::from_history(h))
     })

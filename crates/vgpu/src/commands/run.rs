@@ -303,8 +303,10 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     tracing::debug!("cgroup {}, vGPU {}, priority {}", w.cgroup, w.vgpu, w.priority);
     let mut history = None;
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request, &mut history);
+    // The end is recorded in the history (on its thread) while the workload is removed.
+    let recorded = launch::record_end(ctx, w, &result, history);
     let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
-    let history = launch::record_end(ctx, w, &result, history);
+    let history = recorded.wait();
     let code = result?;
     cleanup?;
     tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);

@@ -5,7 +5,8 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -14,7 +15,7 @@ pub use crate::spawn::Spawned;
 
 use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
 use signal_hook::iterator::exfiltrator::origin::WithOrigin;
-use signal_hook::iterator::SignalsInfo;
+use signal_hook::iterator::backend::SignalDelivery;
 use signal_hook::low_level::siginfo::Cause;
 
 use crate::state::UserSpec;
@@ -59,11 +60,12 @@ pub fn spawn(launch: Launch) -> io::Result<Spawned> {
 /// spawned: one sent to `vgpu run` right after its workload started (by systemd, `kill`)
 /// used to arrive before the relay was in place and kill `vgpu run` by its default action,
 /// leaving the workload without its supervisor until a reconcile found it.
-pub struct CaughtSignals(SignalsInfo<WithOrigin>);
+pub struct CaughtSignals(SignalDelivery<UnixStream, WithOrigin>);
 
 impl CaughtSignals {
     pub fn catch() -> io::Result<CaughtSignals> {
-        Ok(CaughtSignals(SignalsInfo::<WithOrigin>::new(FORWARDED)?))
+        let (read, write) = UnixStream::pair()?;
+        Ok(CaughtSignals(SignalDelivery::with_pipe(read, write, WithOrigin::default(), FORWARDED)?))
     }
 }
 
@@ -73,68 +75,64 @@ impl CaughtSignals {
 /// (by `kill`, systemd, cron) are relayed.
 ///
 /// After every [`TERMINATING`] signal (relayed, or delivered by the terminal directly),
-/// `after_terminating(signal, sender)` runs on the relay thread, `sender` the pid of the
-/// process that sent a relayed one (`None`: the terminal's): `vgpu run` says who asked the
-/// workload to end, and thaws a suspended workload there, since a frozen process acts on a
-/// signal only once it runs again.
+/// `after_terminating(signal, sender)` runs, `sender` the pid of the process that sent a
+/// relayed one (`None`: the terminal's): `vgpu run` says who asked the workload to end,
+/// and thaws a suspended workload there, since a frozen process acts on a signal only once
+/// it runs again.
 ///
-/// While the child runs, `look()` runs on this thread every `every` (not at its end): what
-/// would otherwise need a thread of its own, which a short workload would pay for.
+/// While the child runs, `look()` runs every `every` (not at its end). All of it on this
+/// thread, which waits for the child's end and the caught signals at once: no thread of
+/// its own for the relay or the looks, which a short workload would pay for.
 pub fn wait_relaying_signals(
     child: &mut Spawned,
     caught: CaughtSignals,
-    after_terminating: impl Fn(i32, Option<i32>) + Send + 'static,
+    mut after_terminating: impl FnMut(i32, Option<i32>),
     every: std::time::Duration,
     mut look: impl FnMut(),
 ) -> io::Result<ExitStatus> {
     let pidfd = pidfd_open(child.id())?;
-    let ended = pidfd.try_clone()?;
     let mut signals = caught.0;
-    let handle = signals.handle();
-    let relay = std::thread::spawn(move || {
-        let act = |origin: signal_hook::low_level::siginfo::Origin| {
-            let from_terminal = matches!(origin.cause, Cause::Kernel);
-            if !from_terminal || origin.signal == SIGHUP {
-                tracing::debug!("relaying signal {} to the workload", origin.signal);
-                // A pidfd cannot reach a later process that reused the pid.
-                let _ = pidfd_send_signal(&pidfd, origin.signal);
-            }
-            if TERMINATING.contains(&origin.signal) {
-                let sender = if from_terminal { None } else { origin.process.map(|p| p.pid) };
-                after_terminating(origin.signal, sender);
-            }
-        };
-        for origin in signals.forever() {
-            act(origin);
+    let mut act = |origin: signal_hook::low_level::siginfo::Origin| {
+        let from_terminal = matches!(origin.cause, Cause::Kernel);
+        if !from_terminal || origin.signal == SIGHUP {
+            tracing::debug!("relaying signal {} to the workload", origin.signal);
+            // A pidfd cannot reach a later process that reused the pid.
+            let _ = pidfd_send_signal(&pidfd, origin.signal);
         }
-        // Closed once the workload ended; a signal that came with its end is still here:
-        // systemd stopping a scope signals vgpu run and the workload at once, and the
-        // workload may die first (the iterator drops what is pending once closed, and vgpu
-        // run then said nothing of the stop, one run in a few under a real systemd).
-        for origin in signals.pending() {
-            act(origin);
+        if TERMINATING.contains(&origin.signal) {
+            let sender = if from_terminal { None } else { origin.process.map(|p| p.pid) };
+            after_terminating(origin.signal, sender);
         }
-    });
-    wait_readable(&ended, every, &mut look);
+    };
+    let ended = pidfd.try_clone()?;
+    let pipe = signals.get_read().try_clone()?;
+    wait_readable(&ended, pipe.as_fd(), every, &mut look, &mut || signals.pending().for_each(&mut act));
     let status = child.wait();
-    handle.close();
-    let _ = relay.join();
+    // A signal that came with its end is still relayed (to no one) and said: systemd
+    // stopping a scope signals vgpu run and the workload at once, and the workload may die
+    // first (vgpu run then said nothing of the stop, one run in a few under a real systemd).
+    signals.pending().for_each(&mut act);
     status
 }
 
-/// Until `ended` (a pidfd) is readable, its process ended: `look()` every `every` meanwhile.
-/// Returns at once where it cannot be polled (the caller's wait then blocks, and the looks
-/// stop).
-fn wait_readable(ended: &OwnedFd, every: std::time::Duration, look: &mut impl FnMut()) {
-    use std::os::fd::AsFd as _;
+/// Until `ended` (a pidfd) is readable, its process ended: `caught()` whenever `signals`
+/// (the caught signals' pipe) is, `look()` every `every` meanwhile. Returns at once where
+/// they cannot be polled (the caller's wait then blocks, and the looks and the relay stop).
+fn wait_readable(ended: &OwnedFd, signals: BorrowedFd<'_>, every: std::time::Duration, look: &mut impl FnMut(), caught: &mut impl FnMut()) {
     let timeout = nix::poll::PollTimeout::try_from(every).unwrap_or(nix::poll::PollTimeout::MAX);
     loop {
-        let mut fds = [nix::poll::PollFd::new(ended.as_fd(), nix::poll::PollFlags::POLLIN)];
+        let mut fds = [nix::poll::PollFd::new(ended.as_fd(), nix::poll::PollFlags::POLLIN), nix::poll::PollFd::new(signals, nix::poll::PollFlags::POLLIN)];
         match nix::poll::poll(&mut fds, timeout) {
             Ok(0) => look(),
-            // A signal caught meanwhile (the relay's): the look may come a little later.
+            // A signal's handler ran meanwhile: its byte is in the pipe, read next time round.
             Err(nix::errno::Errno::EINTR) => {}
-            Ok(_) | Err(_) => return,
+            Ok(_) => {
+                if fds[0].any().unwrap_or(true) {
+                    return;
+                }
+                caught();
+            }
+            Err(_) => return,
         }
     }
 }
@@ -205,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn the_waiter_looks_while_the_child_runs_and_returns_once_it_ended() {
+    fn the_waiter_looks_and_relays_while_the_child_runs_and_returns_once_it_ended() {
         use std::time::Duration;
         // The child ends when the FIFO it reads is closed by its writer, the third look.
         let dir = tempfile::tempdir().expect("tempdir");
@@ -228,5 +226,26 @@ mod tests {
         let mut looks = 0;
         let status = wait_relaying_signals(&mut child, CaughtSignals::catch().expect("signals"), |_, _| {}, Duration::from_secs(600), || looks += 1).expect("wait");
         assert!(status.success() && looks == 0, "{status}, {looks} looks");
+        // Signals sent to us are relayed to it, on this thread too: SIGUSR2 (its trap writes
+        // a line), then SIGTERM once that line is there (its trap exits 7), which is said.
+        let out = dir.path().join("out");
+        let script = "trap 'echo usr2 > \"$0\"' USR2; trap 'exit 7' TERM; while :; do sleep 0.01; done";
+        let mut child = start(&["sh", "-c", script, out.to_str().expect("utf-8")]);
+        let (mut sent_usr2, mut sent_term) = (false, false);
+        let look = || {
+            if !sent_usr2 {
+                sent_usr2 = true;
+                // SAFETY: signals this process, which handles SIGUSR2 meanwhile (CaughtSignals).
+                unsafe { libc::kill(libc::getpid(), libc::SIGUSR2) };
+            } else if !sent_term && std::fs::read_to_string(&out).is_ok_and(|t| t == "usr2\n") {
+                sent_term = true;
+                // SAFETY: as above, SIGTERM.
+                unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+            }
+        };
+        let mut said = Vec::new();
+        let status = wait_relaying_signals(&mut child, CaughtSignals::catch().expect("signals"), |signal, sender| said.push((signal, sender)), Duration::from_millis(20), look).expect("wait");
+        assert_eq!(status.code(), Some(7), "{status}");
+        assert_eq!(said, vec![(libc::SIGTERM, Some(std::process::id() as i32))]);
     }
 }

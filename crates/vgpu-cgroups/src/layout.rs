@@ -81,7 +81,10 @@ pub struct Layout {
 impl Layout {
     /// Detect the host's layout. `None`: no cgroup filesystem is mounted at all.
     pub fn detect() -> Option<Layout> {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        // Read whole at once: a file of /proc reports no size, and read_to_string's first
+        // reads would be 32 bytes, then 64, 128… each one regenerating the table.
+        let mut mountinfo = String::with_capacity(16 << 10);
+        std::io::Read::read_to_string(&mut std::fs::File::open("/proc/self/mountinfo").ok()?, &mut mountinfo).ok()?;
         let mut layout = Layout::from_mountinfo(&mountinfo)?;
         if let (Mode::V2, Some(root)) = (layout.mode, &layout.unified) {
             layout.v2_controllers = read_controllers(root);

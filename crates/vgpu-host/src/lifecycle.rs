@@ -60,8 +60,11 @@ pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
 /// reads it (`vgpu ps`, [`reclaim_dead_processes_but`] for the rest). Whoever reads usage gives
 /// that memory back first: the shim before it refuses an allocation, the listings, the other
 /// commands through [`reconcile_store`], `vgpu watch` every interval.
-pub fn reconcile_but_usage(store: &Store, lock: &StoreLock) -> Reconciled {
-    let found = reconcile(store, lock, Sweep::NotUsage);
+///
+/// `layout`: the host's cgroup layout, as the caller detected it (`Layout::detect`), for
+/// the caller and the reconcile to read the mount table once.
+pub fn reconcile_but_usage(store: &Store, lock: &StoreLock, layout: Option<&Layout>) -> Reconciled {
+    let found = reconcile(store, lock, Sweep::NotUsage, layout);
     found.notes.iter().for_each(say);
     found
 }
@@ -69,7 +72,7 @@ pub fn reconcile_but_usage(store: &Store, lock: &StoreLock) -> Reconciled {
 /// Clean up after dead supervisors and dead processes; what was done is in the notes (the
 /// workload files are gone afterwards). Call with the store lock held.
 pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
-    reconcile(store, lock, Sweep::All)
+    reconcile(store, lock, Sweep::All, Layout::detect().as_ref())
 }
 
 /// What a reconcile looks at besides the workload records.
@@ -83,12 +86,11 @@ enum Sweep {
 /// The records are read once, and each live workload costs a look at its supervisor and
 /// one freezer file; they are read again only after a step that may have rewritten some
 /// (a teardown, the pool, a half-done change, an alignment).
-fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep) -> Reconciled {
+fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep, layout: Option<&Layout>) -> Reconciled {
     let mut notes = Vec::new();
     after_a_reboot(store, lock, &mut notes);
     let (records, damaged) = store.workloads();
     let mut out = Reconciled { damaged, notes, ..Reconciled::default() };
-    let layout = Layout::detect();
     let mut alive: HashSet<String> = HashSet::new();
     let mut remaining = Vec::with_capacity(records.len());
     let mut changed = false;
@@ -105,7 +107,7 @@ fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep) -> Reconciled {
         // Released blocks may go to other workloads (their records rewritten); a teardown
         // that failed may have removed part of what it had.
         changed = true;
-        match teardown(store, &w, layout.as_ref()).and_then(released) {
+        match teardown(store, &w, layout).and_then(released) {
             Ok(()) => {
                 out.notes.push(Note::did(format!("cleaned up workload {} ({}): its supervisor (pid {}) died", w.name, w.id, w.supervisor.pid)));
                 out.cleaned.push(w);
@@ -133,11 +135,11 @@ fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep) -> Reconciled {
         }
     }
     // Changes a killed command left half-done, then whatever else is frozen or left over.
-    changed |= crate::recovery::half_done(store, lock, layout.as_ref(), &mut out.notes);
+    changed |= crate::recovery::half_done(store, lock, layout, &mut out.notes);
     reread(&mut changed, &mut out, &mut remaining);
-    changed |= crate::recovery::align_among(store, layout.as_ref(), &remaining, &|w: &Workload| alive.contains(&w.id), &mut out.notes);
+    changed |= crate::recovery::align_among(store, layout, &remaining, &|w: &Workload| alive.contains(&w.id), &mut out.notes);
     reread(&mut changed, &mut out, &mut remaining);
-    crate::recovery::remove_stray_cgroups_among(store, layout.as_ref(), &remaining, !out.damaged.is_empty());
+    crate::recovery::remove_stray_cgroups_among(store, layout, &remaining, !out.damaged.is_empty());
     crate::recovery::remove_dead_temp_files(store);
     remove_orphan_vgpus(store, &remaining, &out.damaged);
     if sweep == Sweep::All {

@@ -35,7 +35,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], re
         .collect();
     let lock = store.lock()?;
     // The records as reconcile left them, under this lock: read once.
-    let reconciled = crate::lifecycle::reconcile_but_usage(store, &lock);
+    let reconciled = crate::lifecycle::reconcile_but_usage(store, &lock, Some(layout));
     let workloads = reconciled.workloads;
     let damaged = vgpu_store::state::damaged::damaged_records(&reconciled.damaged);
 

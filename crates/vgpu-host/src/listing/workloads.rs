@@ -42,8 +42,9 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
     let read_only = access.read_only();
     // Root reconciles as every command does, but gives back the memory of dead processes
     // in each vGPU as it reads it (below), not in a sweep of its own first.
+    let layout = Layout::detect();
     let reconciled = match &access {
-        Access::Writer(lock) => Some(crate::lifecycle::reconcile_but_usage(store, lock)),
+        Access::Writer(lock) => Some(crate::lifecycle::reconcile_but_usage(store, lock, layout.as_ref())),
         Access::ReadOnly(_) => None,
     };
     drop(access);
@@ -55,7 +56,6 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
             (workloads, damaged, None)
         }
     };
-    let layout = Layout::detect();
     let mut reclaimed = std::collections::HashSet::new();
     let known: Vec<Known> = workloads
         .iter()

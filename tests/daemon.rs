@@ -24,6 +24,8 @@ mod watch_history;
 mod watch_metrics;
 #[path = "daemon/watch_daemon.rs"]
 mod watch_daemon;
+#[path = "daemon/watch_inventory.rs"]
+mod watch_inventory;
 #[path = "daemon/monitoring.rs"]
 mod monitoring;
 #[path = "daemon/service_cli.rs"]

@@ -96,6 +96,23 @@ impl Context {
         Ok(nvml)
     }
 
+    /// The GPUs as admission sees them (index, UUID, name, memory; no readings): as the
+    /// running `vgpu watch` published them, where that list is current
+    /// (`vgpu_store::state::inventory`), else read through NVML now ([`Context::nvml`]).
+    /// `None`: the host has no NVIDIA driver.
+    pub fn gpu_identities(&self) -> Result<Option<Vec<vgpu_gpu::GpuInfo>>> {
+        let store = vgpu_store::state::Store::new(&self.state_dir, &self.lib_dir);
+        match vgpu_store::state::inventory::current(&store, self.simulate, std::time::SystemTime::now()) {
+            Ok(gpus) => {
+                tracing::debug!("{} GPU(s) as vgpu watch published them ({})", gpus.len(), store.inventory_path().display());
+                return Ok(Some(gpus.into_iter().map(identity).collect()));
+            }
+            Err(why) => tracing::debug!("GPUs read through NVML: the published list is not taken: {why}"),
+        }
+        let Some(nvml) = self.nvml()? else { return Ok(None) };
+        Ok(Some(nvml.identities()?))
+    }
+
     /// NVML as [`Context::nvml`] opens it, making nothing: in simulation mode the simulated
     /// driver is loaded from where it is installed, not through the link directory under the
     /// state directory (which only root can make). For the listing commands.
@@ -124,6 +141,23 @@ impl Context {
 
     pub fn lib_path(&self, name: impl AsRef<Path>) -> PathBuf {
         self.lib_dir.join(name)
+    }
+}
+
+/// A published GPU as [`vgpu_gpu::Nvml::identities`] gives it (no readings).
+fn identity(g: vgpu_store::state::inventory::PublishedGpu) -> vgpu_gpu::GpuInfo {
+    vgpu_gpu::GpuInfo {
+        index: g.index,
+        uuid: g.uuid,
+        name: g.name,
+        memory_total: g.memory_total_bytes,
+        memory_used: 0,
+        sm_clock_mhz: None,
+        sm_clock_max_mhz: None,
+        power_draw_w: None,
+        power_limit_w: None,
+        utilization_pct: None,
+        processes: Vec::new(),
     }
 }
 

@@ -35,11 +35,15 @@ use vgpu_gpu::Nvml;
 use vgpu_store::state::StateError;
 use vgpu_store::state::Store;
 use vgpu_store::state::StoreLock;
+use vgpu_store::state::inventory;
 use vgpu_host::config::watch as config;
 use config::UnmanagedPolicy;
 
 /// Name of the single-instance lock in the state directory.
 pub const INSTANCE_LOCK: &str = "watch.lock";
+
+/// The longest a round waits for the store lock to publish the GPU list (else next round).
+const PUBLISH_LOCK_WAIT: Duration = Duration::from_millis(100);
 
 pub use crate::event::{Event, Level};
 
@@ -89,6 +93,8 @@ pub struct Watch {
     history: history::Recorder,
     /// Workloads this round's reconcile tore down, and how they ended (for the history).
     ended: HashMap<String, String>,
+    /// The GPUs last published for the commands that admit (`<state>/gpus.json`).
+    published: Option<Vec<inventory::PublishedGpu>>,
 }
 
 impl Watch {
@@ -133,6 +139,7 @@ impl Watch {
             memory_blind: false,
             history: history::Recorder::new(ctx_lib_dir, ctx_history, interval),
             ended: HashMap::new(),
+            published: None,
         };
         // The config's idle power now; the driver's too once NVML is open.
         watch.history.idle_powers(vgpu_host::carbon::report::idle_powers(&watch.ctx.config.carbon, None));
@@ -260,6 +267,7 @@ impl Watch {
             },
             None => None,
         };
+        self.publish_gpus(&mut events);
         let (workloads, _) = self.store.workloads();
         let files = enforce::VgpuFiles::all(&self.store, &workloads);
         if let Some(snapshot) = self.snapshot.as_mut() {
@@ -292,9 +300,49 @@ impl Watch {
     /// throttles from the records.
     pub fn shutdown(&mut self) -> Vec<Event> {
         let mut events = self.services.stop();
+        self.withdraw_gpus(&mut events);
         events.extend(self.compute.stop(&self.store));
         self.history.flush(&mut events);
         events
+    }
+
+    /// Keep `<state>/gpus.json` the GPUs as this round read them, for `vgpu run` and the
+    /// other commands that admit to take rather than load the driver themselves
+    /// (`vgpu_store::state::inventory`): published when it differs (under the store lock,
+    /// never waited for long: else next round), marked current otherwise; withdrawn when
+    /// this round could not read the GPUs.
+    fn publish_gpus(&mut self, events: &mut Vec<Event>) {
+        let Some(snapshot) = &self.snapshot else {
+            self.withdraw_gpus(events);
+            return;
+        };
+        let gpus: Vec<inventory::PublishedGpu> = snapshot
+            .gpus
+            .iter()
+            .map(|g| inventory::PublishedGpu { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory_total_bytes: g.memory_total })
+            .collect();
+        if self.published.as_ref() == Some(&gpus) {
+            if let Err(e) = inventory::mark_current(&self.store) {
+                // Published again next round.
+                events.push(Event::debug(format!("cannot mark the GPU list current: {e}")));
+                self.published = None;
+            }
+            return;
+        }
+        let published = inventory::Published::new(self.me.into(), self.ctx.simulate, self.ctx.config.watch.interval, gpus.clone());
+        match self.store.lock_within(PUBLISH_LOCK_WAIT).map_err(|e| e.to_string()).and_then(|lock| inventory::publish(&self.store, &lock, &published).map_err(|e| e.to_string())) {
+            Ok(()) => self.published = Some(gpus),
+            Err(e) => events.push(Event::warn(format!("cannot publish the GPU list (vgpu run reads the GPUs itself meanwhile): {e}"))),
+        }
+    }
+
+    /// Take the published GPU list back: the commands read the GPUs themselves.
+    fn withdraw_gpus(&mut self, events: &mut Vec<Event>) {
+        if self.published.take().is_some() {
+            if let Err(e) = inventory::withdraw(&self.store) {
+                events.push(Event::warn(format!("cannot withdraw the GPU list {}: {e}", self.store.inventory_path().display())));
+            }
+        }
     }
 
     /// The services it runs, for the metrics.

@@ -12,6 +12,7 @@ pub mod dirs;
 
 pub mod damaged;
 pub mod intent;
+pub mod inventory;
 pub mod lock;
 pub mod partition;
 pub mod small_file;

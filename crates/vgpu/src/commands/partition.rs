@@ -116,11 +116,10 @@ fn create(ctx: &Context, args: &CreateArgs) -> Result<()> {
     if args.oversubscribe {
         vgpu_host::policy::check_oversubscribe(&ctx.config.policy, caller.as_ref()).map_err(|e| UsageError::new(e.to_string()))?;
     }
-    let Some(nvml) = ctx.nvml()? else {
+    let Some(gpus) = ctx.gpu_identities()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
-    let devices: Vec<AdmissionGpu> = nvml
-        .identities()?
+    let devices: Vec<AdmissionGpu> = gpus
         .into_iter()
         .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
         .collect();

@@ -283,11 +283,9 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     }
     let shim = vgpu_host::paths::find_shim(ctx.config.shim_path.as_deref())?;
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
-    let Some(nvml) = ctx.nvml()? else {
+    let Some(gpus) = ctx.gpu_identities()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
-    let gpus = nvml.identities()?;
-    drop(nvml);
     if args.opts.gpu_count.as_deref().map(parse_gpu_count) == Some(Ok(GpuCount::All)) {
         all_gpus(&mut request, &gpus);
     }

@@ -209,11 +209,9 @@ fn step_begin(ctx: &Context, args: &StepBeginArgs) -> Result<()> {
     };
     let shim = vgpu_host::paths::find_shim(ctx.config.shim_path.as_deref())?;
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
-    let Some(nvml) = ctx.nvml()? else {
+    let Some(gpus) = ctx.gpu_identities()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1) on node {}", args.step.node);
     };
-    let gpus = nvml.identities()?;
-    drop(nvml);
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
     let (w, env) = slurm::begin_step(ctx, &store, &layout, &gpus, &shim, &ask, &job_suspended)?;
     let slices: Vec<String> =

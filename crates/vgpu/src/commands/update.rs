@@ -607,13 +607,12 @@ fn describe(u: &Updated, asked: &Asked, args: &UpdateArgs) -> String {
     parts.join("; ")
 }
 
-/// The GPUs as admission sees them (NVML).
+/// The GPUs as admission sees them (the watch's list, or NVML: `Context::gpu_identities`).
 pub(crate) fn admission_devices(ctx: &Context) -> Result<Vec<AdmissionGpu>> {
-    let Some(nvml) = ctx.nvml()? else {
+    let Some(gpus) = ctx.gpu_identities()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
-    Ok(nvml
-        .identities()?
+    Ok(gpus
         .into_iter()
         .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid, name: g.name, memory: g.memory_total })
         .collect())

@@ -1,0 +1,74 @@
+//! The GPU list `vgpu watch` publishes (`<state>/gpus.json`, `vgpu_store::state::inventory`)
+//! for `vgpu run` and the other commands that admit: taken while its watch runs and marks
+//! it, the driver read instead once the watch is gone; withdrawn when the watch stops.
+
+use crate::common::watch::Watch;
+use crate::common::Sim;
+
+fn sim() -> Sim {
+    let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB"), ("NVIDIA A100-SXM4-40GB", "40GiB")]);
+    sim.write_vgpu_config("[watch]\ninterval = \"100ms\"\n");
+    sim
+}
+
+/// `vgpu run -- true` with debug lines: its stderr, after it succeeded.
+fn run_true(sim: &Sim) -> String {
+    let out = sim.vgpu(&["run", "--mem", "1G", "--", "true"]).env("VGPU_LOG", "vgpu=debug").output().expect("vgpu run");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "vgpu run: {:?}\n{stderr}", out.status);
+    stderr
+}
+
+#[test]
+fn vgpu_run_takes_the_watchs_gpu_list_while_the_watch_runs_and_reads_the_driver_otherwise() {
+    let sim = sim();
+    let published = sim.path("run").join("gpus.json");
+    // No watch: the driver is read.
+    let said = run_true(&sim);
+    assert!(said.contains("GPUs read through NVML: the published list is not taken: none published"), "{said}");
+
+    let watch = Watch::start(&sim, &[]);
+    // Its first round published the GPUs as the driver lists them.
+    let text = std::fs::read_to_string(&published).expect("the watch's first round publishes the list");
+    let list: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let devices = sim.vgpu(&["devices", "--json"]).output().expect("vgpu devices");
+    let devices: serde_json::Value = serde_json::from_slice(&devices.stdout).expect("devices json");
+    let expected: Vec<(u64, String, String, u64)> = devices["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|g| (g["index"].as_u64().unwrap_or(99), g["uuid"].as_str().unwrap_or("").to_string(), g["name"].as_str().unwrap_or("").to_string(), g["memory_total_bytes"].as_u64().unwrap_or(0)))
+        .collect();
+    let got: Vec<(u64, String, String, u64)> = list["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|g| (g["index"].as_u64().unwrap_or(99), g["uuid"].as_str().unwrap_or("").to_string(), g["name"].as_str().unwrap_or("").to_string(), g["memory_total_bytes"].as_u64().unwrap_or(0)))
+        .collect();
+    assert_eq!(got.len(), 2, "{text}");
+    assert_eq!(got, expected, "{text}");
+    assert_eq!(list["writer"]["pid"].as_u64(), Some(u64::from(watch.pid())), "{text}");
+    assert_eq!(list["simulated"], true, "{text}");
+    // Root's, and only root may write it.
+    let meta = std::fs::metadata(&published).expect("metadata");
+    assert_eq!((std::os::unix::fs::MetadataExt::uid(&meta), std::os::unix::fs::MetadataExt::mode(&meta) & 0o7777), (0, 0o644));
+
+    // Taken while the watch runs.
+    let said = run_true(&sim);
+    assert!(said.contains("2 GPU(s) as vgpu watch published them"), "{said}");
+
+    // Killed, it leaves the file, which is no longer taken: its writer is gone.
+    let pid = watch.pid();
+    watch.signal(libc::SIGKILL);
+    let mut watch = watch;
+    watch.wait_exit();
+    assert!(published.exists(), "a killed watch cannot withdraw it");
+    let said = run_true(&sim);
+    assert!(said.contains(&format!("GPUs read through NVML: the published list is not taken: its watch (pid {pid}) no longer runs")), "{said}");
+
+    // A watch that stops withdraws it.
+    let watch = Watch::start(&sim, &[]);
+    assert!(run_true(&sim).contains("as vgpu watch published them"));
+    assert!(watch.stop().success());
+    assert!(!published.exists(), "withdrawn when the watch stopped");
+}

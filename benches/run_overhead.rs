@@ -24,10 +24,12 @@
 //! - `true` and `vgpu --simulate run --mem 1G -- true`, ROUNDS (default 20) of each,
 //!   interleaved; the medians and the median of the paired differences (what `vgpu run`
 //!   adds);
-//! - that twice: with the history database (`<lib>/history.db`, always on the disk, as
-//!   `/var/lib/vgpu` is) held open as `vgpu watch`'s history thread holds it on a host that
-//!   runs the enforcer, and with nobody holding it (no `vgpu watch`: then the `vgpu run`
-//!   that closes it last checkpoints it, which syncs it);
+//! - that three times: with a `vgpu watch` running (this build's, every second: its
+//!   history thread holds the history database open, and it publishes the GPU list that
+//!   `vgpu run` then takes rather than loading the driver; the host that runs the enforcer);
+//!   with no watch but the history database (`<lib>/history.db`, always on the disk, as
+//!   `/var/lib/vgpu` is) held open as a watch holds it; and with neither (then the
+//!   `vgpu run` that closes the database last checkpoints it, which syncs it);
 //! - `vgpu ps` (the table) and `vgpu ps --json`, medians;
 //! - where `strace` is installed, the system calls and `fsync`s of one `vgpu run -- true`
 //!   (`strace -f -c`, the child included);
@@ -117,8 +119,10 @@ fn main() {
         let mut workloads = Running::new(&host);
         for &n in &running {
             workloads.grow_to(n);
-            for held in [true, false] {
-                let holder = held.then(|| hold_history(&host.lib));
+            for mode in [Mode::Watch, Mode::Held, Mode::NotHeld] {
+                let held = mode != Mode::NotHeld;
+                let watch = (mode == Mode::Watch).then(|| host.watch());
+                let holder = (mode == Mode::Held).then(|| hold_history(&host.lib));
                 let run_args = ["run", "--mem", "1G", "--", "true"];
                 let (bare, [(run, added), base]) = paired(
                     rounds,
@@ -143,7 +147,8 @@ fn main() {
                 };
                 let base = BASE.get().map(|_| Base { run: base.0, added: base.1, ps: ps.map(|p| p.1), ps_json: ps_json.map(|p| p.1) });
                 let (ps, ps_json) = (ps.map(|p| p.0), ps_json.map(|p| p.0));
-                let f = Figures { state: label, held, n, bare, run, added, ps, ps_json, counts, base };
+                drop(watch);
+                let f = Figures { state: label, mode, n, bare, run, added, ps, ps_json, counts, base };
                 f.print(results.is_empty());
                 results.push(f);
             }
@@ -222,8 +227,7 @@ fn floor_runner(args: &[String]) -> ! {
 /// One line of the table.
 struct Figures {
     state: &'static str,
-    /// The history held open (as by `vgpu watch`).
-    held: bool,
+    mode: Mode,
     n: usize,
     bare: Duration,
     run: Duration,
@@ -234,6 +238,28 @@ struct Figures {
     counts: Option<(u64, u64)>,
     /// The `--base` build's figures, measured in the same rounds.
     base: Option<Base>,
+}
+
+/// What else runs on the host while `vgpu run` is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A `vgpu watch` (this build's, every second): it holds the history open and
+    /// publishes the GPU list that `vgpu run` takes rather than loading the driver.
+    Watch,
+    /// No watch, the history database held open as a watch's history thread holds it.
+    Held,
+    /// Neither: the last `vgpu run` to close the history checkpoints it.
+    NotHeld,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Watch => "watch",
+            Mode::Held => "held",
+            Mode::NotHeld => "not held",
+        }
+    }
 }
 
 /// The `--base` build's figures of one line.
@@ -259,7 +285,7 @@ impl Figures {
         print!(
             "{:<6} {:<11} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>11} {:>9} {:>7}",
             self.state,
-            if self.held { "held(watch)" } else { "not held" },
+            self.mode.name(),
             self.n,
             ms(self.bare),
             ms(self.run),
@@ -281,8 +307,8 @@ impl Figures {
 fn slopes(results: &[Figures]) {
     println!();
     for state in ["tmpfs", "disk"] {
-        for held in [true, false] {
-            let rows: Vec<&Figures> = results.iter().filter(|f| f.state == state && f.held == held).collect();
+        for mode in [Mode::Watch, Mode::Held, Mode::NotHeld] {
+            let rows: Vec<&Figures> = results.iter().filter(|f| f.state == state && f.mode == mode).collect();
             let (Some(lo), Some(hi)) = (rows.iter().min_by_key(|f| f.n), rows.iter().max_by_key(|f| f.n)) else { continue };
             if hi.n == lo.n {
                 continue;
@@ -304,8 +330,8 @@ fn slopes(results: &[Figures]) {
                 _ => String::new(),
             };
             println!(
-                "slope, state on {state}, history {}: vgpu run {:+.4} ms per running workload (N {} -> {}){ps}{base}",
-                if held { "held" } else { "not held" },
+                "slope, state on {state}, {}: vgpu run {:+.4} ms per running workload (N {} -> {}){ps}{base}",
+                mode.name(),
                 per(lo.added, hi.added),
                 lo.n,
                 hi.n
@@ -366,6 +392,17 @@ fn is_tmpfs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
 }
 
+/// A `vgpu watch` of the bench's ([`Host::watch`]).
+struct Watching(Child);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, not yet waited for.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
 /// The history database held open as `vgpu watch`'s history thread holds it (its writer
 /// keeps one `History` open); made if it does not exist yet.
 fn hold_history(lib: &Path) -> vgpu_history::store::History {
@@ -412,6 +449,23 @@ impl Host {
             cmd.env(k, v);
         }
         cmd
+    }
+
+    /// `vgpu watch` (this build's) in the background, once its first round published the
+    /// GPU list; stopped (SIGTERM) when dropped.
+    fn watch(&self) -> Watching {
+        let mut cmd = self.vgpu(&["watch"]);
+        let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap_or_else(|e| fail(&format!("cannot start vgpu watch: {e}")));
+        let watching = Watching(child);
+        let published = self.state.join("gpus.json");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !published.exists() {
+            if Instant::now() > deadline {
+                fail("vgpu watch published no GPU list within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        watching
     }
 
     fn vgpu(&self, args: &[&str]) -> Command {

@@ -543,7 +543,8 @@ impl<'h> Running<'h> {
         }
         let started = Instant::now();
         while self.supervisors.len() < n {
-            let mut cmd = self.host.vgpu(&["run", "--mem", "16M", "--", "sh", "-c", "echo up; exec sleep 1000000"]);
+            // Quiet: the SIGTERM that ends each one is otherwise said by each (1000 lines).
+            let mut cmd = self.host.vgpu(&["-q", "run", "--mem", "16M", "--", "sh", "-c", "echo up; exec sleep 1000000"]);
             cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
             let mut child = cmd.spawn().unwrap_or_else(|e| fail(&format!("cannot start vgpu run: {e}")));
             let mut line = String::new();

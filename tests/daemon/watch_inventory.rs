@@ -11,6 +11,13 @@ fn sim() -> Sim {
     sim
 }
 
+/// Each GPU's (index, UUID, name, memory) in a JSON list (`vgpu devices --json`'s, or the
+/// published one).
+fn identities(json: &serde_json::Value) -> Vec<(u64, String, String, u64)> {
+    let text = |g: &serde_json::Value, key: &str| g[key].as_str().unwrap_or_default().to_string();
+    json["gpus"].as_array().expect("gpus").iter().map(|g| (g["index"].as_u64().unwrap_or(99), text(g, "uuid"), text(g, "name"), g["memory_total_bytes"].as_u64().unwrap_or(0))).collect()
+}
+
 /// `vgpu run -- true` with debug lines: its stderr, after it succeeded.
 fn run_true(sim: &Sim) -> String {
     let out = sim.vgpu(&["run", "--mem", "1G", "--", "true"]).env("VGPU_LOG", "vgpu=debug").output().expect("vgpu run");
@@ -33,18 +40,7 @@ fn vgpu_run_takes_the_watchs_gpu_list_while_the_watch_runs_and_reads_the_driver_
     let list: serde_json::Value = serde_json::from_str(&text).expect("json");
     let devices = sim.vgpu(&["devices", "--json"]).output().expect("vgpu devices");
     let devices: serde_json::Value = serde_json::from_slice(&devices.stdout).expect("devices json");
-    let expected: Vec<(u64, String, String, u64)> = devices["gpus"]
-        .as_array()
-        .expect("gpus")
-        .iter()
-        .map(|g| (g["index"].as_u64().unwrap_or(99), g["uuid"].as_str().unwrap_or("").to_string(), g["name"].as_str().unwrap_or("").to_string(), g["memory_total_bytes"].as_u64().unwrap_or(0)))
-        .collect();
-    let got: Vec<(u64, String, String, u64)> = list["gpus"]
-        .as_array()
-        .expect("gpus")
-        .iter()
-        .map(|g| (g["index"].as_u64().unwrap_or(99), g["uuid"].as_str().unwrap_or("").to_string(), g["name"].as_str().unwrap_or("").to_string(), g["memory_total_bytes"].as_u64().unwrap_or(0)))
-        .collect();
+    let (expected, got) = (identities(&devices), identities(&list));
     assert_eq!(got.len(), 2, "{text}");
     assert_eq!(got, expected, "{text}");
     assert_eq!(list["writer"]["pid"].as_u64(), Some(u64::from(watch.pid())), "{text}");

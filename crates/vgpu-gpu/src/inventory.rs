@@ -65,19 +65,26 @@ pub fn snapshot(device: &Device<'_>, index: u32) -> Result<GpuInfo, NvmlError> {
 /// (the process list one of the slowest) that no admission decision depends on.
 pub fn identity(device: &Device<'_>, index: u32) -> Result<GpuInfo, NvmlError> {
     let memory = device.memory_info()?;
-    Ok(GpuInfo {
-        index,
-        uuid: device.uuid()?,
-        name: device.name()?,
-        memory_total: memory.total,
-        memory_used: memory.used,
-        sm_clock_mhz: None,
-        sm_clock_max_mhz: None,
-        power_draw_w: None,
-        power_limit_w: None,
-        utilization_pct: None,
-        processes: Vec::new(),
-    })
+    Ok(GpuInfo::identified(index, device.uuid()?, device.name()?, memory.total, memory.used))
+}
+
+impl GpuInfo {
+    /// A GPU known by its identity and memory alone, without readings.
+    pub fn identified(index: u32, uuid: String, name: String, memory_total: u64, memory_used: u64) -> GpuInfo {
+        GpuInfo {
+            index,
+            uuid,
+            name,
+            memory_total,
+            memory_used,
+            sm_clock_mhz: None,
+            sm_clock_max_mhz: None,
+            power_draw_w: None,
+            power_limit_w: None,
+            utilization_pct: None,
+            processes: Vec::new(),
+        }
+    }
 }
 
 fn milliwatts(mw: u32) -> f64 {

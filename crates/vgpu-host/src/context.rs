@@ -144,21 +144,10 @@ impl Context {
     }
 }
 
-/// A published GPU as [`vgpu_gpu::Nvml::identities`] gives it (no readings).
+/// A published GPU as [`vgpu_gpu::Nvml::identities`] gives it (no readings; the memory in
+/// use is not published, and admission does not read it).
 fn identity(g: vgpu_store::state::inventory::PublishedGpu) -> vgpu_gpu::GpuInfo {
-    vgpu_gpu::GpuInfo {
-        index: g.index,
-        uuid: g.uuid,
-        name: g.name,
-        memory_total: g.memory_total_bytes,
-        memory_used: 0,
-        sm_clock_mhz: None,
-        sm_clock_max_mhz: None,
-        power_draw_w: None,
-        power_limit_w: None,
-        utilization_pct: None,
-        processes: Vec::new(),
-    }
+    vgpu_gpu::GpuInfo::identified(g.index, g.uuid, g.name, g.memory_total_bytes, 0)
 }
 
 #[cfg(test)]

@@ -156,6 +156,8 @@ impl<'a> Prepared<'a> {
         let nul = || io::Error::new(io::ErrorKind::InvalidInput, "nul byte found in provided data");
         let program = argv.first().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no program to run"))?;
         let args: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes()).map_err(|_| nul())).collect::<io::Result<_>>()?;
+        // A variable given twice is given once, its last value, as `std` gives it.
+        let env: Vec<&(OsString, OsString)> = env.iter().enumerate().filter(|(i, (k, _))| !env[i + 1..].iter().any(|(later, _)| later == k)).map(|(_, kv)| kv).collect();
         let vars: Vec<CString> = env
             .iter()
             .map(|(k, v)| {
@@ -175,7 +177,7 @@ impl<'a> Prepared<'a> {
         } else if program.contains('/') {
             vec![CString::new(program.as_bytes()).map_err(|_| nul())?]
         } else {
-            let search = env.iter().rev().find(|(k, _)| k.as_bytes() == b"PATH").map(|(_, v)| v.as_bytes()).unwrap_or(DEFAULT_PATH);
+            let search = env.iter().find(|(k, _)| k.as_bytes() == b"PATH").map(|(_, v)| v.as_bytes()).unwrap_or(DEFAULT_PATH);
             search
                 .split(|&b| b == b':')
                 .map(|dir| {
@@ -336,6 +338,10 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
         // No PATH at all: execvp's default, /bin:/usr/bin.
         assert!(run(&["true"], &[], &NONE).expect("true").success());
+        // A variable given twice: its last value, once (PATH's too).
+        let status = run(&["sh", "-c", "env | grep -c '^TWICE=' > \"$OUT\"; echo \"$TWICE\" >> \"$OUT\""], &[("PATH", "/nonexistent"), ("TWICE", "a"), ("OUT", out_s), ("TWICE", "b"), ("PATH", "/usr/bin:/bin")], &NONE).expect("spawn");
+        assert!(status.success(), "{status}");
+        assert_eq!(std::fs::read_to_string(&out).expect("out"), "1\nb\n");
     }
 
     #[test]

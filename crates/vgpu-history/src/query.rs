@@ -138,6 +138,14 @@ impl Reader {
         Ok(rows.into_iter().map(|row| used_in(row, accounting.as_ref())).collect())
     }
 
+    /// Whether any GPU time is recorded for the workload `id`: without, it used nothing the
+    /// history accounts ([`Reader::workload_usage`] finds no energy), which one look at an
+    /// index tells (`vgpu run` asks on the history's thread, at its workload's end).
+    pub fn has_gpu_time(&self, id: &str) -> Result<bool, HistoryError> {
+        let mut st = self.conn.prepare("SELECT 1 FROM workload_gpu_time WHERE workload_id = ?1 LIMIT 1").map_err(self.err())?;
+        st.exists([id]).map_err(self.err())
+    }
+
     /// What the workload `id` used over its life as the history recorded it (its
     /// `workloads` row may not be there yet: then from its GPU-time rows alone).
     pub fn workload_usage(&self, id: &str, idle: &IdleDefaults<'_>) -> Result<Ended, HistoryError> {
@@ -272,6 +280,9 @@ mod tests {
         assert_eq!(reader.ended_since(0, 20, &IdleDefaults::none()).unwrap(), vec![used]);
         assert!(reader.ended_since(10_001, 20, &IdleDefaults::none()).unwrap().is_empty());
         assert_eq!(reader.workload_usage("nope", &IdleDefaults::none()).unwrap().energy_mj, None);
+        // Whether any GPU time is recorded: as the usage says.
+        assert!(reader.has_gpu_time("w1").unwrap());
+        assert!(!reader.has_gpu_time("nope").unwrap());
     }
 
     #[test]

@@ -102,8 +102,9 @@ fn relayed(signal: i32, sender: i32, unit: Option<&str>, name: &str, id: &str) -
 /// warning). It is recorded there too when it ended before the watch saw it. `history`: the
 /// history as opened while the workload ran ([`vgpu_history::Ahead::open`]), if it was: the
 /// record is made on its thread, while the caller removes the workload ([`finish`]); the
-/// result ([`vgpu_history::Pending::wait`]) is the connection, to read its use back through.
-pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>, history: Option<vgpu_history::Ahead>) -> vgpu_history::Pending<vgpu_history::query::Reader> {
+/// result ([`vgpu_history::Pending::wait`]) is the connection, to read its use back through,
+/// and whether there is any ([`Ended`]).
+pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>, history: Option<vgpu_history::Ahead>) -> vgpu_history::Pending<Ended> {
     let outcome = match result {
         Ok(code) => format!("exit {code}"),
         Err(e) => format!("failed: {e}"),
@@ -114,8 +115,18 @@ pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>, history: Opt
     history.begin("the workload's end", move |h| {
         h.record_ended(&info, now, Some(&outcome))?;
         // Kept to read the workload's use back (its last line): one open, not two.
-        Ok(vgpu_history::query::Reader::from_history(h))
+        let reader = vgpu_history::query::Reader::from_history(h);
+        let metered = reader.has_gpu_time(&info.id);
+        Ok(Ended { reader, metered })
     })
+}
+
+/// A workload's end as recorded in the history ([`record_end`]): the connection that
+/// recorded it, and whether any GPU time is recorded for the workload (`Ok(false)`: it used
+/// nothing the history accounts, and its use need not be read).
+pub struct Ended {
+    pub reader: vgpu_history::query::Reader,
+    pub metered: Result<bool, vgpu_history::db::HistoryError>,
 }
 
 /// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record,

@@ -315,10 +315,12 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
 /// One line at the workload's end: the energy and emissions the history attributes to it
 /// (what `vgpu watch` recorded, `vgpu carbon report`'s accounting); nothing recorded: a
 /// line at -v only. `history`: the connection that recorded the end, when it did.
-fn say_energy(ctx: &Context, w: &Workload, history: Option<vgpu_history::query::Reader>) {
+fn say_energy(ctx: &Context, w: &Workload, history: Option<launch::Ended>) {
     use vgpu_carbon::account::format_energy;
     let opened = match history {
-        Some(reader) => Ok(Some(reader)),
+        // No GPU time recorded for it (a workload shorter than a watch round): no energy.
+        Some(launch::Ended { metered: Ok(false), .. }) => Ok(None),
+        Some(ended) => Ok(Some(ended.reader)),
         None => vgpu_history::query::Reader::open(&ctx.lib_dir),
     };
     let used = match opened {

@@ -425,7 +425,8 @@ impl Host {
             let base = tempfile::Builder::new().prefix("run-overhead-").tempdir_in(disk)?;
             let state = tempfile::Builder::new().prefix("run-overhead-").tempdir_in(state_parent)?;
             std::fs::write(base.path().join("fakegpu.toml"), "[[device]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory = \"80GiB\"\n")?;
-            std::fs::write(base.path().join("vgpu.toml"), "")?;
+            // The watch of the "watch" mode serves no metrics: the port may be taken.
+            std::fs::write(base.path().join("vgpu.toml"), "[watch]\nlisten = \"\"\n")?;
             Ok((base, state))
         })();
         let (base, state) = made.unwrap_or_else(|e| fail(&format!("cannot make the simulated host: {e}")));

@@ -7,7 +7,8 @@ use crate::common::Sim;
 
 fn sim() -> Sim {
     let sim = Sim::new(&[("NVIDIA H100 80GB HBM3", "80GiB"), ("NVIDIA A100-SXM4-40GB", "40GiB")]);
-    sim.write_vgpu_config("[watch]\ninterval = \"100ms\"\n");
+    // No metrics endpoint: two watches of the tests at once would want the same port.
+    sim.write_vgpu_config("[watch]\ninterval = \"100ms\"\nlisten = \"\"\n");
     sim
 }
 
@@ -67,4 +68,23 @@ fn vgpu_run_takes_the_watchs_gpu_list_while_the_watch_runs_and_reads_the_driver_
     assert!(run_true(&sim).contains("as vgpu watch published them"));
     assert!(watch.stop().success());
     assert!(!published.exists(), "withdrawn when the watch stopped");
+}
+
+#[test]
+fn a_list_that_cannot_be_published_is_one_warning_and_is_published_once_it_can() {
+    let sim = sim();
+    let published = sim.path("run").join("gpus.json");
+    // A directory (not empty) where the list goes: the rename onto it fails, every round.
+    std::fs::create_dir_all(published.join("in-the-way")).expect("a directory in its place");
+    let mut watch = Watch::start(&sim, &[]);
+    watch.wait_rounds(3);
+    let warnings = watch.drain().iter().filter(|l| l.contains("warning: cannot publish the GPU list")).count();
+    assert_eq!(warnings, 1, "one warning, not one a round: {:#?}", watch.log);
+    // Meanwhile vgpu run reads the driver itself (the directory is no list).
+    let said = run_true(&sim);
+    assert!(said.contains("GPUs read through NVML: the published list is not taken"), "{said}");
+    std::fs::remove_dir_all(&published).expect("out of the way");
+    watch.wait_line("the list published again", |l| l.contains("the GPU list is published again"));
+    assert!(published.is_file());
+    assert!(run_true(&sim).contains("as vgpu watch published them"));
 }

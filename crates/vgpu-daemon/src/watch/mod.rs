@@ -95,6 +95,8 @@ pub struct Watch {
     ended: HashMap<String, String>,
     /// The GPUs last published for the commands that admit (`<state>/gpus.json`).
     published: Option<Vec<inventory::PublishedGpu>>,
+    /// Publishing it failed last round (said once, and once when it works again).
+    publish_failing: bool,
 }
 
 impl Watch {
@@ -140,6 +142,7 @@ impl Watch {
             history: history::Recorder::new(ctx_lib_dir, ctx_history, interval),
             ended: HashMap::new(),
             published: None,
+            publish_failing: false,
         };
         // The config's idle power now; the driver's too once NVML is open.
         watch.history.idle_powers(vgpu_host::carbon::report::idle_powers(&watch.ctx.config.carbon, None));
@@ -331,8 +334,17 @@ impl Watch {
         }
         let published = inventory::Published::new(self.me.into(), self.ctx.simulate, self.ctx.config.watch.interval, gpus.clone());
         match self.store.lock_within(PUBLISH_LOCK_WAIT).map_err(|e| e.to_string()).and_then(|lock| inventory::publish(&self.store, &lock, &published).map_err(|e| e.to_string())) {
-            Ok(()) => self.published = Some(gpus),
-            Err(e) => events.push(Event::warn(format!("cannot publish the GPU list (vgpu run reads the GPUs itself meanwhile): {e}"))),
+            Ok(()) => {
+                self.published = Some(gpus);
+                if std::mem::take(&mut self.publish_failing) {
+                    events.push(Event::info("the GPU list is published again"));
+                }
+            }
+            Err(e) if !self.publish_failing => {
+                self.publish_failing = true;
+                events.push(Event::warn(format!("cannot publish the GPU list (vgpu run reads the GPUs itself meanwhile; tried again every round): {e}")));
+            }
+            Err(e) => events.push(Event::debug(format!("cannot publish the GPU list: {e}"))),
         }
     }
 

@@ -53,7 +53,10 @@ pub fn best_effort<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig,
 /// [`crate::query::Reader::from_history`], rather than open the database a second time);
 /// `None` where nothing was recorded.
 pub fn best_effort_then<T>(lib_dir: &std::path::Path, config: &config::HistoryConfig, what: &str, f: impl FnOnce(History) -> Result<T, WriteError>) -> Option<T> {
-    Ahead::none(lib_dir, config).then(what, f)
+    if !config.enabled {
+        return None;
+    }
+    said(what, History::open_within(lib_dir, std::time::Instant::now() + BEST_EFFORT_BUDGET).and_then(f))
 }
 
 /// The history opened ahead of a best-effort record, on a thread of its own: `vgpu run`
@@ -62,9 +65,8 @@ pub fn best_effort_then<T>(lib_dir: &std::path::Path, config: &config::HistoryCo
 /// paid. The connection is kept for [`KEEP_AHEAD`], then closed; where it is no longer there
 /// (a longer workload), the record opens it again.
 ///
-/// The record can be made on that thread ([`Ahead::begin`]), while the caller does
-/// something else (`vgpu run` removes the workload's cgroup and records meanwhile), or
-/// on the caller's ([`Ahead::then`]).
+/// The record is made on that thread ([`Ahead::begin`]), while the caller does something
+/// else (`vgpu run` removes the workload's cgroup and records meanwhile).
 pub struct Ahead {
     lib_dir: std::path::PathBuf,
     /// `[history] enabled`: nothing is opened or recorded where it is false.
@@ -110,37 +112,11 @@ impl Ahead {
         Ahead { lib_dir: lib_dir.to_path_buf(), enabled: config.enabled, opening: None }
     }
 
-    /// [`best_effort_then`] through the connection opened ahead, if it is still kept (its
-    /// waits bounded by [`BEST_EFFORT_BUDGET`] from now on, as a connection opened now);
-    /// else through one opened now. On this thread.
-    pub fn then<T>(self, what: &str, f: impl FnOnce(History) -> Result<T, WriteError>) -> Option<T> {
-        if !self.enabled {
-            return None;
-        }
-        let mut ahead = None;
-        if let Some((thread, give)) = self.opening {
-            let (back, opened) = std::sync::mpsc::channel();
-            let job: Job = Box::new(move |history| {
-                let _ = back.send(history);
-            });
-            if give.send(job).is_ok() {
-                ahead = opened.recv().ok();
-            }
-            let _ = thread.join();
-        }
-        let deadline = std::time::Instant::now() + BEST_EFFORT_BUDGET;
-        let opened = match ahead {
-            Some(Ok(history)) => Ok(history.bounded_by(deadline)),
-            // Closed meanwhile, or it failed then (the database busy, say): now.
-            Some(Err(_)) | None => History::open_within(&self.lib_dir, deadline),
-        };
-        said(what, opened.and_then(f))
-    }
-
-    /// [`Ahead::then`] on the thread that opened the history, which `f` is given to now:
-    /// the caller goes on meanwhile and takes the result with [`Pending::wait`]. Where that
-    /// thread closed the connection already (or none was opened), `f` runs at `wait`, on
-    /// the caller's thread, through a connection opened then.
+    /// [`best_effort_then`] on the thread that opened the history, which `f` is given to
+    /// now (its waits bounded by [`BEST_EFFORT_BUDGET`] from then on, as a connection opened
+    /// then): the caller goes on meanwhile and takes the result with [`Pending::wait`].
+    /// Where that thread closed the connection already (or none was opened), `f` runs at
+    /// `wait`, on the caller's thread, through a connection opened then.
     pub fn begin<T: Send + 'static>(self, what: &'static str, f: impl Fn(History) -> Result<T, WriteError> + Send + Sync + 'static) -> Pending<T> {
         let f = std::sync::Arc::new(f);
         let mut pending = Pending { lib_dir: self.lib_dir.clone(), enabled: self.enabled, what, f: f.clone(), result: None, thread: None };
@@ -234,20 +210,20 @@ mod ahead_tests {
         let config = config::HistoryConfig::default();
         // Kept: the record is made through it.
         let ahead = Ahead::open_keeping(dir.path(), &config, std::time::Duration::from_secs(600));
-        assert_eq!(ahead.then("a test", |h| h.record_ended(&info("kept"), 5, Some("exit 0"))), Some(true));
+        assert_eq!(ahead.begin("a test", |h| h.record_ended(&info("kept"), 5, Some("exit 0"))).wait(), Some(true));
         assert!(ended(dir.path(), "kept"));
         // Closed before it was asked for (a workload longer than KEEP_AHEAD): opened again.
         let ahead = Ahead::open_keeping(dir.path(), &config, std::time::Duration::ZERO);
         while !ahead.opening.as_ref().is_some_and(|(thread, _)| thread.is_finished()) {
             std::thread::yield_now();
         }
-        assert_eq!(ahead.then("a test", |h| h.record_ended(&info("reopened"), 5, Some("exit 0"))), Some(true));
+        assert_eq!(ahead.begin("a test", |h| h.record_ended(&info("reopened"), 5, Some("exit 0"))).wait(), Some(true));
         assert!(ended(dir.path(), "reopened"));
         // Disabled: nothing opened, nothing recorded.
         let off = config::HistoryConfig { enabled: false, ..config::HistoryConfig::default() };
         let ahead = Ahead::open_keeping(dir.path(), &off, std::time::Duration::from_secs(600));
         assert!(ahead.opening.is_none());
-        assert_eq!(ahead.then("a test", |h| h.record_ended(&info("off"), 5, None)), None);
+        assert_eq!(ahead.begin("a test", |h| h.record_ended(&info("off"), 5, None)).wait(), None);
         assert!(!ended(dir.path(), "off"));
     }
 

@@ -52,6 +52,12 @@ pub const MAX_RECORD_BYTES: u64 = 16 << 20;
 /// Read a whole state file: never through a symlink, never blocking on a FIFO, a regular
 /// file only (checked on the opened descriptor), at most `max` bytes.
 pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, StateError> {
+    read_regular_with_meta(path, max).map(|(bytes, _)| bytes)
+}
+
+/// [`read_regular`], with the file's metadata as it was opened (its owner, mode and times,
+/// for the caller to check).
+pub fn read_regular_with_meta(path: &Path, max: u64) -> Result<(Vec<u8>, std::fs::Metadata), StateError> {
     use std::io::Read;
     let file = vgpu_abi::mapping::open_no_links(path, false).map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => StateError::NotRegular { path: path.to_path_buf(), kind: "symbolic link" },
@@ -81,7 +87,7 @@ pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, StateError> {
     if n == want {
         file.read_to_end(&mut bytes).map_err(|e| StateError::io(path, e))?;
     }
-    Ok(bytes)
+    Ok((bytes, meta))
 }
 
 /// Serialise `value` as pretty JSON and write it atomically, synced (persistent state).

@@ -12,7 +12,7 @@
 //! modification time) without rewriting it. A command takes it only while it is current:
 //!
 //! - written by root (or this user), not writable by anyone else, a regular file (not
-//!   followed through a link, not opened if a FIFO);
+//!   followed through a link, never blocked on if a FIFO: `atomic::read_regular`);
 //! - its writer, the watch, still runs (the same process: pid and start time);
 //! - marked within its `current_for_ms` (two of the watch's intervals and a second);
 //! - of the same driver (`simulated`: `vgpu --simulate` and the real driver never mix).
@@ -21,9 +21,8 @@
 //! can thus be at most one of the watch's rounds old: a GPU gone meanwhile is admitted on
 //! as if NVML had been asked just before it went.
 
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -129,15 +128,12 @@ pub enum NotCurrent {
 pub fn current(store: &Store, simulated: bool, now: SystemTime) -> Result<Vec<PublishedGpu>, NotCurrent> {
     let path = store.inventory_path();
     let unreadable = |e: &dyn std::fmt::Display| NotCurrent::Unreadable(format!("{}: {e}", path.display()));
-    let mut file = match vgpu_abi::mapping::open_no_links(&path, false) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(NotCurrent::Missing),
-        Err(e) => return Err(unreadable(&e)),
+    let (bytes, meta) = match super::atomic::read_regular_with_meta(&path, MAX_BYTES) {
+        Ok(read) => read,
+        Err(StateError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Err(NotCurrent::Missing),
+        Err(e) => return Err(NotCurrent::Unreadable(e.to_string())),
     };
-    let meta = file.metadata().map_err(|e| unreadable(&e))?;
-    check_file(&meta, &path)?;
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    (&mut file).take(MAX_BYTES).read_to_end(&mut bytes).map_err(|e| unreadable(&e))?;
+    check_owner(&meta)?;
     let published: Published = serde_json::from_slice(&bytes).map_err(|e| unreadable(&e))?;
     if published.format != FORMAT {
         return Err(NotCurrent::Format(published.format));
@@ -157,12 +153,8 @@ pub fn current(store: &Store, simulated: bool, now: SystemTime) -> Result<Vec<Pu
     Ok(published.gpus)
 }
 
-/// A regular file (not a link: opened without following one), root's or this user's, that
-/// no one else may write.
-fn check_file(meta: &std::fs::Metadata, path: &Path) -> Result<(), NotCurrent> {
-    if !meta.file_type().is_file() {
-        return Err(NotCurrent::Unreadable(format!("{}: not a regular file", path.display())));
-    }
+/// Root's or this user's, and no one else may write it.
+fn check_owner(meta: &std::fs::Metadata) -> Result<(), NotCurrent> {
     // SAFETY: geteuid cannot fail and touches no memory.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != 0 && meta.uid() != me {

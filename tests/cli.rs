@@ -35,3 +35,5 @@ mod user_guide;
 mod rough_edges;
 #[path = "cli/pyclients.rs"]
 mod pyclients;
+#[path = "cli/linking.rs"]
+mod linking;

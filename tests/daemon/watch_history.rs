@@ -560,3 +560,72 @@ fn a_version_1_history_is_migrated_and_rolled_up_by_the_watch_killed_anywhere_an
     // the same report, byte for byte.
     assert_eq!(report(), from_rows);
 }
+
+/// `vgpu ps -a --json`'s ended workload `id`: (when it ended, how).
+fn ps_ended(sim: &Sim, id: &str) -> (Option<i64>, Option<String>) {
+    let out = sim.vgpu(&["ps", "-a", "--json"]).output().expect("vgpu ps -a");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ps -a --json: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let ended = json["ended"].as_array().unwrap_or_else(|| panic!("ps -a lists ended workloads: {json}"));
+    let row = ended.iter().find(|r| r["id"] == id).unwrap_or_else(|| panic!("{id} in ps -a's ended: {json}"));
+    (row["ended_unix_ms"].as_i64(), row["outcome"].as_str().map(str::to_string))
+}
+
+/// The workloads table's end of `id`, if it has a row.
+fn recorded_end(sim: &Sim, id: &str) -> Option<(Option<i64>, Option<String>)> {
+    use rusqlite::OptionalExtension as _;
+    open(sim).query_row("SELECT ended_ms, outcome FROM workloads WHERE id = ?1", [id], |r| Ok((r.get(0)?, r.get(1)?))).optional().expect("query")
+}
+
+#[test]
+fn vgpu_run_leaves_its_end_to_the_watch_which_records_it_exactly_and_ps_lists_it_meanwhile() {
+    let sim = Sim::new(ONE_GPU);
+    // Rounds of 1 s: the GPU list stays current for 3 s after the watch's last round, which
+    // covers the end of the workload below while the watch is stopped.
+    sim.write_vgpu_config("[watch]\ninterval = \"1s\"\nlisten = \"\"\n");
+    let mut watch = Watch::start(&sim, &[]);
+    let go = sim.path("go");
+    let script = format!("while [ ! -e {} ]; do sleep 0.05; done; exit 3", go.display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vgpu"));
+    cmd.args(["--simulate", "run", "--name", "noted", "--mem", "1G", "--", "sh", "-c", &script]);
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    let run = cmd.env("VGPU_LOG", "vgpu=debug").stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("vgpu run");
+    common::wait_for("noted to run", || sim.ps().iter().any(|w| w["name"] == "noted" && w["state"] == "running"));
+    // A round sees it run (it ends, for that watch, once its record is gone); then the
+    // watch stops, its history thread with it.
+    watch.drain();
+    watch.wait_rounds(2);
+    watch.signal(libc::SIGSTOP);
+    std::fs::write(&go, b"").expect("go");
+    let out = run.wait_with_output().expect("vgpu run ends");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(said.contains("its end is left for vgpu watch to record in the history"), "{said}");
+
+    // The note: the record as it ended, how and when.
+    let notes: Vec<PathBuf> = std::fs::read_dir(sim.path("run/ended")).expect("the notes' directory").map(|e| e.expect("entry").path()).collect();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let note: serde_json::Value = serde_json::from_slice(&std::fs::read(&notes[0]).expect("note")).expect("note json");
+    assert_eq!(note["outcome"], "exit 3", "{note}");
+    let id = note["workload"]["id"].as_str().expect("id").to_string();
+    assert_eq!(notes[0].file_name().and_then(|n| n.to_str()), Some(format!("{id}.json").as_str()));
+    let ended_ms = note["ended_unix_ms"].as_i64().expect("ended_unix_ms");
+    assert_eq!(std::fs::metadata(&notes[0]).expect("meta").mode() & 0o7777, 0o644);
+    // Not in the history yet (the watch may have recorded its row, not its end), and listed
+    // by `ps -a` as ended all the same.
+    if let Some(row) = recorded_end(&sim, &id) {
+        assert_eq!(row, (None, None), "only the watch records it, and it is stopped");
+    }
+    assert_eq!(ps_ended(&sim, &id), (Some(ended_ms), Some("exit 3".to_string())));
+
+    // Going on, the watch finds the record gone and the note: the note's end is recorded
+    // (its exact time and how), not the watch's own, and the note removed.
+    watch.signal(libc::SIGCONT);
+    common::wait_for("the note to be recorded and removed", || !notes[0].exists());
+    assert_eq!(recorded_end(&sim, &id), Some((Some(ended_ms), Some("exit 3".to_string()))));
+    watch.wait_rounds(2);
+    assert_eq!(recorded_end(&sim, &id), Some((Some(ended_ms), Some("exit 3".to_string()))), "the watch's own end changes nothing");
+    assert_eq!(ps_ended(&sim, &id), (Some(ended_ms), Some("exit 3".to_string())));
+    assert!(watch.stop().success());
+}

@@ -20,6 +20,7 @@ use vgpu_carbon::account;
 use vgpu_carbon::account::Accounting;
 use vgpu_carbon::account::Window;
 use vgpu_carbon::account::WorkloadInfo;
+use vgpu_store::state::ended::EndNote;
 
 /// The history, opened to read.
 pub struct Reader {
@@ -101,6 +102,12 @@ impl Reader {
 
     /// Workloads that ended at or after `since_ms`, the latest first, at most `limit`.
     pub fn ended_since(&self, since_ms: i64, limit: usize, idle: &IdleDefaults<'_>) -> Result<Vec<Ended>, HistoryError> {
+        self.ended_since_with(since_ms, limit, idle, &[])
+    }
+
+    /// [`Reader::ended_since`], with the ends `vgpu run` left for the watch and the watch has
+    /// not recorded yet (`vgpu_store::state::ended`) as the history will hold them.
+    pub fn ended_since_with(&self, since_ms: i64, limit: usize, idle: &IdleDefaults<'_>, left: &[EndNote]) -> Result<Vec<Ended>, HistoryError> {
         let mut st = self
             .conn
             .prepare(
@@ -108,9 +115,9 @@ impl Reader {
                  WHERE ended_ms IS NOT NULL AND ended_ms >= ?1 ORDER BY ended_ms DESC, id LIMIT ?2",
             )
             .map_err(self.err())?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql_limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = st
-            .query_map(params![since_ms, limit], |r| {
+            .query_map(params![since_ms, sql_limit], |r| {
                 Ok(EndedRow {
                     id: r.get(0)?,
                     name: r.get(1)?,
@@ -122,6 +129,7 @@ impl Reader {
             })
             .and_then(Iterator::collect::<Result<Vec<_>, _>>)
             .map_err(self.err())?;
+        let rows = with_left(rows, left, since_ms, limit);
         // One accounting over the union of their lives (each is attributed nothing outside
         // its own GPU-time rows): read once however many there are.
         let src = self.source();
@@ -175,6 +183,42 @@ impl Reader {
         };
         Ok(used_in(row, accounting.as_ref()))
     }
+}
+
+/// Workloads that ended at or after `since_ms` as the ends left for the watch say, the
+/// latest first, at most `limit`, without what they used (no history to read it from).
+pub fn ended_left(left: &[EndNote], since_ms: i64, limit: usize) -> Vec<Ended> {
+    with_left(Vec::new(), left, since_ms, limit).into_iter().map(|row| used_in(row, None)).collect()
+}
+
+/// `rows` (from the history, the latest end first) with the ends `left` for the watch, as
+/// the history will hold them once it records them: a workload it has already seen end
+/// keeps that end (the first recorded counts) and gains the note's outcome if it had none.
+fn with_left(mut rows: Vec<EndedRow>, left: &[EndNote], since_ms: i64, limit: usize) -> Vec<EndedRow> {
+    for note in left {
+        let w = &note.workload;
+        match rows.iter_mut().find(|r| r.id == w.id) {
+            Some(row) => {
+                row.outcome.get_or_insert_with(|| note.outcome.clone());
+            }
+            None => {
+                let ended_ms = i64::try_from(note.ended_unix_ms).unwrap_or(i64::MAX);
+                if ended_ms >= since_ms {
+                    rows.push(EndedRow {
+                        id: w.id.clone(),
+                        name: Some(w.name.clone()),
+                        user: Some(w.user.name.clone()),
+                        started_ms: i64::try_from(w.created_unix_ms).ok(),
+                        ended_ms: Some(ended_ms),
+                        outcome: Some(note.outcome.clone()),
+                    });
+                }
+            }
+        }
+    }
+    rows.sort_by(|a, b| b.ended_ms.cmp(&a.ended_ms).then_with(|| a.id.cmp(&b.id)));
+    rows.truncate(limit);
+    rows
 }
 
 /// The workload of `row` with what `accounting` attributes to it.
@@ -310,5 +354,36 @@ mod tests {
         // With nobody else on the GPU and no idle power, all of it is the workload's.
         assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].energy_mj, total);
         assert_eq!(gpu.parts[&account::Party::Workload("w1".into())].gpu_time_ms.round() as i64, 26 * step / 2);
+    }
+
+    fn note(id: &str, ended_ms: u64, outcome: &str) -> EndNote {
+        let mut w = vgpu_store::state::workload::tests::sample();
+        w.id = id.to_string();
+        w.name = format!("job-{id}");
+        w.created_unix_ms = 100;
+        EndNote::new(w, ended_ms, outcome.to_string())
+    }
+
+    fn row(id: &str, ended_ms: i64, outcome: Option<&str>) -> EndedRow {
+        EndedRow { id: id.into(), name: Some(id.into()), user: Some("root".into()), started_ms: Some(1), ended_ms: Some(ended_ms), outcome: outcome.map(str::to_string) }
+    }
+
+    #[test]
+    fn ends_left_for_the_watch_are_listed_as_the_history_will_hold_them() {
+        // The watch recorded w1's end first (no outcome): its time stays, the note's outcome
+        // fills in. w2 and w3 are only notes; w4 ended before the window.
+        let rows = vec![row("w1", 500, None), row("w0", 400, Some("exit 0"))];
+        let left = [note("w1", 450, "exit 3"), note("w2", 700, "exit 1"), note("w3", 600, "failed: x"), note("w4", 50, "exit 0")];
+        let got = with_left(rows, &left, 100, 10);
+        let summary: Vec<_> = got.iter().map(|r| (r.id.as_str(), r.ended_ms, r.outcome.as_deref())).collect();
+        assert_eq!(summary, vec![("w2", Some(700), Some("exit 1")), ("w3", Some(600), Some("failed: x")), ("w1", Some(500), Some("exit 3")), ("w0", Some(400), Some("exit 0"))]);
+        assert_eq!(got[0].name.as_deref(), Some("job-w2"));
+        assert_eq!(got[0].started_ms, Some(100));
+        // At most `limit`, the latest kept.
+        let got = with_left(vec![row("w0", 400, Some("exit 0"))], &left, 100, 2);
+        assert_eq!(got.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), vec!["w2", "w3"]);
+        // Without a history: the notes alone, nothing used.
+        let alone = ended_left(&left, 100, 10);
+        assert_eq!(alone.iter().map(|e| (e.id.as_str(), e.energy_mj)).collect::<Vec<_>>(), vec![("w2", None), ("w3", None), ("w1", None)]);
     }
 }

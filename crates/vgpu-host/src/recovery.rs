@@ -382,11 +382,11 @@ pub fn remove_stray_cgroups_among(store: &Store, layout: Option<&Layout>, worklo
 }
 
 /// Remove the temporary files of atomic writes (`.tmp-*`) that a killed writer left in the
-/// state directory, its records and its intents. Every such write happens under the store
+/// state directory, its records, its intents and the ends left for the watch. Every such write happens under the store
 /// lock, which the caller holds: a temporary file found now has no writer. Only regular
 /// files are removed; nothing is followed.
 pub fn remove_dead_temp_files(store: &Store) {
-    for dir in [store.state_dir.clone(), store.workloads_dir(), store.intents_dir()] {
+    for dir in [store.state_dir.clone(), store.workloads_dir(), store.intents_dir(), store.ended_dir()] {
         if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_dir()) {
             continue; // missing, or not a directory (a link is not followed)
         }
@@ -448,7 +448,8 @@ mod tests {
         let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
         store.ensure_dirs().unwrap();
         std::fs::create_dir_all(store.intents_dir()).unwrap();
-        let temps = [store.workloads_dir().join(".tmp-a1"), store.intents_dir().join(".tmp-b2"), store.state_dir.join(".tmp-c3")];
+        std::fs::create_dir_all(store.ended_dir()).unwrap();
+        let temps = [store.workloads_dir().join(".tmp-a1"), store.intents_dir().join(".tmp-b2"), store.state_dir.join(".tmp-c3"), store.ended_dir().join(".tmp-d4")];
         for t in &temps {
             std::fs::write(t, "{").unwrap();
         }

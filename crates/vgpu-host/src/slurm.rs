@@ -261,7 +261,7 @@ pub fn end_step(ctx: &Context, store: &Store, layout: &Layout, step: &SlurmStep)
     let Some(w) = find_step(store, step) else {
         return Ok(None);
     };
-    launch::finish(ctx, store, layout, &w)?;
+    launch::finish(ctx, store, layout, &w, None).0?;
     launch::record_end(ctx, &w, &Ok(0), None);
     Ok(Some(w))
 }

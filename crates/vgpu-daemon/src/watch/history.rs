@@ -52,6 +52,8 @@ struct Thread {
 
 pub struct Recorder {
     lib_dir: PathBuf,
+    /// Where `vgpu run` leaves workloads' ends for the history thread to record.
+    store: vgpu_store::state::Store,
     config: HistoryConfig,
     thread: Option<Thread>,
     prev: Previous,
@@ -73,9 +75,10 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(lib_dir: PathBuf, config: HistoryConfig, _watch_interval: Duration) -> Recorder {
+    pub fn new(lib_dir: PathBuf, store: vgpu_store::state::Store, config: HistoryConfig, _watch_interval: Duration) -> Recorder {
         let mut r = Recorder {
             lib_dir,
+            store,
             config,
             thread: None,
             prev: Previous::default(),
@@ -98,8 +101,9 @@ impl Recorder {
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let (reply_tx, replies) = mpsc::channel();
         let lib_dir = self.lib_dir.clone();
+        let store = self.store.clone();
         let config = self.config.clone();
-        match std::thread::Builder::new().name("vgpu-history".into()).spawn(move || writer::run(lib_dir, config, rx, reply_tx)) {
+        match std::thread::Builder::new().name("vgpu-history".into()).spawn(move || writer::run(lib_dir, store, config, rx, reply_tx)) {
             Ok(_) => self.thread = Some(Thread { tx, replies }),
             // Said at the next round (no thread, nothing recorded).
             Err(e) => tracing::warn!("history: cannot start its thread: {e}; nothing is recorded until the next reload"),
@@ -202,6 +206,7 @@ impl Recorder {
                     }
                 }
                 Reply::Pruned(message) | Reply::Info(message) => events.push(Event::info(message)),
+                Reply::Warn(message) => events.push(Event::warn(message)),
                 Reply::Stopped => {}
             }
         }

@@ -94,7 +94,7 @@ pub struct Watch {
     /// Workloads this round's reconcile tore down, and how they ended (for the history).
     ended: HashMap<String, String>,
     /// The GPUs last published for the commands that admit (`<state>/gpus.json`).
-    published: Option<Vec<inventory::PublishedGpu>>,
+    published: Option<inventory::Published>,
     /// Publishing it failed last round (said once, and once when it works again).
     publish_failing: bool,
 }
@@ -116,6 +116,7 @@ impl Watch {
         let metrics = crate::metrics::Exporter::start(&ctx.config.watch).map_err(StartError::Metrics)?;
         let (ctx_lib_dir, ctx_history, interval) = (ctx.lib_dir.clone(), ctx.config.history.clone(), ctx.config.watch.interval);
         let allowance = ctx.config.watch.context_allowance;
+        let history_store = store.clone();
         let mut watch = Watch {
             services: crate::service::runner::Runner::all(&ctx),
             compute: compute::ComputeEnforcer::new(store.clone(), me),
@@ -139,7 +140,7 @@ impl Watch {
             pending: Vec::new(),
             damaged: BTreeSet::new(),
             memory_blind: false,
-            history: history::Recorder::new(ctx_lib_dir, ctx_history, interval),
+            history: history::Recorder::new(ctx_lib_dir, history_store, ctx_history, interval),
             ended: HashMap::new(),
             published: None,
             publish_failing: false,
@@ -270,8 +271,10 @@ impl Watch {
             },
             None => None,
         };
-        self.publish_gpus(&mut events);
         let (workloads, _) = self.store.workloads();
+        // After the listing: a list marked before a workload started tells `vgpu run` that no
+        // round has seen it (so none recorded GPU time for it).
+        self.publish_gpus(&mut events);
         let files = enforce::VgpuFiles::all(&self.store, &workloads);
         if let Some(snapshot) = self.snapshot.as_mut() {
             // Slurm steps' tasks are in Slurm's cgroups: theirs are the processes below the
@@ -324,7 +327,10 @@ impl Watch {
             .iter()
             .map(|g| inventory::PublishedGpu { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory_total_bytes: g.memory_total })
             .collect();
-        if self.published.as_ref() == Some(&gpus) {
+        // The history it records, for `vgpu run` to leave its workload's end to this watch.
+        let history = self.ctx.config.history.enabled.then(|| self.ctx.lib_dir.clone());
+        let published = inventory::Published::new(self.me.into(), self.ctx.simulate, self.ctx.config.watch.interval, gpus, history);
+        if self.published.as_ref() == Some(&published) {
             if let Err(e) = inventory::mark_current(&self.store) {
                 // Published again next round.
                 events.push(Event::debug(format!("cannot mark the GPU list current: {e}")));
@@ -332,10 +338,9 @@ impl Watch {
             }
             return;
         }
-        let published = inventory::Published::new(self.me.into(), self.ctx.simulate, self.ctx.config.watch.interval, gpus.clone());
         match self.store.lock_within(PUBLISH_LOCK_WAIT).map_err(|e| e.to_string()).and_then(|lock| inventory::publish(&self.store, &lock, &published).map_err(|e| e.to_string())) {
             Ok(()) => {
-                self.published = Some(gpus);
+                self.published = Some(published);
                 if std::mem::take(&mut self.publish_failing) {
                     events.push(Event::info("the GPU list is published again"));
                 }

@@ -105,11 +105,7 @@ fn relayed(signal: i32, sender: i32, unit: Option<&str>, name: &str, id: &str) -
 /// result ([`vgpu_history::Pending::wait`]) is the connection, to read its use back through,
 /// and whether there is any ([`Ended`]).
 pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>, history: Option<vgpu_history::Ahead>) -> vgpu_history::Pending<Ended> {
-    let outcome = match result {
-        Ok(code) => format!("exit {code}"),
-        Err(e) => format!("failed: {e}"),
-    };
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let (now, outcome) = (now_ms(), outcome(result));
     let info = vgpu_history::store::WorkloadInfo::of(w);
     let history = history.unwrap_or_else(|| vgpu_history::Ahead::none(&ctx.lib_dir, &ctx.config.history));
     history.begin("the workload's end", move |h| {
@@ -121,6 +117,30 @@ pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>, history: Opt
     })
 }
 
+/// How the workload ended, as the history's `outcome` says it.
+pub fn outcome(result: &Result<u8>) -> String {
+    match result {
+        Ok(code) => format!("exit {code}"),
+        Err(e) => format!("failed: {e}"),
+    }
+}
+
+/// Now, in milliseconds since the epoch (0 before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// A running `vgpu watch` records the history this command would write
+/// (`vgpu_store::state::ended`): its GPU list is current and names this history. With
+/// when it last marked the list (the end of its latest round).
+pub fn watch_records_history(ctx: &Context, store: &Store) -> Option<std::time::SystemTime> {
+    if !ctx.config.history.enabled {
+        return None;
+    }
+    let current = vgpu_store::state::inventory::current_list(store, ctx.simulate, std::time::SystemTime::now()).ok()?;
+    (current.published.history.as_deref() == Some(ctx.lib_dir.as_path())).then_some(current.marked)
+}
+
 /// A workload's end as recorded in the history ([`record_end`]): the connection that
 /// recorded it, and whether any GPU time is recorded for the workload (`Ok(false)`: it used
 /// nothing the history accounts, and its use need not be read).
@@ -130,19 +150,38 @@ pub struct Ended {
 }
 
 /// On every exit path: kill what is left in the cgroup, remove it, the vGPU and the record,
-/// give back the workload's pool blocks, and re-plan the clocks without it.
-pub fn finish(ctx: &Context, store: &Store, layout: &Layout, w: &Workload) -> Result<()> {
-    let lock = store.lock()?;
-    crate::lifecycle::teardown(store, w, Some(layout))?;
-    crate::lifecycle::reclaim_vgpu(store, &w.vgpu);
-    // Only a workload that holds pool blocks touches the pool's state (a damaged pool.json
-    // must not fail the others).
-    if w.pool_blocks.is_some() {
-        crate::pool_effects::release(store, &lock, &w.id)?;
-    }
+/// give back the workload's pool blocks, and re-plan the clocks without it. `note`: the
+/// workload's end, left for the watch to record (`vgpu_store::state::ended`) under the
+/// same lock, before the record goes; whether it was left (else the caller records the
+/// end itself).
+pub fn finish(ctx: &Context, store: &Store, layout: &Layout, w: &Workload, note: Option<&vgpu_store::state::ended::EndNote>) -> (Result<()>, bool) {
+    let lock = match store.lock() {
+        Ok(lock) => lock,
+        Err(e) => return (Err(e.into()), false),
+    };
+    let left = match note.map(|n| vgpu_store::state::ended::leave(store, &lock, n)) {
+        Some(Ok(_)) => true,
+        Some(Err(e)) => {
+            tracing::debug!("workload {} ({}): its end cannot be left for vgpu watch ({e}); recorded here", w.name, w.id);
+            false
+        }
+        None => false,
+    };
+    let torn_down = (|| {
+        crate::lifecycle::teardown(store, w, Some(layout))?;
+        crate::lifecycle::reclaim_vgpu(store, &w.vgpu);
+        // Only a workload that holds pool blocks touches the pool's state (a damaged pool.json
+        // must not fail the others).
+        if w.pool_blocks.is_some() {
+            crate::pool_effects::release(store, &lock, &w.id)?;
+        }
+        Ok(())
+    })();
     drop(lock);
-    crate::carbon::follow::replan_now(ctx, store, &crate::carbon::follow::Change::ended(&[&w.id])).log();
-    Ok(())
+    if torn_down.is_ok() {
+        crate::carbon::follow::replan_now(ctx, store, &crate::carbon::follow::Change::ended(&[&w.id])).log();
+    }
+    (torn_down, left)
 }
 
 #[cfg(test)]

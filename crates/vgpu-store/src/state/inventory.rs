@@ -59,13 +59,19 @@ pub struct Published {
     /// How long after its last mark (the file's modification time) the list is current.
     pub current_for_ms: u64,
     pub gpus: Vec<PublishedGpu>,
+    /// The library directory whose history the watch records (its `history.db`); none: it
+    /// records none (`[history] enabled = false`). A `vgpu run` recording into the same one
+    /// leaves its workload's end for the watch ([`super::ended`]). Absent in a list written
+    /// by an older watch: none.
+    #[serde(default)]
+    pub history: Option<PathBuf>,
 }
 
 impl Published {
     /// What a watch that runs every `interval` publishes.
-    pub fn new(writer: ProcessIdRecord, simulated: bool, interval: Duration, gpus: Vec<PublishedGpu>) -> Published {
+    pub fn new(writer: ProcessIdRecord, simulated: bool, interval: Duration, gpus: Vec<PublishedGpu>, history: Option<PathBuf>) -> Published {
         let current_for = interval.saturating_mul(2).saturating_add(Duration::from_secs(1));
-        Published { format: FORMAT, writer, simulated, current_for_ms: current_for.as_millis().min(u128::from(u64::MAX)) as u64, gpus }
+        Published { format: FORMAT, writer, simulated, current_for_ms: current_for.as_millis().min(u128::from(u64::MAX)) as u64, gpus, history }
     }
 }
 
@@ -126,6 +132,19 @@ pub enum NotCurrent {
 
 /// The published list, if it is current for a command of this driver (`simulated`) now.
 pub fn current(store: &Store, simulated: bool, now: SystemTime) -> Result<Vec<PublishedGpu>, NotCurrent> {
+    current_list(store, simulated, now).map(|current| current.published.gpus)
+}
+
+/// A published list found current, and when its watch last marked it: the end of the
+/// watch's latest round (it lists the workloads before it marks the list).
+#[derive(Debug, Clone)]
+pub struct Current {
+    pub published: Published,
+    pub marked: SystemTime,
+}
+
+/// [`current`], with the whole list and its mark.
+pub fn current_list(store: &Store, simulated: bool, now: SystemTime) -> Result<Current, NotCurrent> {
     let path = store.inventory_path();
     let unreadable = |e: &dyn std::fmt::Display| NotCurrent::Unreadable(format!("{}: {e}", path.display()));
     let (bytes, meta) = match super::atomic::read_regular_with_meta(&path, MAX_BYTES) {
@@ -150,7 +169,7 @@ pub fn current(store: &Store, simulated: bool, now: SystemTime) -> Result<Vec<Pu
     if !vgpu_abi::process::ProcessId::from(published.writer).is_alive() {
         return Err(NotCurrent::WriterGone(published.writer.pid));
     }
-    Ok(published.gpus)
+    Ok(Current { published, marked })
 }
 
 /// Root's or this user's, and no one else may write it.
@@ -185,7 +204,7 @@ mod tests {
         let (_dir, store) = temp_store();
         let now = SystemTime::now();
         assert!(matches!(current(&store, false, now), Err(NotCurrent::Missing)));
-        let published = Published::new(me(), false, Duration::from_secs(1), vec![gpu(0), gpu(1)]);
+        let published = Published::new(me(), false, Duration::from_secs(1), vec![gpu(0), gpu(1)], None);
         assert_eq!(published.current_for_ms, 3000);
         publish(&store, &store.lock().expect("lock"), &published).expect("publish");
         let mode = std::fs::metadata(store.inventory_path()).expect("file").permissions().mode() & 0o7777;
@@ -211,22 +230,22 @@ mod tests {
         let (dir, store) = temp_store();
         // A writer that no longer runs: pid 1 with another start time.
         let gone = ProcessIdRecord { pid: 1, start_time: u64::MAX };
-        publish(&store, &store.lock().expect("lock"), &Published::new(gone, false, Duration::from_secs(1), vec![gpu(0)])).expect("publish");
+        publish(&store, &store.lock().expect("lock"), &Published::new(gone, false, Duration::from_secs(1), vec![gpu(0)], None)).expect("publish");
         assert!(matches!(current(&store, false, SystemTime::now()), Err(NotCurrent::WriterGone(1))));
         let lock = store.lock().expect("lock");
-        publish(&store, &lock, &Published::new(me(), false, Duration::from_secs(1), vec![gpu(0)])).expect("publish");
+        publish(&store, &lock, &Published::new(me(), false, Duration::from_secs(1), vec![gpu(0)], None)).expect("publish");
         // Writable by others: refused.
         std::fs::set_permissions(store.inventory_path(), std::fs::Permissions::from_mode(0o666)).expect("chmod");
         assert!(matches!(current(&store, false, SystemTime::now()), Err(NotCurrent::Mode(0o666))));
         // Another format: refused.
-        let mut other = Published::new(me(), false, Duration::from_secs(1), vec![gpu(0)]);
+        let mut other = Published::new(me(), false, Duration::from_secs(1), vec![gpu(0)], None);
         other.format = FORMAT + 1;
         publish(&store, &lock, &other).expect("publish");
         assert!(matches!(current(&store, false, SystemTime::now()), Err(NotCurrent::Format(_))));
         // A link, or a FIFO, in its place: refused, not followed, not blocked on.
         std::fs::remove_file(store.inventory_path()).expect("rm");
         let elsewhere = dir.path().join("elsewhere.json");
-        std::fs::write(&elsewhere, serde_json::to_vec(&Published::new(me(), false, Duration::from_secs(1), vec![gpu(0)])).expect("json")).expect("write");
+        std::fs::write(&elsewhere, serde_json::to_vec(&Published::new(me(), false, Duration::from_secs(1), vec![gpu(0)], None)).expect("json")).expect("write");
         std::os::unix::fs::symlink(&elsewhere, store.inventory_path()).expect("symlink");
         assert!(matches!(current(&store, false, SystemTime::now()), Err(NotCurrent::Unreadable(_))));
         std::fs::remove_file(store.inventory_path()).expect("rm");
@@ -238,5 +257,26 @@ mod tests {
         let before = std::fs::metadata(&elsewhere).expect("target").modified().expect("mtime");
         let _ = mark_current(&store);
         assert_eq!(std::fs::metadata(&elsewhere).expect("target").modified().expect("mtime"), before);
+    }
+
+    #[test]
+    fn the_list_names_the_history_its_watch_records_and_an_older_list_names_none() {
+        let (dir, store) = temp_store();
+        let lib = dir.path().join("lib");
+        let before = SystemTime::now() - Duration::from_millis(50);
+        publish(&store, &store.lock().expect("lock"), &Published::new(me(), false, Duration::from_secs(1), vec![gpu(0)], Some(lib.clone()))).expect("publish");
+        let found = current_list(&store, false, SystemTime::now()).expect("current");
+        assert_eq!(found.published.history, Some(lib));
+        assert!(found.marked >= before, "marked when written");
+        // A list from a watch that did not say: it records no history a command can count on.
+        let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(store.inventory_path()).expect("read")).expect("json");
+        json.as_object_mut().expect("object").remove("history");
+        write_atomic_as_test(&store, &json);
+        assert_eq!(current_list(&store, false, SystemTime::now()).expect("current").published.history, None);
+    }
+
+    fn write_atomic_as_test(store: &Store, json: &serde_json::Value) {
+        let bytes = serde_json::to_vec(json).expect("bytes");
+        crate::state::atomic::write_atomic_as(&store.inventory_path(), &bytes, 0o644, crate::state::atomic::Durability::Runtime).expect("write");
     }
 }

@@ -11,6 +11,7 @@ pub mod boot;
 pub mod dirs;
 
 pub mod damaged;
+pub mod ended;
 pub mod intent;
 pub mod inventory;
 pub mod lock;

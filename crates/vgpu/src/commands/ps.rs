@@ -55,12 +55,20 @@ struct Listed<'a> {
 const ENDED_SPAN_MS: i64 = 24 * 3600 * 1000;
 const ENDED_MAX: usize = 20;
 
-/// The recently ended workloads with their energy, from the history (none when there is
-/// no history; a history that cannot be read is a warning, not a failed `ps`).
-fn ended(ctx: &Context) -> Vec<Ended> {
+/// The recently ended workloads with their energy, from the history and the ends `vgpu run`
+/// left for the watch that it has not recorded yet (none when there is no history; a
+/// history that cannot be read is a warning, not a failed `ps`).
+fn ended(ctx: &Context, store: &Store) -> Vec<Ended> {
     let since = i64::try_from(vgpu_store::clock::now_ms()).unwrap_or(i64::MAX) - ENDED_SPAN_MS;
-    match Reader::open(&ctx.lib_dir).and_then(|r| r.map(|r| r.ended_since(since, ENDED_MAX, &vgpu_host::carbon::report::idle_defaults(ctx))).transpose()) {
-        Ok(found) => found.unwrap_or_default(),
+    let (left, unreadable) = vgpu_store::state::ended::pending(store);
+    for e in unreadable {
+        tracing::debug!("{e}");
+    }
+    let left: Vec<_> = left.into_iter().map(|found| found.note).collect();
+    let idle = vgpu_host::carbon::report::idle_defaults(ctx);
+    match Reader::open(&ctx.lib_dir).and_then(|r| r.map(|r| r.ended_since_with(since, ENDED_MAX, &idle, &left)).transpose()) {
+        Ok(Some(found)) => found,
+        Ok(None) => vgpu_history::query::ended_left(&left, since, ENDED_MAX),
         Err(e) => {
             tracing::warn!("the history: {e}");
             Vec::new()
@@ -83,7 +91,7 @@ pub fn run(ctx: &Context, args: &PsArgs) -> Result<()> {
                 tracing::warn!("{line}");
             }
         }
-        let ended = if args.all { Some(ended(ctx)) } else { None };
+        let ended = if args.all { Some(ended(ctx, &store)) } else { None };
         render(&listing, ended.as_deref(), args, pretty)
     };
     refresh::once_or_every(args.watch, args.json, "vgpu ps", frame)

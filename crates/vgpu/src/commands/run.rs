@@ -13,6 +13,7 @@ use vgpu_cgroups::Limits;
 use vgpu_store::compute::ComputePolicy;
 use vgpu_host::context::Context;
 use vgpu_store::error::UsageError;
+use vgpu_store::state::ended::EndNote;
 use vgpu_host::launch;
 use vgpu_host::launch::Launched;
 use vgpu_host::launch::Placement;
@@ -299,29 +300,61 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
         w.gpus.iter().map(|g| format!("GPU {} {} compute {}%", g.index, vgpu_abi::size::format_size(g.mem_bytes), g.compute_pct)).collect();
     tracing::info!("admitted {} ({}): {}{}", w.name, w.id, slices.join(", "), w.pool_blocks.map(|b| format!(", {b} pool blocks")).unwrap_or_default());
     tracing::debug!("cgroup {}, vGPU {}, priority {}", w.cgroup, w.vgpu, w.priority);
+    // A running watch that records this history takes the workload's end from a note
+    // (vgpu_store::state::ended): this command then never opens the history.
     let mut history = None;
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request, &mut history);
-    // The end is recorded in the history (on its thread) while the workload is removed.
-    let recorded = launch::record_end(ctx, w, &result, history);
-    let cleanup = launch::finish(ctx, &store, &layout, &launched.workload);
-    let history = recorded.wait();
+    let end = match history.is_none().then(|| launch::watch_records_history(ctx, &store)).flatten() {
+        Some(marked) => {
+            let note = EndNote::new(w.clone(), launch::now_ms(), launch::outcome(&result));
+            match launch::finish(ctx, &store, &layout, w, Some(&note)) {
+                (cleanup, true) => {
+                    tracing::debug!("{} ({}): its end is left for vgpu watch to record in the history", w.name, w.id);
+                    (cleanup, End::LeftToWatch { marked })
+                }
+                (cleanup, false) => (cleanup, End::Recorded(launch::record_end(ctx, w, &result, None).wait().map(Box::new))),
+            }
+        }
+        None => {
+            // Recorded in the history (on its thread) while the workload is removed.
+            let recorded = launch::record_end(ctx, w, &result, history);
+            let (cleanup, _) = launch::finish(ctx, &store, &layout, w, None);
+            (cleanup, End::Recorded(recorded.wait().map(Box::new)))
+        }
+    };
+    let (cleanup, end) = end;
     let code = result?;
     cleanup?;
     tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);
-    say_energy(ctx, w, history);
+    say_energy(ctx, w, end);
     Ok(code)
 }
+
+/// How the workload's end reached the history.
+enum End {
+    /// Recorded by this command: the connection that recorded it, when it did.
+    Recorded(Option<Box<launch::Ended>>),
+    /// Left for the watch, which last marked its GPU list (the end of its latest round) then.
+    LeftToWatch { marked: std::time::SystemTime },
+}
+
+/// A round that marked its list this long before a workload's record was made may still
+/// have listed it (a file's modification time is the kernel's coarse clock).
+const MARK_SLACK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// One line at the workload's end: the energy and emissions the history attributes to it
 /// (what `vgpu watch` recorded, `vgpu carbon report`'s accounting); nothing recorded: a
 /// line at -v only. `history`: the connection that recorded the end, when it did.
-fn say_energy(ctx: &Context, w: &Workload, history: Option<launch::Ended>) {
+fn say_energy(ctx: &Context, w: &Workload, end: End) {
     use vgpu_carbon::account::format_energy;
-    let opened = match history {
+    let opened = match end {
         // No GPU time recorded for it (a workload shorter than a watch round): no energy.
-        Some(launch::Ended { metered: Ok(false), .. }) => Ok(None),
-        Some(ended) => Ok(Some(ended.reader)),
-        None => vgpu_history::query::Reader::open(&ctx.lib_dir),
+        End::Recorded(Some(ended)) if matches!(ended.metered, Ok(false)) => Ok(None),
+        End::Recorded(Some(ended)) => Ok(Some(ended.reader)),
+        End::Recorded(None) => vgpu_history::query::Reader::open(&ctx.lib_dir),
+        // No round of the watch has listed it since it started: none recorded GPU time for it.
+        End::LeftToWatch { marked } if marked + MARK_SLACK < std::time::UNIX_EPOCH + std::time::Duration::from_millis(w.created_unix_ms) => Ok(None),
+        End::LeftToWatch { .. } => vgpu_history::query::Reader::open(&ctx.lib_dir),
     };
     let used = match opened {
         Ok(Some(reader)) => reader.workload_usage(&w.id, &vgpu_host::carbon::report::idle_defaults(ctx)),
@@ -521,7 +554,9 @@ fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Lau
     let caught = vgpu_store::supervise::CaughtSignals::catch().context("installing the signal relay")?;
     let (mut child, state) = launch::start(ctx, store, shim, launched, request)?;
     // Not before: no thread of vgpu's runs while the workload's process is forked.
-    *history = Some(vgpu_history::Ahead::open(&ctx.lib_dir, &ctx.config.history));
+    if launch::watch_records_history(ctx, store).is_none() {
+        *history = Some(vgpu_history::Ahead::open(&ctx.lib_dir, &ctx.config.history));
+    }
     tracing::info!("started {:?} as pid {}", launched.workload.command, child.id());
     let status = launch::supervise(store, &launched.workload, state, &mut child, caught)?;
     tracing::debug!("pid {} ended: {status}", child.id());

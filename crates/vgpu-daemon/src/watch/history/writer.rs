@@ -19,6 +19,8 @@ use vgpu_history::tick::LastGpu;
 use vgpu_history::tick::Tick;
 use vgpu_history::History;
 use vgpu_history::WriteError;
+use vgpu_store::state::ended;
+use vgpu_store::state::Store;
 
 /// How often what could not be written is tried again when no round hands anything over.
 pub const RETRY: Duration = Duration::from_secs(1);
@@ -97,12 +99,16 @@ pub enum Reply {
     Pruned(String),
     /// Something to say at info level (the log line).
     Info(String),
+    /// Something to say as a warning (the log line).
+    Warn(String),
     /// The queue was closed and everything written (or given up): the thread ends.
     Stopped,
 }
 
 struct Writer {
     lib_dir: PathBuf,
+    /// Where `vgpu run` leaves its workloads' ends ([`ended`]).
+    store: Store,
     config: HistoryConfig,
     db: Option<History>,
     /// Handed over but not written yet.
@@ -131,9 +137,10 @@ struct Rollups {
 }
 
 /// The thread's body: until the queue is closed, then what is left, then [`Reply::Stopped`].
-pub fn run(lib_dir: PathBuf, config: HistoryConfig, rx: Receiver<Batch>, replies: Sender<Reply>) {
+pub fn run(lib_dir: PathBuf, store: Store, config: HistoryConfig, rx: Receiver<Batch>, replies: Sender<Reply>) {
     let mut w = Writer {
         lib_dir,
+        store,
         config,
         db: None,
         pending: Batch::default(),
@@ -181,9 +188,9 @@ impl Writer {
         let had = !self.pending.is_empty();
         let ended = !self.pending.ends.is_empty();
         match self.try_write(replies) {
-            Ok(()) => {
-                if had {
-                    self.cadence.wrote(ended);
+            Ok(noted) => {
+                if had || noted {
+                    self.cadence.wrote(ended || noted);
                 }
                 if self.failing {
                     self.failing = false;
@@ -200,7 +207,8 @@ impl Writer {
         }
     }
 
-    fn try_write(&mut self, replies: &Sender<Reply>) -> Result<(), WriteError> {
+    /// Write what is pending, and the ends `vgpu run` left; whether there were any.
+    fn try_write(&mut self, replies: &Sender<Reply>) -> Result<bool, WriteError> {
         let now_ms = now_ms();
         let db = match &mut self.db {
             Some(db) => db,
@@ -235,6 +243,14 @@ impl Writer {
                 )));
             }
         }
+        // The ends `vgpu run` left, before the rounds' own: theirs say how the workload ended
+        // and when exactly (the first end recorded counts). Each note is removed once written.
+        let (notes, damaged) = ended::pending(&self.store);
+        for found in &notes {
+            let n = &found.note;
+            db.upsert_workload(&WorkloadInfo::of(&n.workload))?;
+            db.end_workload(&n.workload.id, n.ended_unix_ms, Some(&n.outcome))?;
+        }
         // Each step is idempotent but the tick, written (all or nothing) last: a failure
         // keeps the whole batch for the next try.
         for w in &self.pending.upserts {
@@ -248,7 +264,23 @@ impl Writer {
         }
         let live = self.pending.live.take();
         self.pending = Batch { live, ..Batch::default() };
-        Ok(())
+        for found in &notes {
+            if let Err(e) = ended::remove(&found.path) {
+                // Written again at the next pass (the same rows), removed then.
+                let _ = replies.send(Reply::Warn(format!("history: cannot remove {} once recorded: {e}", found.path.display())));
+            }
+        }
+        for e in damaged {
+            // What cannot be read can never be recorded: said, and removed when it is a file
+            // (an unsafe directory is left as it is, and said at every pass).
+            let removed = match &e {
+                vgpu_store::state::StateError::Damaged { path, .. } => ended::remove(path).is_ok(),
+                _ => false,
+            };
+            let what = if removed { "removed" } else { "left" };
+            let _ = replies.send(Reply::Warn(format!("history: a workload's end left by vgpu run cannot be recorded ({what}): {e}")));
+        }
+        Ok(!notes.is_empty())
     }
 
     /// Bring the rollups up to date when it is due ([`ROLLUP_EVERY`], or at once

@@ -105,7 +105,7 @@ fn relayed(signal: i32, sender: i32, unit: Option<&str>, name: &str, id: &str) -
 /// result ([`vgpu_history::Pending::wait`]) is the connection, to read its use back through,
 /// and whether there is any ([`Ended`]).
 pub fn record_end(ctx: &Context, w: &Workload, result: &Result<u8>, history: Option<vgpu_history::Ahead>) -> vgpu_history::Pending<Ended> {
-    let (now, outcome) = (now_ms(), outcome(result));
+    let (now, outcome) = (vgpu_store::clock::now_ms(), outcome(result));
     let info = vgpu_history::store::WorkloadInfo::of(w);
     let history = history.unwrap_or_else(|| vgpu_history::Ahead::none(&ctx.lib_dir, &ctx.config.history));
     history.begin("the workload's end", move |h| {
@@ -123,11 +123,6 @@ pub fn outcome(result: &Result<u8>) -> String {
         Ok(code) => format!("exit {code}"),
         Err(e) => format!("failed: {e}"),
     }
-}
-
-/// Now, in milliseconds since the epoch (0 before it).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// A running `vgpu watch` records the history this command would write

@@ -271,12 +271,8 @@ mod tests {
         // A list from a watch that did not say: it records no history a command can count on.
         let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(store.inventory_path()).expect("read")).expect("json");
         json.as_object_mut().expect("object").remove("history");
-        write_atomic_as_test(&store, &json);
-        assert_eq!(current_list(&store, false, SystemTime::now()).expect("current").published.history, None);
-    }
-
-    fn write_atomic_as_test(store: &Store, json: &serde_json::Value) {
-        let bytes = serde_json::to_vec(json).expect("bytes");
+        let bytes = serde_json::to_vec(&json).expect("bytes");
         crate::state::atomic::write_atomic_as(&store.inventory_path(), &bytes, 0o644, crate::state::atomic::Durability::Runtime).expect("write");
+        assert_eq!(current_list(&store, false, SystemTime::now()).expect("current").published.history, None);
     }
 }

@@ -304,9 +304,9 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     // (vgpu_store::state::ended): this command then never opens the history.
     let mut history = None;
     let result = start_and_supervise(ctx, &store, &shim, &launched, &request, &mut history);
-    let end = match history.is_none().then(|| launch::watch_records_history(ctx, &store)).flatten() {
+    let (cleanup, end) = match history.is_none().then(|| launch::watch_records_history(ctx, &store)).flatten() {
         Some(marked) => {
-            let note = EndNote::new(w.clone(), launch::now_ms(), launch::outcome(&result));
+            let note = EndNote::new(w.clone(), vgpu_store::clock::now_ms(), launch::outcome(&result));
             match launch::finish(ctx, &store, &layout, w, Some(&note)) {
                 (cleanup, true) => {
                     tracing::debug!("{} ({}): its end is left for vgpu watch to record in the history", w.name, w.id);
@@ -322,7 +322,6 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
             (cleanup, End::Recorded(recorded.wait().map(Box::new)))
         }
     };
-    let (cleanup, end) = end;
     let code = result?;
     cleanup?;
     tracing::info!("{} ({}) ended with exit status {code}; its cgroup and vGPU are cleaned up", w.name, w.id);

@@ -88,3 +88,25 @@ fn a_list_that_cannot_be_published_is_one_warning_and_is_published_once_it_can()
     assert!(published.is_file());
     assert!(run_true(&sim).contains("as vgpu watch published them"));
 }
+
+#[test]
+fn vgpu_run_leaves_what_killed_commands_left_to_a_running_watch_and_sweeps_it_without_one() {
+    let sim = sim();
+    let leftover = sim.path("run").join("workloads").join(".tmp-left-by-a-killed-write");
+    run_true(&sim);
+    // No watch: the admission's reconcile removes it.
+    std::fs::write(&leftover, "{").expect("a temporary file");
+    let said = run_true(&sim);
+    assert!(!leftover.exists(), "{said}");
+    assert!(!said.contains("is left to vgpu watch"), "{said}");
+
+    // A watch runs: the admission leaves it, and a round of the watch removes it.
+    let mut watch = Watch::start(&sim, &[]);
+    std::fs::write(&leftover, "{").expect("a temporary file");
+    let said = run_true(&sim);
+    assert!(said.contains("2 GPU(s) as vgpu watch published them"), "{said}");
+    assert!(said.contains("(stray cgroups, temporary files, orphan vGPUs) is left to vgpu watch"), "{said}");
+    let removed = format!("removed {}: left by a write that was killed", leftover.display());
+    watch.wait_line("the watch to remove the temporary file", |l| l.contains(&removed));
+    assert!(!leftover.exists());
+}

@@ -101,16 +101,22 @@ impl Context {
     /// (`vgpu_store::state::inventory`), else read through NVML now ([`Context::nvml`]).
     /// `None`: the host has no NVIDIA driver.
     pub fn gpu_identities(&self) -> Result<Option<Vec<vgpu_gpu::GpuInfo>>> {
+        Ok(self.host_gpus()?.map(|host| host.gpus))
+    }
+
+    /// [`Context::gpu_identities`], with the watch's list when they are taken from it.
+    pub fn host_gpus(&self) -> Result<Option<HostGpus>> {
         let store = vgpu_store::state::Store::new(&self.state_dir, &self.lib_dir);
-        match vgpu_store::state::inventory::current(&store, self.simulate, std::time::SystemTime::now()) {
-            Ok(gpus) => {
+        match vgpu_store::state::inventory::current_list(&store, self.simulate, std::time::SystemTime::now()) {
+            Ok(current) => {
+                let gpus: Vec<vgpu_gpu::GpuInfo> = current.published.gpus.iter().cloned().map(identity).collect();
                 tracing::debug!("{} GPU(s) as vgpu watch published them ({})", gpus.len(), store.inventory_path().display());
-                return Ok(Some(gpus.into_iter().map(identity).collect()));
+                return Ok(Some(HostGpus { gpus, watch: Some(current) }));
             }
             Err(why) => tracing::debug!("GPUs read through NVML: the published list is not taken: {why}"),
         }
         let Some(nvml) = self.nvml()? else { return Ok(None) };
-        Ok(Some(nvml.identities()?))
+        Ok(Some(HostGpus { gpus: nvml.identities()?, watch: None }))
     }
 
     /// NVML as [`Context::nvml`] opens it, making nothing: in simulation mode the simulated
@@ -141,6 +147,27 @@ impl Context {
 
     pub fn lib_path(&self, name: impl AsRef<Path>) -> PathBuf {
         self.lib_dir.join(name)
+    }
+}
+
+/// The GPUs an admission takes ([`Context::host_gpus`]), and the list of the running
+/// `vgpu watch` they were taken from, when they were.
+#[derive(Debug, Clone)]
+pub struct HostGpus {
+    pub gpus: Vec<vgpu_gpu::GpuInfo>,
+    /// The watch's published list, found current: its writer runs and marked it within
+    /// two rounds.
+    pub watch: Option<vgpu_store::state::inventory::Current>,
+}
+
+impl HostGpus {
+    /// Who removes, at the admission's reconcile, what no record names: a running watch
+    /// sweeps it every round.
+    pub fn leftovers(&self) -> crate::lifecycle::Leftovers {
+        match self.watch {
+            Some(_) => crate::lifecycle::Leftovers::LeftToWatch,
+            None => crate::lifecycle::Leftovers::Sweep,
+        }
     }
 }
 

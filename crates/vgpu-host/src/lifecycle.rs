@@ -64,15 +64,45 @@ pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
 /// `layout`: the host's cgroup layout, as the caller detected it (`Layout::detect`), for
 /// the caller and the reconcile to read the mount table once.
 pub fn reconcile_but_usage(store: &Store, lock: &StoreLock, layout: Option<&Layout>) -> Reconciled {
-    let found = reconcile(store, lock, Sweep::NotUsage, layout);
+    reconcile_for_admission(store, lock, layout, Leftovers::Sweep)
+}
+
+/// [`reconcile_but_usage`] for an admission, which needs the records settled (dead
+/// supervisors cleaned up, half-done changes finished, the pool tidied) but not the
+/// leftovers that no record names ([`Leftovers`]): with a running `vgpu watch`, whose
+/// every round sweeps them, those are left to it.
+pub fn reconcile_for_admission(store: &Store, lock: &StoreLock, layout: Option<&Layout>, leftovers: Leftovers) -> Reconciled {
+    if leftovers == Leftovers::LeftToWatch {
+        tracing::debug!("what killed commands left (stray cgroups, temporary files, orphan vGPUs) is left to vgpu watch, which sweeps it every round");
+    }
+    let found = reconcile(store, lock, Sweep::NotUsage, leftovers, layout);
     found.notes.iter().for_each(say);
     found
+}
+
+/// Who removes, at a reconcile, what no record names: cgroups under `vgpu/` that belong to
+/// no workload, the temporary files of atomic writes that were killed, vGPU directories
+/// that belong to no workload or partition and the board slots of vGPUs that are gone.
+/// A killed command leaves them; none of them changes what an admission decides (the
+/// records and intents do), and each is harmless until it is removed: a stray cgroup is
+/// only ever removed once it is empty and past a grace period, a temporary file is never
+/// read, an orphan vGPU has no process, and its board slot (one of the 64 others that each
+/// vGPU reads) is given back by the next sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leftovers {
+    /// This reconcile removes them.
+    Sweep,
+    /// A running `vgpu watch` removes them: its GPU list is current (it marked it within
+    /// two rounds), and each of its rounds reconciles with [`Leftovers::Sweep`]
+    /// ([`reconcile_quietly`]). An admission that found it so leaves them (about 0.1 ms a
+    /// `vgpu run`, issue 28).
+    LeftToWatch,
 }
 
 /// Clean up after dead supervisors and dead processes; what was done is in the notes (the
 /// workload files are gone afterwards). Call with the store lock held.
 pub fn reconcile_quietly(store: &Store, lock: &StoreLock) -> Reconciled {
-    reconcile(store, lock, Sweep::All, Layout::detect().as_ref())
+    reconcile(store, lock, Sweep::All, Leftovers::Sweep, Layout::detect().as_ref())
 }
 
 /// What a reconcile looks at besides the workload records.
@@ -86,7 +116,7 @@ enum Sweep {
 /// The records are read once, and each live workload costs a look at its supervisor and
 /// one freezer file; they are read again only after a step that may have rewritten some
 /// (a teardown, the pool, a half-done change, an alignment).
-fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep, layout: Option<&Layout>) -> Reconciled {
+fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep, leftovers: Leftovers, layout: Option<&Layout>) -> Reconciled {
     let mut notes = Vec::new();
     after_a_reboot(store, lock, &mut notes);
     let (records, damaged) = store.workloads();
@@ -139,9 +169,11 @@ fn reconcile(store: &Store, lock: &StoreLock, sweep: Sweep, layout: Option<&Layo
     reread(&mut changed, &mut out, &mut remaining);
     changed |= crate::recovery::align_among(store, layout, &remaining, &|w: &Workload| alive.contains(&w.id), &mut out.notes);
     reread(&mut changed, &mut out, &mut remaining);
-    crate::recovery::remove_stray_cgroups_among(store, layout, &remaining, !out.damaged.is_empty());
-    crate::recovery::remove_dead_temp_files(store);
-    remove_orphan_vgpus(store, &remaining, &out.damaged);
+    if leftovers == Leftovers::Sweep {
+        crate::recovery::remove_stray_cgroups_among(store, layout, &remaining, !out.damaged.is_empty());
+        crate::recovery::remove_dead_temp_files(store);
+        remove_orphan_vgpus(store, &remaining, &out.damaged);
+    }
     if sweep == Sweep::All {
         reclaim_dead_processes(store);
     }
@@ -334,5 +366,48 @@ pub fn find<'a>(workloads: &'a [Workload], query: &str) -> Result<&'a Workload> 
             many.iter().map(|w| w.id.as_str()).collect::<Vec<_>>().join(", ")
         ))
         .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use vgpu_cgroups::fake::FakeV1;
+
+    const MOUNTS: [&str; 4] = ["cpu,cpuacct", "memory", "pids", "freezer"];
+
+    #[test]
+    fn an_admission_leaves_what_no_record_names_to_a_running_watch_and_a_sweep_removes_it() {
+        let fake = FakeV1::new(&MOUNTS);
+        let layout = fake.layout();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("run"), &dir.path().join("lib"));
+        store.ensure_dirs().unwrap();
+        // What a killed command leaves: a cgroup no record names (old, empty), the temporary
+        // file of a write, a vGPU no workload owns, and a board slot whose vGPU is gone.
+        Cgroup::create(&layout, "stray").unwrap();
+        for mount in MOUNTS {
+            let stray = std::fs::File::open(fake.root().join(mount).join("vgpu/stray")).unwrap();
+            stray.set_modified(SystemTime::now() - crate::recovery::STRAY_GRACE - Duration::from_secs(5)).unwrap();
+        }
+        let temp = store.workloads_dir().join(".tmp-killed");
+        std::fs::write(&temp, "{").unwrap();
+        let orphan = store.vgpus_dir().join("0badc0de");
+        std::fs::create_dir_all(&orphan).unwrap();
+        let board = store.state_dir.join("gpus").join("GPU-0211541f-98f2-4b58-f890-0d35c5986255");
+        std::fs::create_dir_all(&board).unwrap();
+        let slot = board.join("5ca1ab1e");
+        std::fs::write(&slot, [0u8; 64]).unwrap();
+
+        let lock = store.lock().unwrap();
+        let found = reconcile_for_admission(&store, &lock, Some(&layout), Leftovers::LeftToWatch);
+        assert!(found.notes.is_empty() && found.workloads.is_empty(), "{:?}", found.notes);
+        assert_eq!(Cgroup::list(&layout).unwrap(), vec!["stray"]);
+        assert!(temp.exists() && orphan.is_dir() && slot.exists());
+        reconcile_for_admission(&store, &lock, Some(&layout), Leftovers::Sweep);
+        assert!(Cgroup::list(&layout).unwrap().is_empty());
+        assert!(!temp.exists() && !orphan.exists() && !slot.exists());
     }
 }

@@ -23,6 +23,7 @@ use vgpu_store::compute::ComputePolicy;
 use vgpu_store::state::{SlurmStep, Store, SuspendedMemory, Workload, WorkloadState};
 
 use crate::context::Context;
+use crate::context::HostGpus;
 use crate::launch::{self, Placement, Request};
 
 /// What the plugin asks for one step on this node.
@@ -126,7 +127,7 @@ const SUSPENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// refused while a step of this node belongs to a job that slurmctld says is suspended
 /// (`job_suspended`) and still holds its memory, wait (at most [`SUSPENDING_WAIT`]) for its
 /// tasks to stop and its memory to go to the host, and try again.
-fn admit_past_suspensions(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], request: &Request, job_suspended: &dyn Fn(u32) -> bool) -> Result<launch::Launched> {
+fn admit_past_suspensions(ctx: &Context, store: &Store, layout: &Layout, host: &HostGpus, request: &Request, job_suspended: &dyn Fn(u32) -> bool) -> Result<launch::Launched> {
     let follow = || -> Result<bool> {
         let _lock = store.lock()?;
         let (workloads, _) = store.workloads();
@@ -139,7 +140,7 @@ fn admit_past_suspensions(ctx: &Context, store: &Store, layout: &Layout, gpus: &
     follow()?;
     let deadline = std::time::Instant::now() + SUSPENDING_WAIT;
     loop {
-        let refused = match launch::admit(ctx, store, layout, gpus, request) {
+        let refused = match launch::admit(ctx, store, layout, host, request) {
             Ok(launched) => return Ok(launched),
             Err(e) => e,
         };
@@ -162,13 +163,13 @@ fn admit_past_suspensions(ctx: &Context, store: &Store, layout: &Layout, gpus: &
 /// Admit the step and make its vGPU; returns its record and the environment its tasks get.
 /// `job_suspended` says whether slurmctld holds a job suspended (asked only when admission
 /// is refused while steps of other jobs run on this node).
-pub fn begin_step(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], shim: &Path, ask: &StepAsk, job_suspended: &dyn Fn(u32) -> bool) -> Result<(Workload, Vec<EnvChange>)> {
+pub fn begin_step(ctx: &Context, store: &Store, layout: &Layout, host: &HostGpus, shim: &Path, ask: &StepAsk, job_suspended: &dyn Fn(u32) -> bool) -> Result<(Workload, Vec<EnvChange>)> {
     let user = vgpu_store::identity::resolve(Some(&ask.uid.to_string()), None, &[]).context("the step's user")?;
     if ask.gpus.is_empty() {
         vgpu_store::usage!("the step holds no GPU on node {}: ask Slurm for one (--gres=gpu:N or --gres=shard:N) with --vgpu-* options", ask.step.node);
     }
     let from_blocks = match ask.tflops_blocks {
-        Some(blocks) if blocks > 0 => Some(tflops_pct(ctx, gpus, &ask.gpus, blocks)?),
+        Some(blocks) if blocks > 0 => Some(tflops_pct(ctx, &host.gpus, &ask.gpus, blocks)?),
         _ => None,
     };
     let (mem, compute_pct) = match (ask.shards, from_blocks) {
@@ -199,7 +200,7 @@ pub fn begin_step(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo
     let stepd = vgpu_abi::process::start_time(ask.stepd)
         .map(|start_time| ProcessId { pid: ask.stepd, start_time })
         .with_context(|| format!("slurmstepd (pid {}) is not running", ask.stepd))?;
-    let launched = admit_past_suspensions(ctx, store, layout, gpus, &request, job_suspended)?;
+    let launched = admit_past_suspensions(ctx, store, layout, host, &request, job_suspended)?;
     let mut w = launched.workload;
     {
         let _lock = store.lock()?;

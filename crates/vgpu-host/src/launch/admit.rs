@@ -11,8 +11,8 @@ use vgpu_cgroups::Cgroup;
 use vgpu_cgroups::Layout;
 use vgpu_cgroups::Limits;
 use crate::context::Context;
+use crate::context::HostGpus;
 use vgpu_store::error::UsageError;
-use vgpu_gpu::GpuInfo;
 use vgpu_store::state::workload::WorkloadState;
 use vgpu_store::state::workload::WORKLOAD_FORMAT;
 use vgpu_store::state::intent;
@@ -27,15 +27,17 @@ use super::{place, Launched, Placement, Request};
 
 /// Under the store lock: reconcile, place the workload (pool blocks, a partition, GPUs),
 /// check admission, create the vGPU, the cgroup and the record. On failure everything done
-/// here is undone ([`Admission`]).
-pub fn admit(ctx: &Context, store: &Store, layout: &Layout, gpus: &[GpuInfo], request: &Request) -> Result<Launched> {
+/// here is undone ([`Admission`]). `host`: the GPUs, and the running watch whose list they
+/// are (it removes the leftovers of killed commands: `lifecycle::Leftovers`).
+pub fn admit(ctx: &Context, store: &Store, layout: &Layout, host: &HostGpus, request: &Request) -> Result<Launched> {
+    let gpus = host.gpus.as_slice();
     let devices: Vec<AdmissionGpu> = gpus
         .iter()
         .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory: g.memory_total })
         .collect();
     let lock = store.lock()?;
     // The records as reconcile left them, under this lock: read once.
-    let reconciled = crate::lifecycle::reconcile_but_usage(store, &lock, Some(layout));
+    let reconciled = crate::lifecycle::reconcile_for_admission(store, &lock, Some(layout), host.leftovers());
     let workloads = reconciled.workloads;
     let damaged = vgpu_store::state::damaged::damaged_records(&reconciled.damaged);
 

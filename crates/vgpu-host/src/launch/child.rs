@@ -133,7 +133,13 @@ pub fn watch_records_history(ctx: &Context, store: &Store) -> Option<std::time::
         return None;
     }
     let current = vgpu_store::state::inventory::current_list(store, ctx.simulate, std::time::SystemTime::now()).ok()?;
-    (current.published.history.as_deref() == Some(ctx.lib_dir.as_path())).then_some(current.marked)
+    records_history(ctx, &current)
+}
+
+/// [`watch_records_history`] of a list already found current (`Context::host_gpus`).
+pub fn records_history(ctx: &Context, current: &vgpu_store::state::inventory::Current) -> Option<std::time::SystemTime> {
+    let recorded = ctx.config.history.enabled && current.published.history.as_deref() == Some(ctx.lib_dir.as_path());
+    recorded.then_some(current.marked)
 }
 
 /// A workload's end as recorded in the history ([`record_end`]): the connection that

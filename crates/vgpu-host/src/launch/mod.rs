@@ -40,7 +40,7 @@ use vgpu_store::state::UserSpec;
 use vgpu_store::state::Workload;
 
 pub use admit::admit;
-pub use child::{finish, outcome, record_end, start, supervise, watch_records_history, Ended};
+pub use child::{finish, outcome, record_end, start, supervise, records_history, watch_records_history, Ended};
 pub use env::{shim_var, workload_env, ShimVar};
 pub use vgpu::ensure_vgpu;
 

@@ -284,16 +284,16 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     }
     let shim = vgpu_host::paths::find_shim(ctx.config.shim_path.as_deref())?;
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
-    let Some(gpus) = ctx.gpu_identities()? else {
+    let Some(host) = ctx.host_gpus()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1); use --simulate to try vgpu without a GPU");
     };
     if args.opts.gpu_count.as_deref().map(parse_gpu_count) == Some(Ok(GpuCount::All)) {
-        all_gpus(&mut request, &gpus);
+        all_gpus(&mut request, &host.gpus);
     }
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    tracing::debug!("shim {}; {}; state {}; {} GPU(s)", shim.display(), layout.mode.describe(), ctx.state_dir.display(), gpus.len());
+    tracing::debug!("shim {}; {}; state {}; {} GPU(s)", shim.display(), layout.mode.describe(), ctx.state_dir.display(), host.gpus.len());
 
-    let launched = launch::admit(ctx, &store, &layout, &gpus, &request)?;
+    let launched = launch::admit(ctx, &store, &layout, &host, &request)?;
     let w = &launched.workload;
     report.say(&format!("admitted {}", w.id));
     let slices: Vec<String> =
@@ -303,7 +303,7 @@ fn admit_and_run(ctx: &Context, args: &RunArgs, report: &mut Report) -> Result<u
     // A running watch that records this history takes the workload's end from a note
     // (vgpu_store::state::ended): this command then never opens the history.
     let mut history = None;
-    let result = start_and_supervise(ctx, &store, &shim, &launched, &request, &mut history);
+    let result = start_and_supervise(ctx, &store, &shim, &launched, &request, host.watch.as_ref(), &mut history);
     let (cleanup, end) = match history.is_none().then(|| launch::watch_records_history(ctx, &store)).flatten() {
         Some(marked) => {
             let note = EndNote::new(w.clone(), vgpu_store::clock::now_ms(), launch::outcome(&result));
@@ -547,13 +547,22 @@ fn all_gpus(request: &mut Request, gpus: &[vgpu_gpu::GpuInfo]) {
     }
 }
 
-/// `history`: the history, opened while the workload runs for its end to be recorded.
-fn start_and_supervise(ctx: &Context, store: &Store, shim: &Path, launched: &Launched, request: &Request, history: &mut Option<vgpu_history::Ahead>) -> Result<u8> {
+/// `history`: the history, opened while the workload runs for its end to be recorded,
+/// unless `watch` (the running watch whose GPU list admission took) records it.
+fn start_and_supervise(
+    ctx: &Context,
+    store: &Store,
+    shim: &Path,
+    launched: &Launched,
+    request: &Request,
+    watch: Option<&vgpu_store::state::inventory::Current>,
+    history: &mut Option<vgpu_history::Ahead>,
+) -> Result<u8> {
     // Caught before the spawn: a signal sent right after the workload starts is relayed.
     let caught = vgpu_store::supervise::CaughtSignals::catch().context("installing the signal relay")?;
     let (mut child, state) = launch::start(ctx, store, shim, launched, request)?;
     // Not before: no thread of vgpu's runs while the workload's process is forked.
-    if launch::watch_records_history(ctx, store).is_none() {
+    if watch.and_then(|current| launch::records_history(ctx, current)).is_none() {
         *history = Some(vgpu_history::Ahead::open(&ctx.lib_dir, &ctx.config.history));
     }
     tracing::info!("started {:?} as pid {}", launched.workload.command, child.id());

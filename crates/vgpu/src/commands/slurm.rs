@@ -209,11 +209,11 @@ fn step_begin(ctx: &Context, args: &StepBeginArgs) -> Result<()> {
     };
     let shim = vgpu_host::paths::find_shim(ctx.config.shim_path.as_deref())?;
     let layout = Layout::detect().context("no cgroup filesystem is mounted")?;
-    let Some(gpus) = ctx.gpu_identities()? else {
+    let Some(host) = ctx.host_gpus()? else {
         anyhow::bail!("no NVIDIA driver found (libnvidia-ml.so.1) on node {}", args.step.node);
     };
     let store = Store::new(&ctx.state_dir, &ctx.lib_dir);
-    let (w, env) = slurm::begin_step(ctx, &store, &layout, &gpus, &shim, &ask, &job_suspended)?;
+    let (w, env) = slurm::begin_step(ctx, &store, &layout, &host, &shim, &ask, &job_suspended)?;
     let slices: Vec<String> =
         w.gpus.iter().map(|g| format!("GPU {} {} compute {}%", g.index, vgpu_abi::size::format_size(g.mem_bytes), g.compute_pct)).collect();
     tracing::info!("admitted {} ({}): {}", w.name, w.id, slices.join(", "));

@@ -199,7 +199,8 @@ fn create_slot(dir: &Path, path: &Path, owner: (u32, u32), mode: u32) -> Result<
 /// GPU directory is looked at. Best effort: a missing slot has nothing to give up.
 pub fn release_vgpu(vgpu_dir: &Path) {
     let Some((state, id)) = split_vgpu_dir(vgpu_dir) else { return };
-    match crate::usage::UsageFile::open(&vgpu_dir.join(crate::layout::USAGE_FILE)) {
+    // Read into a copy: only the GPUs are looked at (no mapping to make and unmap).
+    match crate::usage::UsageFile::open_copy(&vgpu_dir.join(crate::layout::USAGE_FILE)) {
         Ok(usage) => {
             for device in 0..usage.device_count() {
                 if let Some(dir) = dir_in_state(state, usage.device_uuid(device)) {

@@ -21,9 +21,14 @@ fn identities(json: &serde_json::Value) -> Vec<(u64, String, String, u64)> {
 
 /// `vgpu run -- true` with debug lines: its stderr, after it succeeded.
 fn run_true(sim: &Sim) -> String {
-    let out = sim.vgpu(&["run", "--mem", "1G", "--", "true"]).env("VGPU_LOG", "vgpu=debug").output().expect("vgpu run");
+    debug_stderr(sim, &["run", "--mem", "1G", "--", "true"])
+}
+
+/// `vgpu ARGS…` (root's) with debug lines: its stderr, after it succeeded.
+fn debug_stderr(sim: &Sim, args: &[&str]) -> String {
+    let out = sim.vgpu(args).env("VGPU_LOG", "vgpu=debug").output().expect("vgpu");
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "vgpu run: {:?}\n{stderr}", out.status);
+    assert!(out.status.success(), "vgpu {args:?}: {:?}\n{stderr}", out.status);
     stderr
 }
 
@@ -90,22 +95,27 @@ fn a_list_that_cannot_be_published_is_one_warning_and_is_published_once_it_can()
 }
 
 #[test]
-fn vgpu_run_leaves_what_killed_commands_left_to_a_running_watch_and_sweeps_it_without_one() {
+fn vgpu_run_and_ps_leave_what_killed_commands_left_to_a_running_watch_and_sweep_it_without_one() {
     let sim = sim();
     let leftover = sim.path("run").join("workloads").join(".tmp-left-by-a-killed-write");
+    let left_to_watch = "(stray cgroups, temporary files, orphan vGPUs) is left to vgpu watch";
     run_true(&sim);
-    // No watch: the admission's reconcile removes it.
-    std::fs::write(&leftover, "{").expect("a temporary file");
-    let said = run_true(&sim);
-    assert!(!leftover.exists(), "{said}");
-    assert!(!said.contains("is left to vgpu watch"), "{said}");
+    // No watch: the reconcile of an admission, and of root's listing, removes it.
+    for args in [&["run", "--mem", "1G", "--", "true"][..], &["ps"][..]] {
+        std::fs::write(&leftover, "{").expect("a temporary file");
+        let said = debug_stderr(&sim, args);
+        assert!(!leftover.exists(), "{args:?}: {said}");
+        assert!(!said.contains(left_to_watch), "{said}");
+    }
 
-    // A watch runs: the admission leaves it, and a round of the watch removes it.
+    // A watch runs: both leave it, and a round of the watch removes it.
     let mut watch = Watch::start(&sim, &[]);
     std::fs::write(&leftover, "{").expect("a temporary file");
     let said = run_true(&sim);
     assert!(said.contains("2 GPU(s) as vgpu watch published them"), "{said}");
-    assert!(said.contains("(stray cgroups, temporary files, orphan vGPUs) is left to vgpu watch"), "{said}");
+    assert!(said.contains(left_to_watch), "{said}");
+    let said = debug_stderr(&sim, &["ps"]);
+    assert!(said.contains(left_to_watch), "{said}");
     let removed = format!("removed {}: left by a write that was killed", leftover.display());
     watch.wait_line("the watch to remove the temporary file", |l| l.contains(&removed));
     assert!(!leftover.exists());

@@ -63,15 +63,12 @@ pub fn reconcile_store(store: &Store, lock: &StoreLock) -> Reconciled {
 ///
 /// `layout`: the host's cgroup layout, as the caller detected it (`Layout::detect`), for
 /// the caller and the reconcile to read the mount table once.
-pub fn reconcile_but_usage(store: &Store, lock: &StoreLock, layout: Option<&Layout>) -> Reconciled {
-    reconcile_for_admission(store, lock, layout, Leftovers::Sweep)
-}
-
-/// [`reconcile_but_usage`] for an admission, which needs the records settled (dead
-/// supervisors cleaned up, half-done changes finished, the pool tidied) but not the
-/// leftovers that no record names ([`Leftovers`]): with a running `vgpu watch`, whose
-/// every round sweeps them, those are left to it.
-pub fn reconcile_for_admission(store: &Store, lock: &StoreLock, layout: Option<&Layout>, leftovers: Leftovers) -> Reconciled {
+///
+/// `leftovers`: whether it also removes what killed commands left and no record names, or
+/// leaves that to a running `vgpu watch`, whose every round sweeps it ([`Leftovers`]):
+/// neither an admission nor a listing needs it gone, only the records settled (dead
+/// supervisors cleaned up, half-done changes finished, the pool tidied).
+pub fn reconcile_but_usage(store: &Store, lock: &StoreLock, layout: Option<&Layout>, leftovers: Leftovers) -> Reconciled {
     if leftovers == Leftovers::LeftToWatch {
         tracing::debug!("what killed commands left (stray cgroups, temporary files, orphan vGPUs) is left to vgpu watch, which sweeps it every round");
     }
@@ -94,9 +91,21 @@ pub enum Leftovers {
     Sweep,
     /// A running `vgpu watch` removes them: its GPU list is current (it marked it within
     /// two rounds), and each of its rounds reconciles with [`Leftovers::Sweep`]
-    /// ([`reconcile_quietly`]). An admission that found it so leaves them (about 0.1 ms a
-    /// `vgpu run`, issue 28).
+    /// ([`reconcile_quietly`]). An admission or a listing that found it so leaves them:
+    /// 0.2 ms a `vgpu run` with none running, 8 ms with 1000 (issue 28).
     LeftToWatch,
+}
+
+impl Leftovers {
+    /// [`Leftovers::LeftToWatch`] while the list of a running watch of this driver
+    /// (`simulated` or not) is current (`vgpu_store::state::inventory`), else
+    /// [`Leftovers::Sweep`].
+    pub fn now(store: &Store, simulated: bool) -> Leftovers {
+        match vgpu_store::state::inventory::current_list(store, simulated, std::time::SystemTime::now()) {
+            Ok(_) => Leftovers::LeftToWatch,
+            Err(_) => Leftovers::Sweep,
+        }
+    }
 }
 
 /// Clean up after dead supervisors and dead processes; what was done is in the notes (the
@@ -402,11 +411,11 @@ mod tests {
         std::fs::write(&slot, [0u8; 64]).unwrap();
 
         let lock = store.lock().unwrap();
-        let found = reconcile_for_admission(&store, &lock, Some(&layout), Leftovers::LeftToWatch);
+        let found = reconcile_but_usage(&store, &lock, Some(&layout), Leftovers::LeftToWatch);
         assert!(found.notes.is_empty() && found.workloads.is_empty(), "{:?}", found.notes);
         assert_eq!(Cgroup::list(&layout).unwrap(), vec!["stray"]);
         assert!(temp.exists() && orphan.is_dir() && slot.exists());
-        reconcile_for_admission(&store, &lock, Some(&layout), Leftovers::Sweep);
+        reconcile_but_usage(&store, &lock, Some(&layout), Leftovers::Sweep);
         assert!(Cgroup::list(&layout).unwrap().is_empty());
         assert!(!temp.exists() && !orphan.exists() && !slot.exists());
     }

@@ -37,7 +37,7 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, host: &HostGpus, req
         .collect();
     let lock = store.lock()?;
     // The records as reconcile left them, under this lock: read once.
-    let reconciled = crate::lifecycle::reconcile_for_admission(store, &lock, Some(layout), host.leftovers());
+    let reconciled = crate::lifecycle::reconcile_but_usage(store, &lock, Some(layout), host.leftovers());
     let workloads = reconciled.workloads;
     let damaged = vgpu_store::state::damaged::damaged_records(&reconciled.damaged);
 

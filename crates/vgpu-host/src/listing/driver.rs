@@ -29,6 +29,11 @@ impl<'a> Driver<'a> {
         Driver { ctx, nvml: OnceCell::new() }
     }
 
+    /// Whether it is the simulated driver (`--simulate`).
+    pub fn simulated(&self) -> bool {
+        self.ctx.simulate
+    }
+
     /// Every GPU now. None when the host has no driver, or it cannot be read (a warning:
     /// the listing goes on without the driver's figures).
     pub fn snapshot(&self) -> Option<Snapshot> {

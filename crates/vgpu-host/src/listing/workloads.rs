@@ -44,7 +44,10 @@ pub fn list(store: &Store, driver: &Driver<'_>, options: Options) -> Result<List
     // in each vGPU as it reads it (below), not in a sweep of its own first.
     let layout = Layout::detect();
     let reconciled = match &access {
-        Access::Writer(lock) => Some(crate::lifecycle::reconcile_but_usage(store, lock, layout.as_ref())),
+        Access::Writer(lock) => {
+            let leftovers = crate::lifecycle::Leftovers::now(store, driver.simulated());
+            Some(crate::lifecycle::reconcile_but_usage(store, lock, layout.as_ref(), leftovers))
+        }
         Access::ReadOnly(_) => None,
     };
     drop(access);

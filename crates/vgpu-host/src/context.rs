@@ -160,17 +160,6 @@ pub struct HostGpus {
     pub watch: Option<vgpu_store::state::inventory::Current>,
 }
 
-impl HostGpus {
-    /// Who removes, at the admission's reconcile, what no record names: a running watch
-    /// sweeps it every round.
-    pub fn leftovers(&self) -> crate::lifecycle::Leftovers {
-        match self.watch {
-            Some(_) => crate::lifecycle::Leftovers::LeftToWatch,
-            None => crate::lifecycle::Leftovers::Sweep,
-        }
-    }
-}
-
 /// A published GPU as [`vgpu_gpu::Nvml::identities`] gives it (no readings; the memory in
 /// use is not published, and admission does not read it).
 fn identity(g: vgpu_store::state::inventory::PublishedGpu) -> vgpu_gpu::GpuInfo {

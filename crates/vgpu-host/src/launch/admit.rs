@@ -12,6 +12,7 @@ use vgpu_cgroups::Layout;
 use vgpu_cgroups::Limits;
 use crate::context::Context;
 use crate::context::HostGpus;
+use crate::lifecycle::Leftovers;
 use vgpu_store::error::UsageError;
 use vgpu_store::state::workload::WorkloadState;
 use vgpu_store::state::workload::WORKLOAD_FORMAT;
@@ -36,8 +37,10 @@ pub fn admit(ctx: &Context, store: &Store, layout: &Layout, host: &HostGpus, req
         .map(|g| AdmissionGpu { index: g.index, uuid: g.uuid.clone(), name: g.name.clone(), memory: g.memory_total })
         .collect();
     let lock = store.lock()?;
-    // The records as reconcile left them, under this lock: read once.
-    let reconciled = crate::lifecycle::reconcile_but_usage(store, &lock, Some(layout), host.leftovers());
+    // The records as reconcile left them, under this lock: read once. What killed commands
+    // left and no record names is the running watch's to sweep, when there is one.
+    let leftovers = if host.watch.is_some() { Leftovers::LeftToWatch } else { Leftovers::Sweep };
+    let reconciled = crate::lifecycle::reconcile_but_usage(store, &lock, Some(layout), leftovers);
     let workloads = reconciled.workloads;
     let damaged = vgpu_store::state::damaged::damaged_records(&reconciled.damaged);
 

@@ -224,6 +224,22 @@ pub(crate) fn ensure_dir(path: &Path) -> Result<bool> {
     }
 }
 
+/// [`create_new_dir`], its parent made first only where that is missing (the first
+/// workload of a hierarchy makes `<mount>/vgpu`).
+pub(crate) fn create_new_dir_and_parent(path: &Path) -> Result<()> {
+    match fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent() {
+                ensure_dir(parent)?;
+            }
+            create_new_dir(path)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(CgroupError::AlreadyExists { path: path.to_path_buf() }),
+        Err(e) => Err(io_error("create", path, e)),
+    }
+}
+
 /// `mkdir` of a workload's cgroup: it must be new.
 pub(crate) fn create_new_dir(path: &Path) -> Result<()> {
     match fs::create_dir(path) {

@@ -28,12 +28,12 @@ impl V1Cgroup {
         if dirs.is_empty() {
             return Err(no_hierarchy(name));
         }
-        if let Some(existing) = dirs.iter().find(|dir| dir.exists()) {
-            return Err(CgroupError::AlreadyExists { path: existing.clone() });
-        }
+        // No look first: a name that exists in any hierarchy fails its mkdir, which undoes
+        // the others (one system call per hierarchy where the name is new, as it nearly
+        // always is).
         let mut created = Vec::new();
         for dir in &dirs {
-            let made = dir.parent().map_or(Ok(false), fs::ensure_dir).and_then(|_| fs::create_new_dir(dir));
+            let made = fs::create_new_dir_and_parent(dir);
             if let Err(err) = made {
                 // Changes nothing when it fails: undo the hierarchies done so far.
                 for done in created.iter().rev() {

@@ -32,11 +32,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateErr
 pub fn write_atomic_as(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> Result<(), StateError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| StateError::io(dir, e))?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .map_err(|e| StateError::io(dir, e))?;
+    let temp = || tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir);
+    // The directory is made when the temporary file finds it missing (not looked at first:
+    // it nearly always exists).
+    let mut tmp = match temp() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(|e| StateError::io(dir, e))?;
+            temp()
+        }
+        made => made,
+    }
+    .map_err(|e| StateError::io(dir, e))?;
     tmp.write_all(bytes).map_err(|e| StateError::io(tmp.path(), e))?;
     if durability == Durability::Durable {
         tmp.as_file().sync_all().map_err(|e| StateError::io(tmp.path(), e))?;
@@ -121,6 +127,17 @@ mod tests {
         let back: Vec<i32> = read_json(&path).unwrap();
         assert_eq!(back, vec![3]);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_missing_directory_is_made_and_a_file_in_the_way_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/x.json");
+        write_json(&path, &vec![1]).unwrap();
+        assert_eq!(read_json::<Vec<i32>>(&path).unwrap(), vec![1]);
+        std::fs::write(dir.path().join("file"), "").unwrap();
+        let err = write_json(&dir.path().join("file/x.json"), &vec![1]).unwrap_err();
+        assert!(err.to_string().contains("file"), "{err}");
     }
 
     /// One read of the file's size and a byte more gets it whole, whatever its size (a

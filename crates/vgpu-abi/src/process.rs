@@ -13,9 +13,22 @@ pub struct ProcessId {
 impl ProcessId {
     /// This process.
     pub fn current() -> Option<ProcessId> {
+        use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+        // Read from /proc once per process, without a lock (the shim calls this in any
+        // process, forked at any moment): the start time is stored before the pid that
+        // vouches for it, and a child forked since has another pid and reads its own.
+        static PID: AtomicU32 = AtomicU32::new(0);
+        static START_TIME: AtomicU64 = AtomicU64::new(0);
         // SAFETY: getpid has no preconditions and cannot fail.
         let pid = unsafe { libc::getpid() } as u32;
-        start_time(pid).map(|start_time| ProcessId { pid, start_time })
+        if PID.load(Ordering::Acquire) == pid {
+            return Some(ProcessId { pid, start_time: START_TIME.load(Ordering::Relaxed) });
+        }
+        let start_time = start_time(pid)?;
+        PID.store(0, Ordering::Relaxed);
+        START_TIME.store(start_time, Ordering::Relaxed);
+        PID.store(pid, Ordering::Release);
+        Some(ProcessId { pid, start_time })
     }
 
     /// Whether this exact process (not a later one with the same pid) still runs.
@@ -88,6 +101,29 @@ mod tests {
         let stat = parse_stat(line).unwrap();
         assert_eq!(stat.state, b'S');
         assert_eq!(stat.start_time, 987654);
+    }
+
+    /// The identity is read once per process: a child forked after it was read reads its own.
+    #[test]
+    fn a_forked_child_reads_its_own_identity() {
+        let parent = ProcessId::current().unwrap();
+        assert_eq!(ProcessId::current(), Some(parent));
+        // SAFETY: the child reads /proc (glibc's fork leaves malloc usable) and leaves with
+        // _exit, running nothing of the parent's test harness.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork");
+        if child == 0 {
+            // SAFETY: getpid has no preconditions.
+            let me = unsafe { libc::getpid() } as u32;
+            let own = ProcessId::current().is_some_and(|id| id.pid == me && id != parent && id.is_alive());
+            // SAFETY: _exit ends the child at once.
+            unsafe { libc::_exit(if own { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waitpid on our own child, into a local.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child's identity was its parent's: {status:#x}");
+        assert_eq!(ProcessId::current(), Some(parent));
     }
 
     #[test]

@@ -61,7 +61,79 @@ pub struct Cli {
     pub quiet: bool,
 
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Commands,
+}
+
+/// The command given ([`Command`], whose variants are vgpu's commands), as the command line
+/// names it. While [`parsing_command`] builds, only that one is defined: clap copies every
+/// global option into each command it has (six into each of fifteen), which every start
+/// paid for.
+#[derive(Debug)]
+pub struct Commands(pub Command);
+
+impl std::ops::Deref for Commands {
+    type Target = Command;
+    fn deref(&self) -> &Command {
+        &self.0
+    }
+}
+
+impl clap::Subcommand for Commands {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        let given = DEFER.get().then(|| ARGV.with_borrow(|argv| given_command(&cmd, argv))).flatten();
+        let Some(name) = given else { return Command::augment_subcommands(cmd) };
+        let all = Command::augment_subcommands(clap::Command::new("vgpu"));
+        match all.find_subcommand(&name) {
+            Some(one) => cmd.subcommand(one.clone()),
+            None => Command::augment_subcommands(cmd),
+        }
+    }
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        Command::augment_subcommands_for_update(cmd)
+    }
+    fn has_subcommand(name: &str) -> bool {
+        Command::has_subcommand(name)
+    }
+}
+
+impl clap::FromArgMatches for Commands {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Command::from_arg_matches(matches).map(Commands)
+    }
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
+}
+
+/// The first word of `argv` that is not one of `cmd`'s options or their values, as clap
+/// finds the command's name; `None` where that is not plain (then every command is
+/// defined, and clap decides).
+fn given_command(cmd: &clap::Command, argv: &[std::ffi::OsString]) -> Option<String> {
+    let takes_value = |arg: &clap::Arg| arg.get_action().takes_values();
+    let mut words = argv.iter().skip(1);
+    while let Some(word) = words.next() {
+        let word = word.to_str()?;
+        if let Some(long) = word.strip_prefix("--") {
+            if long.is_empty() {
+                return None;
+            }
+            if !long.contains('=') && takes_value(cmd.get_arguments().find(|a| a.get_long() == Some(long))?) {
+                words.next();
+            }
+        } else if let Some(shorts) = word.strip_prefix('-').filter(|s| !s.is_empty()) {
+            for (at, short) in shorts.char_indices() {
+                if takes_value(cmd.get_arguments().find(|a| a.get_short() == Some(short))?) {
+                    if at + short.len_utf8() == shorts.len() {
+                        words.next();
+                    }
+                    break;
+                }
+            }
+        } else {
+            return Some(word.to_string());
+        }
+    }
+    None
 }
 
 #[derive(Debug, Subcommand)]
@@ -118,6 +190,8 @@ thread_local! {
     /// Whether [`Lazy`] defers: only while [`parsing_command`] builds its command, on the
     /// thread that builds it (another thread's [`command`] is built whole meanwhile).
     static DEFER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The command line [`parsing_command`] builds for (its command alone: [`Commands`]).
+    static ARGV: std::cell::RefCell<Vec<std::ffi::OsString>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl<T: clap::Args> clap::Args for Lazy<T> {
@@ -158,13 +232,16 @@ pub fn command() -> clap::Command {
     Cli::command()
 }
 
-/// The command to parse vgpu's command line with: each command's arguments defined only
-/// once it is the one given ([`Lazy`]). What clap prints (help, a usage error) must come
-/// from [`command`], whose help lists each command's options before the global ones.
-pub fn parsing_command() -> clap::Command {
+/// The command to parse `argv` with: the command it names alone ([`Commands`]), and each
+/// command's arguments defined only once it is the one given ([`Lazy`]). What clap prints
+/// (help, a usage error) must come from [`command`], whose help lists each command's
+/// options before the global ones.
+pub fn parsing_command(argv: &[std::ffi::OsString]) -> clap::Command {
+    ARGV.set(argv.to_vec());
     DEFER.set(true);
     let cmd = Cli::command();
     DEFER.set(false);
+    ARGV.take();
     cmd
 }
 
@@ -287,7 +364,7 @@ mod tests {
     fn the_parsing_command_defines_every_argument_of_the_whole_one() {
         let whole = arguments(super::command());
         assert!(whole.len() > 300 && whole.iter().any(|a| a.starts_with("vgpu partition create mem ")), "{} arguments", whole.len());
-        assert_eq!(arguments(super::parsing_command()), whole);
+        assert_eq!(arguments(super::parsing_command(&["vgpu".into()])), whole);
     }
 
     #[test]
@@ -301,15 +378,40 @@ mod tests {
             "vgpu carbon report --since 7d --json",
             "vgpu update train --compute 60 --compute-policy fair",
             "vgpu slurm step-begin --help-not-a-flag",
+            "vgpu --config /etc/vgpu/x.toml run -- true",
+            "vgpu --state-dir run ps --json",
+            "vgpu --lib-dir=/var/lib/v -vv ps",
+            "vgpu -q -v ps --not-a-flag",
+            "vgpu not-a-flag-command",
+            "vgpu help-not-a-flag",
+            "vgpu -- run true --not-a-flag",
         ] {
             let argv: Vec<&str> = line.split(' ').collect();
             let parse = |cmd: clap::Command| match cmd.try_get_matches_from(&argv) {
                 Ok(m) => format!("{:?}", super::Cli::from_arg_matches(&m).map_err(|e| e.kind())),
                 Err(e) => format!("{:?}", e.kind()),
             };
-            let parsed = parse(super::parsing_command());
+            let words: Vec<std::ffi::OsString> = argv.iter().map(Into::into).collect();
+            let parsed = parse(super::parsing_command(&words));
             assert_eq!(parsed, parse(super::command()), "{line}");
             assert_eq!(parsed.starts_with("Ok("), !line.contains("not-a-flag"), "{line}: {parsed}");
         }
+    }
+
+    /// The parsing command of a command line that names a command defines that one alone;
+    /// one that names none, or not plainly, defines them all.
+    #[test]
+    fn the_parsing_command_defines_the_command_given_alone() {
+        let names = |line: &str| -> Vec<String> {
+            let argv: Vec<std::ffi::OsString> = line.split(' ').map(Into::into).collect();
+            super::parsing_command(&argv).get_subcommands().map(|c| c.get_name().to_string()).collect()
+        };
+        assert_eq!(names("vgpu --simulate -v run --mem 4G -- true"), ["run"]);
+        assert_eq!(names("vgpu --config run ps"), ["ps"]);
+        assert_eq!(names("vgpu --config=/x -q partition create p"), ["partition"]);
+        let all = names("vgpu");
+        assert_eq!(all.len(), 15, "{all:?}");
+        assert_eq!(names("vgpu --not-an-option run"), all);
+        assert_eq!(names("vgpu bogus"), all);
     }
 }

@@ -19,9 +19,10 @@ fn main() -> ExitCode {
     // A shell asking for completions (COMPLETE=SHELL, from `vgpu completions SHELL`'s
     // script) is answered here, and vgpu exits: nothing below runs.
     clap_complete::CompleteEnv::with_factory(vgpu::cli::command).var(vgpu::commands::completions::COMPLETE_VAR).complete();
-    let cmd = vgpu::cli::parsing_command();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cmd = vgpu::cli::parsing_command(&argv);
     // What clap has to say (help, a usage error) it says from the whole command.
-    let matches = match cmd.try_get_matches().or_else(|_| vgpu::cli::command().try_get_matches()) {
+    let matches = match cmd.try_get_matches_from(&argv).or_else(|_| vgpu::cli::command().try_get_matches_from(&argv)) {
         Ok(m) => m,
         Err(e) => return clap_error(e),
     };
@@ -29,7 +30,6 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
     };
-    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(words) = vgpu::cli::stray_words(&cli.command, &argv) {
         eprintln!("vgpu: error: `{words}` before `--` is no option's value: vgpu's options go before `--`, each with its value in one word (--mem 4G), and the command after it");
         return ExitCode::from(vgpu_store::error::EXIT_USAGE);
@@ -48,7 +48,7 @@ fn main() -> ExitCode {
     // A listing piped into `head` ends quietly when the pipe closes (SIGPIPE, exit 141 in
     // a shell), as coreutils do, instead of panicking on EPIPE. Not `run` (it must outlive
     // its terminal to tear its workload down) nor `watch` (a daemon).
-    if !matches!(cli.command, vgpu::cli::Command::Run(_) | vgpu::cli::Command::Watch(_)) {
+    if !matches!(*cli.command, vgpu::cli::Command::Run(_) | vgpu::cli::Command::Watch(_)) {
         // SAFETY: restoring a signal's default disposition; no other thread runs yet.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }

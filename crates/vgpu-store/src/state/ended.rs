@@ -150,6 +150,12 @@ mod tests {
         w
     }
 
+    /// Leave one workload's end (exit 0), under the store lock.
+    fn leave_one(store: &Store, id: &str) {
+        let lock = store.lock().expect("lock");
+        leave(store, &lock, &EndNote::new(workload(id), 1000, "exit 0".into())).expect("leave");
+    }
+
     #[test]
     fn a_note_left_is_found_then_removed() {
         let (_dir, store) = temp_store();
@@ -172,9 +178,7 @@ mod tests {
     #[test]
     fn damaged_or_misnamed_notes_are_reported_and_temporary_files_skipped() {
         let (_dir, store) = temp_store();
-        let lock = store.lock().expect("lock");
-        leave(&store, &lock, &EndNote::new(workload("aaaa0001"), 1000, "exit 0".into())).expect("leave");
-        drop(lock);
+        leave_one(&store, "aaaa0001");
         let dir = store.ended_dir();
         std::fs::write(dir.join("cccc0003.json"), b"{ cut sh").expect("write");
         std::fs::copy(dir.join("aaaa0001.json"), dir.join("dddd0004.json")).expect("copy");
@@ -189,9 +193,7 @@ mod tests {
     #[test]
     fn a_link_in_place_of_a_note_is_not_followed() {
         let (dir, store) = temp_store();
-        let lock = store.lock().expect("lock");
-        leave(&store, &lock, &EndNote::new(workload("aaaa0001"), 1000, "exit 0".into())).expect("leave");
-        drop(lock);
+        leave_one(&store, "aaaa0001");
         let target = dir.path().join("elsewhere.json");
         std::fs::copy(store.ended_dir().join("aaaa0001.json"), &target).expect("copy");
         std::fs::remove_file(store.ended_dir().join("aaaa0001.json")).expect("remove");

@@ -130,11 +130,6 @@ pub enum NotCurrent {
     OtherDriver(bool),
 }
 
-/// The published list, if it is current for a command of this driver (`simulated`) now.
-pub fn current(store: &Store, simulated: bool, now: SystemTime) -> Result<Vec<PublishedGpu>, NotCurrent> {
-    current_list(store, simulated, now).map(|current| current.published.gpus)
-}
-
 /// A published list found current, and when its watch last marked it: the end of the
 /// watch's latest round (it lists the workloads before it marks the list).
 #[derive(Debug, Clone)]
@@ -143,7 +138,8 @@ pub struct Current {
     pub marked: SystemTime,
 }
 
-/// [`current`], with the whole list and its mark.
+/// The published list, if it is current for a command of this driver (`simulated`) now,
+/// with its mark.
 pub fn current_list(store: &Store, simulated: bool, now: SystemTime) -> Result<Current, NotCurrent> {
     let path = store.inventory_path();
     let unreadable = |e: &dyn std::fmt::Display| NotCurrent::Unreadable(format!("{}: {e}", path.display()));
@@ -193,6 +189,11 @@ mod tests {
 
     fn gpu(index: u32) -> PublishedGpu {
         PublishedGpu { index, uuid: format!("GPU-{index}"), name: "NVIDIA H100".into(), memory_total_bytes: 80 << 30 }
+    }
+
+    /// The GPUs of the list, if it is current.
+    fn current(store: &Store, simulated: bool, now: SystemTime) -> Result<Vec<PublishedGpu>, NotCurrent> {
+        current_list(store, simulated, now).map(|current| current.published.gpus)
     }
 
     fn me() -> ProcessIdRecord {

@@ -22,11 +22,14 @@ fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cmd = vgpu::cli::parsing_command(&argv);
     // What clap has to say (help, a usage error) it says from the whole command.
-    let matches = match cmd.try_get_matches_from(&argv).or_else(|_| vgpu::cli::command().try_get_matches_from(&argv)) {
+    let mut matches = match cmd.try_get_matches_from(&argv).or_else(|_| vgpu::cli::command().try_get_matches_from(&argv)) {
         Ok(m) => m,
         Err(e) => return clap_error(e),
     };
-    let cli = match Cli::from_arg_matches(&matches) {
+    // Asked before the options are taken out of the matches below (said after the words).
+    let root_only_option = root_only_option(&matches);
+    // Taken out, not copied (`from_arg_matches` copies every match first).
+    let cli = match Cli::from_arg_matches_mut(&mut matches) {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
     };
@@ -34,7 +37,7 @@ fn main() -> ExitCode {
         eprintln!("vgpu: error: `{words}` before `--` is no option's value: vgpu's options go before `--`, each with its value in one word (--mem 4G), and the command after it");
         return ExitCode::from(vgpu_store::error::EXIT_USAGE);
     }
-    if let Some(option) = root_only_option(&matches) {
+    if let Some(option) = root_only_option {
         eprintln!("vgpu: error: {option} is root's own setting: through sudo, vgpu uses root's config and directories (user guide: Security model)");
         return ExitCode::from(vgpu_store::error::EXIT_USAGE);
     }

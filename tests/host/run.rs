@@ -21,6 +21,29 @@ fn exit_code_is_the_workloads() {
     assert!(ps(&sim).is_empty(), "state left behind");
 }
 
+/// vgpu starts from C's `main` (`vgpu::start`): a standard descriptor closed when it starts is
+/// opened on /dev/null, so that no file vgpu opens takes its number. Without that, the store's
+/// lock (close-on-exec) took descriptor 0 or 1 and the workload started with it closed.
+#[test]
+fn standard_descriptors_closed_at_the_start_are_dev_null_for_vgpu_and_its_workload() {
+    let sim = Sim::new(GPU16);
+    let out = sim.path("fds");
+    let closed = |args: &[&str]| {
+        let mut cmd = assert_cmd::Command::new("sh");
+        cmd.args(["-c", "exec \"$0\" --simulate \"$@\" <&- >&- 2>&-", env!("CARGO_BIN_EXE_vgpu")]).args(args).env("VGPU_LOG", "vgpu=warn");
+        for (k, v) in sim.env() {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    // The shell's own descriptors ($$), as vgpu started it, read before any redirection.
+    let script = format!("fds=$(readlink /proc/$$/fd/0 /proc/$$/fd/1 /proc/$$/fd/2); echo \"$fds\" > {}", out.display());
+    closed(&["run", "--mem", "1G", "--", "sh", "-c", &script]).assert().success();
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "/dev/null\n/dev/null\n/dev/null\n");
+    // Printing to a closed stdout would fail (and panic, exit 101): it goes to /dev/null.
+    closed(&["--version"]).assert().success();
+}
+
 #[test]
 fn workload_runs_in_its_cgroup_with_limits_and_env() {
     let sim = Sim::new(GPU16);

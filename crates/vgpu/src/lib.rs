@@ -6,3 +6,4 @@ pub mod args;
 pub mod cli;
 pub mod commands;
 pub mod output;
+pub mod start;

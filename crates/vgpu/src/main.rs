@@ -1,4 +1,6 @@
-use std::process::ExitCode;
+// vgpu starts from C's `main`, not through Rust's runtime start: see `vgpu::start` for why
+// and for what that start did that `start::run` does instead.
+#![no_main]
 
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
@@ -11,7 +13,13 @@ use vgpu_host::context::Origin;
 use vgpu_store::error::exit_code_for;
 use vgpu_store::error::UsageError;
 
-fn main() -> ExitCode {
+/// The process's entry, as C's `main`.
+#[no_mangle]
+pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
+    vgpu::start::run(vgpu_main)
+}
+
+fn vgpu_main() -> u8 {
     // Files and directories get explicit modes where they are made; a known umask makes sure
     // nothing vgpu creates can ever be wider than asked, whatever started it (cron: 000).
     // SAFETY: umask only swaps the process's file-creation mask; no thread runs yet.
@@ -35,17 +43,17 @@ fn main() -> ExitCode {
     };
     if let Some(words) = vgpu::cli::stray_words(&cli.command, &argv) {
         eprintln!("vgpu: error: `{words}` before `--` is no option's value: vgpu's options go before `--`, each with its value in one word (--mem 4G), and the command after it");
-        return ExitCode::from(vgpu_store::error::EXIT_USAGE);
+        return vgpu_store::error::EXIT_USAGE;
     }
     if let Some(option) = root_only_option {
         eprintln!("vgpu: error: {option} is root's own setting: through sudo, vgpu uses root's config and directories (user guide: Security model)");
-        return ExitCode::from(vgpu_store::error::EXIT_USAGE);
+        return vgpu_store::error::EXIT_USAGE;
     }
     init_logging(cli.verbose, cli.quiet);
     if let Some(refusal) = vgpu::cli::root_only(&cli.command) {
         if !nix::unistd::geteuid().is_root() {
             eprintln!("vgpu: error: {refusal}");
-            return ExitCode::from(1);
+            return 1;
         }
     }
     // A listing piped into `head` ends quietly when the pipe closes (SIGPIPE, exit 141 in
@@ -61,11 +69,11 @@ fn main() -> ExitCode {
         tracing::warn!("cannot install the SIGBUS guard: {e}");
     }
     match run(cli) {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(err) => {
             // One line: the error and its causes, outermost first.
             eprintln!("vgpu: error: {err:#}");
-            ExitCode::from(exit_code_for(&err))
+            exit_code_for(&err)
         }
     }
 }
@@ -90,12 +98,12 @@ fn root_only_option(matches: &clap::ArgMatches) -> Option<&'static str> {
 /// Help and version go to stdout as clap writes them (exit 0), and so does the help shown
 /// for a missing subcommand (exit 2). Every other parse error is one line, like vgpu's own
 /// usage errors, and exit 2.
-fn clap_error(e: clap::Error) -> ExitCode {
+fn clap_error(e: clap::Error) -> u8 {
     match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
         _ => {
             eprintln!("vgpu: error: {}", vgpu_store::error::one_line_clap_error(&e.render().to_string()));
-            ExitCode::from(vgpu_store::error::EXIT_USAGE)
+            vgpu_store::error::EXIT_USAGE
         }
     }
 }

@@ -22,9 +22,16 @@ pub fn new_id(existing: &[Workload], damaged: &[DamagedRecord]) -> String {
     }
 }
 
+/// The kernel's random bytes, through one system call (a read of at most 256 bytes is never
+/// short), not by opening /dev/urandom.
 fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    match usize::try_from(got) {
+        Ok(n) if n == buf.len() => Ok(()),
+        Ok(_) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "getrandom returned fewer bytes")),
+        Err(_) => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// `<program>-<id>` (the program's file name, tidied), or the id alone.

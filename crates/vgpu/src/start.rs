@@ -2,9 +2,9 @@
 //! Rust's runtime start (`fn main`, `std::rt::lang_start`).
 //!
 //! That start places the main thread's stack-overflow guard through glibc's
-//! `pthread_getattr_np`, which opens and parses `/proc/self/maps` line by line: 60–90 µs of
-//! every command on a 2-core VM, more than the rest of the runtime's start together (issue 28,
-//! `benches/run_overhead.rs`). What else it does, vgpu needs, and [`run`] does it:
+//! `pthread_getattr_np`, which opens and parses `/proc/self/maps` line by line: 50–90 µs of
+//! every command on a 2-core VM (issue 28, `benches/run_overhead.rs`). What else it does,
+//! vgpu needs, and [`run`] does it:
 //!
 //! - **Standard descriptors.** A descriptor 0, 1 or 2 that is closed at the start is opened
 //!   on `/dev/null`, so that no file vgpu opens later (a state file, the store's lock) takes

@@ -42,6 +42,32 @@ fn standard_descriptors_closed_at_the_start_are_dev_null_for_vgpu_and_its_worklo
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "/dev/null\n/dev/null\n/dev/null\n");
 }
 
+/// Root's own run (no sudo) is recorded as user `root` without asking the user database, as
+/// systemd does for uid 0: here /etc/passwd, in a mount namespace of the test's, names uid 0
+/// `toor`, which the old lookup recorded.
+#[test]
+fn roots_own_run_is_recorded_as_root_without_the_user_database() {
+    let sim = Sim::new(GPU16);
+    let passwd = sim.path("passwd");
+    std::fs::write(&passwd, "toor:x:0:0:root:/var/toor:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n").unwrap();
+    let out = sim.path("record");
+    // The workload copies its own record (the state directory's workloads/ID.json).
+    let script = format!("cat \"$VGPU_STATE_DIR/workloads/$VGPU_WORKLOAD_ID.json\" > {}", out.display());
+    let mut cmd = assert_cmd::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-euc", "mount --bind \"$1\" /etc/passwd; shift; exec \"$@\"", "sh"])
+        .arg(&passwd)
+        .args([env!("CARGO_BIN_EXE_vgpu"), "--simulate", "run", "--mem", "1G", "--", "sh", "-c", &script])
+        .env("VGPU_LOG", "vgpu=warn")
+        .env_remove("SUDO_UID")
+        .env_remove("SUDO_USER");
+    for (k, v) in sim.env() {
+        cmd.env(k, v);
+    }
+    cmd.assert().success();
+    let record: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!((record["user"]["name"].as_str(), record["user"]["uid"].as_u64()), (Some("root"), Some(0)), "{record:#}");
+}
+
 #[test]
 fn workload_runs_in_its_cgroup_with_limits_and_env() {
     let sim = Sim::new(GPU16);

@@ -59,17 +59,14 @@ pub fn resolve(user_arg: Option<&str>, sudo_uid: Option<&str>, run_as_others: &[
             // Started through sudo: run as the invoking user.
             match caller {
                 Some(user) => spec_for(&user, user.gid),
+                // Root itself ran vgpu (a shell, cron, a service, a Slurm prolog): the
+                // workload gets this process's own credentials, which are root's as whoever
+                // started it set them, without asking the group database (every group
+                // source nsswitch.conf lists: LDAP, sssd, systemd).
+                None if nix::unistd::getuid().is_root() => own_root_spec(),
                 None => {
                     let root = User::from_uid(Uid::from_raw(0))?.ok_or_else(|| IdentityError::UnknownUser("0".into()))?;
-                    if nix::unistd::getuid().is_root() {
-                        // Root itself ran vgpu (a shell, cron, a service, a Slurm prolog):
-                        // the workload gets this process's own credentials, which are root's
-                        // as whoever started it set them, without asking the group database
-                        // (every group source nsswitch.conf lists: LDAP, sssd, systemd).
-                        own_spec(&root)
-                    } else {
-                        spec_for(&root, root.gid)
-                    }
+                    spec_for(&root, root.gid)
                 }
             }
         }
@@ -145,14 +142,24 @@ fn spec_for(user: &User, gid: Gid) -> Result<UserSpec, IdentityError> {
     })
 }
 
-/// `user` (root) with this process's gid and supplementary groups.
-fn own_spec(user: &User) -> Result<UserSpec, IdentityError> {
+/// Root's own name and home, as systemd gives uid 0 without asking NSS (its user records
+/// and `get_user_creds` synthesize root): the name is only said (`vgpu ps`, the history),
+/// and the home is not given to root's own workloads (`launch::env` sets `HOME` for a sudo
+/// caller's). The user database is not asked for root's record: its first lookup in a
+/// process took 50–85 µs of every `vgpu run` (issue 28), and a source it lists before the
+/// files could answer slowly or not at all.
+pub const ROOT_NAME: &str = "root";
+/// See [`ROOT_NAME`].
+pub const ROOT_HOME: &str = "/root";
+
+/// Root, with this process's gid and supplementary groups.
+fn own_root_spec() -> Result<UserSpec, IdentityError> {
     let gid = nix::unistd::getgid().as_raw();
     let mut groups: Vec<u32> = nix::unistd::getgroups()?.into_iter().map(|g| g.as_raw()).collect();
     if !groups.contains(&gid) {
         groups.insert(0, gid);
     }
-    Ok(UserSpec { name: user.name.clone(), uid: user.uid.as_raw(), gid, groups, home: user.dir.to_string_lossy().into_owned() })
+    Ok(UserSpec { name: ROOT_NAME.to_string(), uid: 0, gid, groups, home: ROOT_HOME.to_string() })
 }
 
 /// Runs `f` as `user` would: on a thread of its own that switches only its own credentials

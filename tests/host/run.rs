@@ -28,17 +28,16 @@ fn exit_code_is_the_workloads() {
 fn standard_descriptors_closed_at_the_start_are_dev_null_for_vgpu_and_its_workload() {
     let sim = Sim::new(GPU16);
     let out = sim.path("fds");
-    let closed = |args: &[&str]| {
-        let mut cmd = assert_cmd::Command::new("sh");
-        cmd.args(["-c", "exec \"$0\" --simulate \"$@\" <&- >&- 2>&-", env!("CARGO_BIN_EXE_vgpu")]).args(args).env("VGPU_LOG", "vgpu=warn");
-        for (k, v) in sim.env() {
-            cmd.env(k, v);
-        }
-        cmd
-    };
     // The shell's own descriptors ($$), as vgpu started it, read before any redirection.
     let script = format!("fds=$(readlink /proc/$$/fd/0 /proc/$$/fd/1 /proc/$$/fd/2); echo \"$fds\" > {}", out.display());
-    closed(&["run", "--mem", "1G", "--", "sh", "-c", &script]).assert().success();
+    // vgpu started with 0, 1 and 2 closed.
+    assert_cmd::Command::new("sh")
+        .args(["-c", "exec \"$0\" --simulate \"$@\" <&- >&- 2>&-", env!("CARGO_BIN_EXE_vgpu")])
+        .args(["run", "--mem", "1G", "--", "sh", "-c", &script])
+        .envs(sim.env())
+        .env("VGPU_LOG", "vgpu=warn")
+        .assert()
+        .success();
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "/dev/null\n/dev/null\n/dev/null\n");
 }
 
@@ -57,12 +56,10 @@ fn roots_own_run_is_recorded_as_root_without_the_user_database() {
     cmd.args(["--mount", "--propagation", "private", "sh", "-euc", "mount --bind \"$1\" /etc/passwd; shift; exec \"$@\"", "sh"])
         .arg(&passwd)
         .args([env!("CARGO_BIN_EXE_vgpu"), "--simulate", "run", "--mem", "1G", "--", "sh", "-c", &script])
+        .envs(sim.env())
         .env("VGPU_LOG", "vgpu=warn")
         .env_remove("SUDO_UID")
         .env_remove("SUDO_USER");
-    for (k, v) in sim.env() {
-        cmd.env(k, v);
-    }
     cmd.assert().success();
     let record: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!((record["user"]["name"].as_str(), record["user"]["uid"].as_u64()), (Some("root"), Some(0)), "{record:#}");

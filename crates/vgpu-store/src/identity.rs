@@ -148,9 +148,9 @@ fn spec_for(user: &User, gid: Gid) -> Result<UserSpec, IdentityError> {
 /// caller's). The user database is not asked for root's record: its first lookup in a
 /// process took 50–85 µs of every `vgpu run` (issue 28), and a source it lists before the
 /// files could answer slowly or not at all.
-pub const ROOT_NAME: &str = "root";
+const ROOT_NAME: &str = "root";
 /// See [`ROOT_NAME`].
-pub const ROOT_HOME: &str = "/root";
+const ROOT_HOME: &str = "/root";
 
 /// Root, with this process's gid and supplementary groups.
 fn own_root_spec() -> Result<UserSpec, IdentityError> {

@@ -10,7 +10,7 @@ use vgpu_store::state::Workload;
 pub fn new_id(existing: &[Workload], damaged: &[DamagedRecord]) -> String {
     loop {
         let mut bytes = [0u8; 4];
-        if getrandom(&mut bytes).is_err() {
+        if getrandom::fill(&mut bytes).is_err() {
             let t = vgpu_store::clock::now_ms() ^ u64::from(std::process::id());
             bytes = (t as u32).to_le_bytes();
         }
@@ -19,18 +19,6 @@ pub fn new_id(existing: &[Workload], damaged: &[DamagedRecord]) -> String {
         if !existing.iter().any(|w| w.id == id) && !damaged.iter().any(|d| d.id.as_deref() == Some(id.as_str())) {
             return id;
         }
-    }
-}
-
-/// The kernel's random bytes, through one system call (a read of at most 256 bytes is never
-/// short), not by opening /dev/urandom.
-fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
-    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    match usize::try_from(got) {
-        Ok(n) if n == buf.len() => Ok(()),
-        Ok(_) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "getrandom returned fewer bytes")),
-        Err(_) => Err(std::io::Error::last_os_error()),
     }
 }
 
